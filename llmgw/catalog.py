@@ -1,0 +1,50 @@
+"""Catalog files (TOML): a list of `[[models]]` definitions, checked like the admin API checks them."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+from llmgw.domain.model import DefinitionError, ModelDef
+
+
+class CatalogError(ValueError):
+    pass
+
+
+def default_catalog_text() -> str:
+    return resources.files("llmgw").joinpath("data/catalog.toml").read_text(encoding="utf-8")
+
+
+def parse(text: str, origin: str) -> list[ModelDef]:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise CatalogError(f"{origin}: not valid TOML: {e}") from None
+    entries = doc.get("models", [])
+    if not isinstance(entries, list):
+        raise CatalogError(f"{origin}: 'models' must be an array of tables ([[models]])")
+    models: list[ModelDef] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        try:
+            model = ModelDef.from_doc(entry)
+        except DefinitionError as e:
+            raise CatalogError(f"{origin}: models[{i}]: {e}") from None
+        if model.name in seen:
+            raise CatalogError(f"{origin}: models[{i}]: the name {model.name!r} is used twice")
+        seen.add(model.name)
+        models.append(model)
+    return models
+
+
+def load(path: Path | None) -> list[ModelDef]:
+    """Models from `path`, or the built-in example catalog when None."""
+    if path is None:
+        return parse(default_catalog_text(), "built-in catalog")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise CatalogError(f"{path}: cannot read: {e.strerror}") from None
+    return parse(text, str(path))

@@ -1,0 +1,160 @@
+"""The body of `llmgw up`, kept apart so `llmgw --help` never imports the servers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from typing import Any
+
+import trio
+
+from llmgw import catalog as catalog_mod
+from llmgw import logs
+from llmgw.agent import AgentConfig
+from llmgw.agent import serve as agent_serve
+from llmgw.control.service import ControlConfig, Seed
+from llmgw.control.service import serve as control_serve
+from llmgw.gateway.app import GatewayDeps
+from llmgw.gateway.app import serve as gateway_serve
+from llmgw.gateway.router import Router
+
+log = logging.getLogger("llmgw.up")
+
+SHUTDOWN_DEADLINE_S = 8.0
+
+
+@dataclass
+class UpOptions:
+    state_dir: Path
+    host: str = "127.0.0.1"
+    gateway_port: int = 8080
+    admin_port: int = 8081
+    raft_port: int = 0
+    catalog: Path | None = None
+    log_json: bool = False
+    log_level: str = "info"
+    env_client_key: str | None = None
+    env_admin_key: str | None = None
+
+
+def new_key(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_urlsafe(32)}"
+
+
+def load_or_make_keys(path: Path, opts: UpOptions) -> dict[str, str]:
+    """Keys from credentials.json when it exists, else from the environment, else fresh."""
+    if path.exists():
+        doc = json.loads(path.read_text())
+        return {"client_key": doc["client_key"], "admin_key": doc["admin_key"]}
+    return {
+        "client_key": opts.env_client_key or new_key("sk-llmgw"),
+        "admin_key": opts.env_admin_key or new_key("sk-llmgw-admin"),
+    }
+
+
+def write_credentials(path: Path, doc: dict[str, str]) -> None:
+    """Write atomically with mode 0600 from the first byte (never world-readable, even briefly)."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+async def main(opts: UpOptions) -> int:
+    logs.role_var.set("up")
+    state_dir = opts.state_dir.resolve()
+    cred_path = state_dir / "credentials.json"
+    keys = load_or_make_keys(cred_path, opts)
+    try:
+        models = catalog_mod.load(opts.catalog)
+    except catalog_mod.CatalogError as e:
+        log.error("%s", e)
+        return 2
+    raft_port = opts.raft_port or _free_port(opts.host)
+    router = Router()
+    control_cfg = ControlConfig(
+        state_dir=state_dir,
+        raft_addr=f"{opts.host}:{raft_port}" if ":" not in opts.host else f"[{opts.host}]:{raft_port}",
+        admin_host=opts.host,
+        admin_port=opts.admin_port,
+        seed=Seed(admin_key=keys["admin_key"], client_key=keys["client_key"], models=models),
+        sinks=[router],
+        demand=[router],
+    )
+    # The receiver stays open until everything has stopped: a second Ctrl-C or
+    # SIGTERM during shutdown must not kill the process before its engines.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        status = await _serve_all(opts, signals, state_dir, cred_path, keys, control_cfg)
+        # Swallow signals that arrived while stopping; trio would re-raise them on exit.
+        while True:
+            with trio.move_on_after(0.05) as scope:
+                await signals.__anext__()
+            if scope.cancelled_caught:
+                break
+        return status
+
+
+async def _serve_all(opts: UpOptions, signals: Any, state_dir: Path, cred_path: Path, keys: dict[str, str],
+                     control_cfg: ControlConfig) -> int:
+    router = control_cfg.sinks[0]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_signal, signals, nursery.cancel_scope)
+        try:
+            control = await nursery.start(control_serve, control_cfg)
+            gateway_bind = await nursery.start(gateway_serve, opts.host, opts.gateway_port,
+                                               GatewayDeps(router=router, state=control.store))  # type: ignore[arg-type]
+        except OSError as e:
+            log.error("cannot listen: %s", e)
+            nursery.cancel_scope.cancel()
+            return 1
+        gw_host, gw_port = gateway_bind
+        gateway_url = f"http://{_url_host(opts.host)}:{gw_port}/v1"
+        admin_url = control.admin_url
+        write_credentials(cred_path, {"gateway_url": gateway_url, "admin_url": admin_url, **keys})
+        await nursery.start(agent_serve, AgentConfig(controls=[admin_url], key=keys["admin_key"],
+                                                     state_dir=state_dir, engine_host=opts.host))
+        logs.role_var.set("up")
+        print(f"llmgw ready gateway={gateway_url} admin={admin_url} state={state_dir} "
+              f"credentials={cred_path}", flush=True)
+        log.info("ready: %d model(s) in the catalog", len(control.store.snapshot().models))
+    return 0
+
+
+async def _stop_on_signal(signals: Any, scope: trio.CancelScope) -> None:
+    async for signum in signals:
+        log.info("%s received: stopping (engines included)", signal.Signals(signum).name)
+        scope.cancel()
+        return
+
+
+def run(opts: UpOptions) -> int:
+    state_dir = opts.state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    logs.setup(json_lines=opts.log_json, level=opts.log_level, log_file=state_dir / "logs" / "llmgw.log")
+    try:
+        return trio.run(main, opts)
+    except KeyboardInterrupt:
+        return 130
+
+

@@ -1,0 +1,91 @@
+"""`llmgw control` and `llmgw agent`: one role per process, for real clusters."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def _split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise SystemExit(f"error: {addr!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def control(
+    *,
+    state_dir: Path,
+    raft_addr: str,
+    admin_addr: str,
+    peer: list[str] | None = None,
+    log_json: bool = False,
+    log_level: str = "info",
+) -> None:
+    """Run a control plane: Raft member, reconciler, admin API and the agents' stream.
+
+    On a fresh state dir, LLMGW_ADMIN_KEY (required then) becomes the first admin key.
+
+    Parameters
+    ----------
+    state_dir: Raft journal and snapshots
+    raft_addr: HOST:PORT this member's Raft listens on
+    admin_addr: HOST:PORT of the admin API
+    peer: the other members' Raft HOST:PORT (repeat the flag)
+    """
+    import trio
+
+    from llmgw import logs
+    from llmgw.control.service import ControlConfig, Seed, serve
+
+    admin_host, admin_port = _split_addr(admin_addr)
+    key = os.environ.get("LLMGW_ADMIN_KEY")
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    logs.setup(json_lines=log_json, level=log_level, log_file=state_dir / "logs" / "control.log")
+    cfg = ControlConfig(state_dir=state_dir, raft_addr=raft_addr, admin_host=admin_host, admin_port=admin_port,
+                        peers=list(peer or []), seed=Seed(admin_key=key) if key else None)
+    try:
+        trio.run(serve, cfg)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def agent(
+    *,
+    control: list[str],
+    state_dir: Path,
+    node: str | None = None,
+    key: str | None = None,
+    engine_host: str = "127.0.0.1",
+    log_json: bool = False,
+    log_level: str = "info",
+) -> None:
+    """Run an agent: report this node, start and stop engines as the leading control plane says.
+
+    Parameters
+    ----------
+    control: admin URL of a control plane (repeat the flag for each)
+    state_dir: engine logs
+    node: this node's name (default: the host name)
+    key: the key to authenticate to control (default: LLMGW_KEY)
+    engine_host: address engines listen on; gateways must reach it
+    """
+    import socket
+
+    import trio
+
+    from llmgw import logs
+    from llmgw.agent import AgentConfig, serve
+
+    secret = key or os.environ.get("LLMGW_KEY")
+    if not secret:
+        raise SystemExit("error: give --key or set LLMGW_KEY (an admin key of the cluster)")
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    logs.setup(json_lines=log_json, level=log_level, log_file=state_dir / "logs" / "agent.log")
+    cfg = AgentConfig(controls=control, key=secret, state_dir=state_dir, node=node or socket.gethostname(),
+                      engine_host=engine_host)
+    try:
+        trio.run(serve, cfg)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""The control role: Raft state, reconciler, agent streams, the admin API."""

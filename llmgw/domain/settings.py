@@ -1,0 +1,71 @@
+"""Cluster settings: the known keys, their types and defaults, in one place.
+
+Unknown keys are refused so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+class SettingError(ValueError):
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+@dataclass(frozen=True)
+class SettingSpec:
+    key: str
+    default: Any
+    help: str
+    check: Callable[[Any], str | None]  # returns a complaint, or None when valid
+
+
+def _bool(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "must be true or false"
+
+
+def _url_list(v: Any) -> str | None:
+    if not isinstance(v, list) or not all(isinstance(u, str) for u in v):
+        return "must be a list of URLs"
+    for u in v:
+        if not u.startswith(("http://", "https://")):
+            return f"{u!r} is not an http(s) URL"
+    return None
+
+
+def _positive(v: Any) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        return "must be a positive number"
+    return None
+
+
+SETTINGS: dict[str, SettingSpec] = {
+    s.key: s
+    for s in (
+        SettingSpec("serving.stopped", False, "true: every model wants 0 replicas, /v1 POSTs get 503", _bool),
+        SettingSpec("guard.enabled", True, "false: every guard check is a no-op", _bool),
+        SettingSpec("notify.webhooks", [], "URLs that receive lost-node, judge-down, parked notices", _url_list),
+        SettingSpec("placement.warn_interval_s", 600, "repeat an unchanged no-placement warning this often", _positive),
+        SettingSpec("health.park_after_failures", 5, "start failures in a row before a model is parked", _positive),
+    )
+}
+
+
+def validate(key: str, value: Any) -> None:
+    spec = SETTINGS.get(key)
+    if spec is None:
+        raise SettingError(key, "unknown setting; known: " + ", ".join(sorted(SETTINGS)))
+    complaint = spec.check(value)
+    if complaint:
+        raise SettingError(key, complaint)
+
+
+def effective(settings: dict[str, Any], key: str) -> Any:
+    """The value in force: the stored one, else the default."""
+    if key in settings:
+        return settings[key]
+    return SETTINGS[key].default

@@ -1,0 +1,616 @@
+"""The simulator engine: a real OpenAI-compatible HTTP server with deterministic answers.
+Owns the raw ASGI app (chat, completions, guard, embeddings), its hypercorn server and process entry.
+
+A raw ASGI app rather than Quart: the simulator is the baseline of the
+gateway-overhead benchmark, so a request costs one JSON parse and one dump.
+Replies echo the last user message after "sim says:"; a token is a
+whitespace-separated word. Prompts and replies are never logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import itertools
+import json
+import logging
+import math
+import re
+import signal
+import struct
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+
+__all__ = ["SimApp", "SimOptions", "main", "make_app", "run", "serve"]
+
+logger = logging.getLogger("llmgw.engine.sim")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+ROLES = ("chat", "embedding", "guard")
+MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_TOKENS = 64
+SHUTDOWN_GRACE_S = 0.5
+FAIL_START_STATUS = 3
+_MAX_EMBEDDING_DIM = 8192
+_UNSAFE_MARKER = re.compile(r"\[unsafe:(S\d{1,2})\]")
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_ROUTES: dict[str, str] = {
+    "/health": "GET",
+    "/v1/models": "GET",
+    "/v1/chat/completions": "POST",
+    "/v1/completions": "POST",
+    "/v1/embeddings": "POST",
+}
+
+
+@dataclass
+class SimOptions:
+    host: str
+    port: int
+    model: str
+    role: str = "chat"
+    tokens_per_s: float = 0.0  # 0: answer at once
+    startup_delay: float = 0.0
+    fail_start: bool = False
+    embedding_dim: int = 16
+
+
+class RequestError(Exception):
+    """A request the simulator refuses, answered in OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": "invalid_request_error",
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """One generated answer: its tokens (concatenating to the text) and the finish reason."""
+
+    tokens: list[str]
+    finish_reason: str
+
+    @property
+    def text(self) -> str:
+        return "".join(self.tokens)
+
+
+def make_app(opts: SimOptions) -> SimApp:
+    """The ASGI application for one simulated model."""
+    if opts.role not in ROLES:
+        raise ValueError(f"unknown role {opts.role!r}; expected one of {', '.join(ROLES)}")
+    if not 0 < opts.embedding_dim <= _MAX_EMBEDDING_DIM:
+        raise ValueError(f"embedding_dim must be in 1..{_MAX_EMBEDDING_DIM}")
+    if not opts.tokens_per_s >= 0:
+        raise ValueError("tokens_per_s must be >= 0")
+    return SimApp(opts)
+
+
+class SimApp:
+    """Raw ASGI app; `make_app` builds it."""
+
+    def __init__(self, opts: SimOptions) -> None:
+        self.opts = opts
+        self._ids = itertools.count(1)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        allowed = _ROUTES.get(path)
+        try:
+            if allowed is None:
+                raise RequestError(404, f"Invalid URL ({method} {path})", code="not_found")
+            if method != allowed:
+                message = f"Method {method} not allowed on {path}; use {allowed}"
+                raise RequestError(405, message, code="method_not_allowed")
+            if path == "/health":
+                await _send_json(send, 200, {"status": "ok"})
+            elif path == "/v1/models":
+                await _send_json(send, 200, self._models())
+            else:
+                body = await _read_json(scope, receive)
+                if path == "/v1/embeddings":
+                    await _send_json(send, 200, self._embeddings(body))
+                else:
+                    await self._generate(path, body, receive, send)
+        except RequestError as error:
+            headers = [(b"allow", allowed.encode())] if error.status == 405 and allowed else []
+            await _send_json(send, error.status, error.body(), headers)
+
+    def _models(self) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": self.opts.model, "object": "model", "created": 0, "owned_by": "llmgw-sim"}],
+        }
+
+    # -- chat and completions -------------------------------------------------
+
+    async def _generate(self, path: str, body: dict[str, Any], receive: Receive, send: Send) -> None:
+        if self.opts.role == "embedding":
+            raise RequestError(
+                400,
+                f"model {self.opts.model} is an embedding model; use /v1/embeddings",
+                param="model",
+                code="unsupported_endpoint",
+            )
+        chat = path == "/v1/chat/completions"
+        if chat:
+            messages = _check_messages(body)
+            prompts = [_focus_text(messages, through_end=self.opts.role == "guard")]
+            prompt_tokens = sum(_count_words(_content_text(m.get("content"))) for m in messages)
+        else:
+            prompts = _check_prompt(body)
+            prompt_tokens = sum(_count_words(p) for p in prompts)
+        _check_optional(body, "model", str)
+        limit = _max_tokens(body)
+        stream = _check_optional(body, "stream", bool) or False
+        options = _check_optional(body, "stream_options", dict) or {}
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise RequestError(
+                400,
+                "stream_options.include_usage must be a boolean",
+                param="stream_options.include_usage",
+                code="invalid_type",
+            )
+        replies = [self._reply(text, limit) for text in prompts]
+        completion_tokens = sum(len(r.tokens) for r in replies)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        id_ = f"{'chatcmpl' if chat else 'cmpl'}-sim-{next(self._ids)}"
+        created = int(time.time())
+        if not stream:
+            if self.opts.tokens_per_s > 0:
+                await trio.sleep(completion_tokens / self.opts.tokens_per_s)
+            await _send_json(send, 200, self._whole(chat, id_, created, replies, usage))
+            return
+        frames = self._chunks(chat, id_, created, replies, usage if include_usage else None)
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        async with trio.open_nursery() as nursery:
+            # A client that goes away stops the stream instead of being paced to the end.
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            await self._pace(frames, send)
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+            nursery.cancel_scope.cancel()
+
+    async def _pace(self, frames: Iterator[tuple[bool, dict[str, Any]]], send: Send) -> None:
+        tokens_per_s = self.opts.tokens_per_s
+        start = trio.current_time()
+        emitted = 0
+        for is_token, frame in frames:
+            if is_token and tokens_per_s > 0:
+                emitted += 1
+                # Deadlines from the start, so per-frame overhead does not add up.
+                await trio.sleep_until(start + emitted / tokens_per_s)
+            data = b"data: " + _dumps(frame) + b"\n\n"
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    def _reply(self, text: str, limit: int) -> _Reply:
+        if self.opts.role == "guard":
+            hazards = list(dict.fromkeys(_UNSAFE_MARKER.findall(text)))
+            tokens = ["unsafe", "\n" + ",".join(hazards)] if hazards else ["safe"]
+        else:
+            words = ["sim", "says:", *text.split()]
+            tokens = [words[0], *(" " + w for w in words[1:])]
+        if len(tokens) > limit:
+            return _Reply(tokens[:limit], "length")
+        return _Reply(tokens, "stop")
+
+    def _whole(
+        self, chat: bool, id_: str, created: int, replies: list[_Reply], usage: dict[str, int]
+    ) -> dict[str, Any]:
+        if chat:
+            reply = replies[0]
+            choices: list[dict[str, Any]] = [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": reply.text, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": reply.finish_reason,
+                }
+            ]
+        else:
+            choices = [
+                {"text": r.text, "index": i, "logprobs": None, "finish_reason": r.finish_reason}
+                for i, r in enumerate(replies)
+            ]
+        return {
+            "id": id_,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": self.opts.model,
+            "choices": choices,
+            "usage": usage,
+        }
+
+    def _chunks(
+        self, chat: bool, id_: str, created: int, replies: list[_Reply], usage: dict[str, int] | None
+    ) -> Iterator[tuple[bool, dict[str, Any]]]:
+        """Stream frames in order, each flagged True when it carries one token."""
+        base = {
+            "id": id_,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": self.opts.model,
+        }
+
+        def frame(choice: dict[str, Any]) -> dict[str, Any]:
+            extra = {"usage": None} if usage is not None else {}
+            return {**base, "choices": [choice], **extra}
+
+        for index, reply in enumerate(replies):
+            if chat:
+                first = {"role": "assistant", "content": "", "refusal": None}
+                yield False, frame({"index": index, "delta": first, "logprobs": None, "finish_reason": None})
+                for token in reply.tokens:
+                    delta = {"content": token}
+                    yield True, frame({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
+                end = {"index": index, "delta": {}, "logprobs": None, "finish_reason": reply.finish_reason}
+            else:
+                for token in reply.tokens:
+                    yield True, frame({"text": token, "index": index, "logprobs": None, "finish_reason": None})
+                end = {"text": "", "index": index, "logprobs": None, "finish_reason": reply.finish_reason}
+            yield False, frame(end)
+        if usage is not None:
+            yield False, {**base, "choices": [], "usage": usage}
+
+    # -- embeddings -----------------------------------------------------------
+
+    def _embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.opts.role != "embedding":
+            raise RequestError(
+                400,
+                f"model {self.opts.model} has role {self.opts.role}; embeddings need an embedding model",
+                param="model",
+                code="unsupported_endpoint",
+            )
+        texts = _check_input(body)
+        _check_optional(body, "model", str)
+        dim = _check_optional(body, "dimensions", int)
+        if dim is None:
+            dim = self.opts.embedding_dim
+        elif not 0 < dim <= _MAX_EMBEDDING_DIM:
+            raise RequestError(400, f"dimensions must be in 1..{_MAX_EMBEDDING_DIM}", param="dimensions")
+        encoding = _check_optional(body, "encoding_format", str) or "float"
+        if encoding not in ("float", "base64"):
+            raise RequestError(400, "encoding_format must be 'float' or 'base64'", param="encoding_format")
+        data = []
+        for index, text in enumerate(texts):
+            vector = embed(text, dim)
+            value: list[float] | str = vector
+            if encoding == "base64":
+                # What OpenAI SDKs ask for by default: little-endian float32.
+                value = base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": value})
+        tokens = sum(_count_words(t) for t in texts)
+        return {
+            "object": "list",
+            "data": data,
+            "model": self.opts.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+
+def embed(text: str, dim: int) -> list[float]:
+    """A deterministic unit vector of `dim` floats derived from sha256(text)."""
+    seed = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    raw = b"".join(hashlib.sha256(seed + block.to_bytes(4, "big")).digest() for block in range((dim + 7) // 8))
+    values = [(u / 2**31) - 1.0 for u in struct.unpack(f">{dim}I", raw[: 4 * dim])]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return [v / norm for v in values]
+
+
+# -- request parsing ------------------------------------------------------------
+
+
+async def _read_json(scope: Scope, receive: Receive) -> dict[str, Any]:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
+            raise _too_large()
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise RequestError(400, "client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _too_large()
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    try:
+        body = json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError):
+        raise RequestError(400, "request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, "request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _too_large() -> RequestError:
+    return RequestError(413, f"request body exceeds {MAX_BODY_BYTES} bytes", code="request_too_large")
+
+
+def _check_optional(body: dict[str, Any], name: str, kind: type[Any]) -> Any:
+    value = body.get(name)
+    # bool is an int in Python; a JSON true is not a count.
+    if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+        raise RequestError(400, f"'{name}' must be of type {_json_type(kind)}", param=name, code="invalid_type")
+    return value
+
+
+def _json_type(kind: type[Any]) -> str:
+    return {str: "string", bool: "boolean", int: "integer", dict: "object", list: "array"}.get(kind, kind.__name__)
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = _check_optional(body, name, int)
+        if value is not None:
+            if value < 1:
+                raise RequestError(400, f"'{name}' must be at least 1", param=name, code="invalid_value")
+            return int(value)
+    return DEFAULT_MAX_TOKENS
+
+
+def _check_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if messages is None:
+        raise RequestError(400, "'messages' is required", param="messages", code="missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "'messages' must be a non-empty array", param="messages", code="invalid_type")
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise RequestError(400, f"'{where}' must be an object", param=where, code="invalid_type")
+        if not isinstance(message.get("role"), str):
+            raise RequestError(400, f"'{where}.role' must be a string", param=f"{where}.role", code="invalid_type")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str) and not _is_text_parts(content):
+            raise RequestError(
+                400,
+                f"'{where}.content' must be a string or an array of text parts",
+                param=f"{where}.content",
+                code="invalid_type",
+            )
+    return messages
+
+
+def _is_text_parts(content: Any) -> bool:
+    return isinstance(content, list) and all(
+        isinstance(part, dict) and (part.get("type") != "text" or isinstance(part.get("text"), str))
+        for part in content
+    )
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(p["text"] for p in content if p.get("type") == "text")
+    return ""
+
+
+def _focus_text(messages: list[dict[str, Any]], *, through_end: bool) -> str:
+    """The last user message; with `through_end` also what follows it (a judged response)."""
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    if last_user is None:
+        return ""
+    chosen = messages[last_user:] if through_end else messages[last_user : last_user + 1]
+    return " ".join(_content_text(m.get("content")) for m in chosen)
+
+
+def _check_prompt(body: dict[str, Any]) -> list[str]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise RequestError(400, "'prompt' is required", param="prompt", code="missing_required_parameter")
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return prompt
+    message = "'prompt' must be a string or a non-empty array of strings"
+    raise RequestError(400, message, param="prompt", code="invalid_type")
+
+
+def _check_input(body: dict[str, Any]) -> list[str]:
+    value = body.get("input")
+    if value is None:
+        raise RequestError(400, "'input' is required", param="input", code="missing_required_parameter")
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return value
+    message = "'input' must be a string or a non-empty array of strings"
+    raise RequestError(400, message, param="input", code="invalid_type")
+
+
+def _count_words(text: str) -> int:
+    return len(text.split())
+
+
+# -- ASGI plumbing --------------------------------------------------------------
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def _send_json(
+    send: Send, status: int, value: Any, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    body = _dumps(value)
+    head = [*_JSON, (b"content-length", str(len(body)).encode()), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+# -- server and process ---------------------------------------------------------
+
+
+def _hypercorn_config(opts: SimOptions) -> Config:
+    config = Config()
+    host = f"[{opts.host}]" if ":" in opts.host else opts.host
+    config.bind = [f"{host}:{opts.port}"]
+    config.errorlog = logger
+    config.accesslog = None
+    config.graceful_timeout = SHUTDOWN_GRACE_S
+    config.include_server_header = False
+    return config
+
+
+async def serve(
+    opts: SimOptions,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled, or until `shutdown_trigger` returns (in-flight requests get a grace).
+
+    Reports the base URL it listens on (`http://HOST:PORT`, the real port when
+    `opts.port` is 0) through `task_status`.
+    """
+    app = make_app(opts)
+    config = _hypercorn_config(opts)
+    async with trio.open_nursery() as nursery:
+        binds: list[str] = await nursery.start(
+            partial(hypercorn_serve, app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+        )
+        logger.info("sim engine %s (role %s) listening on %s", opts.model, opts.role, binds[0])
+        task_status.started(binds[0])
+
+
+async def _main(opts: SimOptions) -> int:
+    status = 0
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signal, signals, stop, nursery.cancel_scope)
+            await trio.sleep(opts.startup_delay)
+            if opts.fail_start:
+                print(
+                    f"llmgw sim: simulated start failure of model {opts.model} (--fail-start)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                status = FAIL_START_STATUS
+            else:
+                await serve(opts, shutdown_trigger=stop.wait)
+            nursery.cancel_scope.cancel()
+    return status
+
+
+async def _stop_on_signal(signals: AsyncIterator[int], stop: trio.Event, scope: trio.CancelScope) -> None:
+    async for signum in signals:
+        logger.info("sim engine stopping on %s", signal.Signals(signum).name)
+        stop.set()
+        # Graceful shutdown is a deadline, not a wait: in-flight streams get the grace, then are cut.
+        scope.deadline = min(scope.deadline, trio.current_time() + SHUTDOWN_GRACE_S)
+        return
+
+
+def run(opts: SimOptions) -> int:
+    """Process entry: serve until SIGINT/SIGTERM; exit status 3 after the delay with fail_start."""
+    try:
+        make_app(opts)  # refuse bad options before waiting out the startup delay
+    except ValueError as error:
+        print(f"llmgw sim: {error}", file=sys.stderr)
+        return 2
+    try:
+        return trio.run(_main, opts)
+    except ExceptionGroup as group:
+        bind_errors, others = group.split(OSError)
+        if bind_errors is None or others is not None:
+            raise
+        cause = _first_leaf(bind_errors)
+        print(f"llmgw sim: cannot listen on {opts.host}:{opts.port}: {cause}", file=sys.stderr)
+        return 1
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m llmgw.engines.sim`: the same flags as `llmgw engine sim`."""
+    parser = argparse.ArgumentParser(prog="llmgw engine sim", description="the simulator engine")
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", required=True, type=int)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--role", default="chat", choices=ROLES)
+    parser.add_argument("--tokens-per-s", type=float, default=0.0)
+    parser.add_argument("--startup-delay", type=float, default=0.0)
+    parser.add_argument("--fail-start", action="store_true")
+    parser.add_argument("--embedding-dim", type=int, default=16)
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return run(
+        SimOptions(
+            host=ns.host,
+            port=ns.port,
+            model=ns.model,
+            role=ns.role,
+            tokens_per_s=ns.tokens_per_s,
+            startup_delay=ns.startup_delay,
+            fail_start=ns.fail_start,
+            embedding_dim=ns.embedding_dim,
+        )
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,579 @@
+"""The OpenAI-compatible `/v1` API (S4) as a raw ASGI app, and its hypercorn server.
+Owns authentication, request checks, error shapes (S14) and the streaming proxy to engines.
+
+Raw ASGI rather than a framework: the hot path is one key hash, one JSON parse
+and one upstream call, so the gateway adds little to a direct engine call.
+Error `type` follows OpenAI: 401 `authentication_error`, other 4xx
+`invalid_request_error`, 500/502 `server_error`, 503/504 `service_unavailable`.
+Never logs a prompt, a completion or a key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import httpx
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+
+from llmgw.domain.keys import hash_key
+from llmgw.domain.observed import Endpoint
+from llmgw.domain.settings import effective
+from llmgw.domain.state import ClusterState
+from llmgw.gateway.router import NoEndpoint, Router
+from llmgw.interfaces import StateReader
+from llmgw.logs import request_id_var
+
+__all__ = ["ApiError", "GatewayApp", "GatewayDeps", "make_app", "serve"]
+
+_log = logging.getLogger("llmgw.gateway.app")
+_access = logging.getLogger("llmgw.gateway.access")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+# Longer than the keep-alive of clients' pools (httpx: 5 s), so the server is
+# never the side that closes a connection a client is about to reuse.
+KEEP_ALIVE_TIMEOUT_S = 75.0
+SHUTDOWN_GRACE_S = 5.0
+# A refused request's unread body is discarded up to this many times the cap, for this long.
+DRAIN_FACTOR = 4
+DRAIN_TIMEOUT_S = 10.0
+
+_POST_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding"}
+_ROLES_FOR = {"chat": ("chat", "guard"), "completion": ("chat", "guard"), "embedding": ("embedding",)}
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+# Hop-by-hop (RFC 9110 §7.6.1) plus what this server sets itself.
+_DROP_UPSTREAM = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"date",
+        b"server",
+        b"content-length",
+        b"x-request-id",
+    }
+)
+
+
+class ApiError(Exception):
+    """A refusal answered in OpenAI's error shape."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        param: str | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+        self.headers = headers or []
+
+    def body(self) -> bytes:
+        doc = {"error": {"message": self.message, "type": error_type(self.status), "param": self.param, "code": self.code}}
+        return _dumps(doc)
+
+
+def error_type(status: int) -> str:
+    if status == 401:
+        return "authentication_error"
+    if status == 403:
+        return "permission_error"
+    if status in (503, 504):
+        return "service_unavailable"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def _no_endpoint_status(code: str) -> int:
+    return 504 if code == "activation_timeout" else 503
+
+
+@dataclass
+class GatewayDeps:
+    router: Router
+    state: StateReader
+    client: httpx.AsyncClient | None = None  # built (and closed by `serve`) when None
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+def make_client() -> httpx.AsyncClient:
+    """The upstream client: no read timeout (generations take what they take)."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(connect=5, read=None, write=30, pool=30),
+        # Expire idle connections before the engines' hypercorn (5 s) closes them.
+        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=4.0),
+    )
+
+
+def make_app(deps: GatewayDeps) -> GatewayApp:
+    return GatewayApp(deps)
+
+
+class _Exchange:
+    """What one request log line reports; filled in as the request goes."""
+
+    __slots__ = ("request_id", "model", "replica", "status", "body_done", "started", "finished", "disconnected")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.model = "-"
+        self.replica = "-"
+        self.status = 0
+        self.body_done = False  # the request body has been read to its end
+        self.started = False
+        self.finished = False  # the last body message is being sent
+        self.disconnected = False
+
+
+class GatewayApp:
+    """Raw ASGI app; `make_app` builds it. `aclose()` closes an upstream client it built."""
+
+    def __init__(self, deps: GatewayDeps) -> None:
+        self.deps = deps
+        self._owns_client = deps.client is None
+        self.client = deps.client if deps.client is not None else make_client()
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self.client.aclose()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = trio.current_time()
+        ex = _Exchange("req-" + os.urandom(8).hex())
+        token = request_id_var.set(ex.request_id)
+        method: str = scope["method"]
+        path: str = scope["path"]
+        try:
+            try:
+                await self._dispatch(ex, scope, receive, send)
+            except ApiError as error:
+                if not ex.started:
+                    await self._refuse(ex, scope, receive, send, error)
+            except Exception:
+                _log.exception("request failed: %s %s", method, path)
+                if not ex.started:
+                    await self._refuse(ex, scope, receive, send, ApiError(500, "internal_error", "the gateway failed; see its log"))
+        finally:
+            status = 499 if ex.disconnected else ex.status
+            _access.info(
+                "%s %s model=%s replica=%s status=%d ms=%.1f",
+                method,
+                path,
+                ex.model,
+                ex.replica,
+                status,
+                (trio.current_time() - started) * 1000,
+            )
+            request_id_var.reset(token)
+
+    async def _dispatch(self, ex: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+        method: str = scope["method"]
+        path: str = scope["path"]
+        if path == "/health":
+            _allow(method, "GET")
+            await self._send(ex, send, 200, _dumps({"status": "ok"}))
+            return
+        kind = _POST_PATHS.get(path)
+        if kind is None:
+            if path == "/v1/models" or path.startswith("/v1/models/"):
+                _allow(method, "GET")
+                self._authenticate(scope, self.deps.state.snapshot())
+                await self._send(ex, send, 200, _dumps(self._models(path[len("/v1/models/") :])))
+                return
+            raise ApiError(404, "not_found", f"unknown path {method} {path}")
+        _allow(method, "POST")
+        snap = self.deps.state.snapshot()
+        self._authenticate(scope, snap)
+        if effective(snap.settings, "serving.stopped"):
+            raise ApiError(503, "system_stopped", "the system is stopped: no model is being served (llmgw start resumes)")
+        raw = await self._read_body(ex, scope, receive)
+        body = _parse_object(raw)
+        name, stream = _check_request(kind, body)
+        ex.model = name
+        model = snap.models.get(name)
+        if model is None:
+            raise ApiError(404, "model_not_found", f"the model {name!r} does not exist", param="model")
+        if model.role not in _ROLES_FOR[kind]:
+            raise ApiError(400, "model_not_supported", _role_words(name, model.role, path), param="model")
+        deadline = trio.current_time() + model.activation_window_s
+        try:
+            async with self.deps.router.acquire(name, deadline=deadline) as endpoint:
+                ex.replica = endpoint.replica_id
+                await self._proxy(ex, endpoint, path, raw, stream, receive, send)
+        except NoEndpoint as refusal:
+            raise ApiError(_no_endpoint_status(refusal.code), refusal.code, refusal.message) from None
+
+    # --- checks -----------------------------------------------------------------
+
+    def _authenticate(self, scope: Scope, snap: ClusterState) -> None:
+        key = _bearer(scope["headers"])
+        if not key:
+            raise ApiError(
+                401,
+                "invalid_api_key",
+                "no API key: send it as 'Authorization: Bearer KEY'",
+                headers=[(b"www-authenticate", b"Bearer")],
+            )
+        api_key = snap.keys.get(hash_key(key))
+        if api_key is None or api_key.role not in ("client", "admin"):
+            raise ApiError(401, "invalid_api_key", "incorrect API key", headers=[(b"www-authenticate", b"Bearer")])
+
+    async def _read_body(self, ex: _Exchange, scope: Scope, receive: Receive) -> bytes:
+        cap = self.deps.max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > cap:
+                raise _too_large(cap)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                ex.body_done = ex.disconnected = True
+                raise ApiError(400, "invalid_request", "client disconnected before sending the whole body")
+            chunk = message.get("body", b"")
+            ex.body_done = not message.get("more_body", False)
+            size += len(chunk)
+            if size > cap:
+                raise _too_large(cap)
+            chunks.append(chunk)
+            if ex.body_done:
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _models(self, one: str) -> dict[str, Any]:
+        models = self.deps.state.snapshot().models
+        if one:
+            if one not in models:
+                raise ApiError(404, "model_not_found", f"the model {one!r} does not exist", param="model")
+            return _model_doc(one)
+        return {"object": "list", "data": [_model_doc(name) for name in sorted(models)]}
+
+    # --- the proxy --------------------------------------------------------------
+
+    async def _proxy(
+        self, ex: _Exchange, endpoint: Endpoint, path: str, raw: bytes, stream: bool, receive: Receive, send: Send
+    ) -> None:
+        request = self.client.build_request(
+            "POST",
+            endpoint.url + path,
+            content=raw,
+            headers=[
+                (b"content-type", b"application/json"),
+                # Raw bytes are forwarded as they come, so nothing must be compressed.
+                (b"accept-encoding", b"identity"),
+                (b"x-request-id", ex.request_id.encode()),
+            ],
+        )
+        refusal: ApiError | None = None
+        async with trio.open_nursery() as nursery:
+            # A client that goes away cancels the upstream call (and frees the replica).
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope, ex)
+            try:
+                await self._exchange(ex, endpoint, request, stream, send)
+            except ApiError as error:
+                refusal = error  # raised below, outside the nursery, so it is not wrapped in a group
+            nursery.cancel_scope.cancel()
+        if refusal is not None:
+            raise refusal
+
+    async def _exchange(
+        self, ex: _Exchange, endpoint: Endpoint, request: httpx.Request, stream: bool, send: Send
+    ) -> None:
+        try:
+            response = await self.client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+            _log.warning("replica %s of model %s cannot be reached: %s", endpoint.replica_id, ex.model, _words(error))
+            raise ApiError(
+                502, "upstream_unavailable", f"replica {endpoint.replica_id} of model {ex.model!r} cannot be reached"
+            ) from None
+        except httpx.PoolTimeout:
+            raise ApiError(503, "overloaded", "the gateway has too many requests in flight; retry later") from None
+        except httpx.TransportError as error:
+            _log.warning("replica %s of model %s failed: %s", endpoint.replica_id, ex.model, _words(error))
+            raise ApiError(502, "upstream_error", f"replica {endpoint.replica_id} of model {ex.model!r} failed") from None
+        try:
+            headers = _response_headers(response.headers.raw, ex.request_id)
+            if not stream:
+                try:
+                    # Every checkpoint of this loop is inside httpx's generators, so a
+                    # cancellation unwinds them all (none is left to the garbage collector).
+                    body = b"".join([chunk async for chunk in response.aiter_raw()])
+                except httpx.TransportError as error:
+                    _log.warning("replica %s of model %s failed: %s", endpoint.replica_id, ex.model, _words(error))
+                    raise ApiError(
+                        502, "upstream_error", f"replica {endpoint.replica_id} of model {ex.model!r} failed"
+                    ) from None
+                headers.append((b"content-length", str(len(body)).encode()))
+                ex.started = True
+                ex.status = response.status_code
+                await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+                ex.finished = True
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return
+            ex.started = True
+            ex.status = response.status_code
+            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+            # The upstream is read by its own task: a cancelled `send` would otherwise
+            # leave httpx's nested generators suspended. The buffer is unbounded, but a
+            # response is bounded by its token limit, as a buffered one is.
+            into, out = trio.open_memory_channel[bytes](math.inf)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_pump, response, into, endpoint, ex)
+                async for chunk in out:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            ex.finished = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await response.aclose()
+
+    # --- responses --------------------------------------------------------------
+
+    async def _send(self, ex: _Exchange, send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        headers = [
+            *_JSON_HEADERS,
+            (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", ex.request_id.encode()),
+            *(extra or ()),
+        ]
+        ex.started = True
+        ex.status = status
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _refuse(self, ex: _Exchange, scope: Scope, receive: Receive, send: Send, error: ApiError) -> None:
+        if not ex.body_done:
+            await self._discard_body(ex, scope, receive)
+        if not ex.disconnected:
+            await self._send(ex, send, error.status, error.body(), error.headers)
+
+    async def _discard_body(self, ex: _Exchange, scope: Scope, receive: Receive) -> None:
+        """Read (a bounded amount of) the unread body before refusing: HTTP/1.1 clients
+        such as httpx read no answer until they have sent everything, and the server
+        closing under them loses the refusal."""
+        limit = DRAIN_FACTOR * self.deps.max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                return  # not worth the bandwidth: answer and let the connection close
+        seen = 0
+        with trio.move_on_after(DRAIN_TIMEOUT_S):
+            while seen <= limit:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    ex.disconnected = True
+                    return
+                seen += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+
+
+# --- helpers ----------------------------------------------------------------------
+
+
+def _allow(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise ApiError(
+            405, "method_not_allowed", f"method {method} is not allowed here; use {allowed}", headers=[(b"allow", allowed.encode())]
+        )
+
+
+def _bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else None
+    return None
+
+
+def _too_large(cap: int) -> ApiError:
+    return ApiError(413, "request_too_large", f"the request body is larger than {cap} bytes")
+
+
+def _parse_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "invalid_json", "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_json", "the request body must be a JSON object")
+    return body
+
+
+def _check_request(kind: str, body: dict[str, Any]) -> tuple[str, bool]:
+    """The model name and whether to stream; raises on what an engine should never see."""
+    name = body.get("model")
+    if name is None:
+        raise ApiError(400, "missing_required_parameter", "'model' is required", param="model")
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "invalid_type", "'model' must be a non-empty string", param="model")
+    if kind == "chat":
+        messages = body.get("messages")
+        if messages is None:
+            raise ApiError(400, "missing_required_parameter", "'messages' is required", param="messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise ApiError(400, "invalid_type", "'messages' must be a non-empty array of objects", param="messages")
+    elif kind == "completion":
+        _string_or_list(body, "prompt")
+    else:
+        _string_or_list(body, "input")
+    stream = body.get("stream")
+    if stream is None:
+        return name, False
+    if not isinstance(stream, bool):
+        raise ApiError(400, "invalid_type", "'stream' must be true or false", param="stream")
+    return name, stream
+
+
+def _string_or_list(body: dict[str, Any], key: str) -> None:
+    value = body.get(key)
+    if value is None:
+        raise ApiError(400, "missing_required_parameter", f"'{key}' is required", param=key)
+    if not isinstance(value, (str, list)):
+        raise ApiError(400, "invalid_type", f"'{key}' must be a string or an array", param=key)
+
+
+def _role_words(name: str, role: str, path: str) -> str:
+    if role == "embedding":
+        return f"model {name!r} is an embedding model; use /v1/embeddings"
+    return f"model {name!r} is a {role} model and does not serve {path}"
+
+
+def _model_doc(name: str) -> dict[str, Any]:
+    # The catalog keeps no creation time; 0 keeps the field an integer as SDKs expect.
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
+
+
+def _response_headers(raw: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
+    named: set[bytes] = set()
+    for name, value in raw:
+        if name.lower() == b"connection":
+            # Headers the upstream declared hop-by-hop for this connection only.
+            named.update(v.strip().lower() for v in value.split(b","))
+    headers = [
+        (lower, value)
+        for name, value in raw
+        if (lower := name.lower()) not in _DROP_UPSTREAM and lower not in named
+    ]
+    headers.append((b"x-request-id", request_id.encode()))
+    return headers
+
+
+def _words(error: BaseException) -> str:
+    return str(error) or type(error).__name__
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def _pump(response: httpx.Response, into: trio.MemorySendChannel[bytes], endpoint: Endpoint, ex: _Exchange) -> None:
+    try:
+        async for chunk in response.aiter_raw():
+            into.send_nowait(chunk)  # no checkpoint outside the generator (see `_exchange`)
+    except httpx.TransportError as error:
+        # The status is already sent: say so in the stream, where OpenAI's SDKs look for it.
+        _log.warning("replica %s of model %s failed mid-stream: %s", endpoint.replica_id, ex.model, _words(error))
+        err = {"message": f"replica {endpoint.replica_id} failed mid-stream", "type": "server_error", "param": None, "code": "upstream_error"}
+        into.send_nowait(b"data: " + _dumps({"error": err}) + b"\n\n")
+    finally:
+        into.close()
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope, ex: _Exchange) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    # The server also reports the end of a completed exchange as a disconnect.
+    if not ex.finished:
+        ex.disconnected = True
+        scope.cancel()
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+# --- server -------------------------------------------------------------------------
+
+
+def hypercorn_config(listen_host: str, listen_port: int) -> Config:
+    config = Config()
+    host = f"[{listen_host}]" if ":" in listen_host else listen_host
+    config.bind = [f"{host}:{listen_port}"]
+    config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
+    config.graceful_timeout = SHUTDOWN_GRACE_S
+    # Hypercorn has no response timeout and read_timeout stays None, so long streams are never cut.
+    config.read_timeout = None
+    # A Logger object (not "-") so hypercorn adds no handler of its own and lines reach ours.
+    config.errorlog = logging.getLogger("llmgw.gateway.server")
+    config.accesslog = None
+    return config
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    """`http://127.0.0.1:8080` or `http://[::1]:8080` -> (host, port)."""
+    hostport = bind.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+async def serve(
+    listen_host: str,
+    listen_port: int,
+    deps: GatewayDeps,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the gateway until cancelled (or `shutdown_trigger` returns: in-flight requests get a grace).
+
+    Reports `(host, port)` it listens on through `task_status`, the real port when `listen_port` is 0.
+    """
+    app = make_app(deps)
+    config = hypercorn_config(listen_host, listen_port)
+    try:
+        async with trio.open_nursery() as nursery:
+            binds: list[str] = await nursery.start(
+                partial(hypercorn_serve, app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+            )
+            bound = parse_bind(binds[0])
+            _log.info("gateway listening on %s", binds[0])
+            task_status.started(bound)
+    finally:
+        with trio.CancelScope(shield=True):
+            await app.aclose()

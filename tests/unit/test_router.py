@@ -1,0 +1,296 @@
+"""Router (S4): least-outstanding pick, release on every exit, idle tracking, activation waits.
+
+Activation waits run on trio's autojump MockClock, so a two-minute window takes no real time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmgw.domain.observed import Endpoint, ModelRoute
+from llmgw.gateway.router import Lease, NoEndpoint, Router
+
+
+def ready(model: str, *replicas: str) -> ModelRoute:
+    return ModelRoute(model, "chat", "ready", tuple(Endpoint(r, f"http://{r}.test") for r in replicas))
+
+
+def state(model: str, state: str, reason: str = "") -> ModelRoute:
+    return ModelRoute(model, "chat", state, (), reason)
+
+
+def far() -> float:
+    return trio.current_time() + 120
+
+
+async def test_picks_least_outstanding() -> None:
+    router = Router()
+    router.update_routes({"m": ready("m", "a", "b", "c")})
+    async with router.acquire("m", deadline=far()) as first:
+        async with router.acquire("m", deadline=far()) as second:
+            async with router.acquire("m", deadline=far()) as third:
+                assert {first.replica_id, second.replica_id, third.replica_id} == {"a", "b", "c"}
+                assert router.statistics().outstanding == {"m": 3}
+            # Only the third's replica is free now, whatever the rotation says.
+            for _ in range(3):
+                async with router.acquire("m", deadline=far()) as endpoint:
+                    assert endpoint.replica_id == third.replica_id
+    assert router.statistics().replicas == {"a": 0, "b": 0, "c": 0}
+
+
+async def test_ties_rotate_round_robin() -> None:
+    router = Router()
+    router.update_routes({"m": ready("m", "a", "b", "c")})
+    seen = []
+    for _ in range(6):
+        async with router.acquire("m", deadline=far()) as endpoint:
+            seen.append(endpoint.replica_id)
+    assert seen == ["a", "b", "c", "a", "b", "c"]
+
+
+async def test_busy_replica_is_skipped_until_it_frees() -> None:
+    router = Router()
+    router.update_routes({"m": ready("m", "a", "b")})
+    lease = router.acquire("m", deadline=far())
+    held = await lease.__aenter__()
+    picks = []
+    for _ in range(3):
+        async with router.acquire("m", deadline=far()) as endpoint:
+            picks.append(endpoint.replica_id)
+    assert set(picks) == {"b" if held.replica_id == "a" else "a"}
+    await lease.__aexit__(None, None, None)
+
+
+async def test_release_on_exception() -> None:
+    router = Router()
+    router.update_routes({"m": ready("m", "a")})
+    with pytest.raises(ValueError):
+        async with router.acquire("m", deadline=far()):
+            assert router.statistics().replicas == {"a": 1}
+            raise ValueError("boom")
+    assert router.statistics().replicas == {"a": 0}
+
+
+async def test_release_on_cancellation() -> None:
+    router = Router()
+    router.update_routes({"m": ready("m", "a")})
+    with trio.CancelScope() as scope:
+        async with router.acquire("m", deadline=far()):
+            scope.cancel()
+            await trio.sleep(1)
+    assert scope.cancelled_caught
+    assert router.statistics().replicas == {"a": 0}
+
+
+async def test_last_used_written_on_acquire(autojump_clock: trio.testing.MockClock) -> None:
+    router = Router()
+    router.update_routes({"m": ready("m", "a", "b")})
+    assert router.last_used() == {}  # unknown, not idle
+    await trio.sleep(42)
+    async with router.acquire("m", deadline=far()) as endpoint:
+        assert router.last_used() == {endpoint.replica_id: trio.current_time()}
+    copy = router.last_used()
+    copy.clear()
+    assert router.last_used() != {}
+
+
+async def test_persisting_replicas_keep_counters_vanished_are_forgotten(autojump_clock: trio.testing.MockClock) -> None:
+    router = Router()
+    router.update_routes({"m": ready("m", "a", "b")})
+    lease_a = router.acquire("m", deadline=far())
+    assert (await lease_a.__aenter__()).replica_id == "a"
+    lease_b = router.acquire("m", deadline=far())
+    assert (await lease_b.__aenter__()).replica_id == "b"
+    used_a = router.last_used()["a"]
+
+    router.update_routes({"m": ready("m", "a", "c")})
+    assert router.statistics().replicas == {"a": 1, "c": 0}
+    assert router.last_used() == {"a": used_a}
+
+    # b comes back as a new replica: the old holder's release must not touch its count.
+    router.update_routes({"m": ready("m", "a", "b", "c")})
+    await lease_b.__aexit__(None, None, None)
+    await lease_a.__aexit__(None, None, None)
+    assert router.statistics().replicas == {"a": 0, "b": 0, "c": 0}
+    assert "b" not in router.last_used()
+
+
+async def test_activation_asks_recorded_and_cleared(autojump_clock: trio.testing.MockClock) -> None:
+    router = Router()
+    await trio.sleep(5)
+    with pytest.raises(NoEndpoint) as caught:
+        async with router.acquire("cold", deadline=trio.current_time() + 10):
+            pass
+    assert caught.value.code == "activation_timeout"
+    assert router.take_activation_asks() == {"cold": 5.0}
+    assert router.take_activation_asks() == {}
+
+
+async def test_ready_model_records_no_ask() -> None:
+    router = Router()
+    router.update_routes({"m": ready("m", "a")})
+    async with router.acquire("m", deadline=far()):
+        pass
+    assert router.take_activation_asks() == {}
+
+
+async def test_waiter_woken_by_ready_route(autojump_clock: trio.testing.MockClock) -> None:
+    router = Router()
+    router.update_routes({"m": state("m", "absent")})
+    got: list[str] = []
+
+    async def client() -> None:
+        async with router.acquire("m", deadline=trio.current_time() + 120) as endpoint:
+            got.append(endpoint.replica_id)
+            assert trio.current_time() == 30
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client)
+        await trio.sleep(10)
+        assert router.statistics().waiting == {"m": 1}
+        router.update_routes({"m": state("m", "starting")})  # still nothing ready: keeps waiting
+        await trio.sleep(20)
+        assert got == []
+        router.update_routes({"m": ready("m", "r1")})
+    assert got == ["r1"]
+    assert router.statistics().waiting == {}
+    assert router.take_activation_asks() == {"m": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("route_state", "code"),
+    [("parked", "model_parked"), ("unplaceable", "model_unplaceable")],
+)
+async def test_waiter_fails_at_once_when_route_turns_hopeless(
+    autojump_clock: trio.testing.MockClock, route_state: str, code: str
+) -> None:
+    router = Router()
+    failures: list[NoEndpoint] = []
+
+    async def client() -> None:
+        with pytest.raises(NoEndpoint) as caught:
+            async with router.acquire("m", deadline=trio.current_time() + 120):
+                pass
+        failures.append(caught.value)
+        assert trio.current_time() == 3  # not the full window
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client)
+        await trio.sleep(3)
+        router.update_routes({"m": state("m", route_state, "needs 2 GPUs of class h100; none free")})
+    assert [f.code for f in failures] == [code]
+    assert "needs 2 GPUs of class h100; none free" in failures[0].message
+
+
+@pytest.mark.parametrize(
+    ("route_state", "code"),
+    [("parked", "model_parked"), ("unplaceable", "model_unplaceable"), ("stopped", "system_stopped")],
+)
+async def test_hopeless_route_refused_at_once(autojump_clock: trio.testing.MockClock, route_state: str, code: str) -> None:
+    router = Router()
+    router.update_routes({"m": state("m", route_state, "the reason")})
+    with pytest.raises(NoEndpoint) as caught:
+        async with router.acquire("m", deadline=far()):
+            pass
+    assert caught.value.code == code
+    assert caught.value.message.endswith(": the reason")
+    assert trio.current_time() == 0
+    # Unplaceable still counts as demand (capacity may free up); parked and stopped do not.
+    assert router.take_activation_asks() == ({"m": 0.0} if route_state == "unplaceable" else {})
+
+
+async def test_stopped_route_refuses_even_with_endpoints() -> None:
+    router = Router()
+    router.update_routes({"m": ModelRoute("m", "chat", "stopped", (Endpoint("a", "http://a"),), "stopping")})
+    with pytest.raises(NoEndpoint) as caught:
+        async with router.acquire("m", deadline=far()):
+            pass
+    assert caught.value.code == "system_stopped"
+
+
+async def test_deadline_gives_activation_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    router = Router()
+    router.update_routes({"m": state("m", "starting")})
+    with pytest.raises(NoEndpoint) as caught:
+        async with router.acquire("m", deadline=trio.current_time() + 120):
+            pass
+    assert caught.value.code == "activation_timeout"
+    assert "starting" in caught.value.message
+    assert trio.current_time() == 120
+    assert router.statistics().waiting == {}
+
+
+async def test_cancelled_waiter_leaves_no_trace(autojump_clock: trio.testing.MockClock) -> None:
+    router = Router()
+    with trio.move_on_after(5):
+        async with router.acquire("m", deadline=trio.current_time() + 120):
+            pass
+    assert router.statistics().waiting == {}
+    router.update_routes({"m": ready("m", "a")})
+    assert router.statistics().replicas == {"a": 0}
+
+
+# --- property: counts equal held acquisitions under any interleaving ------------------
+
+_REPLICAS = {"r0": "m0", "r1": "m0", "r2": "m0", "r3": "m1", "r4": "m1"}
+
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("acquire"), st.sampled_from(["m0", "m1", "m2"])),
+        st.tuples(st.just("release"), st.integers(0, 30)),
+        st.tuples(st.just("update"), st.sets(st.sampled_from(sorted(_REPLICAS)))),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_ops)
+def test_outstanding_counts_match_held_acquisitions(ops: list[tuple[str, object]]) -> None:
+    async def scenario() -> None:
+        router = Router()
+        present: set[str] = set()
+        generation: Counter[str] = Counter()  # bumped when a replica vanishes: its return is a new replica
+        held: list[tuple[Lease, str, int]] = []
+        for op, arg in ops:
+            if op == "acquire":
+                assert isinstance(arg, str)
+                before = router.statistics().replicas
+                lease = router.acquire(arg, deadline=trio.current_time())  # no waiting
+                try:
+                    endpoint = await lease.__aenter__()
+                except NoEndpoint as refusal:
+                    assert refusal.code == "activation_timeout"
+                    assert not any(_REPLICAS[r] == arg for r in present)
+                    continue
+                assert _REPLICAS[endpoint.replica_id] == arg
+                assert before[endpoint.replica_id] == min(n for r, n in before.items() if _REPLICAS[r] == arg)
+                held.append((lease, endpoint.replica_id, generation[endpoint.replica_id]))
+            elif op == "release":
+                assert isinstance(arg, int)
+                if held:
+                    lease, _, _ = held.pop(arg % len(held))
+                    await lease.__aexit__(None, None, None)
+            else:
+                assert isinstance(arg, set)
+                for gone in present - arg:
+                    generation[gone] += 1
+                present = set(arg)
+                router.update_routes(
+                    {m: ready(m, *sorted(r for r in present if _REPLICAS[r] == m)) for m in ("m0", "m1")}
+                )
+            expected = Counter(rid for _, rid, gen in held if rid in present and gen == generation[rid])
+            counts = router.statistics().replicas
+            assert all(n >= 0 for n in counts.values())
+            assert counts == {rid: expected[rid] for rid in present}
+        for lease, _, _ in held:
+            await lease.__aexit__(None, None, None)
+        assert all(n == 0 for n in router.statistics().replicas.values())
+
+    trio.run(scenario)
