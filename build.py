@@ -68,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: shiv failed (exit {done.returncode}) after {elapsed:.1f} s", file=sys.stderr)
         return 1
     size = output.stat().st_size
-    print(f"built {output.relative_to(ROOT) if output.is_relative_to(ROOT) else output}: "
-          f"{size / 2**20:.1f} MiB in {elapsed:.1f} s")
+    print(
+        f"built {output.relative_to(ROOT) if output.is_relative_to(ROOT) else output}: "
+        f"{size / 2**20:.1f} MiB in {elapsed:.1f} s"
+    )
     return 0
 
 

@@ -22,7 +22,7 @@ import trio
 
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.observed import ReplicaObs
-from llmgw.engines import EngineError, launch_spec
+from llmgw.engines import PARENT_ENV, EngineError, launch_spec
 
 log = logging.getLogger("llmgw.agent.supervisor")
 
@@ -134,7 +134,8 @@ class Supervisor:
             url = f"http://{self.host}:{port}" if ":" not in self.host else f"http://[{self.host}]:{port}"
             self.log_dir.mkdir(parents=True, exist_ok=True)
             rep.log_path = self.log_dir / f"{rid}.log"
-            await self._supervise(rep, spec.argv, {**os.environ, **spec.env}, url, spec.health_path)
+            env = {**os.environ, **spec.env, PARENT_ENV: str(os.getpid())}
+            await self._supervise(rep, spec.argv, env, url, spec.health_path)
 
     async def _supervise(self, rep: _Replica, argv: list[str], env: dict[str, str], url: str, health: str) -> None:
         rid = rep.obs.replica_id

@@ -4,9 +4,10 @@ Owns argument parsing, URL/key resolution, error wording and table rendering;
 the cluster's facts all come from the API. Imports only the standard library,
 cyclopts and httpx so that start-up stays fast.
 
-Entry points: `ctl_app` (a cyclopts App named "ctl", registered in the root
-app with `app.command(ctl_app)`) and `run_ctl(argv, transport=..., env=...,
-stdout=..., stderr=...)`, the seam tests drive with `httpx.MockTransport`.
+Entry points: `ctl_app`, registered in the root app under a name
+(`app.command("llmgw.cli.ctl:ctl_app", name="ctl")`), and `run_ctl(argv,
+transport=..., env=..., stdout=..., stderr=...)`, the seam tests drive with
+`httpx.MockTransport`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import os
 import sys
 import tomllib
 import urllib.parse
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Mapping, Sequence, TextIO
+from typing import Annotated, Any, TextIO
 
 import cyclopts
 import httpx
@@ -46,6 +48,10 @@ class UsageError(CtlError):
         super().__init__(message, EXIT_USAGE)
 
 
+class Refused(CtlError):
+    """The API understood the request and said no (`{"error": {"code", "message"}}`)."""
+
+
 @dataclass(frozen=True)
 class Io:
     """What ctl touches outside itself. None means the real thing (network, os.environ,
@@ -68,9 +74,7 @@ class Target:
     key_from: str
 
 
-def resolve_target(
-    *, url: str | None, key: str | None, state_dir: Path, env: Mapping[str, str]
-) -> Target:
+def resolve_target(*, url: str | None, key: str | None, state_dir: Path, env: Mapping[str, str]) -> Target:
     """Each of URL and key: the flag, else the environment, else DIR/credentials.json."""
     creds_path = state_dir / "credentials.json"
     url_from = key_from = ""
@@ -125,9 +129,7 @@ def _read_credentials(path: Path) -> dict[str, Any] | None:
 class Session:
     """Global options, the output streams and a lazily opened HTTP client."""
 
-    def __init__(
-        self, *, url: str | None, key: str | None, state_dir: Path, as_json: bool, io: Io
-    ) -> None:
+    def __init__(self, *, url: str | None, key: str | None, state_dir: Path, as_json: bool, io: Io) -> None:
         self.as_json = as_json
         self._url = url
         self._key = key
@@ -152,6 +154,13 @@ class Session:
 
     def print_json(self, doc: Any) -> None:
         self.out(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False))
+
+    def show(self, doc: Any, render: Callable[[Any], str]) -> None:
+        """The API's JSON with --json, else the readable rendering of it."""
+        if self.as_json:
+            self.print_json(doc)
+        else:
+            self.out(render(doc))
 
     def target(self) -> Target:
         if self._target is None:
@@ -213,8 +222,7 @@ def _decode(response: httpx.Response, url: str) -> Any:
         )
     if not text.strip():
         raise CtlError(
-            f"{url} answered nothing (status {status}, empty body)"
-            " — is --url pointing at the llmgw admin API?"
+            f"{url} answered nothing (status {status}, empty body) — is --url pointing at the llmgw admin API?"
         )
     try:
         doc = json.loads(text)
@@ -226,7 +234,7 @@ def _decode(response: httpx.Response, url: str) -> Any:
     if isinstance(err, dict) and ("code" in err or "message" in err):
         code = _clean(str(err.get("code") or f"http_{status}"))
         message = _clean(str(err.get("message") or "(no message)"))
-        raise CtlError(f"{code}: {message}")
+        raise Refused(f"{code}: {message}")
     raise CtlError(f"{url} answered status {status}: {_excerpt(text)}")
 
 
@@ -267,7 +275,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
             widths[i] = max(widths[i], len(text))
     lines = []
     for row in [list(headers), *cells]:
-        lines.append("  ".join(text.ljust(w) for text, w in zip(row, widths)).rstrip())
+        lines.append("  ".join(text.ljust(w) for text, w in zip(row, widths, strict=True)).rstrip())
     return "\n".join(lines)
 
 
@@ -409,7 +417,8 @@ def render_status(doc: Mapping[str, Any]) -> str:
         out += ["", "WARNINGS"]
         out += [f"  ! {_clean(str(w))}" for w in warnings]
     webhooks = _get(doc, "notify", "webhooks")
-    if webhooks == 0:
+    said = isinstance(warnings, list) and any("webhook" in str(w) for w in warnings)
+    if webhooks == 0 and not said:  # S10: say so, and how to set one
         out += [
             "",
             "notifications: no webhook set; lost nodes and parked models reach nobody."
@@ -516,6 +525,15 @@ def _profile(p: Mapping[str, Any]) -> str | None:
 
 def _json_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+def _json_field(doc: Any, key: str) -> str:
+    return _clean(_json_text(doc[key])) if isinstance(doc, Mapping) and key in doc else "-"
+
+
+def render_setting(key: str, doc: Mapping[str, Any]) -> str:
+    is_set = {True: "set", False: "not set, the default applies"}.get(_get(doc, "set"), "-")
+    return f"{key} = {_json_field(doc, 'value')}   (default {_json_field(doc, 'default')}; {is_set})"
 
 
 def render_settings(doc: Mapping[str, Any]) -> str:
@@ -625,7 +643,7 @@ _commands.command(_model)
 def status(*, session: SessionParam) -> int:
     """The cluster summary: leader, nodes, models and warnings."""
     _, doc = session.request("GET", _path("status"))
-    session.print_json(doc) if session.as_json else session.out(render_status(doc))
+    session.show(doc, render_status)
     return EXIT_OK
 
 
@@ -633,7 +651,7 @@ def status(*, session: SessionParam) -> int:
 def models(*, session: SessionParam) -> int:
     """Every model in the catalog with its health."""
     _, doc = session.request("GET", _path("models"))
-    session.print_json(doc) if session.as_json else session.out(render_models(doc))
+    session.show(doc, render_models)
     return EXIT_OK
 
 
@@ -647,10 +665,7 @@ def model_show(name: str, /, *, session: SessionParam) -> int:
         The model's name.
     """
     _, doc = session.request("GET", _path("models", name))
-    if session.as_json:
-        session.print_json(doc)
-    else:
-        session.out(render_model(_get(doc, "model") or {}))
+    session.show(doc, lambda d: render_model(_get(d, "model") or {}))
     return EXIT_OK
 
 
@@ -706,8 +721,16 @@ def model_serve(
         catalog = False
         definitions = [
             definition_from_flags(
-                name=name, engine=engine, source=source, role=role, mode=mode,
-                min_=min_, max_=max_, gpus=gpus, cpu=cpu, args=arg,
+                name=name,
+                engine=engine,
+                source=source,
+                role=role,
+                mode=mode,
+                min_=min_,
+                max_=max_,
+                gpus=gpus,
+                cpu=cpu,
+                args=arg,
             )
         ]
     answers: list[Any] = []
@@ -716,10 +739,10 @@ def model_serve(
         label = cell(definition.get("name"))
         try:
             code, doc = session.request("POST", _path("models"), body=definition, send_body=True)
-        except CtlError as e:
-            if len(definitions) == 1 or "not reachable" in e.message or "HTML page" in e.message:
+        except Refused as e:
+            if len(definitions) == 1:
                 raise
-            failed += 1
+            failed += 1  # the others may still be fine; a transport error stops them all
             session.note(f"error: {label}: {e.message}")
             continue
         answers.append(doc)
@@ -743,7 +766,7 @@ def model_remove(name: str, /, *, session: SessionParam) -> int:
         The model's name.
     """
     _, doc = session.request("DELETE", _path("models", name))
-    session.print_json(doc) if session.as_json else session.out(f"removed model {cell(_get(doc, 'removed') or name)}")
+    session.show(doc, lambda d: f"removed model {cell(_get(d, 'removed') or name)}")
     return EXIT_OK
 
 
@@ -757,10 +780,7 @@ def model_retry(name: str, /, *, session: SessionParam) -> int:
         The model's name.
     """
     _, doc = session.request("POST", _path("models", name, "retry"))
-    if session.as_json:
-        session.print_json(doc)
-    else:
-        session.out(f"retrying model {cell(_get(doc, 'retried') or name)}: its failure count is cleared")
+    session.show(doc, lambda d: f"retrying model {cell(_get(d, 'retried') or name)}: its failure count is cleared")
     return EXIT_OK
 
 
@@ -777,23 +797,13 @@ def settings(key: str | None = None, value: str | None = None, /, *, session: Se
     """
     if key is None:
         _, doc = session.request("GET", _path("settings"))
-        session.print_json(doc) if session.as_json else session.out(render_settings(doc))
+        session.show(doc, render_settings)
     elif value is None:
         _, doc = session.request("GET", _path("settings", key))
-        if session.as_json:
-            session.print_json(doc)
-        else:
-            shown = _json_text(doc["value"]) if isinstance(doc, Mapping) and "value" in doc else "-"
-            default = _json_text(doc["default"]) if isinstance(doc, Mapping) and "default" in doc else "-"
-            is_set = {True: "set", False: "not set, the default applies"}.get(_get(doc, "set"), "-")
-            session.out(f"{key} = {_clean(shown)}   (default {_clean(default)}; {is_set})")
+        session.show(doc, lambda d: render_setting(key, d))
     else:
         _, doc = session.request("PUT", _path("settings", key), body=parse_setting_value(value), send_body=True)
-        if session.as_json:
-            session.print_json(doc)
-        else:
-            shown = _json_text(doc["value"]) if isinstance(doc, Mapping) and "value" in doc else "-"
-            session.out(f"{key} = {_clean(shown)}")
+        session.show(doc, lambda d: f"{key} = {_json_field(d, 'value')}")
     return EXIT_OK
 
 

@@ -34,8 +34,10 @@ def sim(
     startup_delay: seconds to wait before listening (a slow model load)
     fail_start: exit with an error instead of serving (failure injection)
     """
+    from llmgw.engines import watch_parent
     from llmgw.engines.sim import SimOptions, run
 
+    watch_parent()
     sys.exit(run(SimOptions(host=host, port=port, model=model, role=role, tokens_per_s=tokens_per_s,
                             startup_delay=startup_delay, fail_start=fail_start)))
 
@@ -61,7 +63,9 @@ def llama_cpp(
     threads: CPU threads (default: llama.cpp's choice)
     parallel: concurrent sequences
     """
+    from llmgw.engines import watch_parent
     from llmgw.engines.llamacpp import run
 
+    watch_parent()
     sys.exit(run(host=host, port=port, model=model, role=role, weights=str(weights), ctx_size=ctx_size,
                  threads=threads, parallel=parallel))

@@ -8,6 +8,7 @@ state. New operations are added to `_OPS`; the Raft method table never changes.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -33,10 +34,22 @@ def encode(command: dict[str, Any]) -> bytes:
 
 
 def decode(blob: bytes) -> dict[str, Any]:
-    command = json.loads(blob)
-    if not isinstance(command, dict) or command.get("v") != VERSION:
+    try:
+        command = json.loads(blob)
+    except ValueError:
+        raise CommandError("bad_command", "a command is a JSON object") from None
+    # `type(...) is int`: JSON true and 1.0 equal 1 in Python but are not version 1.
+    if not isinstance(command, dict) or type(command.get("v")) is not int or command["v"] != VERSION:
         raise CommandError("bad_command", f"unsupported command version: {command!r:.80}")
     return command
+
+
+def _name(c: dict[str, Any], key: str) -> str:
+    """A string field of a command; anything else is refused, never a TypeError inside apply."""
+    value = c.get(key)
+    if not isinstance(value, str) or not value:
+        raise CommandError("bad_command", f"{key} must be a non-empty string")
+    return value
 
 
 def make(op: str, at: float, **fields: Any) -> dict[str, Any]:
@@ -92,8 +105,8 @@ def apply(state: ClusterState, command: dict[str, Any]) -> tuple[ClusterState, A
     if handler is None:
         raise CommandError("bad_command", f"unknown operation {op!r}")
     at = command.get("at")
-    if isinstance(at, bool) or not isinstance(at, (int, float)):
-        raise CommandError("bad_command", "command has no time")
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        raise CommandError("bad_command", "command has no valid time")
     new_state, result = handler(state, command, float(at))
     return replace(new_state, revision=state.revision + 1), result
 
@@ -112,7 +125,7 @@ def _model_put(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterSt
 
 
 def _model_remove(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    name = c.get("name")
+    name = _name(c, "name")
     if name not in s.models:
         raise CommandError("model_not_found", f"no model named {name!r}")
     models = {k: v for k, v in s.models.items() if k != name}
@@ -122,7 +135,7 @@ def _model_remove(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Cluste
 
 
 def _model_retry(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    name = c.get("name")
+    name = _name(c, "name")
     if name not in s.models:
         raise CommandError("model_not_found", f"no model named {name!r}")
     health = {k: v for k, v in s.health.items() if k != name}
@@ -144,7 +157,9 @@ def _key_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterStat
     key_hash, name, role = c.get("key_hash"), c.get("name"), c.get("role")
     if not isinstance(key_hash, str) or not key_hash.startswith("sha256:"):
         raise CommandError("invalid_key", "key_hash must be a sha256: hash")
-    if role not in KEY_ROLES or not isinstance(name, str):
+    if not isinstance(name, str):
+        raise CommandError("invalid_key", "a key's name must be a string")
+    if role not in KEY_ROLES:
         raise CommandError("invalid_key", f"role must be one of {', '.join(KEY_ROLES)}")
     if key_hash in s.keys:
         return s, {"added": False}
@@ -153,13 +168,17 @@ def _key_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterStat
 
 
 def _placement_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    model, node, gpus = c.get("model"), c.get("node"), c.get("gpus")
+    model, node, gpus = _name(c, "model"), _name(c, "node"), c.get("gpus")
     if model not in s.models:
         raise CommandError("model_not_found", f"no model named {model!r}")
-    if not isinstance(node, str) or not isinstance(gpus, list):
-        raise CommandError("bad_command", "placement needs a node and a gpu list")
+    if not isinstance(gpus, list) or not all(type(g) is int and g >= 0 for g in gpus) or len(set(gpus)) != len(gpus):
+        raise CommandError("bad_command", "gpus must be a list of distinct device indexes")
+    taken = {g for p in s.placements.values() if p.node == node for g in p.gpus} & set(gpus)
+    if taken:
+        # A plan made on a stale snapshot: refused, so the reconciler replans (never double-books).
+        raise CommandError("gpu_taken", f"GPU(s) {sorted(taken)} on {node} are already placed")
     replica_id = f"{model}-r{s.next_replica}"
-    placement = Placement(replica_id, str(model), node, tuple(int(g) for g in gpus), str(c.get("launch_hash", "")), at)
+    placement = Placement(replica_id, model, node, tuple(gpus), str(c.get("launch_hash", "")), at)
     return (
         replace(s, placements={**s.placements, replica_id: placement}, next_replica=s.next_replica + 1),
         {"replica_id": replica_id},
@@ -167,26 +186,26 @@ def _placement_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Clust
 
 
 def _placement_remove(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    rid = c.get("replica_id")
+    rid = _name(c, "replica_id")
     if rid not in s.placements:
         return s, {"removed": False}  # idempotent: a rerun of the same plan is harmless
     return replace(s, placements={k: v for k, v in s.placements.items() if k != rid}), {"removed": True}
 
 
 def _start_failed(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    model, error = c.get("model"), str(c.get("error", ""))[:2000]
+    model, error = _name(c, "model"), str(c.get("error", ""))[:2000]
     if model not in s.models:
         return s, {"parked": False}
-    old = s.model_health(str(model))
+    old = s.model_health(model)
     failures = old.failures_in_row + 1
     parked = old.parked or failures >= int(effective(s.settings, "health.park_after_failures"))
-    health = {**s.health, str(model): ModelHealth(failures, parked, error, at)}
+    health = {**s.health, model: ModelHealth(failures, parked, error, at)}
     return replace(s, health=health), {"parked": parked, "failures_in_row": failures}
 
 
 def _ready(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    model = c.get("model")
-    old = s.health.get(str(model))
+    model = _name(c, "model")
+    old = s.health.get(model)
     if old is None or old.parked:
         return s, {}
     return replace(s, health={k: v for k, v in s.health.items() if k != model}), {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
@@ -17,7 +18,7 @@ ROLES = ("chat", "embedding", "guard")
 MODES = ("always", "on-demand")
 MAX_REPLICAS = 256
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # used with fullmatch
 _SOURCE_SCHEMES = ("sim://", "mirror://", "hf://", "pkg://")
 
 
@@ -100,7 +101,7 @@ class ModelDef:
             if key not in known:
                 raise DefinitionError(str(key), "unknown key")
         name = _str(doc, "name", required=True)
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise DefinitionError(
                 "name", "use 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
             )
@@ -154,9 +155,14 @@ class ModelDef:
         )
 
 
+def is_mig_class(gpu_class: str) -> bool:
+    """'a100-80g-mig-3g.40gb' names a MIG instance profile, not a whole card."""
+    return "-mig-" in gpu_class
+
+
 def check_source(source: str, engine: str) -> None:
     """Refuse sources that could escape storage roots or that the engine cannot read."""
-    if "\x00" in source or any(ord(c) < 32 for c in source):
+    if any(ord(c) < 32 or ord(c) == 127 for c in source):
         raise DefinitionError("source", "must not contain control characters")
     if len(source) > 1024:
         raise DefinitionError("source", "is longer than 1024 characters")
@@ -174,7 +180,7 @@ def check_source(source: str, engine: str) -> None:
         raise DefinitionError(
             "source", "must be an absolute path, mirror://NAME, hf://ORG/REPO or pkg://PACKAGE/FILE"
         )
-    if ".." in rest.split("/"):
+    if ".." in rest.replace("%2e", ".").replace("%2E", ".").split("/"):
         raise DefinitionError("source", "must not contain '..' segments")
     if not rest.strip("/"):
         raise DefinitionError("source", "names nothing")
@@ -200,6 +206,11 @@ def _profile(doc: Any) -> Profile:
     classes = doc.get("classes", [])
     if not isinstance(classes, list) or not all(isinstance(c, str) and c for c in classes):
         raise DefinitionError(p + "classes", "must be a list of GPU class names")
+    if any(is_mig_class(c) for c in classes):
+        # A process opens one MIG device, and instances share no NVLink (S6).
+        for key, value in (("gpus", gpus), ("tp", tp), ("pp", pp), ("nodes", nodes)):
+            if value > 1:
+                raise DefinitionError(p + key, "must be 1 on a MIG class: a replica runs on exactly one MIG instance")
     mem = _num(doc, "memory_gib", 0.0, prefix=p)
     if mem < 0:
         raise DefinitionError(p + "memory_gib", "must not be negative")
@@ -240,6 +251,10 @@ def _num(doc: Mapping[str, Any], key: str, default: float, *, prefix: str = "") 
     value = doc.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise DefinitionError(prefix + key, "must be a number")
-    if value != value or value in (float("inf"), float("-inf")):
+    try:
+        number = float(value)
+    except OverflowError:
+        raise DefinitionError(prefix + key, "is too large") from None
+    if not math.isfinite(number):
         raise DefinitionError(prefix + key, "must be a finite number")
-    return float(value)
+    return number

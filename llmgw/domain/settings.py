@@ -5,6 +5,7 @@ Unknown keys are refused so a typo never silently does nothing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -38,8 +39,14 @@ def _url_list(v: Any) -> str | None:
 
 
 def _positive(v: Any) -> str | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or not math.isfinite(v):
         return "must be a positive number"
+    return None
+
+
+def _count(v: Any) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1000:
+        return "must be a whole number from 1 to 1000"
     return None
 
 
@@ -50,7 +57,7 @@ SETTINGS: dict[str, SettingSpec] = {
         SettingSpec("guard.enabled", True, "false: every guard check is a no-op", _bool),
         SettingSpec("notify.webhooks", [], "URLs that receive lost-node, judge-down, parked notices", _url_list),
         SettingSpec("placement.warn_interval_s", 600, "repeat an unchanged no-placement warning this often", _positive),
-        SettingSpec("health.park_after_failures", 5, "start failures in a row before a model is parked", _positive),
+        SettingSpec("health.park_after_failures", 5, "start failures in a row before a model is parked", _count),
     )
 }
 

@@ -13,7 +13,10 @@ import importlib.machinery
 import importlib.util
 import os
 import re
+import signal
 import sys
+import threading
+import time
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -202,3 +205,27 @@ def _check_args(engine: str, args: Sequence[str]) -> None:
         minimum = 1 if kind is int else 0  # counts (threads, slots) start at 1; durations and rates at 0
         if not number >= minimum:  # also refuses NaN
             raise EngineError("bad_args", f"engine argument {flag} must be a number >= {minimum}")
+
+
+PARENT_ENV = "LLMGW_PARENT_PID"
+
+
+def watch_parent(poll_s: float = 1.0) -> None:
+    """When started by an agent (LLMGW_PARENT_PID set), stop this engine once that
+    agent is gone, so a hard-killed agent never leaves engines holding GPUs.
+
+    A daemon thread polls the parent pid and sends the main thread SIGTERM, which
+    each engine already handles as a clean stop.
+    """
+    expected = os.environ.get(PARENT_ENV, "")
+    if not expected.isdigit():
+        return
+    parent = int(expected)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        # To the main thread: that is where each engine waits for its stop signal.
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+
+    threading.Thread(target=watch, name="llmgw-parent-watch", daemon=True).start()

@@ -30,7 +30,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
-__all__ = ["SimApp", "SimOptions", "main", "make_app", "run", "serve"]
+__all__ = ["RequestError", "SimApp", "SimOptions", "embed", "main", "make_app", "run", "serve"]
 
 logger = logging.getLogger("llmgw.engine.sim")
 

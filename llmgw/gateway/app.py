@@ -94,8 +94,8 @@ class ApiError(Exception):
         self.headers = headers or []
 
     def body(self) -> bytes:
-        doc = {"error": {"message": self.message, "type": error_type(self.status), "param": self.param, "code": self.code}}
-        return _dumps(doc)
+        error = {"message": self.message, "type": error_type(self.status), "param": self.param, "code": self.code}
+        return _dumps({"error": error})
 
 
 def error_type(status: int) -> str:
@@ -174,7 +174,8 @@ class GatewayApp:
         ex = _Exchange("req-" + os.urandom(8).hex())
         token = request_id_var.set(ex.request_id)
         method: str = scope["method"]
-        path: str = scope["path"]
+        # The raw target for the log: h11 refused control characters in it, the decoded path may have some.
+        path = scope.get("raw_path", b"").decode("ascii", "replace") or scope["path"]
         try:
             try:
                 await self._dispatch(ex, scope, receive, send)
@@ -184,10 +185,13 @@ class GatewayApp:
             except Exception:
                 _log.exception("request failed: %s %s", method, path)
                 if not ex.started:
-                    await self._refuse(ex, scope, receive, send, ApiError(500, "internal_error", "the gateway failed; see its log"))
+                    failure = ApiError(500, "internal_error", "the gateway failed; see its log")
+                    await self._refuse(ex, scope, receive, send, failure)
         finally:
             status = 499 if ex.disconnected else ex.status
-            _access.info(
+            # Load balancers probe /health every few seconds; those lines would bury the requests.
+            _access.log(
+                logging.DEBUG if path == "/health" else logging.INFO,
                 "%s %s model=%s replica=%s status=%d ms=%.1f",
                 method,
                 path,
@@ -217,23 +221,33 @@ class GatewayApp:
         snap = self.deps.state.snapshot()
         self._authenticate(scope, snap)
         if effective(snap.settings, "serving.stopped"):
-            raise ApiError(503, "system_stopped", "the system is stopped: no model is being served (llmgw start resumes)")
+            raise ApiError(503, "system_stopped", "the system is stopped: no model is served until `llmgw start`")
         raw = await self._read_body(ex, scope, receive)
         body = _parse_object(raw)
         name, stream = _check_request(kind, body)
-        ex.model = name
         model = snap.models.get(name)
         if model is None:
             raise ApiError(404, "model_not_found", f"the model {name!r} does not exist", param="model")
+        ex.model = name  # only catalog names reach the log: they are validated, a client's are not
         if model.role not in _ROLES_FOR[kind]:
             raise ApiError(400, "model_not_supported", _role_words(name, model.role, path), param="model")
         deadline = trio.current_time() + model.activation_window_s
-        try:
-            async with self.deps.router.acquire(name, deadline=deadline) as endpoint:
-                ex.replica = endpoint.replica_id
-                await self._proxy(ex, endpoint, path, raw, stream, receive, send)
-        except NoEndpoint as refusal:
-            raise ApiError(_no_endpoint_status(refusal.code), refusal.code, refusal.message) from None
+        refusal: ApiError | None = None
+        async with trio.open_nursery() as nursery:
+            # A client that goes away cancels what its request waits on: an activation,
+            # or the upstream call (which frees the replica).
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope, ex)
+            try:
+                async with self.deps.router.acquire(name, deadline=deadline) as endpoint:
+                    ex.replica = endpoint.replica_id
+                    await self._exchange(ex, endpoint, path, raw, stream, send)
+            except NoEndpoint as no_endpoint:
+                refusal = ApiError(_no_endpoint_status(no_endpoint.code), no_endpoint.code, no_endpoint.message)
+            except ApiError as error:
+                refusal = error  # raised below, outside the nursery, so it is not wrapped in a group
+            nursery.cancel_scope.cancel()
+        if refusal is not None:
+            raise refusal
 
     # --- checks -----------------------------------------------------------------
 
@@ -281,35 +295,21 @@ class GatewayApp:
 
     # --- the proxy --------------------------------------------------------------
 
-    async def _proxy(
-        self, ex: _Exchange, endpoint: Endpoint, path: str, raw: bytes, stream: bool, receive: Receive, send: Send
+    async def _exchange(
+        self, ex: _Exchange, endpoint: Endpoint, path: str, raw: bytes, stream: bool, send: Send
     ) -> None:
+        """Send the body unchanged to the replica and relay its answer (streamed as it comes, or whole)."""
         request = self.client.build_request(
             "POST",
             endpoint.url + path,
             content=raw,
             headers=[
                 (b"content-type", b"application/json"),
-                # Raw bytes are forwarded as they come, so nothing must be compressed.
+                # Raw bytes are relayed as they come, so nothing may be compressed.
                 (b"accept-encoding", b"identity"),
                 (b"x-request-id", ex.request_id.encode()),
             ],
         )
-        refusal: ApiError | None = None
-        async with trio.open_nursery() as nursery:
-            # A client that goes away cancels the upstream call (and frees the replica).
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope, ex)
-            try:
-                await self._exchange(ex, endpoint, request, stream, send)
-            except ApiError as error:
-                refusal = error  # raised below, outside the nursery, so it is not wrapped in a group
-            nursery.cancel_scope.cancel()
-        if refusal is not None:
-            raise refusal
-
-    async def _exchange(
-        self, ex: _Exchange, endpoint: Endpoint, request: httpx.Request, stream: bool, send: Send
-    ) -> None:
         try:
             response = await self.client.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as error:
@@ -321,7 +321,7 @@ class GatewayApp:
             raise ApiError(503, "overloaded", "the gateway has too many requests in flight; retry later") from None
         except httpx.TransportError as error:
             _log.warning("replica %s of model %s failed: %s", endpoint.replica_id, ex.model, _words(error))
-            raise ApiError(502, "upstream_error", f"replica {endpoint.replica_id} of model {ex.model!r} failed") from None
+            raise _upstream_failed(endpoint, ex) from None
         try:
             headers = _response_headers(response.headers.raw, ex.request_id)
             if not stream:
@@ -331,9 +331,7 @@ class GatewayApp:
                     body = b"".join([chunk async for chunk in response.aiter_raw()])
                 except httpx.TransportError as error:
                     _log.warning("replica %s of model %s failed: %s", endpoint.replica_id, ex.model, _words(error))
-                    raise ApiError(
-                        502, "upstream_error", f"replica {endpoint.replica_id} of model {ex.model!r} failed"
-                    ) from None
+                    raise _upstream_failed(endpoint, ex) from None
                 headers.append((b"content-length", str(len(body)).encode()))
                 ex.started = True
                 ex.status = response.status_code
@@ -359,7 +357,9 @@ class GatewayApp:
 
     # --- responses --------------------------------------------------------------
 
-    async def _send(self, ex: _Exchange, send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    async def _send(
+        self, ex: _Exchange, send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         headers = [
             *_JSON_HEADERS,
             (b"content-length", str(len(body)).encode()),
@@ -402,9 +402,8 @@ class GatewayApp:
 
 def _allow(method: str, allowed: str) -> None:
     if method != allowed:
-        raise ApiError(
-            405, "method_not_allowed", f"method {method} is not allowed here; use {allowed}", headers=[(b"allow", allowed.encode())]
-        )
+        words = f"method {method} is not allowed here; use {allowed}"
+        raise ApiError(405, "method_not_allowed", words, headers=[(b"allow", allowed.encode())])
 
 
 def _bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -496,15 +495,21 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-async def _pump(response: httpx.Response, into: trio.MemorySendChannel[bytes], endpoint: Endpoint, ex: _Exchange) -> None:
+def _upstream_failed(endpoint: Endpoint, ex: _Exchange) -> ApiError:
+    return ApiError(502, "upstream_error", f"replica {endpoint.replica_id} of model {ex.model!r} failed")
+
+
+async def _pump(
+    response: httpx.Response, into: trio.MemorySendChannel[bytes], endpoint: Endpoint, ex: _Exchange
+) -> None:
     try:
         async for chunk in response.aiter_raw():
             into.send_nowait(chunk)  # no checkpoint outside the generator (see `_exchange`)
     except httpx.TransportError as error:
         # The status is already sent: say so in the stream, where OpenAI's SDKs look for it.
         _log.warning("replica %s of model %s failed mid-stream: %s", endpoint.replica_id, ex.model, _words(error))
-        err = {"message": f"replica {endpoint.replica_id} failed mid-stream", "type": "server_error", "param": None, "code": "upstream_error"}
-        into.send_nowait(b"data: " + _dumps({"error": err}) + b"\n\n")
+        err = ApiError(502, "upstream_error", f"replica {endpoint.replica_id} failed mid-stream")
+        into.send_nowait(b"data: " + err.body() + b"\n\n")
     finally:
         into.close()
 

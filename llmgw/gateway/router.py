@@ -107,6 +107,7 @@ class Router:
         self._rotation = {m: n for m, n in self._rotation.items() if m in by_model}
         changed, self._changed = self._changed, trio.Event()
         changed.set()
+        _log.debug("routes: %d models, %d ready endpoints", len(by_model), len(slots))
 
     # --- DemandReport ---------------------------------------------------------
 
@@ -158,28 +159,26 @@ class Router:
         best.last_used = trio.current_time()
         return best
 
-    def _refusal(self, model: str) -> NoEndpoint | None:
-        route = self._routes.get(model)
-        if route is None:
-            return None
-        code = _FAIL_CODES.get(route.state)
-        if code is None:
-            return None
-        if code == "model_unplaceable":
-            # Still count the demand: capacity may free up, and an unasked-for
-            # on-demand model would never be tried again.
-            self._asks[model] = trio.current_time()
-        return NoEndpoint(code, _refusal_words(model, route))
-
-    async def _wait_pick(self, model: str, deadline: float) -> _Slot:
+    def _pick_or_refuse(self, model: str) -> _Slot | None:
+        """A counted slot; None when the model may still become ready; NoEndpoint when it will not."""
         route = self._routes.get(model)
         if route is None or route.state != "stopped":
             slot = self._pick_nowait(model)
             if slot is not None:
                 return slot
-        refusal = self._refusal(model)
-        if refusal is not None:
-            raise refusal
+        code = _FAIL_CODES.get(route.state) if route is not None else None
+        if code is None or route is None:
+            return None
+        if code == "model_unplaceable":
+            # Still count the demand: capacity may free up, and an on-demand model
+            # nobody is seen asking for would never be tried again.
+            self._asks[model] = trio.current_time()
+        raise NoEndpoint(code, _refusal_words(model, route))
+
+    async def _wait_pick(self, model: str, deadline: float) -> _Slot:
+        slot = self._pick_or_refuse(model)
+        if slot is not None:
+            return slot
         started = trio.current_time()
         self._asks[model] = started
         self._waiting[model] = self._waiting.get(model, 0) + 1
@@ -187,20 +186,17 @@ class Router:
             while True:
                 with trio.move_on_at(deadline):
                     await self._changed.wait()
-                route = self._routes.get(model)
-                if route is None or route.state != "stopped":
-                    slot = self._pick_nowait(model)
-                    if slot is not None:
-                        return slot
-                refusal = self._refusal(model)
-                if refusal is not None:
-                    raise refusal
+                slot = self._pick_or_refuse(model)
+                if slot is not None:
+                    return slot
                 if trio.current_time() >= deadline:
+                    route = self._routes.get(model)
                     state = route.state if route is not None else "unknown to this gateway"
+                    waited = max(0.0, deadline - started)
                     raise NoEndpoint(
                         "activation_timeout",
-                        f"model {model!r} has no ready replica after waiting "
-                        f"{max(0.0, deadline - started):.0f} s for its activation (state: {state}); retry later",
+                        f"model {model!r} has no ready replica after waiting {waited:.{0 if waited >= 10 else 1}f} s"
+                        f" for its activation (state: {state}); retry later",
                     )
         finally:
             self._waiting[model] -= 1

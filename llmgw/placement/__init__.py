@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from llmgw.domain.model import ModelDef
+from llmgw.domain.model import ModelDef, is_mig_class
 from llmgw.domain.observed import NodeInfo
 from llmgw.domain.state import Placement
 
@@ -86,35 +86,54 @@ def place(
 
 def _fit(model: ModelDef, node: NodeInfo, used: set[int], same_model: int) -> Choice | Refusal:
     prof = model.profile
-    if model.engine not in node.engines:
-        hint = ENGINE_HINTS.get(model.engine, "")
-        msg = f"engine {model.engine} is not installed" + (f" ({hint})" if hint else "")
-        return Refusal(node.node, NOT_NOW, "engine_missing", msg)
-    spread = 100.0 / (1 + same_model)  # replicas of one model prefer different nodes
+    # Replicas of one model prefer nodes that hold none yet: losing a node must not
+    # take a whole model down. Worth 50 of 100, so it always outranks bin-packing.
+    spread = 50.0 if same_model == 0 else 0.0
     if prof.cpu:
-        return Choice(node.node, (), spread)
+        return _engine_refusal(model, node) or Choice(node.node, (), 50.0 + spread / (1 + same_model))
+    # Hardware first: a node that can never run the model says so, whatever is installed.
     if prof.nodes > 1:
         return Refusal(node.node, NEVER, "multi_node", "replicas spanning several nodes are not supported yet")
-    healthy = [g for g in node.gpus if g.healthy]
     if not node.gpus:
         return Refusal(node.node, NEVER, "no_gpu", "node has no GPU and the model's profile does not allow CPU")
+    candidates = list(node.gpus)
+    if prof.gpus > 1:
+        # One process opens one MIG device and instances share no NVLink: one instance or none (S6).
+        candidates = [g for g in candidates if not is_mig_class(g.gpu_class)]
+        if not candidates:
+            return Refusal(node.node, NEVER, "mig_single", "a replica on MIG runs on exactly one instance")
     if prof.classes:
-        healthy = [g for g in healthy if g.gpu_class in prof.classes]
-        if not any(g.gpu_class in prof.classes for g in node.gpus):
+        candidates = [g for g in candidates if g.gpu_class in prof.classes]
+        if not candidates:
             return Refusal(node.node, NEVER, "class", f"no GPU of class {', '.join(prof.classes)}")
     if prof.memory_gib > 0:
         need = int(prof.memory_gib * (1 << 30) / prof.gpus)
-        big = [g for g in healthy if g.memory_total >= need]
-        if not big and healthy:
+        candidates = [g for g in candidates if g.memory_total >= need]
+        if not candidates:
             return Refusal(node.node, NEVER, "memory", f"no GPU has {prof.memory_gib / prof.gpus:g} GiB")
-        healthy = big
+    if len(candidates) < prof.gpus:
+        return Refusal(node.node, NEVER, "gpu_count", f"needs {prof.gpus} GPUs, node has {len(candidates)} that fit")
+    healthy = [g for g in candidates if g.healthy]
     if len(healthy) < prof.gpus:
-        return Refusal(node.node, NEVER, "gpu_count", f"needs {prof.gpus} healthy GPUs, node has {len(healthy)}")
+        # Unhealthy GPUs count as neither used nor free; they may come back.
+        return Refusal(node.node, NOT_NOW, "gpus_unhealthy",
+                       f"needs {prof.gpus} healthy GPUs, {len(healthy)} healthy now")
+    missing = _engine_refusal(model, node)
+    if missing is not None:
+        return missing
     free = [g for g in healthy if g.index not in used]
     if len(free) < prof.gpus:
         return Refusal(node.node, NOT_NOW, "gpus_busy", f"needs {prof.gpus} free GPUs, {len(free)} free")
     chosen = tuple(sorted(g.index for g in free)[: prof.gpus])
-    # Bin-pack: the fuller the node after this replica, the better (whole nodes stay free).
-    usable = len([g for g in node.gpus if g.healthy])
-    packed = 100.0 * (len(used) + prof.gpus) / max(usable, 1)
-    return Choice(node.node, chosen, 0.7 * packed + 0.3 * spread)
+    # Bin-pack: the fuller the node's healthy GPUs after this replica, the better (whole nodes stay free).
+    usable = {g.index for g in node.gpus if g.healthy}
+    packed = 50.0 * (len(used & usable) + prof.gpus) / max(len(usable), 1)
+    return Choice(node.node, chosen, packed + spread)
+
+
+def _engine_refusal(model: ModelDef, node: NodeInfo) -> Refusal | None:
+    if model.engine in node.engines:
+        return None
+    hint = ENGINE_HINTS.get(model.engine, "")
+    msg = f"engine {model.engine} is not installed" + (f" ({hint})" if hint else "")
+    return Refusal(node.node, NOT_NOW, "engine_missing", msg)

@@ -83,7 +83,10 @@ def decide(state: ClusterState, observed: Observed, now: float) -> Plan:
             cmds.append(commands.remove_placement(p.replica_id, now, reason=why))
 
     # 1. Placements that must go: their model went or changed, their node is lost,
-    #    their replica failed to start.
+    #    their replica failed to start. Failures are all counted before any
+    #    "ready" is recorded, so the outcome never depends on replica id order.
+    ready_models: set[str] = set()
+    last_error: dict[str, str] = {}
     for p in sorted(state.placements.values(), key=lambda p: p.replica_id):
         model = state.models.get(p.model)
         obs = observed.replicas.get(p.replica_id)
@@ -96,16 +99,22 @@ def decide(state: ClusterState, observed: Observed, now: float) -> Plan:
         elif obs is not None and obs.state == "failed":
             remove(p, "start failed")
             if not state.model_health(p.model).parked:
-                cmds.append(commands.start_failed(p.model, p.replica_id, obs.error or "engine exited", now))
+                error = obs.error or "engine exited"
+                cmds.append(commands.start_failed(p.model, p.replica_id, error, now))
                 failed_models[p.model] = failed_models.get(p.model, 0) + 1
-        elif obs is not None and obs.state == "ready" and state.model_health(p.model).failures_in_row:
-            if p.model not in failed_models:
-                cmds.append(commands.became_ready(p.model, now))
+                last_error[p.model] = error
+        elif obs is not None and obs.state == "ready":
+            ready_models.add(p.model)
+    for name in sorted(ready_models):
+        health = state.model_health(name)
+        if health.failures_in_row and not health.parked and name not in failed_models:
+            cmds.append(commands.became_ready(name, now))
 
     # 2. Scale each model toward what it should have now.
     live = [p for p in state.placements.values() if p.replica_id not in removed]
     unplaceable: dict[str, str] = {}
     desired: dict[str, int] = {}
+    parking: dict[str, tuple[int, str]] = {}  # parked by this very pass: failures, last error
     for name in sorted(state.models):
         model = state.models[name]
         want = desired_replicas(state, model, observed, now)
@@ -113,6 +122,7 @@ def decide(state: ClusterState, observed: Observed, now: float) -> Plan:
             park_after = int(effective(state.settings, "health.park_after_failures"))
             if state.model_health(name).failures_in_row + failed_models[name] >= park_after:
                 want = 0  # this pass parks it; do not place it again
+                parking[name] = (state.model_health(name).failures_in_row + failed_models[name], last_error[name])
         desired[name] = want
         health = state.model_health(name)
         waiting = name in failed_models or (
@@ -145,7 +155,7 @@ def decide(state: ClusterState, observed: Observed, now: float) -> Plan:
         if rid not in kept and obs.state != "stopped" and obs.node in observed.nodes:
             actions.append(AgentAction(obs.node, "stop", rid))
 
-    views, routes = _views(state, observed, kept, desired, unplaceable)
+    views, routes = _views(state, observed, kept, desired, unplaceable, parking)
     return Plan(tuple(cmds), tuple(actions), routes, views, unplaceable)
 
 
@@ -155,6 +165,7 @@ def _views(
     kept: dict[str, Placement],
     desired: dict[str, int],
     unplaceable: dict[str, str],
+    parking: dict[str, tuple[int, str]],
 ) -> tuple[dict[str, ModelView], dict[str, ModelRoute]]:
     stopped = bool(effective(state.settings, "serving.stopped"))
     views: dict[str, ModelView] = {}
@@ -167,14 +178,18 @@ def _views(
         health = state.model_health(name)
         if stopped:
             route_state, reason = "stopped", "serving is stopped; `llmgw start` resumes it"
-        elif health.parked:
+        elif health.parked or name in parking:
+            failures, error = parking.get(name, (health.failures_in_row, health.last_error))
             route_state = "parked"
-            reason = (f"parked after {health.failures_in_row} failed starts in a row: {health.last_error or 'no error text'}"
+            reason = (f"parked after {failures} failed starts in a row: {error or 'no error text'}"
                       f" — fix the definition or run `llmgw ctl model retry {name}`")
         elif ready:
             route_state, reason = "ready", ""
         elif name in unplaceable:
             route_state, reason = "unplaceable", unplaceable[name]
+        elif mine and all(p.node not in observed.nodes for p in mine):
+            gone = ", ".join(sorted({p.node for p in mine}))
+            route_state, reason = "starting", f"waiting for node {gone} to reconnect"
         elif mine:
             route_state, reason = "starting", "replicas are starting"
         elif desired.get(name, 0) > 0 and health.failures_in_row:
@@ -182,8 +197,10 @@ def _views(
             reason = f"retrying after {health.failures_in_row} failed start(s): {health.last_error or 'no error text'}"
         elif desired.get(name, 0) > 0:
             route_state, reason = "starting", "waiting for a placement"
+        elif model.mode == "on-demand":
+            route_state, reason = "absent", "no replica is wanted yet (on-demand: a request starts one)"
         else:
-            route_state, reason = "absent", "no replica is wanted yet (on-demand)"
+            route_state, reason = "absent", "the model asks for 0 replicas (replicas.min = 0)"
         views[name] = ModelView(name, desired.get(name, 0), len(mine), len(ready), starting, route_state, reason)
         routes[name] = ModelRoute(
             model=name,

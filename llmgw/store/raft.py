@@ -98,10 +98,11 @@ class RaftStore:
         log.info("raft member %s started (peers: %s)", self.self_addr, ", ".join(self.peers) or "none")
 
     def close(self) -> None:
+        """Stop the member and wait for its thread, so the journal is closed on return."""
         self._closed.set()
         if self._obj is not None:
-            self._obj.destroy()
-            self._obj = None
+            obj, self._obj = self._obj, None
+            obj.destroy_synchronous()
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Wait until this member has a leader and has applied the log it had at start."""

@@ -311,7 +311,8 @@ class ReconcileLoop:
         self.lost: dict[str, float] = {}
         self.now = now
         self.since = now if since is None else since
-        self.outcome: Callable[[AgentAction], str] = lambda action: "ready"
+        # What an agent reports after a start: a replica state, or None for nothing yet.
+        self.outcome: Callable[[AgentAction], str | None] = lambda action: "ready"
         self.passes = 0
 
     @property
@@ -336,6 +337,8 @@ class ReconcileLoop:
                 self.replicas.pop(action.replica_id, None)
                 continue
             state = self.outcome(action)
+            if state is None:
+                continue
             url = f"http://{action.node}:{40000 + zlib.crc32(action.replica_id.encode()) % 1000}"
             self.replicas[action.replica_id] = ReplicaObs(
                 action.replica_id,
@@ -363,6 +366,12 @@ class ReconcileLoop:
                 return plan
         raise AssertionError(f"no fixed point after {max_passes} passes")
 
+    def lose(self, name: str) -> None:
+        """The node's stream closes; its replicas are no longer observed."""
+        self.nodes.pop(name)
+        self.lost[name] = self.now
+        self.replicas = {k: v for k, v in self.replicas.items() if v.node != name}
+
 
 def quiet(plan: Plan) -> bool:
     """Nothing to commit, nothing to tell agents, and no model still on its way.
@@ -371,9 +380,3 @@ def quiet(plan: Plan) -> bool:
     is not a fixed point: a model whose view is "starting" has somewhere to go.
     """
     return not plan.commands and not plan.actions and all(v.state != "starting" for v in plan.views.values())
-
-    def lose(self, name: str) -> None:
-        """The node's stream closes; its replicas are no longer observed."""
-        self.nodes.pop(name)
-        self.lost[name] = self.now
-        self.replicas = {k: v for k, v in self.replicas.items() if v.node != name}

@@ -47,7 +47,8 @@ async def _gateway_child(upstream: str, access_log: bool) -> None:
     # As in production: one INFO line per request (to stderr, which the parent discards).
     logs.setup(level="INFO" if access_log else "WARNING")
     store = MemoryStore()
-    store.submit_nowait(commands.put_model(ModelDef.from_doc({"name": MODEL, "engine": "sim", "source": "sim://bench"}), at=0.0))
+    model = ModelDef.from_doc({"name": MODEL, "engine": "sim", "source": "sim://bench"})
+    store.submit_nowait(commands.put_model(model, at=0.0))
     store.submit_nowait(commands.add_key(hash_key(KEY), "bench", "client", 0.0))
     router = Router()
     router.update_routes({MODEL: ModelRoute(MODEL, "chat", "ready", (Endpoint("bench-r1", upstream),))})
@@ -89,6 +90,17 @@ class Round:
     gateway: list[float]
     direct_rps: float
     gateway_rps: float
+    engine_cpu_ms: float | None  # CPU time per request, from /proc (None where there is none)
+    gateway_cpu_ms: float | None
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _latencies(client: httpx.AsyncClient, url: str, n: int) -> list[float]:
@@ -123,7 +135,11 @@ async def _throughput(client: httpx.AsyncClient, url: str, n: int, concurrency: 
     return n / elapsed
 
 
-async def _load(direct: str, gateway: str, opts: argparse.Namespace) -> list[Round]:
+def _per_request_ms(before: float | None, after: float | None, n: int) -> float | None:
+    return None if before is None or after is None else (after - before) * 1000 / n
+
+
+async def _load(direct: str, gateway: str, pids: tuple[int, int], opts: argparse.Namespace) -> list[Round]:
     limits = httpx.Limits(max_connections=opts.concurrency + 4, max_keepalive_connections=opts.concurrency + 4)
     headers = {"authorization": f"Bearer {KEY}"}
     async with httpx.AsyncClient(limits=limits, headers=headers, timeout=30) as client:
@@ -135,11 +151,15 @@ async def _load(direct: str, gateway: str, opts: argparse.Namespace) -> list[Rou
             d_lat = await _latencies(client, d_url, opts.requests)
             g_lat = await _latencies(client, g_url, opts.requests)
             d_rps = await _throughput(client, d_url, opts.load_requests, opts.concurrency)
+            # The gateway run also loads the engine: its CPU per request is measured here, once per request.
+            e_cpu, g_cpu = _cpu_s(pids[0]), _cpu_s(pids[1])
             g_rps = await _throughput(client, g_url, opts.load_requests, opts.concurrency)
-            rounds.append(Round(d_lat, g_lat, d_rps, g_rps))
+            e_ms = _per_request_ms(e_cpu, _cpu_s(pids[0]), opts.load_requests)
+            g_ms = _per_request_ms(g_cpu, _cpu_s(pids[1]), opts.load_requests)
+            rounds.append(Round(d_lat, g_lat, d_rps, g_rps, e_ms, g_ms))
             print(
-                f"  round {i + 1}/{opts.rounds}: direct p50 {_pct(d_lat, 50):.2f} ms, gateway p50 {_pct(g_lat, 50):.2f} ms,"
-                f" {d_rps:.0f} / {g_rps:.0f} req/s",
+                f"  round {i + 1}/{opts.rounds}: p50 direct {_pct(d_lat, 50):.2f} ms,"
+                f" gateway {_pct(g_lat, 50):.2f} ms; {d_rps:.0f} / {g_rps:.0f} req/s",
                 file=sys.stderr,
                 flush=True,
             )
@@ -172,6 +192,12 @@ def _report(rounds: list[Round], opts: argparse.Namespace) -> None:
     print()
     print(f"{'req/s at c=' + str(opts.concurrency):<22}{'direct':>10}{'gateway':>10}{'ratio':>10}")
     print(f"{'':<22}{d_rps:>10.0f}{g_rps:>10.0f}{g_rps / d_rps:>10.2f}")
+    if all(r.engine_cpu_ms is not None and r.gateway_cpu_ms is not None for r in rounds):
+        # Less sensitive to a busy machine than wall-clock figures: what one request costs each process.
+        e_cpu, g_cpu = med(lambda r: r.engine_cpu_ms), med(lambda r: r.gateway_cpu_ms)
+        print()
+        print(f"{'CPU ms per request':<22}{'engine':>10}{'gateway':>10}{'gw req/s':>10}")
+        print(f"{'':<22}{e_cpu:>10.2f}{g_cpu:>10.2f}{1000 / g_cpu:>10.0f}  (gw req/s: one core's worth)")
 
 
 def main() -> None:
@@ -179,7 +205,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=200, help="sequential requests per round and side (latency)")
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--load-requests", type=int, default=800, help="requests per round and side at --concurrency")
+    parser.add_argument("--load-requests", type=int, default=400, help="requests per round and side at --concurrency")
     parser.add_argument("--no-access-log", action="store_true", help="run the gateway at WARNING (no request lines)")
     parser.add_argument("--child-gateway", metavar="UPSTREAM", help=argparse.SUPPRESS)
     opts = parser.parse_args()
@@ -200,7 +226,7 @@ def main() -> None:
             child.append("--no-access-log")
         gateway, via = _start(child, "READY ", "stdout")
         print(f"engine {direct}, gateway {via}", file=sys.stderr)
-        rounds = trio.run(_load, direct, via, opts)
+        rounds = trio.run(_load, direct, via, (engine.pid, gateway.pid), opts)
     finally:
         for proc in (gateway, engine):
             if proc is not None:

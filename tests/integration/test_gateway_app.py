@@ -1,6 +1,6 @@
 """The gateway's /v1 API (S4, S14) over real HTTP, in front of real sim engines on loopback.
 
-Driven with httpx and with the official `openai` SDK (its async client runs under trio).
+Driven with httpx and with the official `openai` SDK, whose async client works under trio.
 """
 
 from __future__ import annotations
@@ -9,14 +9,12 @@ import json
 import logging
 import re
 import socket
-from contextlib import aclosing
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import httpx
-import httpx2
 import openai
 import pytest
 import trio
@@ -26,7 +24,7 @@ from llmgw.domain.keys import hash_key
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.engines import sim
-from llmgw.gateway.app import GatewayDeps, serve
+from llmgw.gateway.app import GatewayDeps, parse_bind, serve
 from llmgw.gateway.router import Router
 from llmgw.testing import MemoryStore
 
@@ -54,7 +52,7 @@ class Gateway:
         self.routes[route.model] = route
         self.router.update_routes(self.routes)
 
-    def sdk(self, http_client: httpx2.AsyncClient) -> openai.AsyncOpenAI:
+    def sdk(self, http_client: openai.DefaultAsyncHttpxClient) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=KEY, http_client=http_client, max_retries=0)
 
 
@@ -77,6 +75,7 @@ async def gw(nursery: trio.Nursery) -> AsyncIterator[Gateway]:
         _model("parked-one"),
         _model("nowhere"),
         _model("cold", mode="on-demand", activation_window_s=0.3),
+        _model("cold-long", mode="on-demand", activation_window_s=60),
         _model("dead"),
     ):
         store.submit_nowait(commands.put_model(model, at=0.0))
@@ -86,9 +85,10 @@ async def gw(nursery: trio.Nursery) -> AsyncIterator[Gateway]:
         "demo": ModelRoute("demo", "chat", "ready", (await _sim(nursery, "demo"),)),
         "demo-embed": ModelRoute("demo-embed", "embedding", "ready", (await _sim(nursery, "demo-embed", "embedding"),)),
         "slow": ModelRoute("slow", "chat", "ready", (await _sim(nursery, "slow", tokens_per_s=5),)),
-        "parked-one": ModelRoute("parked-one", "chat", "parked", (), "5 start failures in a row; last: CUDA out of memory"),
-        "nowhere": ModelRoute("nowhere", "chat", "unplaceable", (), "needs 8 GPUs of class h100-80g; largest free is 4"),
+        "parked-one": ModelRoute("parked-one", "chat", "parked", (), "5 failed starts; last: CUDA out of memory"),
+        "nowhere": ModelRoute("nowhere", "chat", "unplaceable", (), "needs 8 GPUs of class h100-80g; at most 4 free"),
         "cold": ModelRoute("cold", "chat", "starting"),
+        "cold-long": ModelRoute("cold-long", "chat", "starting"),
         "dead": ModelRoute("dead", "chat", "ready", (Endpoint("dead-r1", f"http://127.0.0.1:{_closed_port()}"),)),
     }
     router = Router()
@@ -133,8 +133,8 @@ def assert_error(response: httpx.Response, status: int, code: str, param: str | 
     assert error["code"] == code
     assert error["param"] == param
     assert isinstance(error["message"], str) and error["message"]
-    expected_type = {401: "authentication_error", 502: "server_error", 503: "service_unavailable", 504: "service_unavailable"}
-    assert error["type"] == expected_type.get(status, "invalid_request_error")
+    types = {401: "authentication_error", 502: "server_error", 503: "service_unavailable", 504: "service_unavailable"}
+    assert error["type"] == types.get(status, "invalid_request_error")
     assert re.fullmatch(r"req-[0-9a-f]{16}", response.headers["x-request-id"])
     return dict(error)
 
@@ -150,17 +150,17 @@ async def test_health_needs_no_key(gw: Gateway) -> None:
 
 
 async def test_models_list_with_sdk(gw: Gateway) -> None:
-    async with httpx2.AsyncClient() as http_client:
+    async with openai.DefaultAsyncHttpxClient() as http_client:
         client = gw.sdk(http_client)
         models = [m async for m in client.models.list()]
         one = await client.models.retrieve("demo-embed")
-    assert {m.id for m in models} == {"demo", "demo-embed", "slow", "parked-one", "nowhere", "cold", "dead"}
+    assert {m.id for m in models} == set(gw.store.snapshot().models) == set(gw.routes)
     assert {m.owned_by for m in models} == {"llmgw"}
     assert one.id == "demo-embed"
 
 
 async def test_chat_and_completions_with_sdk(gw: Gateway) -> None:
-    async with httpx2.AsyncClient() as http_client:
+    async with openai.DefaultAsyncHttpxClient() as http_client:
         client = gw.sdk(http_client)
         reply = await client.chat.completions.create(
             model="demo", messages=[{"role": "user", "content": "hello there"}]
@@ -173,7 +173,7 @@ async def test_chat_and_completions_with_sdk(gw: Gateway) -> None:
 
 @sdk_stream_warnings
 async def test_streaming_assembles_to_the_same_text_with_usage(gw: Gateway) -> None:
-    async with httpx2.AsyncClient() as http_client:
+    async with openai.DefaultAsyncHttpxClient() as http_client:
         client = gw.sdk(http_client)
         messages: Any = [{"role": "user", "content": "stream me some words please"}]
         whole = await client.chat.completions.create(model="demo", messages=messages)
@@ -203,7 +203,7 @@ async def test_streaming_is_sse_through_httpx(gw: Gateway) -> None:
 
 
 async def test_embeddings_with_sdk(gw: Gateway) -> None:
-    async with httpx2.AsyncClient() as http_client:
+    async with openai.DefaultAsyncHttpxClient() as http_client:
         client = gw.sdk(http_client)
         result = await client.embeddings.create(model="demo-embed", input=["alpha", "beta"])
     assert [d.index for d in result.data] == [0, 1]
@@ -265,7 +265,7 @@ async def test_bad_key_is_401(gw: Gateway, headers: dict[str, str]) -> None:
 
 
 async def test_sdk_raises_typed_errors(gw: Gateway) -> None:
-    async with httpx2.AsyncClient() as http_client:
+    async with openai.DefaultAsyncHttpxClient() as http_client:
         client = gw.sdk(http_client)
         with pytest.raises(openai.NotFoundError) as missing:
             await client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
@@ -282,7 +282,7 @@ async def test_sdk_raises_typed_errors(gw: Gateway) -> None:
         ("/v1/chat/completions", b"\xff\xfe", "invalid_json", None),
         ("/v1/chat/completions", b"[1, 2]", "invalid_json", None),
         ("/v1/chat/completions", b"", "invalid_json", None),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, "missing_required_parameter", "model"),
+        ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "missing_required_parameter", "model"),
         ("/v1/chat/completions", chat(model=7), "invalid_type", "model"),  # type: ignore[arg-type]
         ("/v1/chat/completions", chat(model=""), "invalid_type", "model"),
         ("/v1/chat/completions", {"model": "demo"}, "missing_required_parameter", "messages"),
@@ -388,7 +388,7 @@ async def test_stopped_system_answers_503_to_every_post(gw: Gateway) -> None:
     ("model", "code", "reason"),
     [
         ("parked-one", "model_parked", "CUDA out of memory"),
-        ("nowhere", "model_unplaceable", "largest free is 4"),
+        ("nowhere", "model_unplaceable", "at most 4 free"),
     ],
 )
 async def test_parked_and_unplaceable_answer_at_once_with_why(gw: Gateway, model: str, code: str, reason: str) -> None:
@@ -467,3 +467,76 @@ async def test_client_disconnect_while_waiting_for_non_streamed_reply(gw: Gatewa
     with trio.fail_after(2):
         while gw.router.statistics().outstanding["slow"]:
             await trio.sleep(0.01)
+
+
+async def test_client_disconnect_while_waiting_for_activation_stops_the_wait(gw: Gateway) -> None:
+    stream = await open_raw(gw, "/v1/chat/completions", chat(model="cold-long"))
+    async with stream:
+        with trio.fail_after(2):
+            while not gw.router.statistics().waiting:
+                await trio.sleep(0.01)
+    with trio.fail_after(2):  # not the 60 s window
+        while gw.router.statistics().waiting:
+            await trio.sleep(0.01)
+
+
+# --- an injected upstream client (httpx's MockTransport): failures real engines rarely show ---
+
+
+class _BreaksMidway(httpx.AsyncByteStream):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'data: {"choices": []}\n\n'
+        raise httpx.ReadError("connection reset by peer")
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def _failing_upstream(request: httpx.Request) -> httpx.Response:
+    headers = {"content-type": "text/event-stream", "date": "Thu, 01 Jan 1970 00:00:00 GMT", "server": "engine"}
+    return httpx.Response(200, headers=headers, stream=_BreaksMidway())
+
+
+async def test_upstream_failure_midway(nursery: trio.Nursery) -> None:
+    store = MemoryStore()
+    store.submit_nowait(commands.put_model(_model("demo"), at=0.0))
+    store.submit_nowait(commands.add_key(hash_key(KEY), "test", "client", 0.0))
+    router = Router()
+    router.update_routes({"demo": ModelRoute("demo", "chat", "ready", (Endpoint("demo-r9", "http://engine.test"),))})
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_failing_upstream)) as upstream:
+        deps = GatewayDeps(router=router, state=store, client=upstream)
+        host, port = await nursery.start(partial(serve, "127.0.0.1", 0, deps))
+        auth = {"authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(base_url=f"http://{host}:{port}", headers=auth) as http:
+            # Streaming: the status is out already, so the failure is told in the stream.
+            streamed = await http.post("/v1/chat/completions", json=chat(stream=True))
+            assert streamed.status_code == 200
+            assert streamed.headers.get_list("server") == ["hypercorn-h11"]
+            assert len(streamed.headers.get_list("date")) == 1
+            assert "1970" not in streamed.headers["date"]
+            frames = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+            assert frames[0] == 'data: {"choices": []}'
+            assert json.loads(frames[-1].removeprefix("data: "))["error"]["code"] == "upstream_error"
+            # Whole answers are read before the status is sent: a clean 502.
+            assert_error(await http.post("/v1/chat/completions", json=chat()), 502, "upstream_error")
+        nursery.cancel_scope.cancel()
+    assert router.statistics().outstanding == {"demo": 0}
+
+
+async def test_serve_stops_gracefully_on_its_trigger() -> None:
+    stop = trio.Event()
+    store = MemoryStore()
+    deps = GatewayDeps(router=Router(), state=store)
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(partial(serve, "127.0.0.1", 0, deps, shutdown_trigger=stop.wait))
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(f"http://{host}:{port}/health")).status_code == 200
+        stop.set()
+    with pytest.raises(httpx.ConnectError):
+        async with httpx.AsyncClient() as http:
+            await http.get(f"http://{host}:{port}/health")
+
+
+def test_parse_bind() -> None:
+    assert parse_bind("http://127.0.0.1:8080") == ("127.0.0.1", 8080)
+    assert parse_bind("http://[::1]:41234") == ("::1", 41234)

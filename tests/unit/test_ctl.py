@@ -7,9 +7,10 @@ import io
 import json
 import socket
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import cyclopts
 import httpx
@@ -46,7 +47,8 @@ class FakeApi:
         route = self.routes.get((request.method, request.url.raw_path.decode()))
         if route is None:
             return httpx.Response(
-                404, json={"error": {"code": "not_found", "message": f"no route {request.method} {request.url.raw_path!r}"}}
+                404,
+                json={"error": {"code": "not_found", "message": f"no route {request.method} {request.url.raw_path!r}"}},
             )
         return route(request)
 
@@ -65,7 +67,9 @@ class Result:
     err: str
 
 
-def ctl(argv: list[str], api: FakeApi | None = None, *, env: dict[str, str] | None = None, transport: Any = None) -> Result:
+def ctl(
+    argv: list[str], api: FakeApi | None = None, *, env: dict[str, str] | None = None, transport: Any = None
+) -> Result:
     out, err = io.StringIO(), io.StringIO()
     rc = run_ctl(
         argv,
@@ -89,7 +93,10 @@ STATUS = {
         "revision": 42,
         "leader": "cp-1",
         "stopped": False,
-        "members": [{"id": "cp-1", "role": "leader", "state": "ok"}, {"id": "cp-2", "role": "standby", "state": "missing"}],
+        "members": [
+            {"id": "cp-1", "role": "leader", "state": "ok"},
+            {"id": "cp-2", "role": "standby", "state": "missing"},
+        ],
     },
     "nodes": [
         {
@@ -106,17 +113,45 @@ STATUS = {
     ],
     "models": [
         {
-            "name": "demo", "engine": "sim", "role": "chat", "mode": "always", "desired": 1, "ready": 1,
-            "starting": 0, "state": "ready", "reason": "", "parked": False, "failures_in_row": 0, "last_error": "",
+            "name": "demo",
+            "engine": "sim",
+            "role": "chat",
+            "mode": "always",
+            "desired": 1,
+            "ready": 1,
+            "starting": 0,
+            "state": "ready",
+            "reason": "",
+            "parked": False,
+            "failures_in_row": 0,
+            "last_error": "",
         },
         {
-            "name": "big", "engine": "vllm", "role": "chat", "mode": "on-demand", "desired": 2, "ready": -1,
-            "starting": 0, "state": "unplaceable", "reason": "no node has 4 free h100-80g GPUs",
-            "parked": False, "failures_in_row": 0, "last_error": "",
+            "name": "big",
+            "engine": "vllm",
+            "role": "chat",
+            "mode": "on-demand",
+            "desired": 2,
+            "ready": -1,
+            "starting": 0,
+            "state": "unplaceable",
+            "reason": "no node has 4 free h100-80g GPUs",
+            "parked": False,
+            "failures_in_row": 0,
+            "last_error": "",
         },
         {
-            "name": "broken", "engine": "llama.cpp", "role": "chat", "mode": "always", "desired": 1, "ready": 0,
-            "starting": 0, "state": "parked", "reason": "", "parked": True, "failures_in_row": 5,
+            "name": "broken",
+            "engine": "llama.cpp",
+            "role": "chat",
+            "mode": "always",
+            "desired": 1,
+            "ready": 0,
+            "starting": 0,
+            "state": "parked",
+            "reason": "",
+            "parked": True,
+            "failures_in_row": 5,
             "last_error": "unknown model architecture: 'qwen9'",
         },
     ],
@@ -125,12 +160,25 @@ STATUS = {
 }
 
 MODEL = {
-    "name": "demo", "engine": "sim", "role": "chat", "source": "sim://demo", "mode": "always",
-    "replicas": {"min": 1, "max": 2}, "idle_timeout_s": 900, "activation_window_s": 120, "args": [],
+    "name": "demo",
+    "engine": "sim",
+    "role": "chat",
+    "source": "sim://demo",
+    "mode": "always",
+    "replicas": {"min": 1, "max": 2},
+    "idle_timeout_s": 900,
+    "activation_window_s": 120,
+    "args": [],
     "profile": {"gpus": 1, "tp": 1, "pp": 1, "nodes": 1, "classes": [], "memory_gib": 0, "cpu": True},
     "status": {
-        "desired": 1, "ready": 1, "starting": 0, "state": "ready", "reason": "", "parked": False,
-        "failures_in_row": 0, "last_error": "",
+        "desired": 1,
+        "ready": 1,
+        "starting": 0,
+        "state": "ready",
+        "reason": "",
+        "parked": False,
+        "failures_in_row": 0,
+        "last_error": "",
         "replicas": [
             {"replica_id": "r-1", "node": "cpu-02", "state": "ready", "url": "http://127.0.0.1:40001", "error": ""},
         ],
@@ -206,7 +254,9 @@ def test_credentials_json_gives_admin_url_and_admin_key(tmp_path: Path) -> None:
     assert seen(api) == ("http://creds.test:8081", "Bearer adm-creds")
 
 
-def test_default_state_dir_is_dot_llmgw_in_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_state_dir_is_dot_llmgw_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write_credentials(tmp_path / ".llmgw")
     monkeypatch.chdir(tmp_path)
     api = FakeApi().on("GET", "/api/v1/status", json_body=STATUS)
@@ -217,7 +267,9 @@ def test_default_state_dir_is_dot_llmgw_in_the_working_directory(tmp_path: Path,
 def test_environment_beats_credentials_json(tmp_path: Path) -> None:
     write_credentials(tmp_path)
     api = FakeApi().on("GET", "/api/v1/status", json_body=STATUS)
-    r = ctl(["--state-dir", str(tmp_path), "status"], api, env={"LLMGW_URL": "http://env.test:9", "LLMGW_KEY": "adm-env"})
+    r = ctl(
+        ["--state-dir", str(tmp_path), "status"], api, env={"LLMGW_URL": "http://env.test:9", "LLMGW_KEY": "adm-env"}
+    )
     assert r.rc == 0, r.err
     assert seen(api) == ("http://env.test:9", "Bearer adm-env")
 
@@ -296,7 +348,10 @@ def test_a_url_without_http_scheme_is_a_usage_error() -> None:
 
 def test_error_json_is_printed_as_code_and_message() -> None:
     api = FakeApi().on(
-        "GET", "/api/v1/models/nope", 404, json_body={"error": {"code": "model_not_found", "message": "no model named 'nope'"}}
+        "GET",
+        "/api/v1/models/nope",
+        404,
+        json_body={"error": {"code": "model_not_found", "message": "no model named 'nope'"}},
     )
     r = ctl(["model", "show", "nope"], api)
     assert (r.rc, r.out) == (1, "")
@@ -304,7 +359,9 @@ def test_error_json_is_printed_as_code_and_message() -> None:
 
 
 def test_error_text_from_the_server_cannot_drive_the_terminal() -> None:
-    api = FakeApi().on("GET", "/api/v1/status", 500, json_body={"error": {"code": "boom", "message": "bad\x1b[2J\nthing"}})
+    api = FakeApi().on(
+        "GET", "/api/v1/status", 500, json_body={"error": {"code": "boom", "message": "bad\x1b[2J\nthing"}}
+    )
     r = ctl(["status"], api)
     assert r.rc == 1
     assert "\x1b" not in r.err
@@ -388,8 +445,24 @@ def test_a_cyclopts_usage_error_exits_2() -> None:
         (["model", "show", "demo"], "GET", "/api/v1/models/demo", {"model": MODEL}),
         (["model", "remove", "demo"], "DELETE", "/api/v1/models/demo", {"removed": "demo"}),
         (["model", "retry", "demo"], "POST", "/api/v1/models/demo/retry", {"retried": "demo"}),
-        (["settings"], "GET", "/api/v1/settings", {"settings": {"guard.enabled": {"value": True, "default": True, "help": "h", "set": False}}}),
-        (["settings", "guard.enabled"], "GET", "/api/v1/settings/guard.enabled", {"key": "guard.enabled", "value": True, "default": True, "set": False}),
+        (
+            ["settings"],
+            "GET",
+            "/api/v1/settings",
+            {"settings": {"guard.enabled": {"value": True, "default": True, "help": "h", "set": False}}},
+        ),
+        (
+            ["settings", "guard.enabled"],
+            "GET",
+            "/api/v1/settings/guard.enabled",
+            {"key": "guard.enabled", "value": True, "default": True, "set": False},
+        ),
+        (
+            ["settings", "guard.enabled", "false"],
+            "PUT",
+            "/api/v1/settings/guard.enabled",
+            {"key": "guard.enabled", "value": False},
+        ),
     ],
 )
 def test_json_prints_the_api_answer_verbatim(argv: list[str], method: str, path: str, doc: Any) -> None:
@@ -414,7 +487,7 @@ def columns(block: str, header: str) -> list[list[str]]:
     starts = [i for i, ch in enumerate(head) if ch != " " and (i == 0 or head[i - 1] == " " and head[i - 2] == " ")]
     rows = []
     for line in table_lines:
-        cells = [line[a:b].strip() for a, b in zip(starts, starts[1:] + [len(line) + 1])]
+        cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], len(line) + 1], strict=True)]
         rows.append(cells)
     return rows
 
@@ -443,6 +516,12 @@ def test_status_table_shows_leader_nodes_models_and_warnings() -> None:
     assert "  ! control plane cp-2 is missing" in r.out
     assert "\x1b" not in r.out and "é ünïcode" in r.out
     assert "no webhook set" in r.out and "notify.webhooks" in r.out
+
+
+def test_status_does_not_repeat_a_webhook_warning_the_api_gave() -> None:
+    doc = {**STATUS, "warnings": ["no notify.webhooks set: ..."]}
+    r = ctl(["status"], FakeApi().on("GET", "/api/v1/status", json_body=doc))
+    assert r.out.count("webhook") == 1
 
 
 def test_status_header_says_stopped_and_unknowns_are_dashes() -> None:
@@ -513,11 +592,31 @@ def test_serve_file_sends_each_catalog_definition(tmp_path: Path) -> None:
     sent = api.bodies()
     assert [d["name"] for d in sent] == ["demo", "demo-embed", "smollm2-135m"]
     assert sent[0] == {
-        "name": "demo", "engine": "sim", "role": "chat", "source": "sim://demo", "mode": "always",
-        "replicas": {"min": 1, "max": 1}, "args": [], "profile": {"gpus": 1, "cpu": True},
+        "name": "demo",
+        "engine": "sim",
+        "role": "chat",
+        "source": "sim://demo",
+        "mode": "always",
+        "replicas": {"min": 1, "max": 1},
+        "args": [],
+        "profile": {"gpus": 1, "cpu": True},
     }
     assert sent[2]["args"] == ["--ctx-size", "2048"] and sent[2]["profile"] == {"cpu": True, "memory_gib": 0.5}
     assert all("guard" not in d and "policies" not in d for d in sent)
+
+
+def test_serve_file_takes_the_example_catalog() -> None:
+    from llmgw.domain.model import ModelDef
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        model = ModelDef.from_doc(json.loads(request.content))  # what the admin API will accept
+        return httpx.Response(201, json={"model": model.to_doc()})
+
+    api = FakeApi()
+    api.routes[("POST", "/api/v1/models")] = serve
+    r = ctl(["model", "serve", "--file", str(Path(__file__).parents[2] / "examples" / "catalog.toml")], api)
+    assert r.rc == 0, r.err
+    assert {"demo", "demo-embed", "smollm2-135m"} <= {d["name"] for d in api.bodies()}
 
 
 def test_serve_file_json_prints_a_list_of_answers(tmp_path: Path) -> None:
@@ -559,19 +658,54 @@ def test_serve_file_reports_each_refusal_and_exits_1(tmp_path: Path) -> None:
     assert "error: 1 of 3 models were not served" in r.err
 
 
+def test_serve_file_stops_at_an_answer_that_is_not_the_api(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(CATALOG)
+    api = FakeApi().on("POST", "/api/v1/models", 200, headers={"content-type": "text/html"}, text="<html>login</html>")
+    r = ctl(["model", "serve", "--file", str(catalog)], api)
+    assert r.rc == 1
+    assert len(api.requests) == 1
+    assert "answered with an HTML page" in r.err
+
+
 def test_serve_flags_build_one_definition() -> None:
     api = FakeApi().on("POST", "/api/v1/models", 201, json_body={"model": {"name": "m"}})
     argv = [
-        "model", "serve", "--name", "m", "--engine", "llama.cpp", "--source", "/models/m.gguf",
-        "--role", "guard", "--mode", "on-demand", "--min", "0", "--max", "3", "--gpus", "2",
-        "--arg", "--ctx-size", "--arg", "4096",
+        "model",
+        "serve",
+        "--name",
+        "m",
+        "--engine",
+        "llama.cpp",
+        "--source",
+        "/models/m.gguf",
+        "--role",
+        "guard",
+        "--mode",
+        "on-demand",
+        "--min",
+        "0",
+        "--max",
+        "3",
+        "--gpus",
+        "2",
+        "--arg",
+        "--ctx-size",
+        "--arg",
+        "4096",
     ]
     r = ctl(argv, api)
     assert (r.rc, r.out) == (0, "created model m\n"), r.err
     assert api.bodies() == [
         {
-            "name": "m", "engine": "llama.cpp", "source": "/models/m.gguf", "role": "guard", "mode": "on-demand",
-            "replicas": {"min": 0, "max": 3}, "profile": {"gpus": 2, "tp": 2}, "args": ["--ctx-size", "4096"],
+            "name": "m",
+            "engine": "llama.cpp",
+            "source": "/models/m.gguf",
+            "role": "guard",
+            "mode": "on-demand",
+            "replicas": {"min": 0, "max": 3},
+            "profile": {"gpus": 2, "tp": 2},
+            "args": ["--ctx-size", "4096"],
         }
     ]
     api.requests.clear()
@@ -645,7 +779,11 @@ def test_settings_list_and_get() -> None:
     api = (
         FakeApi()
         .on("GET", "/api/v1/settings", json_body={"settings": settings})
-        .on("GET", "/api/v1/settings/notify.webhooks", json_body={"key": "notify.webhooks", "value": ["https://h.example/x"], "default": [], "set": True})
+        .on(
+            "GET",
+            "/api/v1/settings/notify.webhooks",
+            json_body={"key": "notify.webhooks", "value": ["https://h.example/x"], "default": [], "set": True},
+        )
     )
     r = ctl(["settings"], api)
     assert r.rc == 0, r.err
@@ -668,4 +806,6 @@ def test_ctl_app_registers_in_a_root_app(registered: Any, capsys: pytest.Capture
     for argv in (["ctl", "--url", url, "--key", "k", "status"], ["ctl", "models", "--url", url, "--key", "k"]):
         rc = root(argv, result_action="return_value")
         assert rc == 1
-        assert capsys.readouterr().err == f"error: the server at {url} (from --url) is not reachable: connection refused\n"
+        assert (
+            capsys.readouterr().err == f"error: the server at {url} (from --url) is not reachable: connection refused\n"
+        )

@@ -75,9 +75,10 @@ def imports(source: str, module: str, *, is_package: bool = False, module_level_
                 base = ".".join([*anchor, base] if base else anchor)
             for alias in node.names:
                 found.append(Import(node.lineno, base if alias.name == "*" else f"{base}.{alias.name}"))
-        elif isinstance(node, ast.Call) and _is_dynamic_import(node.func):
-            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                found.append(Import(node.lineno, node.args[0].value))
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node.func) and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                found.append(Import(node.lineno, first.value))
         for child in ast.iter_child_nodes(node):
             visit(child)
 

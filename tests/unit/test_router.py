@@ -192,7 +192,9 @@ async def test_waiter_fails_at_once_when_route_turns_hopeless(
     ("route_state", "code"),
     [("parked", "model_parked"), ("unplaceable", "model_unplaceable"), ("stopped", "system_stopped")],
 )
-async def test_hopeless_route_refused_at_once(autojump_clock: trio.testing.MockClock, route_state: str, code: str) -> None:
+async def test_hopeless_route_refused_at_once(
+    autojump_clock: trio.testing.MockClock, route_state: str, code: str
+) -> None:
     router = Router()
     router.update_routes({"m": state("m", route_state, "the reason")})
     with pytest.raises(NoEndpoint) as caught:

@@ -1,0 +1,172 @@
+"""The admin API (S14) over real HTTP, in front of a real one-member Raft store:
+writes are committed before they return, and bad input changes nothing."""
+
+from __future__ import annotations
+
+import gc
+import json
+import warnings
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import httpx
+import pytest
+import trio
+from trio_websocket import HandshakeError, open_websocket_url
+
+from llmgw import protocol
+from llmgw.control.service import ControlConfig, ControlHandle, Seed, serve
+from llmgw.domain.model import ModelDef
+from llmgw.testing.processes import free_port
+
+pytestmark = pytest.mark.slow
+
+ADMIN, CLIENT = "sk-admin-test", "sk-client-test"
+
+
+@pytest.fixture
+async def control(tmp_path: Path) -> AsyncIterator[ControlHandle]:
+    seed = Seed(admin_key=ADMIN, client_key=CLIENT,
+                models=[ModelDef.from_doc({"name": "demo", "engine": "sim", "source": "sim://demo"})])
+    cfg = ControlConfig(state_dir=tmp_path, raft_addr=f"127.0.0.1:{free_port()}", admin_host="127.0.0.1",
+                        admin_port=0, seed=seed)
+    async with trio.open_nursery() as nursery:
+        handle = await nursery.start(serve, cfg)
+        yield handle
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def api(control: ControlHandle) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=control.admin_url, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        yield c
+
+
+def error_of(r: httpx.Response) -> dict[str, Any]:
+    doc = r.json()
+    assert set(doc) == {"error"} and set(doc["error"]) == {"code", "message"}, doc
+    assert doc["error"]["message"]
+    return doc["error"]  # type: ignore[no-any-return]
+
+
+async def test_write_then_read_sees_it(api: httpx.AsyncClient) -> None:
+    r = await api.post("/api/v1/models", json={"name": "extra", "engine": "sim", "source": "sim://extra",
+                                                "mode": "on-demand"})
+    assert r.status_code == 201
+    assert r.json()["model"]["mode"] == "on-demand"
+    got = await api.get("/api/v1/models/extra")
+    assert got.status_code == 200 and got.json()["model"]["source"] == "sim://extra"
+    again = await api.post("/api/v1/models", json={"name": "extra", "engine": "sim", "source": "sim://extra2"})
+    assert again.status_code == 200, "a second POST of a name replaces it"
+    assert (await api.get("/api/v1/models/extra")).json()["model"]["source"] == "sim://extra2"
+    assert (await api.delete("/api/v1/models/extra")).json() == {"removed": "extra"}
+    assert (await api.get("/api/v1/models/extra")).status_code == 404
+    names = [m["name"] for m in (await api.get("/api/v1/models")).json()["models"]]
+    assert names == ["demo"]
+
+
+async def test_settings_round_trip(api: httpx.AsyncClient) -> None:
+    listing = (await api.get("/api/v1/settings")).json()["settings"]
+    assert listing["serving.stopped"] == {"value": False, "default": False, "set": False,
+                                          "help": listing["serving.stopped"]["help"]}
+    r = await api.put("/api/v1/settings/serving.stopped", json=True)
+    assert r.json() == {"key": "serving.stopped", "value": True}
+    got = (await api.get("/api/v1/settings/serving.stopped")).json()
+    assert got["value"] is True and got["set"] is True
+
+
+async def test_status_shape(api: httpx.AsyncClient) -> None:
+    doc = (await api.get("/api/v1/status")).json()
+    assert set(doc) >= {"cluster", "nodes", "models", "warnings", "notify"}
+    assert doc["cluster"]["leader"] and doc["cluster"]["stopped"] is False
+    demo = doc["models"][0]
+    assert demo["name"] == "demo"
+    # no agent is connected: the model is unplaceable and says why; never "0 ready" as healthy
+    assert any("no notify.webhooks" in w for w in doc["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "code"),
+    [
+        ("POST", "/api/v1/models", b'{"name": "x", ', 400, "invalid_json"),
+        ("POST", "/api/v1/models", b"", 400, "invalid_json"),
+        ("POST", "/api/v1/models", b'["a list"]', 400, "invalid_model"),
+        ("POST", "/api/v1/models", b'{"name": "x", "engine": "sim", "source": "sim://x", "replicas": {"min": "1"}}',
+         400, "invalid_model"),
+        ("POST", "/api/v1/models", b'{"name": "x", "engine": "llama.cpp", "source": "/models/../../etc/passwd"}',
+         400, "invalid_model"),
+        ("POST", "/api/v1/models", b'{"name": "../etc", "engine": "sim", "source": "sim://x"}', 400, "invalid_model"),
+        ("POST", "/api/v1/models", b'{"name": "x", "engine": "sim", "source": "sim://x", "args": "--rm -rf"}',
+         400, "invalid_model"),
+        ("POST", "/api/v1/models", b'{"name": "x", "engine": "tensorrt", "source": "/m"}', 400, "invalid_model"),
+        ("GET", "/api/v1/models/ghost", b"", 404, "model_not_found"),
+        ("GET", "/api/v1/models/..%2F..%2Fetc%2Fpasswd", b"", 404, "model_not_found"),
+        ("DELETE", "/api/v1/models/ghost", b"", 404, "model_not_found"),
+        ("POST", "/api/v1/models/ghost/retry", b"", 404, "model_not_found"),
+        ("PUT", "/api/v1/settings/no.such.key", b"true", 404, "unknown_setting"),
+        ("PUT", "/api/v1/settings/serving.stopped", b'"yes"', 400, "invalid_setting"),
+        ("PUT", "/api/v1/settings/notify.webhooks", b'["ftp://x"]', 400, "invalid_setting"),
+        ("GET", "/api/v1/nope", b"", 404, "not_found"),
+        ("PATCH", "/api/v1/models", b"{}", 405, "method_not_allowed"),
+    ],
+)
+async def test_bad_input_is_refused_and_changes_nothing(
+    api: httpx.AsyncClient, control: ControlHandle, method: str, path: str, body: bytes, status: int, code: str
+) -> None:
+    before = control.store.snapshot()
+    r = await api.request(method, path, content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    assert error_of(r)["code"] == code
+    assert control.store.snapshot() is before
+
+
+async def test_huge_body_is_refused(api: httpx.AsyncClient, control: ControlHandle) -> None:
+    before = control.store.snapshot()
+    big = json.dumps({"name": "x", "engine": "sim", "source": "sim://x", "args": ["a" * 1000] * 3000})
+    r = await api.post("/api/v1/models", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    assert error_of(r)["code"] == "request_too_large"
+    assert control.store.snapshot() is before
+
+
+@pytest.mark.parametrize("auth", [None, "Bearer", "Bearer sk-wrong", f"Bearer {CLIENT}", f"Basic {ADMIN}"])
+async def test_admin_key_required(control: ControlHandle, auth: str | None) -> None:
+    headers = {"Authorization": auth} if auth else {}
+    async with httpx.AsyncClient(base_url=control.admin_url, headers=headers) as c:
+        for method, path in (("GET", "/api/v1/status"), ("POST", "/api/v1/models"), ("PUT", "/api/v1/settings/x")):
+            r = await c.request(method, path, json={})
+            assert r.status_code == 401
+            assert error_of(r)["code"] == "unauthorized"
+
+
+async def test_agent_stream_needs_an_admin_key(control: ControlHandle) -> None:
+    url = control.admin_url.replace("http://", "ws://") + protocol.STREAM_PATH
+    with pytest.raises(HandshakeError):
+        async with open_websocket_url(url, extra_headers=[(b"authorization", f"Bearer {CLIENT}".encode())]):
+            pass
+    # trio-websocket 0.12.2 leaves a rejected handshake's socket to the garbage collector.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+    async with open_websocket_url(url, extra_headers=[(b"authorization", f"Bearer {ADMIN}".encode())]) as ws:
+        await ws.send_message(protocol.dumps({"type": "hello", "protocol": 999, "node": "n1"}))
+        answer = protocol.loads(await ws.get_message())
+        assert answer["type"] == "refused" and "protocol" in answer["reason"]
+    assert control.hub.nodes == {}
+
+
+async def test_agent_stream_registers_the_node_and_forgets_it_on_close(control: ControlHandle) -> None:
+    url = control.admin_url.replace("http://", "ws://") + protocol.STREAM_PATH
+    async with open_websocket_url(url, extra_headers=[(b"authorization", f"Bearer {ADMIN}".encode())]) as ws:
+        await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "node": "n1"}))
+        await ws.send_message(protocol.dumps({"type": "inventory", "inventory": {"node": "n1", "cpus": 8,
+                                                                                  "engines": ["sim"]}}))
+        assert protocol.loads(await ws.get_message())["type"] == "welcome"
+        # the reconciler places `demo` on the new node and asks the agent to start it
+        start = protocol.loads(await ws.get_message())
+        assert start["type"] == "start_replica" and start["model"]["name"] == "demo"
+        assert control.hub.nodes["n1"].cpus == 8
+    with trio.fail_after(5):
+        while "n1" in control.hub.nodes:
+            await trio.sleep(0.01)
+    assert "n1" in control.hub.lost
