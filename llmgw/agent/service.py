@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import random
+from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, open_websocket_url
+from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, wrap_client_stream
 
 from llmgw import __version__, protocol
 from llmgw.agent.inventory import NvmlProbe
@@ -61,9 +63,9 @@ async def serve(config: AgentConfig, *, task_status: Any = trio.TASK_STATUS_IGNO
     """Run the agent until cancelled; `task_status.started()` once control has welcomed it."""
     role_var.set("agent")
     link = _Link()
-    async with trio.open_nursery() as engines:
+    async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as engines:
         supervisor = Supervisor(engines, node=config.node, host=config.engine_host,
-                                log_dir=config.state_dir / "engines", on_change=link.mark)
+                                log_dir=config.state_dir / "engines", on_change=link.mark, http=http)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_connect_forever, config, supervisor, link)
@@ -80,21 +82,48 @@ async def _connect_forever(config: AgentConfig, supervisor: Supervisor, link: _L
         control = config.controls[attempt % len(config.controls)]
         attempt += 1
         try:
-            async with open_websocket_url(
-                _ws_url(control),
-                extra_headers=[(b"authorization", f"Bearer {config.key}".encode())],
-                max_message_size=protocol.MAX_MESSAGE_BYTES,
-            ) as ws:
-                delay = RECONNECT_MIN_S
-                await _session(ws, config, supervisor, link)
-        except HandshakeError as e:
-            log.warning("control %s refused the stream: %s", control, e)
-        except (ConnectionClosed, OSError, trio.BrokenResourceError) as e:
-            log.warning("stream to %s lost: %s", control, e or type(e).__name__)
-        except protocol.ProtocolError as e:
-            log.warning("control %s spoke an unexpected protocol: %s", control, e)
+            await _connect_once(control, config, supervisor, link)
+            delay = RECONNECT_MIN_S
+        # Nurseries wrap errors in groups (strict exception groups), hence except*.
+        except* HandshakeError as group:
+            log.warning("control %s refused the stream: %s", control, _first(group))
+        except* (ConnectionClosed, OSError, trio.BrokenResourceError) as group:
+            log.warning("stream to %s lost: %s", control, _first(group))
+        except* protocol.ProtocolError as group:
+            log.warning("control %s spoke an unexpected protocol: %s", control, _first(group))
         await trio.sleep(delay * (0.5 + random.random()))
         delay = min(delay * 2, RECONNECT_MAX_S)
+
+
+async def _connect_once(control: str, config: AgentConfig, supervisor: Supervisor, link: _Link) -> None:
+    """One stream, from TCP connect to close. We own the TCP stream and always close it:
+    trio-websocket leaves it open after an abnormal closure or a refused handshake."""
+    url = urlsplit(_ws_url(control))
+    host, port = url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "wss" else 80)
+    stream = await trio.open_tcp_stream(host, port)
+    try:
+        async with trio.open_nursery() as nursery:
+            ws = await wrap_client_stream(
+                nursery, stream, f"{host}:{port}", url.path,
+                extra_headers=[(b"authorization", f"Bearer {config.key}".encode())],
+                max_message_size=protocol.MAX_MESSAGE_BYTES,
+            )
+            try:
+                await _session(ws, config, supervisor, link)
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                    await ws.aclose()
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> str:
+    leaf: BaseException = group
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    return str(leaf) or type(leaf).__name__
 
 
 async def _session(ws: WebSocketConnection, config: AgentConfig, supervisor: Supervisor, link: _Link) -> None:

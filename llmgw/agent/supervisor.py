@@ -68,14 +68,14 @@ class Supervisor:
         host: str,
         log_dir: Path,
         on_change: Callable[[], None],
-        http: httpx.AsyncClient | None = None,
+        http: httpx.AsyncClient,
     ) -> None:
         self._nursery = nursery
         self.node = node
         self.host = host
         self.log_dir = log_dir
         self._on_change = on_change
-        self._http = http or httpx.AsyncClient(timeout=2.0)
+        self._http = http  # owned by the caller, closed after every replica has stopped
         self._replicas: dict[str, _Replica] = {}
 
     def replicas(self) -> list[ReplicaObs]:

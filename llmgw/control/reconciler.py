@@ -20,6 +20,7 @@ from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState
 from llmgw.interfaces import DemandReport, EndpointSink
 from llmgw.reconcile import Plan, decide
+from llmgw.store import NotLeader, StoreUnavailable
 
 log = logging.getLogger("llmgw.control.reconciler")
 
@@ -85,6 +86,9 @@ class Reconciler:
                 # The state moved under the plan; the next pass replans from the new one.
                 log.info("plan step refused (%s): %s", e.code, e.message)
                 break
+            except (StoreUnavailable, NotLeader) as e:
+                log.warning("cannot commit the plan now (%s); retrying on the next pass", e)
+                return plan
         for action in plan.actions:
             if not self.hub.send(action.node, action.message()):
                 log.warning("could not tell node %s to %s %s", action.node, action.kind, action.replica_id)

@@ -32,7 +32,17 @@ from llmgw.gateway.router import NoEndpoint, Router
 from llmgw.interfaces import StateReader
 from llmgw.logs import request_id_var
 
-__all__ = ["ApiError", "GatewayApp", "GatewayDeps", "make_app", "serve"]
+__all__ = [
+    "ApiError",
+    "GatewayApp",
+    "GatewayDeps",
+    "error_type",
+    "hypercorn_config",
+    "make_app",
+    "make_client",
+    "parse_bind",
+    "serve",
+]
 
 _log = logging.getLogger("llmgw.gateway.app")
 _access = logging.getLogger("llmgw.gateway.access")
@@ -132,11 +142,12 @@ def make_client() -> httpx.AsyncClient:
 
 
 def make_app(deps: GatewayDeps) -> GatewayApp:
+    """The ASGI app; whoever serves it calls `aclose()` when done (`serve` does)."""
     return GatewayApp(deps)
 
 
 class _Exchange:
-    """What one request log line reports; filled in as the request goes."""
+    """One request's progress: what its log line reports and how far its answer got."""
 
     __slots__ = ("request_id", "model", "replica", "status", "body_done", "started", "finished", "disconnected")
 

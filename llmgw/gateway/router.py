@@ -16,7 +16,8 @@ from llmgw.domain.observed import Endpoint, ModelRoute
 
 _log = logging.getLogger("llmgw.gateway.router")
 
-# Route states that answer at once: waiting would only make clients retry forever (S4).
+# Route states that refuse instead of letting a request wait: waiting would only
+# make clients retry forever (S4). "stopped" refuses only waiters (see `_wait_pick`).
 _FAIL_CODES = {"parked": "model_parked", "unplaceable": "model_unplaceable", "stopped": "system_stopped"}
 
 
@@ -128,8 +129,9 @@ class Router:
         """Hold the least-loaded ready endpoint of `model` for the `async with` block.
 
         With none ready, records an activation ask and waits for a route update
-        until `deadline` (trio clock). Raises `NoEndpoint` at once for a parked,
-        unplaceable or stopped model, and `activation_timeout` at the deadline.
+        until `deadline` (trio clock). Raises `NoEndpoint` at once for a parked or
+        unplaceable model or when the route turns stopped while waiting (see
+        `_wait_pick`), and `activation_timeout` at the deadline.
         """
         return Lease(self, model, deadline)
 
@@ -159,15 +161,18 @@ class Router:
         best.last_used = trio.current_time()
         return best
 
-    def _pick_or_refuse(self, model: str) -> _Slot | None:
-        """A counted slot; None when the model may still become ready; NoEndpoint when it will not."""
+    def _route_state(self, model: str) -> str | None:
         route = self._routes.get(model)
-        if route is None or route.state != "stopped":
-            slot = self._pick_nowait(model)
-            if slot is not None:
-                return slot
+        return route.state if route is not None else None
+
+    def _pick_or_refuse(self, model: str, *, stopped_refuses: bool) -> _Slot | None:
+        """A counted slot; None when the model may still become ready; NoEndpoint when it will not."""
+        slot = self._pick_nowait(model)
+        if slot is not None:
+            return slot
+        route = self._routes.get(model)
         code = _FAIL_CODES.get(route.state) if route is not None else None
-        if code is None or route is None:
+        if route is None or code is None or (code == "system_stopped" and not stopped_refuses):
             return None
         if code == "model_unplaceable":
             # Still count the demand: capacity may free up, and an on-demand model
@@ -176,7 +181,11 @@ class Router:
         raise NoEndpoint(code, _refusal_words(model, route))
 
     async def _wait_pick(self, model: str, deadline: float) -> _Slot:
-        slot = self._pick_or_refuse(model)
+        # The gateway refuses requests itself while `serving.stopped` is set, so a
+        # request that finds a "stopped" route has outrun the control plane's push
+        # after a start: it waits. A route that turns stopped under waiters fails them.
+        seen = self._route_state(model)
+        slot = self._pick_or_refuse(model, stopped_refuses=False)
         if slot is not None:
             return slot
         started = trio.current_time()
@@ -186,12 +195,12 @@ class Router:
             while True:
                 with trio.move_on_at(deadline):
                     await self._changed.wait()
-                slot = self._pick_or_refuse(model)
+                slot = self._pick_or_refuse(model, stopped_refuses=seen != "stopped")
                 if slot is not None:
                     return slot
+                seen = self._route_state(model)
                 if trio.current_time() >= deadline:
-                    route = self._routes.get(model)
-                    state = route.state if route is not None else "unknown to this gateway"
+                    state = seen or "unknown to this gateway"
                     waited = max(0.0, deadline - started)
                     raise NoEndpoint(
                         "activation_timeout",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -72,6 +73,7 @@ class RaftStore:
         self._token: trio.lowlevel.TrioToken | None = None
         self._changed = trio.Event()
         self._closed = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -87,7 +89,11 @@ class RaftStore:
             logCompactionMinEntries=5000,
             logCompactionMinTime=300,
             commandsWaitLeader=True,
-            autoTickPeriod=AUTO_TICK_S,
+            # Our own tick thread: pysyncobj's autoTick thread stops as soon as the
+            # thread that built the object exits, and we build it in a trio worker
+            # thread (journal replay must not block the event loop), which trio
+            # retires after ~10 s idle. Raft would then silently stop committing.
+            autoTick=False,
             appendEntriesPeriod=0.05,
             raftMinTimeout=0.4,
             raftMaxTimeout=1.4,
@@ -95,14 +101,27 @@ class RaftStore:
         self._obj = await trio.to_thread.run_sync(
             lambda: _Replicated(self.self_addr, self.peers, conf, self._applied_in_raft_thread)
         )
+        self._ticker = threading.Thread(target=self._tick_forever, args=(self._obj,), name="llmgw-raft", daemon=True)
+        self._ticker.start()
         log.info("raft member %s started (peers: %s)", self.self_addr, ", ".join(self.peers) or "none")
 
     def close(self) -> None:
-        """Stop the member and wait for its thread, so the journal is closed on return."""
+        """Stop the member and its thread; the journal is closed on return."""
         self._closed.set()
+        if self._ticker is not None:
+            self._ticker.join()
+            self._ticker = None
         if self._obj is not None:
             obj, self._obj = self._obj, None
-            obj.destroy_synchronous()
+            obj.destroy()  # without autoTick this closes sockets and the journal at once
+
+    def _tick_forever(self, obj: _Replicated) -> None:
+        while not self._closed.is_set():
+            try:
+                obj.doTick(AUTO_TICK_S)
+            except Exception:
+                log.exception("raft tick failed; retrying")
+                time.sleep(AUTO_TICK_S)
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Wait until this member has a leader and has applied the log it had at start."""

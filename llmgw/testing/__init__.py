@@ -44,3 +44,17 @@ class MemoryStore:
 
     def is_leader(self) -> bool:
         return True
+
+
+class FakeGpuProbe:
+    """A `GpuProbe` that reports a fixed inventory (the NVML edge, faked)."""
+
+    def __init__(self, info: Any) -> None:
+        self.info = info
+        self.calls = 0
+
+    def inventory(self, node: str) -> Any:
+        from dataclasses import replace
+
+        self.calls += 1
+        return replace(self.info, node=node)

@@ -120,3 +120,19 @@ async def test_journal_survives_restart(tmp_path: Path) -> None:
         assert set(again.snapshot().models) == {"b", "c"}
     finally:
         again.close()
+
+
+async def test_commits_continue_after_trio_retires_its_worker_threads(tmp_path: Path) -> None:
+    """The store is built in a trio worker thread; Raft must keep ticking after that
+    thread is retired (pysyncobj's own auto-tick thread would stop with it)."""
+    from trio._core._thread_cache import IDLE_TIMEOUT
+
+    store = await open_store(tmp_path, free_port())
+    try:
+        await store.submit(commands.put_setting("guard.enabled", False, 1.0))
+        await trio.sleep(IDLE_TIMEOUT + 1.5)
+        with trio.fail_after(3):
+            await store.submit(commands.put_setting("guard.enabled", True, 2.0))
+        assert store.snapshot().settings["guard.enabled"] is True
+    finally:
+        store.close()

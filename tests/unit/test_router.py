@@ -190,7 +190,7 @@ async def test_waiter_fails_at_once_when_route_turns_hopeless(
 
 @pytest.mark.parametrize(
     ("route_state", "code"),
-    [("parked", "model_parked"), ("unplaceable", "model_unplaceable"), ("stopped", "system_stopped")],
+    [("parked", "model_parked"), ("unplaceable", "model_unplaceable")],
 )
 async def test_hopeless_route_refused_at_once(
     autojump_clock: trio.testing.MockClock, route_state: str, code: str
@@ -203,17 +203,52 @@ async def test_hopeless_route_refused_at_once(
     assert caught.value.code == code
     assert caught.value.message.endswith(": the reason")
     assert trio.current_time() == 0
-    # Unplaceable still counts as demand (capacity may free up); parked and stopped do not.
+    # Unplaceable still counts as demand (capacity may free up); parked does not.
     assert router.take_activation_asks() == ({"m": 0.0} if route_state == "unplaceable" else {})
 
 
-async def test_stopped_route_refuses_even_with_endpoints() -> None:
+async def test_stopped_route_fails_its_waiters_at_once(autojump_clock: trio.testing.MockClock) -> None:
     router = Router()
-    router.update_routes({"m": ModelRoute("m", "chat", "stopped", (Endpoint("a", "http://a"),), "stopping")})
-    with pytest.raises(NoEndpoint) as caught:
-        async with router.acquire("m", deadline=far()):
-            pass
+    router.update_routes({"m": state("m", "starting")})
+
+    async def stop() -> None:
+        await trio.sleep(2)
+        router.update_routes({"m": state("m", "stopped", "serving is stopped")})
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stop)
+        with pytest.raises(NoEndpoint) as caught:
+            async with router.acquire("m", deadline=far()):
+                pass
     assert caught.value.code == "system_stopped"
+    assert caught.value.message.endswith(": serving is stopped")
+    assert trio.current_time() == 2
+
+
+async def test_stale_stopped_route_waits_for_the_start(autojump_clock: trio.testing.MockClock) -> None:
+    # The gateway checks `serving.stopped` itself; a request that gets this far on a
+    # stopped route came right after a start, before the control plane's next push.
+    router = Router()
+    router.update_routes({"m": state("m", "stopped")})
+
+    async def start() -> None:
+        await trio.sleep(1)
+        router.update_routes({"m": state("m", "stopped")})  # an unrelated push: still waiting
+        await trio.sleep(1)
+        router.update_routes({"m": ready("m", "a")})
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(start)
+        async with router.acquire("m", deadline=far()) as endpoint:
+            assert endpoint.replica_id == "a"
+    assert trio.current_time() == 2
+
+
+async def test_listed_endpoints_are_served_whatever_the_state() -> None:
+    router = Router()
+    router.update_routes({"m": ModelRoute("m", "chat", "parked", (Endpoint("a", "http://a"),), "last one left")})
+    async with router.acquire("m", deadline=far()) as endpoint:
+        assert endpoint.replica_id == "a"
 
 
 async def test_deadline_gives_activation_timeout(autojump_clock: trio.testing.MockClock) -> None:

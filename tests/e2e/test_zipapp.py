@@ -1,0 +1,86 @@
+"""The one-file zipapp: built with shiv, run by a Python that has nothing else
+installed, from another directory — `--help` and a working `up`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmgw.testing.processes import alive, children_of, free_port
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).parents[2]
+
+
+def bare_python() -> str:
+    """The interpreter under the venv (a Python with none of our dependencies), else this one."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    return base if os.path.exists(base) else sys.executable
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist") / "llmgw.pyz"
+    build = subprocess.run([sys.executable, str(ROOT / "build.py"), "-o", str(out)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout + build.stderr
+    return out
+
+
+def run_env(tmp: Path) -> dict[str, str]:
+    # Only what a fresh machine has: no virtualenv on PATH, shiv's cache in the test's folder.
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp), "SHIV_ROOT": str(tmp / "shiv"),
+            "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def test_help_from_the_zipapp(pyz: Path, tmp_path: Path) -> None:
+    out = subprocess.run([bare_python(), str(pyz), "--help"], cwd=tmp_path, env=run_env(tmp_path),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for command in ("up", "ctl", "engine", "agent", "control"):
+        assert command in out.stdout
+
+
+def test_up_from_the_zipapp(pyz: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    gw, admin = free_port(), free_port()
+    proc = subprocess.Popen([bare_python(), str(pyz), "up", "--state-dir", str(state), "--gateway-port", str(gw),
+                             "--admin-port", str(admin)], cwd=tmp_path, env=run_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        for line in proc.stdout:
+            if line.startswith("llmgw ready") or time.monotonic() > deadline:
+                break
+        assert line.startswith("llmgw ready"), line
+        creds = json.loads((state / "credentials.json").read_text())
+        headers = {"Authorization": f"Bearer {creds['client_key']}"}
+        body = {"model": "demo", "messages": [{"role": "user", "content": "from one file"}]}
+        deadline = time.monotonic() + 60
+        while True:  # the engine itself runs from the zipapp too
+            r = httpx.post(creds["gateway_url"] + "/chat/completions", json=body, headers=headers, timeout=60)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "sim says: from one file"
+        engines = children_of(proc.pid)
+        assert engines
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    time.sleep(0.3)
+    assert not any(alive(p) for p in engines)
+    shutil.rmtree(tmp_path / "shiv", ignore_errors=True)
