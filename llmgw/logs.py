@@ -30,7 +30,8 @@ class _ContextFilter(logging.Filter):
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        rid = f" [{record.request_id}]" if getattr(record, "request_id", "") else ""
+        request_id = getattr(record, "request_id", "")
+        rid = f" [{request_id}]" if request_id else ""
         line = f"{ts}.{int(record.msecs):03d}Z {record.levelname:<7} {getattr(record, 'role', '-')}{rid} {record.name}: {record.getMessage()}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
@@ -60,6 +61,7 @@ def setup(*, json_lines: bool = False, level: str = "INFO", log_file: Path | Non
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
+        h.close()
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)

@@ -353,7 +353,7 @@ def _reason(status: Mapping[str, Any] | None) -> Any:
 def render_status(doc: Mapping[str, Any]) -> str:
     cluster = _get(doc, "cluster") or {}
     stopped = _get(cluster, "stopped")
-    serving = {True: "STOPPED (serving.stopped is set; `llmgw start` serves again)", False: "serving"}
+    serving = {True: "STOPPED (serving.stopped is set; `llmgw ctl settings serving.stopped false` serves again)", False: "serving"}
     parts = [
         f"leader: {cell(_get(cluster, 'leader'))}",
         f"revision: {cell(_get(cluster, 'revision'))}",

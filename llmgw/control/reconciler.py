@@ -101,8 +101,8 @@ class Reconciler:
         plan = self.last_plan
         replica_model = {r.replica_id: m for m, route in (plan.routes.items() if plan else ()) for r in route.endpoints}
         for report in self.demand:
-            for model in report.take_activation_asks():
-                self.hub.note_demand(model)
+            for asked in report.take_activation_asks():
+                self.hub.note_demand(asked)
             for rid, used in report.last_used().items():
                 if self._last_used.get(rid) != used:
                     self._last_used[rid] = used

@@ -70,7 +70,7 @@ def build(
             warnings.append(f"model {name} cannot be placed: {st['reason']}")
     stopped = bool(effective(state.settings, "serving.stopped"))
     if stopped:
-        warnings.append("serving is stopped: every model wants 0 replicas (`llmgw start` resumes)")
+        warnings.append("serving is stopped: every model wants 0 replicas (`llmgw ctl settings serving.stopped false` resumes)")
     hooks = effective(state.settings, "notify.webhooks")
     if not hooks:
         warnings.append("no notify.webhooks set: lost nodes and parked models reach nobody "

@@ -94,7 +94,7 @@ def run(
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         try:
-            import xllamacpp  # type: ignore[import-untyped]  # no stubs in the wheel
+            import xllamacpp  # no type information (see [tool.mypy] overrides)
         except ImportError:
             return _fail(2, NOT_INSTALLED)
         params = _params(xllamacpp, host=host, port=port, model=model, role=role, weights=weights, launch=launch)

@@ -232,7 +232,7 @@ class GatewayApp:
         snap = self.deps.state.snapshot()
         self._authenticate(scope, snap)
         if effective(snap.settings, "serving.stopped"):
-            raise ApiError(503, "system_stopped", "the system is stopped: no model is served until `llmgw start`")
+            raise ApiError(503, "system_stopped", "the system is stopped: no model is served until an operator resumes it (`llmgw ctl settings serving.stopped false`)")
         raw = await self._read_body(ex, scope, receive)
         body = _parse_object(raw)
         name, stream = _check_request(kind, body)

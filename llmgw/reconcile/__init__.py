@@ -177,7 +177,7 @@ def _views(
         starting = sum(1 for p in mine if (o := observed.replicas.get(p.replica_id)) is None or o.state == "starting")
         health = state.model_health(name)
         if stopped:
-            route_state, reason = "stopped", "serving is stopped; `llmgw start` resumes it"
+            route_state, reason = "stopped", "serving is stopped; `llmgw ctl settings serving.stopped false` resumes it"
         elif health.parked or name in parking:
             failures, error = parking.get(name, (health.failures_in_row, health.last_error))
             route_state = "parked"

@@ -47,7 +47,7 @@ class _Replicated(SyncObj):  # type: ignore[misc]
         super().__init__(self_addr, peers, conf)
         self._state = ClusterState()  # the ONE replicated attribute
 
-    @replicated  # type: ignore[misc]
+    @replicated  # type: ignore[untyped-decorator]
     def apply(self, blob: bytes) -> tuple[str, Any]:
         try:
             command = commands.decode(blob)

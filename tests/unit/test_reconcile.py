@@ -346,7 +346,7 @@ def test_serving_stopped_removes_every_placement_and_routes_stopped():
     assert sorted(acts(plan)) == [("stop", "a", "demo-r1"), ("stop", "a", "lazy-r2")]
     for name in ("demo", "lazy"):
         assert plan.routes[name].state == "stopped" and plan.routes[name].endpoints == ()
-        assert "llmgw start" in plan.routes[name].reason
+        assert "serving.stopped false" in plan.routes[name].reason
         assert plan.views[name].desired == 0
     assert commit(s, plan).models == s.models, "stopping changes no definition"
 
