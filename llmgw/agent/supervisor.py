@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field, replace
@@ -23,6 +22,7 @@ import trio
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.observed import ReplicaObs
 from llmgw.engines import PARENT_ENV, EngineError, launch_spec
+from llmgw.net import free_port, url_host
 
 log = logging.getLogger("llmgw.agent.supervisor")
 
@@ -38,12 +38,6 @@ class _Replica:
     cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
     process: trio.Process | None = None
     log_path: Path | None = None
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _tail(path: Path | None, lines: int = 5, limit: int = 600) -> str:
@@ -122,7 +116,7 @@ class Supervisor:
         with rep.cancel:
             try:
                 model = ModelDef.from_doc(model_doc)
-                port = _free_port(self.host)
+                port = free_port(self.host)
                 env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)} if gpus else {}
                 spec = launch_spec(model.engine, model=model.name, role=model.role, source=model.source,
                                    host=self.host, port=port, args=model.args, gpu_env=env)
@@ -131,7 +125,7 @@ class Supervisor:
                 log.warning("replica %s cannot start: %s", rid, message)
                 self._set(rep, "failed", error=message)
                 return
-            url = f"http://{self.host}:{port}" if ":" not in self.host else f"http://[{self.host}]:{port}"
+            url = f"http://{url_host(self.host)}:{port}"
             self.log_dir.mkdir(parents=True, exist_ok=True)
             rep.log_path = self.log_dir / f"{rid}.log"
             env = {**os.environ, **spec.env, PARENT_ENV: str(os.getpid())}

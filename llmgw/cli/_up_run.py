@@ -7,11 +7,8 @@ import logging
 import os
 import secrets
 import signal
-import socket
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from typing import Any
 
 import trio
@@ -25,6 +22,7 @@ from llmgw.control.service import serve as control_serve
 from llmgw.gateway.app import GatewayDeps
 from llmgw.gateway.app import serve as gateway_serve
 from llmgw.gateway.router import Router
+from llmgw.net import free_port, url_host
 
 log = logging.getLogger("llmgw.up")
 
@@ -71,16 +69,6 @@ def write_credentials(path: Path, doc: dict[str, str]) -> None:
     os.replace(tmp, path)
 
 
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 async def main(opts: UpOptions) -> int:
     logs.role_var.set("up")
     state_dir = opts.state_dir.resolve()
@@ -91,11 +79,11 @@ async def main(opts: UpOptions) -> int:
     except catalog_mod.CatalogError as e:
         log.error("%s", e)
         return 2
-    raft_port = opts.raft_port or _free_port(opts.host)
+    raft_port = opts.raft_port or free_port(opts.host)
     router = Router()
     control_cfg = ControlConfig(
         state_dir=state_dir,
-        raft_addr=f"{opts.host}:{raft_port}" if ":" not in opts.host else f"[{opts.host}]:{raft_port}",
+        raft_addr=f"{url_host(opts.host)}:{raft_port}",
         admin_host=opts.host,
         admin_port=opts.admin_port,
         seed=Seed(admin_key=keys["admin_key"], client_key=keys["client_key"], models=models),
@@ -105,7 +93,11 @@ async def main(opts: UpOptions) -> int:
     # The receiver stays open until everything has stopped: a second Ctrl-C or
     # SIGTERM during shutdown must not kill the process before its engines.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        status = await _serve_all(opts, signals, state_dir, cred_path, keys, control_cfg)
+        try:
+            status = await _serve_all(opts, signals, router, control_cfg, keys, cred_path)
+        except* OSError as group:  # a port in use, an unwritable state dir, ...
+            log.error("cannot start: %s", _first(group))
+            status = 1
         # Swallow signals that arrived while stopping; trio would re-raise them on exit.
         while True:
             with trio.move_on_after(0.05) as scope:
@@ -115,21 +107,16 @@ async def main(opts: UpOptions) -> int:
         return status
 
 
-async def _serve_all(opts: UpOptions, signals: Any, state_dir: Path, cred_path: Path, keys: dict[str, str],
-                     control_cfg: ControlConfig) -> int:
-    router = control_cfg.sinks[0]
+async def _serve_all(opts: UpOptions, signals: Any, router: Router, control_cfg: ControlConfig,
+                     keys: dict[str, str], cred_path: Path) -> int:
+    """Control, then the gateway, then the agent, each in its own root nursery."""
+    state_dir = control_cfg.state_dir
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal, signals, nursery.cancel_scope)
-        try:
-            control = await nursery.start(control_serve, control_cfg)
-            gateway_bind = await nursery.start(gateway_serve, opts.host, opts.gateway_port,
-                                               GatewayDeps(router=router, state=control.store))  # type: ignore[arg-type]
-        except OSError as e:
-            log.error("cannot listen: %s", e)
-            nursery.cancel_scope.cancel()
-            return 1
-        gw_host, gw_port = gateway_bind
-        gateway_url = f"http://{_url_host(opts.host)}:{gw_port}/v1"
+        control = await nursery.start(control_serve, control_cfg)
+        _, gw_port = await nursery.start(gateway_serve, opts.host, opts.gateway_port,
+                                         GatewayDeps(router=router, state=control.store))
+        gateway_url = f"http://{url_host(opts.host)}:{gw_port}/v1"
         admin_url = control.admin_url
         write_credentials(cred_path, {"gateway_url": gateway_url, "admin_url": admin_url, **keys})
         await nursery.start(agent_serve, AgentConfig(controls=[admin_url], key=keys["admin_key"],
@@ -139,6 +126,13 @@ async def _serve_all(opts: UpOptions, signals: Any, state_dir: Path, cred_path: 
               f"credentials={cred_path}", flush=True)
         log.info("ready: %d model(s) in the catalog", len(control.store.snapshot().models))
     return 0
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    leaf: BaseException = group
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    return leaf
 
 
 async def _stop_on_signal(signals: Any, scope: trio.CancelScope) -> None:

@@ -54,22 +54,26 @@ class Reconciler:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
-            hub_event = self.hub.change_event()
-            state = self.store.snapshot()
+            hub_event = self.hub.change_event()  # taken before the pass: no change is missed
+            revision = self.store.snapshot().revision
             if self.store.is_leader():
                 await self.run_once()
             with trio.move_on_after(TICK_S):
-                async with trio.open_nursery() as nursery:
-                    async def state_changed() -> None:
-                        await self.store.wait_changed(state.revision)
-                        nursery.cancel_scope.cancel()
+                await self._next_change(revision, hub_event)
 
-                    async def hub_changed() -> None:
-                        await hub_event.wait()
-                        nursery.cancel_scope.cancel()
+    async def _next_change(self, revision: int, hub_event: trio.Event) -> None:
+        """Return when the state moves past `revision` or an agent reports something."""
+        async with trio.open_nursery() as nursery:
+            async def state_changed() -> None:
+                await self.store.wait_changed(revision)
+                nursery.cancel_scope.cancel()
 
-                    nursery.start_soon(state_changed)
-                    nursery.start_soon(hub_changed)
+            async def hub_changed() -> None:
+                await hub_event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(state_changed)
+            nursery.start_soon(hub_changed)
 
     async def run_once(self) -> Plan:
         """One pass. Returns the plan it acted on (for tests and `status`)."""

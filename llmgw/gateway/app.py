@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -24,6 +24,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
+from llmgw.asgi import Receive, Scope, Send, lifespan
 from llmgw.domain.keys import hash_key
 from llmgw.domain.observed import Endpoint
 from llmgw.domain.settings import effective
@@ -46,11 +47,6 @@ __all__ = [
 
 _log = logging.getLogger("llmgw.gateway.app")
 _access = logging.getLogger("llmgw.gateway.access")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 # Longer than the keep-alive of clients' pools (httpx: 5 s), so the server is
@@ -178,7 +174,7 @@ class GatewayApp:
         if scope["type"] == "http":
             await self._http(scope, receive, send)
         elif scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = trio.current_time()
@@ -532,16 +528,6 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope, ex: _
     if not ex.finished:
         ex.disconnected = True
         scope.cancel()
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 # --- server -------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,11 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmgw.net import free_port
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+__all__ = ["UpProcess", "alive", "children_of", "free_port"]
 
 
 def children_of(pid: int) -> set[int]:
@@ -113,7 +110,7 @@ class UpProcess:
             status = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"llmgw up did not stop within {timeout} s")
+            raise AssertionError(f"llmgw up did not stop within {timeout} s") from None
         elapsed = time.monotonic() - t0
         time.sleep(0.2)
         self._close_output()

@@ -257,3 +257,18 @@ def test_packaged_catalog_is_the_example_catalog() -> None:
 
     assert default_catalog_text() == (EXAMPLES / "catalog.toml").read_text()
     assert [m.name for m in load(EXAMPLES / "catalog.toml")] == ["demo", "demo-embed", "smollm2-135m"]
+
+
+def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "llmgw", "up", "--state-dir", str(tmp_path / "s"),
+                              "--gateway-port", str(port), "--admin-port", "0"],
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "cannot start: [Errno 98] Address already in use" in out.stderr
+    assert "Traceback" not in out.stderr

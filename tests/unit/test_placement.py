@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from typing import Any, Iterable, Mapping
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
