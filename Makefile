@@ -26,7 +26,7 @@ up: venv
 	$(BIN)/llmgw up
 
 test: venv
-	$(BIN)/pytest -q
+	LLMGW_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q
 
 bench: venv
 	$(BIN)/python tests/bench/gateway.py

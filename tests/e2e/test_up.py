@@ -164,7 +164,7 @@ def test_logs_name_roles_and_never_hold_prompts_or_keys(up: UpProcess, client: o
     client.chat.completions.create(model="demo", messages=[{"role": "user", "content": SECRET_PROMPT}])
     log_text = (up.state_dir / "logs" / "llmgw.log").read_text()
     assert " control " in log_text and " agent " in log_text
-    assert "[req-" in log_text, "gateway lines carry the request id"
+    assert " gateway [req-" in log_text, "gateway lines name their role and carry the request id"
     creds = up.credentials
     for secret in (SECRET_PROMPT, "sim says", creds["client_key"], creds["admin_key"]):
         assert secret not in log_text
@@ -272,3 +272,35 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert "cannot start: [Errno 98] Address already in use" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_ctl_serves_removes_and_sets(up: UpProcess, client: openai.OpenAI) -> None:
+    served = ctl(up, "model", "serve", "--name", "echo", "--engine", "sim", "--source", "sim://echo")
+    assert served.returncode == 0, served.stderr
+    deadline = time.monotonic() + 30
+    while True:  # the new model is placed and started by the reconciler
+        shown = json.loads(ctl(up, "--json", "model", "show", "echo").stdout)
+        if shown["model"]["status"]["ready"] == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert shown["model"]["status"]["ready"] == 1
+    reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "added by ctl"}])
+    assert reply.choices[0].message.content == "sim says: added by ctl"
+
+    assert ctl(up, "model", "remove", "echo").returncode == 0
+    gone = ctl(up, "model", "show", "echo")
+    assert gone.returncode == 1 and "model_not_found" in gone.stderr
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "x"}])
+
+    assert ctl(up, "settings", "notify.webhooks", '["https://hooks.example/x"]').returncode == 0
+    got = json.loads(ctl(up, "--json", "settings", "notify.webhooks").stdout)
+    assert got["value"] == ["https://hooks.example/x"] and got["set"] is True
+    bad = ctl(up, "settings", "serving.stopped", '"maybe"')
+    assert bad.returncode == 1 and "invalid_setting" in bad.stderr
+
+
+def test_ctl_refuses_a_bad_definition_with_the_field(up: UpProcess) -> None:
+    out = ctl(up, "model", "serve", "--name", "bad", "--engine", "llama.cpp", "--source", "../../etc/passwd")
+    assert out.returncode == 1
+    assert "invalid_model" in out.stderr and "source" in out.stderr
