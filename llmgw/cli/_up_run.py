@@ -6,14 +6,13 @@ import json
 import logging
 import os
 import secrets
-import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from llmgw import catalog as catalog_mod
+from llmgw.cli._lifecycle import serve_until_signal
 from llmgw import logs
 from llmgw.agent import AgentConfig
 from llmgw.agent import serve as agent_serve
@@ -90,29 +89,14 @@ async def main(opts: UpOptions) -> int:
         sinks=[router],
         demand=[router],
     )
-    # The receiver stays open until everything has stopped: a second Ctrl-C or
-    # SIGTERM during shutdown must not kill the process before its engines.
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        try:
-            status = await _serve_all(opts, signals, router, control_cfg, keys, cred_path)
-        except* OSError as group:  # a port in use, an unwritable state dir, ...
-            log.error("cannot start: %s", _first(group))
-            status = 1
-        # Swallow signals that arrived while stopping; trio would re-raise them on exit.
-        while True:
-            with trio.move_on_after(0.05) as scope:
-                await signals.__anext__()
-            if scope.cancelled_caught:
-                break
-        return status
+    return await serve_until_signal(_serve_all, opts, router, control_cfg, keys, cred_path)
 
 
-async def _serve_all(opts: UpOptions, signals: Any, router: Router, control_cfg: ControlConfig,
-                     keys: dict[str, str], cred_path: Path) -> int:
-    """Control, then the gateway, then the agent, each in its own root nursery."""
+async def _serve_all(opts: UpOptions, router: Router, control_cfg: ControlConfig,
+                     keys: dict[str, str], cred_path: Path) -> None:
+    """Control, then the gateway, then the agent, each in its own root nursery; until cancelled."""
     state_dir = control_cfg.state_dir
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_stop_on_signal, signals, nursery.cancel_scope)
         control = await nursery.start(control_serve, control_cfg)
         _, gw_port = await nursery.start(gateway_serve, opts.host, opts.gateway_port,
                                          GatewayDeps(router=router, state=control.store))
@@ -125,21 +109,6 @@ async def _serve_all(opts: UpOptions, signals: Any, router: Router, control_cfg:
         print(f"llmgw ready gateway={gateway_url} admin={admin_url} state={state_dir} "
               f"credentials={cred_path}", flush=True)
         log.info("ready: %d model(s) in the catalog", len(control.store.snapshot().models))
-    return 0
-
-
-def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    leaf: BaseException = group
-    while isinstance(leaf, BaseExceptionGroup):
-        leaf = leaf.exceptions[0]
-    return leaf
-
-
-async def _stop_on_signal(signals: Any, scope: trio.CancelScope) -> None:
-    async for signum in signals:
-        log.info("%s received: stopping (engines included)", signal.Signals(signum).name)
-        scope.cancel()
-        return
 
 
 def run(opts: UpOptions) -> int:

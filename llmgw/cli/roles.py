@@ -37,6 +37,7 @@ def control(
     import trio
 
     from llmgw import logs
+    from llmgw.cli._lifecycle import serve_until_signal
     from llmgw.control.service import ControlConfig, Seed, serve
 
     admin_host, admin_port = _split_addr(admin_addr)
@@ -45,10 +46,7 @@ def control(
     logs.setup(json_lines=log_json, level=log_level, log_file=state_dir / "logs" / "control.log")
     cfg = ControlConfig(state_dir=state_dir, raft_addr=raft_addr, admin_host=admin_host, admin_port=admin_port,
                         peers=list(peer or []), seed=Seed(admin_key=key) if key else None)
-    try:
-        trio.run(serve, cfg)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    sys.exit(trio.run(serve_until_signal, serve, cfg))
 
 
 def agent(
@@ -77,6 +75,7 @@ def agent(
 
     from llmgw import logs
     from llmgw.agent import AgentConfig, serve
+    from llmgw.cli._lifecycle import serve_until_signal
 
     secret = key or os.environ.get("LLMGW_KEY")
     if not secret:
@@ -85,7 +84,4 @@ def agent(
     logs.setup(json_lines=log_json, level=log_level, log_file=state_dir / "logs" / "agent.log")
     cfg = AgentConfig(controls=control, key=secret, state_dir=state_dir, node=node or socket.gethostname(),
                       engine_host=engine_host)
-    try:
-        trio.run(serve, cfg)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    sys.exit(trio.run(serve_until_signal, serve, cfg))

@@ -1,0 +1,73 @@
+"""`llmgw control` and `llmgw agent` as separate processes (S14): the agent joins over
+the network protocol, and a model served through the admin API runs on it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmgw.testing.processes import alive, children_of, free_port
+
+pytestmark = pytest.mark.slow
+
+ADMIN = "sk-roles-admin"
+
+
+def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "llmgw", *args], stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **env})
+
+
+def test_control_and_agent_processes(tmp_path: Path) -> None:
+    admin_port = free_port()
+    admin_url = f"http://127.0.0.1:{admin_port}"
+    control = start(["control", "--state-dir", str(tmp_path / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
+                     "--admin-addr", f"127.0.0.1:{admin_port}"], {"LLMGW_ADMIN_KEY": ADMIN}, tmp_path / "control.log")
+    agent = start(["agent", "--control", admin_url, "--state-dir", str(tmp_path / "agent"), "--node", "worker-1"],
+                  {"LLMGW_KEY": ADMIN}, tmp_path / "agent.log")
+    engines: set[int] = set()
+    try:
+        with httpx.Client(base_url=admin_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=5) as api:
+            deadline = time.monotonic() + 30
+            nodes: list[dict[str, object]] = []
+            while time.monotonic() < deadline:
+                try:
+                    nodes = api.get("/api/v1/nodes").json()["nodes"]
+                except httpx.HTTPError:
+                    nodes = []
+                if nodes:
+                    break
+                time.sleep(0.2)
+            assert [(n["node"], n["connected"]) for n in nodes] == [("worker-1", True)], (tmp_path / "agent.log").read_text()
+
+            r = api.post("/api/v1/models", json={"name": "remote", "engine": "sim", "source": "sim://remote"})
+            assert r.status_code == 201
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                status = api.get("/api/v1/models/remote").json()["model"]["status"]
+                if status["ready"] == 1:
+                    break
+                time.sleep(0.2)
+            assert status["ready"] == 1, status
+            url = status["replicas"][0]["url"]
+            reply = httpx.post(f"{url}/v1/chat/completions", json={"model": "remote", "messages": [
+                {"role": "user", "content": "on a worker"}]}).json()
+            assert reply["choices"][0]["message"]["content"] == "sim says: on a worker"
+            engines = children_of(agent.pid)
+            assert engines
+    finally:
+        for proc in (agent, control):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (agent, control):
+            proc.wait(15)
+    assert (agent.returncode, control.returncode) == (0, 0), "a stop signal is a clean stop"
+    time.sleep(0.3)
+    assert not any(alive(p) for p in engines), "the agent's engines outlived it"
