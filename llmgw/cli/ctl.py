@@ -75,7 +75,11 @@ class Target:
 
 
 def resolve_target(*, url: str | None, key: str | None, state_dir: Path, env: Mapping[str, str]) -> Target:
-    """Each of URL and key: the flag, else the environment, else DIR/credentials.json."""
+    """Each of URL and key: the flag, else the environment, else DIR/credentials.json.
+
+    The file's admin key goes only to the file's own admin URL: `--url` pointing
+    elsewhere never receives this cluster's key by accident.
+    """
     creds_path = state_dir / "credentials.json"
     url_from = key_from = ""
     if url:
@@ -91,9 +95,16 @@ def resolve_target(*, url: str | None, key: str | None, state_dir: Path, env: Ma
         if creds is not None:
             if not url and isinstance(creds.get("admin_url"), str) and creds["admin_url"]:
                 url, url_from = creds["admin_url"], str(creds_path)
-            if not key and isinstance(creds.get("admin_key"), str) and creds["admin_key"]:
+            file_url = creds.get("admin_url")
+            same_cluster = bool(url) and isinstance(file_url, str) and str(url).rstrip("/") == file_url.rstrip("/")
+            if not key and same_cluster and isinstance(creds.get("admin_key"), str) and creds["admin_key"]:
                 key, key_from = creds["admin_key"], str(creds_path)
     missing = [what for what, value in (("admin URL", url), ("admin key", key)) if not value]
+    if url and not key and url_from in ("--url", "LLMGW_URL") and creds_path.is_file():
+        raise UsageError(
+            f"no admin key for {url}: {creds_path} holds the key of another admin URL, which is not sent "
+            f"elsewhere; pass --key KEY or set LLMGW_KEY"
+        )
     if missing:
         found = "exists but has no admin_url/admin_key" if creds_path.is_file() else "does not exist"
         raise UsageError(

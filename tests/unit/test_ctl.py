@@ -283,12 +283,23 @@ def test_flags_beat_environment(tmp_path: Path) -> None:
     assert seen(api) == ("http://flag.test:7", "Bearer adm-flag")
 
 
-def test_url_and_key_are_resolved_each_on_its_own(tmp_path: Path) -> None:
+def test_the_files_key_never_goes_to_another_url(tmp_path: Path) -> None:
     write_credentials(tmp_path)
     api = FakeApi().on("GET", "/api/v1/status", json_body=STATUS)
-    r = ctl(["--state-dir", str(tmp_path), "--url", "http://flag.test:7", "status"], api, env={"LLMGW_KEY": ""})
+    r = ctl(["--state-dir", str(tmp_path), "--url", "http://other-cluster.test:7", "status"], api,
+            env={"LLMGW_KEY": ""})
+    assert r.rc == 2
+    assert "no admin key for http://other-cluster.test:7" in r.err and "--key" in r.err
+    assert api.requests == [], "nothing, least of all the key, was sent"
+
+
+def test_the_files_key_goes_with_its_own_url_given_as_a_flag(tmp_path: Path) -> None:
+    write_credentials(tmp_path)
+    creds = json.loads((tmp_path / "credentials.json").read_text())
+    api = FakeApi().on("GET", "/api/v1/status", json_body=STATUS)
+    r = ctl(["--state-dir", str(tmp_path), "--url", creds["admin_url"] + "/", "status"], api, env={"LLMGW_KEY": ""})
     assert r.rc == 0, r.err
-    assert seen(api) == ("http://flag.test:7", "Bearer adm-creds")
+    assert seen(api) == (creds["admin_url"], "Bearer adm-creds")
 
 
 @pytest.mark.parametrize(
