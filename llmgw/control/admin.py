@@ -22,7 +22,8 @@ from llmgw.domain import commands, summary
 from llmgw.domain.commands import CommandError
 from llmgw.domain.keys import hash_key
 from llmgw.domain.model import DefinitionError, ModelDef
-from llmgw.domain.observed import NodeInfo, ReplicaObs
+from llmgw.domain.observed import NodeInfo, Observed, ReplicaObs
+from llmgw.domain.state import ClusterState
 from llmgw.domain.settings import SETTINGS, SettingError, effective, validate
 
 log = logging.getLogger("llmgw.control.admin")
@@ -99,14 +100,14 @@ def make_app(deps: ControlDeps) -> QuartTrio:
         plan = deps.reconciler.last_plan
         return plan.views if plan else None
 
-    def model_doc(name: str) -> dict[str, Any]:
-        state = deps.store.snapshot()
+    def model_doc(name: str, state: ClusterState, observed: Observed, seen: dict[str, Any] | None) -> dict[str, Any]:
         m = state.models.get(name)
         if m is None:
             raise ApiError(404, "model_not_found", f"no model named {name!r}")
-        v = views()
-        return {**m.to_doc(), "status": summary.model_status(state, deps.hub.observed(), name,
-                                                            v.get(name) if v else None)}
+        return {**m.to_doc(), "status": summary.model_status(state, observed, name, seen.get(name) if seen else None)}
+
+    def one_model(name: str) -> dict[str, Any]:
+        return model_doc(name, deps.store.snapshot(), deps.hub.observed(), views())
 
     def route(rule: str, methods: list[str]) -> Callable[[Callable[..., Awaitable[Response]]], Any]:
         def wrap(fn: Callable[..., Awaitable[Response]]) -> Any:
@@ -131,8 +132,8 @@ def make_app(deps: ControlDeps) -> QuartTrio:
 
     @route("/api/v1/models", ["GET"])
     async def list_models() -> Response:
-        names = sorted(deps.store.snapshot().models)
-        return _ok({"models": [model_doc(n) for n in names]})
+        state, observed, seen = deps.store.snapshot(), deps.hub.observed(), views()
+        return _ok({"models": [model_doc(n, state, observed, seen) for n in sorted(state.models)]})
 
     @route("/api/v1/models", ["POST"])
     async def serve_model() -> Response:
@@ -143,11 +144,11 @@ def make_app(deps: ControlDeps) -> QuartTrio:
             raise ApiError(400, "invalid_model", str(e)) from None
         result = await commit(commands.put_model(model, deps.clock()))
         log.info("model %s %s", model.name, "created" if result["created"] else "replaced")
-        return _ok({"model": model_doc(model.name)}, 201 if result["created"] else 200)
+        return _ok({"model": one_model(model.name)}, 201 if result["created"] else 200)
 
     @route("/api/v1/models/<path:name>", ["GET"])
     async def show_model(name: str) -> Response:
-        return _ok({"model": model_doc(name)})
+        return _ok({"model": one_model(name)})
 
     @route("/api/v1/models/<path:name>", ["DELETE"])
     async def remove_model(name: str) -> Response:
@@ -190,12 +191,12 @@ def make_app(deps: ControlDeps) -> QuartTrio:
 
     @route("/api/v1/nodes", ["GET"])
     async def nodes() -> Response:
-        doc = summary.build(deps.store.snapshot(), deps.hub.observed(), views(), cluster_info())
-        return _ok({"nodes": doc["nodes"]})
+        return _ok({"nodes": summary.nodes(deps.store.snapshot(), deps.hub.observed())})
 
     @route("/api/v1/cluster/members", ["GET"])
     async def members() -> Response:
-        return _ok({"members": cluster_info()["members"], "leader": cluster_info()["leader"]})
+        info = cluster_info()
+        return _ok({"members": info["members"], "leader": info["leader"]})
 
     @app.errorhandler(404)
     async def not_found(_: Any) -> Response:

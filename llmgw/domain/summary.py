@@ -38,17 +38,12 @@ def model_status(state: ClusterState, observed: Observed, name: str, view: Any |
     }
 
 
-def build(
-    state: ClusterState,
-    observed: Observed,
-    views: Mapping[str, Any] | None,
-    cluster: Mapping[str, Any],
-) -> dict[str, Any]:
-    views = views or {}
-    nodes = []
+def nodes(state: ClusterState, observed: Observed) -> list[dict[str, Any]]:
+    """Every node known: connected, lost, or still holding placements; unknown values are None."""
+    docs = []
     for name in sorted(set(observed.nodes) | set(observed.lost) | {p.node for p in state.placements.values()}):
         info = observed.nodes.get(name)
-        nodes.append({
+        docs.append({
             "node": name,
             "connected": info is not None,
             "hostname": info.hostname if info else None,
@@ -58,6 +53,17 @@ def build(
             "engines": list(info.engines) if info else None,
             "lost_at": observed.lost.get(name),
         })
+    return docs
+
+
+def build(
+    state: ClusterState,
+    observed: Observed,
+    views: Mapping[str, Any] | None,
+    cluster: Mapping[str, Any],
+) -> dict[str, Any]:
+    views = views or {}
+    node_docs = nodes(state, observed)
     models = []
     warnings: list[str] = []
     for name, m in sorted(state.models.items()):
@@ -75,12 +81,12 @@ def build(
     if not hooks:
         warnings.append("no notify.webhooks set: lost nodes and parked models reach nobody "
                         "(llmgw ctl settings notify.webhooks '[\"https://...\"]')")
-    for n in nodes:
+    for n in node_docs:
         if not n["connected"]:
             warnings.append(f"node {n['node']} is not connected")
     return {
         "cluster": {**cluster, "revision": state.revision, "stopped": stopped},
-        "nodes": nodes,
+        "nodes": node_docs,
         "models": models,
         "warnings": warnings,
         "notify": {"webhooks": len(hooks)},

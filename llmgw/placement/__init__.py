@@ -78,10 +78,8 @@ def place(
             choices.append(outcome)
     if not choices:
         return PlacementResult(None, tuple(refusals))
-    best = max(choices, key=lambda c: (c.score, -len(c.gpus), c.node))
-    # Ties go to the alphabetically first node, for reproducible plans.
-    top = [c for c in choices if c.score == best.score]
-    return PlacementResult(min(top, key=lambda c: c.node), tuple(refusals))
+    # The best score; ties go to the alphabetically first node, for reproducible plans.
+    return PlacementResult(min(choices, key=lambda c: (-c.score, c.node)), tuple(refusals))
 
 
 def _fit(model: ModelDef, node: NodeInfo, used: set[int], same_model: int) -> Choice | Refusal:

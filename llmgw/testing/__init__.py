@@ -6,6 +6,7 @@ semantics as the Raft store, without pysyncobj.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -54,7 +55,5 @@ class FakeGpuProbe:
         self.calls = 0
 
     def inventory(self, node: str) -> Any:
-        from dataclasses import replace
-
         self.calls += 1
         return replace(self.info, node=node)
