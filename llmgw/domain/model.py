@@ -10,8 +10,9 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 ENGINES = ("sim", "llama.cpp", "vllm")
 ROLES = ("chat", "embedding", "guard")
@@ -23,10 +24,12 @@ _SOURCE_SCHEMES = ("sim://", "mirror://", "hf://", "pkg://")
 
 
 class DefinitionError(ValueError):
-    """A model definition that cannot be served; `field` names the offending key."""
+    """A model definition that cannot be served. `errors` holds every (field, message)
+    found in one pass, in the order checked; `field` and `message` are the first of them."""
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
+    def __init__(self, field: str, message: str, *more: tuple[str, str]) -> None:
+        self.errors: tuple[tuple[str, str], ...] = ((field, message), *more)
+        super().__init__("; ".join(f"{f}: {m}" for f, m in self.errors))
         self.field = field
         self.message = message
 
@@ -91,52 +94,32 @@ class ModelDef:
 
     @classmethod
     def from_doc(cls, doc: Any) -> ModelDef:
+        """The definition in `doc`, or one DefinitionError naming every problem in it.
+
+        Each field is checked on its own; a check that depends on another field
+        (source on engine, replicas.min's default on mode) runs only when that
+        field is valid, so one mistake is reported once.
+        """
         if not isinstance(doc, Mapping):
             raise DefinitionError("model", "must be an object")
-        known = {
-            "name", "engine", "role", "source", "mode", "replicas",
-            "idle_timeout_s", "activation_window_s", "args", "profile",
-        }
+        p = _Problems()
         for key in doc:
-            if key not in known:
-                raise DefinitionError(str(key), "unknown key")
-        name = _str(doc, "name", required=True)
-        if not _NAME_RE.fullmatch(name):
-            raise DefinitionError(
-                "name", "use 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
-            )
-        engine = _choice(doc, "engine", ENGINES, required=True)
-        role = _choice(doc, "role", ROLES, default="chat")
-        source = _str(doc, "source", required=True)
-        check_source(source, engine)
-        mode = _choice(doc, "mode", MODES, default="always")
-        replicas = doc.get("replicas", {})
-        if not isinstance(replicas, Mapping):
-            raise DefinitionError("replicas", "must be an object like {min = 1, max = 1}")
-        for key in replicas:
-            if key not in ("min", "max"):
-                raise DefinitionError(f"replicas.{key}", "unknown key")
-        default_min = 1 if mode == "always" else 0
-        rmin = _int(replicas, "min", default_min, prefix="replicas.")
-        rmax = _int(replicas, "max", max(rmin, 1), prefix="replicas.")
-        if not 0 <= rmin <= MAX_REPLICAS:
-            raise DefinitionError("replicas.min", f"must be between 0 and {MAX_REPLICAS}")
-        if not 1 <= rmax <= MAX_REPLICAS:
-            raise DefinitionError("replicas.max", f"must be between 1 and {MAX_REPLICAS}")
-        if rmin > rmax:
-            raise DefinitionError("replicas.min", "must not exceed replicas.max")
-        idle = _num(doc, "idle_timeout_s", 900.0)
-        window = _num(doc, "activation_window_s", 120.0)
-        if idle <= 0:
-            raise DefinitionError("idle_timeout_s", "must be positive")
-        if window <= 0:
-            raise DefinitionError("activation_window_s", "must be positive")
-        args = doc.get("args", [])
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise DefinitionError("args", "must be a list of strings (never a shell string)")
-        if any("\x00" in a for a in args):
-            raise DefinitionError("args", "must not contain NUL bytes")
-        profile = _profile(doc.get("profile", {}))
+            if key not in _KEYS:
+                p.add(str(key), "unknown key")
+        name = p.check(_name, doc)
+        engine = p.check(_choice, doc, "engine", ENGINES, required=True)
+        role = p.check(_choice, doc, "role", ROLES, default="chat")
+        source = p.check(_source, doc, engine)
+        mode = p.check(_choice, doc, "mode", MODES, default="always")
+        replicas = _replicas(doc.get("replicas", {}), mode, p)
+        idle = p.check(_positive_num, doc, "idle_timeout_s", 900.0)
+        window = p.check(_positive_num, doc, "activation_window_s", 120.0)
+        args = p.check(_args, doc.get("args", []))
+        profile = _profile(doc.get("profile", {}), p)
+        p.raise_if_any()
+        # No problem was found, so every check returned its value.
+        assert name and engine and role and source and mode and replicas and idle and window and profile
+        assert args is not None
         if engine == "sim" and not profile.cpu:
             # The simulator needs no GPU; saying so keeps placement honest.
             profile = replace(profile, cpu=True)
@@ -146,11 +129,11 @@ class ModelDef:
             role=role,
             source=source,
             mode=mode,
-            replicas_min=rmin,
-            replicas_max=rmax,
+            replicas_min=replicas[0],
+            replicas_max=replicas[1],
             idle_timeout_s=idle,
             activation_window_s=window,
-            args=tuple(args),
+            args=args,
             profile=profile,
         )
 
@@ -162,10 +145,7 @@ def is_mig_class(gpu_class: str) -> bool:
 
 def check_source(source: str, engine: str) -> None:
     """Refuse sources that could escape storage roots or that the engine cannot read."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in source):
-        raise DefinitionError("source", "must not contain control characters")
-    if len(source) > 1024:
-        raise DefinitionError("source", "is longer than 1024 characters")
+    _check_source_text(source)
     if engine == "sim":
         if not source.startswith("sim://") or len(source) == len("sim://"):
             raise DefinitionError("source", "the sim engine takes sources like sim://NAME")
@@ -186,38 +166,142 @@ def check_source(source: str, engine: str) -> None:
         raise DefinitionError("source", "names nothing")
 
 
-def _profile(doc: Any) -> Profile:
+def _check_source_text(source: str) -> None:
+    """What is wrong with a source whatever the engine."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in source):
+        raise DefinitionError("source", "must not contain control characters")
+    if len(source) > 1024:
+        raise DefinitionError("source", "is longer than 1024 characters")
+
+
+# --- collecting every problem of one definition ----------------------------------------
+
+_KEYS = frozenset({
+    "name", "engine", "role", "source", "mode", "replicas",
+    "idle_timeout_s", "activation_window_s", "args", "profile",
+})
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class _Problems:
+    """The problems found so far in one definition. Each field's check raises
+    DefinitionError for that field; `check` records it and carries on with None."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[str, str]] = []
+
+    def add(self, field: str, message: str) -> None:
+        self.found.append((field, message))
+
+    def check(self, read: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T | None:
+        try:
+            return read(*args, **kwargs)
+        except DefinitionError as e:
+            self.found.extend(e.errors)
+            return None
+
+    def raise_if_any(self) -> None:
+        if self.found:
+            (field, message), *more = self.found
+            raise DefinitionError(field, message, *more)
+
+
+def _name(doc: Mapping[str, Any]) -> str:
+    name = _str(doc, "name", required=True)
+    if not _NAME_RE.fullmatch(name):
+        raise DefinitionError(
+            "name", "use 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
+        )
+    return name
+
+
+def _source(doc: Mapping[str, Any], engine: str | None) -> str:
+    source = _str(doc, "source", required=True)
+    if engine is None:  # the engine is wrong: judge only what does not depend on it
+        _check_source_text(source)
+    else:
+        check_source(source, engine)
+    return source
+
+
+def _replicas(doc: Any, mode: str | None, p: _Problems) -> tuple[int, int] | None:
+    """(min, max), or None with the problems added to `p`."""
     if not isinstance(doc, Mapping):
-        raise DefinitionError("profile", "must be an object")
+        p.add("replicas", "must be an object like {min = 1, max = 1}")
+        return None
+    for key in doc:
+        if key not in ("min", "max"):
+            p.add(f"replicas.{key}", "unknown key")
+    pre = "replicas."
+    # min's default follows the mode and max's follows min: unknown while those are wrong.
+    rmin = rmax = None
+    if "min" in doc or mode is not None:
+        rmin = p.check(_int, doc, "min", 1 if mode == "always" else 0, low=0, high=MAX_REPLICAS, prefix=pre)
+    if "max" in doc or rmin is not None:
+        rmax = p.check(_int, doc, "max", max(rmin or 0, 1), low=1, high=MAX_REPLICAS, prefix=pre)
+    if rmin is None or rmax is None:
+        return None
+    if rmin > rmax:
+        p.add("replicas.min", "must not exceed replicas.max")
+        return None
+    return rmin, rmax
+
+
+def _positive_num(doc: Mapping[str, Any], key: str, default: float) -> float:
+    value = _num(doc, key, default)
+    if value <= 0:
+        raise DefinitionError(key, "must be positive")
+    return value
+
+
+def _args(args: Any) -> tuple[str, ...]:
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise DefinitionError("args", "must be a list of strings (never a shell string)")
+    if any("\x00" in a for a in args):
+        raise DefinitionError("args", "must not contain NUL bytes")
+    return tuple(args)
+
+
+def _profile(doc: Any, p: _Problems) -> Profile | None:
+    """The profile, or None with the problems added to `p`."""
+    if not isinstance(doc, Mapping):
+        p.add("profile", "must be an object")
+        return None
     known = {"gpus", "tp", "pp", "nodes", "classes", "memory_gib", "cpu"}
     for key in doc:
         if key not in known:
-            raise DefinitionError(f"profile.{key}", "unknown key")
-    p = "profile."
-    gpus = _int(doc, "gpus", 1, prefix=p)
-    tp = _int(doc, "tp", 1, prefix=p)
-    pp = _int(doc, "pp", 1, prefix=p)
-    nodes = _int(doc, "nodes", 1, prefix=p)
-    for key, value in (("gpus", gpus), ("tp", tp), ("pp", pp), ("nodes", nodes)):
-        if not 1 <= value <= 64:
-            raise DefinitionError(p + key, "must be between 1 and 64")
-    if tp * pp != gpus * nodes:
-        raise DefinitionError(p + "tp", f"tp * pp ({tp * pp}) must equal gpus * nodes ({gpus * nodes})")
+            p.add(f"profile.{key}", "unknown key")
+    pre = "profile."
+    before = len(p.found)
+    gpus = p.check(_int, doc, "gpus", 1, low=1, high=64, prefix=pre)
+    tp = p.check(_int, doc, "tp", 1, low=1, high=64, prefix=pre)
+    pp = p.check(_int, doc, "pp", 1, low=1, high=64, prefix=pre)
+    nodes = p.check(_int, doc, "nodes", 1, low=1, high=64, prefix=pre)
+    sizes = {"gpus": gpus, "tp": tp, "pp": pp, "nodes": nodes}
+    if gpus is not None and tp is not None and pp is not None and nodes is not None and tp * pp != gpus * nodes:
+        p.add(pre + "tp", f"tp * pp ({tp * pp}) must equal gpus * nodes ({gpus * nodes})")
     classes = doc.get("classes", [])
     if not isinstance(classes, list) or not all(isinstance(c, str) and c for c in classes):
-        raise DefinitionError(p + "classes", "must be a list of GPU class names")
-    if any(is_mig_class(c) for c in classes):
+        p.add(pre + "classes", "must be a list of GPU class names")
+    elif any(is_mig_class(c) for c in classes):
         # A process opens one MIG device, and instances share no NVLink (S6).
-        for key, value in (("gpus", gpus), ("tp", tp), ("pp", pp), ("nodes", nodes)):
-            if value > 1:
-                raise DefinitionError(p + key, "must be 1 on a MIG class: a replica runs on exactly one MIG instance")
-    mem = _num(doc, "memory_gib", 0.0, prefix=p)
-    if mem < 0:
-        raise DefinitionError(p + "memory_gib", "must not be negative")
+        for key, value in sizes.items():
+            if value is not None and value > 1:
+                p.add(pre + key, "must be 1 on a MIG class: a replica runs on exactly one MIG instance")
+    mem = p.check(_num, doc, "memory_gib", 0.0, prefix=pre)
+    if mem is not None and mem < 0:
+        p.add(pre + "memory_gib", "must not be negative")
     cpu = doc.get("cpu", False)
     if not isinstance(cpu, bool):
-        raise DefinitionError(p + "cpu", "must be true or false")
+        p.add(pre + "cpu", "must be true or false")
+    if len(p.found) > before:
+        return None
+    assert gpus and tp and pp and nodes and mem is not None
     return Profile(gpus=gpus, tp=tp, pp=pp, nodes=nodes, classes=tuple(classes), memory_gib=mem, cpu=cpu)
+
+
+# --- one field each: raise DefinitionError naming it -----------------------------------
 
 
 def _str(doc: Mapping[str, Any], key: str, *, required: bool = False, default: str = "") -> str:
@@ -240,10 +324,12 @@ def _choice(
     return value
 
 
-def _int(doc: Mapping[str, Any], key: str, default: int, *, prefix: str = "") -> int:
+def _int(doc: Mapping[str, Any], key: str, default: int, *, low: int, high: int, prefix: str = "") -> int:
     value = doc.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
         raise DefinitionError(prefix + key, "must be an integer")
+    if not low <= value <= high:
+        raise DefinitionError(prefix + key, f"must be between {low} and {high}")
     return value
 
 

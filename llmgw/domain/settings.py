@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from llmgw.domain.frozen import thaw
 
 
 class SettingError(ValueError):
@@ -20,7 +23,7 @@ class SettingError(ValueError):
 @dataclass(frozen=True)
 class SettingSpec:
     key: str
-    default: Any
+    default: Any  # plain JSON, as the API shows it; `effective` hands out copies
     help: str
     check: Callable[[Any], str | None]  # returns a complaint, or None when valid
 
@@ -38,28 +41,30 @@ def _url_list(v: Any) -> str | None:
     return None
 
 
-def _positive(v: Any) -> str | None:
+def _positive_number(v: Any) -> str | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or not math.isfinite(v):
         return "must be a positive number"
     return None
 
 
-def _count(v: Any) -> str | None:
+def _whole_1_to_1000(v: Any) -> str | None:
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1000:
         return "must be a whole number from 1 to 1000"
     return None
 
 
-SETTINGS: dict[str, SettingSpec] = {
+SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
     s.key: s
     for s in (
         SettingSpec("serving.stopped", False, "true: every model wants 0 replicas, /v1 POSTs get 503", _bool),
         SettingSpec("guard.enabled", True, "false: every guard check is a no-op", _bool),
         SettingSpec("notify.webhooks", [], "URLs that receive lost-node, judge-down, parked notices", _url_list),
-        SettingSpec("placement.warn_interval_s", 600, "repeat an unchanged no-placement warning this often", _positive),
-        SettingSpec("health.park_after_failures", 5, "start failures in a row before a model is parked", _count),
+        SettingSpec("placement.warn_interval_s", 600, "repeat an unchanged no-placement warning this often",
+                    _positive_number),
+        SettingSpec("health.park_after_failures", 5, "start failures in a row before a model is parked",
+                    _whole_1_to_1000),
     )
-}
+})
 
 
 def validate(key: str, value: Any) -> None:
@@ -71,8 +76,9 @@ def validate(key: str, value: Any) -> None:
         raise SettingError(key, complaint)
 
 
-def effective(settings: dict[str, Any], key: str) -> Any:
-    """The value in force: the stored one, else the default."""
-    if key in settings:
-        return settings[key]
-    return SETTINGS[key].default
+def effective(settings: Mapping[str, Any], key: str) -> Any:
+    """The value in force, the stored one else the default, as plain JSON (lists, dicts).
+
+    A fresh copy: the API can serialize it and a caller may change it, and neither the
+    (frozen) stored value nor the default changes with it."""
+    return thaw(settings[key] if key in settings else SETTINGS[key].default)

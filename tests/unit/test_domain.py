@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.domain import commands as C
-from llmgw.domain.keys import hash_key, same_hash
+from llmgw.domain.keys import hash_key
 from llmgw.domain.model import MAX_REPLICAS, DefinitionError, ModelDef, Profile
 from llmgw.domain.settings import SETTINGS, SettingError, effective, validate
 from llmgw.domain.state import ClusterState, ModelHealth
@@ -254,6 +254,43 @@ def test_multi_gpu_profile_on_a_mig_class_refused():
     assert refused(doc).field.startswith("profile.")
 
 
+# --- definitions: every problem in one refusal -------------------------------------
+
+
+def test_every_independent_mistake_is_reported_at_once():
+    doc = {**SIM, "name": "has space", "replicas": {"min": 3, "max": 2}, "profile": {"cpu": "yes"}}
+    error = refused(doc)
+    assert [field for field, _ in error.errors] == ["name", "replicas.min", "profile.cpu"]
+    assert (error.field, error.message) == error.errors[0], "field and message stay the first problem"
+    assert str(error) == "; ".join(f"{field}: {message}" for field, message in error.errors)
+    assert "replicas.min: must not exceed replicas.max" in str(error)
+
+
+def test_unknown_keys_are_each_reported_with_the_other_problems():
+    error = refused({**LLAMA, "replica": 2, "profile": {"gpu": 1, "gpus": 0}, "idle_timeout_s": -1})
+    assert [field for field, _ in error.errors] == ["replica", "idle_timeout_s", "profile.gpu", "profile.gpus"]
+
+
+@pytest.mark.parametrize(
+    "patch, fields",
+    [
+        # the source is judged against the engine only when the engine is valid
+        ({"engine": "ollama", "source": "sim://demo"}, ["engine"]),
+        ({"engine": "ollama", "source": "/models/x\x00.gguf"}, ["engine", "source"]),
+        # min's default follows the mode, and max's follows min
+        ({"mode": "sometimes"}, ["mode"]),
+        ({"mode": "sometimes", "replicas": {"min": -1}}, ["mode", "replicas.min"]),
+        ({"replicas": {"min": -1}}, ["replicas.min"]),
+        ({"replicas": {"min": "1", "max": 0}}, ["replicas.min", "replicas.max"]),
+        # tp * pp = gpus * nodes only once each of them is valid
+        ({"profile": {"gpus": 0, "tp": 2}}, ["profile.gpus"]),
+        ({"profile": {"gpus": 2, "tp": 2, "classes": ["a100-80g-mig-3g.40gb"]}}, ["profile.gpus", "profile.tp"]),
+    ],
+)
+def test_a_check_that_depends_on_a_wrong_field_is_left_out(patch, fields):
+    assert [field for field, _ in refused({**SIM, **patch}).errors] == fields
+
+
 # --- definitions: round trip and launch hash -----------------------------------
 
 
@@ -424,7 +461,7 @@ def test_park_after_failures_must_be_a_whole_count(value):
 def test_keys_are_stored_hashed():
     h = hash_key("sk-secret")
     assert h.startswith("sha256:") and "sk-secret" not in h
-    assert same_hash(h, hash_key("sk-secret")) and not same_hash(h, hash_key("sk-other"))
+    assert h == hash_key("sk-secret") != hash_key("sk-other")
 
 
 # --- commands: encode/decode ------------------------------------------------------

@@ -4,7 +4,7 @@ relative ones and those inside functions):
 - `llmgw/domain`, `llmgw/placement`, `llmgw/reconcile` import only the standard
   library and each other;
 - only `llmgw/store/` imports pysyncobj;
-- `llmgw/cli/__init__.py` and `llmgw/cli/ctl.py` load no server stack (quart,
+- `llmgw/cli/__init__.py` and the `llmgw/cli/ctl/` package load no server stack (quart,
   hypercorn, trio, rich) at module level, so `llmgw ctl` starts fast.
 """
 
@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "llmgw"
 PURE = ("llmgw.domain", "llmgw.placement", "llmgw.reconcile")
 SERVER_STACK = ("quart", "hypercorn", "trio", "rich")
-CLI_FILES = ("llmgw/cli/__init__.py", "llmgw/cli/ctl.py")
+CTL_FILES = sorted(p.relative_to(REPO).as_posix() for p in (PACKAGE / "cli" / "ctl").glob("*.py"))
+CLI_FILES = ("llmgw/cli/__init__.py", *CTL_FILES)
 
 
 @dataclass(frozen=True)
@@ -48,14 +49,17 @@ def module_name(path: Path) -> tuple[str, bool]:
 def imports(source: str, module: str, *, is_package: bool = False, module_level_only: bool = False) -> list[Import]:
     """Every import in `source`, relative ones resolved against `module`.
 
-    `from a import b` yields "a.b" (b may be a module). `__import__("x")` and
-    `importlib.import_module("x")` with a literal name count too. With
+    `from a import b` yields "a.b" (b may be a module). A dynamic import with a
+    literal name counts too: `__import__("x")`, `importlib.import_module("x")`,
+    `builtins.__import__("x")`, `import_module(name="x")`, and either function
+    under an alias (`from importlib import import_module as load`). With
     `module_level_only`, imports inside function bodies and under
     `if TYPE_CHECKING:` are left out: they do not run when the module loads.
     """
     tree = ast.parse(source)
     package = module if is_package else module.rpartition(".")[0]
     found: list[Import] = []
+    loaders = _dynamic_import_names(tree)
 
     def visit(node: ast.AST) -> None:
         if module_level_only:
@@ -75,8 +79,10 @@ def imports(source: str, module: str, *, is_package: bool = False, module_level_
                 base = ".".join([*anchor, base] if base else anchor)
             for alias in node.names:
                 found.append(Import(node.lineno, base if alias.name == "*" else f"{base}.{alias.name}"))
-        elif isinstance(node, ast.Call) and _is_dynamic_import(node.func) and node.args:
-            first = node.args[0]
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node.func, loaders):
+            # Both functions take the module as `name`, by position or by keyword.
+            named = [k.value for k in node.keywords if k.arg == "name"]
+            first = node.args[0] if node.args else (named[0] if named else None)
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
                 found.append(Import(node.lineno, first.value))
         for child in ast.iter_child_nodes(node):
@@ -92,9 +98,22 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _is_dynamic_import(func: ast.expr) -> bool:
-    return (isinstance(func, ast.Name) and func.id == "__import__") or (
-        isinstance(func, ast.Attribute) and func.attr == "import_module"
+_LOADERS = ("__import__", "import_module")
+
+
+def _dynamic_import_names(tree: ast.AST) -> set[str]:
+    """The names a module can call to import by name: the two functions, and their aliases."""
+    names = set(_LOADERS)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in ("importlib", "builtins"):
+            names.update(a.asname for a in node.names if a.name in _LOADERS and a.asname)
+    return names
+
+
+def _is_dynamic_import(func: ast.expr, loaders: set[str]) -> bool:
+    """`import_module(...)`, `alias(...)`, `importlib.import_module(...)`, `builtins.__import__(...)`."""
+    return (isinstance(func, ast.Name) and func.id in loaders) or (
+        isinstance(func, ast.Attribute) and func.attr in _LOADERS
     )
 
 
@@ -131,6 +150,12 @@ def py_files(*packages: str) -> list[Path]:
         ("from . import gateway\n", "llmgw", True),
         ("import llmgw.cli\n", "llmgw.domain", True),
         ("import importlib\nimportlib.import_module('quart')\n", "llmgw.domain.x", False),
+        ("from importlib import import_module\nimport_module('quart')\n", "llmgw.domain.x", False),
+        ("from importlib import import_module as load\nload('quart')\n", "llmgw.domain.x", False),
+        ("import importlib\nimportlib.import_module(name='quart')\n", "llmgw.domain.x", False),
+        ("import builtins\nbuiltins.__import__('quart')\n", "llmgw.domain.x", False),
+        ("from builtins import __import__ as imp\nimp(name='quart')\n", "llmgw.domain.x", False),
+        ("def f():\n    return __import__('quart')\n", "llmgw.placement.x", False),
         ("class A:\n    def f(self):\n        from pysyncobj import SyncObj\n", "llmgw.domain.x", False),
     ],
 )

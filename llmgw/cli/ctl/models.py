@@ -1,0 +1,159 @@
+"""The `models` and `model show|serve|remove|retry` commands: the catalog as the
+operator sees and changes it through the admin API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import cyclopts
+from cyclopts import Parameter
+
+from llmgw.cli.ctl.definitions import definition_from_flags, definitions_from_file
+from llmgw.cli.ctl.errors import EXIT_OK, CtlError, Refused, UsageError
+from llmgw.cli.ctl.render import cell, dig, render_model, render_models
+from llmgw.cli.ctl.session import SessionParam, api_path
+
+
+def register(app: cyclopts.App) -> None:
+    app.command(models)
+    app.command(model_app)
+
+
+def models(*, session: SessionParam) -> int:
+    """Every model in the catalog with its health."""
+    _, doc = session.request("GET", api_path("models"))
+    session.show(doc, render_models)
+    return EXIT_OK
+
+
+model_app = cyclopts.App(name="model", help="Show, serve, remove or retry one model.")
+
+
+@model_app.command(name="show")
+def model_show(name: str, /, *, session: SessionParam) -> int:
+    """One model: its definition, health and replicas.
+
+    Parameters
+    ----------
+    name
+        The model's name.
+    """
+    _, doc = session.request("GET", api_path("models", name))
+    session.show(doc, lambda d: render_model(dig(d, "model") or {}))
+    return EXIT_OK
+
+
+@model_app.command(name="serve")
+def model_serve(
+    *,
+    file: Annotated[Path | None, Parameter(name="--file")] = None,
+    name: Annotated[str | None, Parameter(name="--name")] = None,
+    engine: Annotated[str | None, Parameter(name="--engine")] = None,
+    source: Annotated[str | None, Parameter(name="--source")] = None,
+    role: Annotated[str | None, Parameter(name="--role")] = None,
+    mode: Annotated[str | None, Parameter(name="--mode")] = None,
+    min_: Annotated[int | None, Parameter(name="--min")] = None,
+    max_: Annotated[int | None, Parameter(name="--max")] = None,
+    gpus: Annotated[int | None, Parameter(name="--gpus")] = None,
+    cpu: Annotated[bool, Parameter(name="--cpu", negative="", show_default=False)] = False,
+    arg: Annotated[list[str] | None, Parameter(name="--arg", allow_leading_hyphen=True, negative_iterable="")] = None,
+    session: SessionParam,
+) -> int:
+    """Add a model, or replace the one of that name.
+
+    Parameters
+    ----------
+    file
+        TOML with [[models]] tables (like examples/catalog.toml), or one model table.
+    name
+        Model name (without --file).
+    engine
+        sim, llama.cpp or vllm.
+    source
+        A path on storage, mirror://NAME, hf://ORG/REPO or sim://NAME.
+    role
+        chat, embedding or guard.
+    mode
+        always or on-demand.
+    min_
+        Fewest replicas.
+    max_
+        Most replicas.
+    gpus
+        GPUs per replica, tensor-parallel across them (tp = gpus).
+    cpu
+        May run with no GPU.
+    arg
+        An extra engine argument; repeat for more (--arg=--ctx-size --arg=4096).
+    """
+    flags_given = any(v is not None for v in (name, engine, source, role, mode, min_, max_, gpus, arg)) or cpu
+    if file is not None:
+        if flags_given:
+            raise UsageError("model serve takes --file FILE or the model flags, not both")
+        definitions, catalog = definitions_from_file(file)
+    else:
+        catalog = False
+        definitions = [
+            definition_from_flags(
+                name=name,
+                engine=engine,
+                source=source,
+                role=role,
+                mode=mode,
+                min_=min_,
+                max_=max_,
+                gpus=gpus,
+                cpu=cpu,
+                args=arg,
+            )
+        ]
+    answers: list[Any] = []
+    failed = 0
+    for definition in definitions:
+        label = cell(definition.get("name"))
+        try:
+            code, doc = session.request("POST", api_path("models"), body=definition, send_body=True)
+        except Refused as e:
+            if len(definitions) == 1:
+                raise
+            failed += 1  # the others may still be fine; a transport error stops them all
+            session.note(f"error: {label}: {e.message}")
+            continue
+        answers.append(doc)
+        if not session.as_json:
+            verb = "created" if code == 201 else "replaced" if code == 200 else f"sent (status {code})"
+            session.out(f"{verb} model {cell(dig(doc, 'model', 'name') or label)}")
+    if session.as_json:
+        session.print_json(answers if catalog else answers[0])
+    if failed:
+        raise CtlError(f"{failed} of {len(definitions)} models were not served")
+    return EXIT_OK
+
+
+@model_app.command(name="remove")
+def model_remove(name: str, /, *, session: SessionParam) -> int:
+    """Remove a model; its replicas are stopped.
+
+    Parameters
+    ----------
+    name
+        The model's name.
+    """
+    _, doc = session.request("DELETE", api_path("models", name))
+    session.show(doc, lambda d: f"removed model {cell(dig(d, 'removed') or name)}")
+    return EXIT_OK
+
+
+@model_app.command(name="retry")
+def model_retry(name: str, /, *, session: SessionParam) -> int:
+    """Un-park a model so that it is placed again.
+
+    Parameters
+    ----------
+    name
+        The model's name.
+    """
+    _, doc = session.request("POST", api_path("models", name, "retry"))
+    session.show(doc, lambda d: f"retrying model {cell(dig(d, 'retried') or name)}: its failure count is cleared")
+    return EXIT_OK

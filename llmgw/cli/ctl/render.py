@@ -1,0 +1,336 @@
+"""What ctl prints for the API's answers: cells, tables, the status page, the models
+table, one model, the settings. Pure functions of the JSON; unknown is `-`, never 0."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+REASON_WIDTH = 100  # tables cut long reasons; `ctl model show` prints them whole
+NO_MODELS = "no models defined — `llmgw ctl model serve --file examples/catalog.toml` adds some"
+
+
+def clean(text: str) -> str:
+    """Server text shown on a terminal: no control characters, one line."""
+    return "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text)
+
+
+def cell(value: Any) -> str:
+    """One table cell: `-` for unknown or absent (None, "", missing), never 0 or blank."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return clean(str(value))
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Fixed-width columns, two spaces apart; the last column is not padded."""
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, text in enumerate(row):
+            widths[i] = max(widths[i], len(text))
+    lines = []
+    for row in [list(headers), *cells]:
+        lines.append("  ".join(text.ljust(w) for text, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def dig(doc: Any, *keys: str) -> Any:
+    """doc[k1][k2]..., or None where the JSON is not shaped so."""
+    for key in keys:
+        if not isinstance(doc, Mapping):
+            return None
+        doc = doc.get(key)
+    return doc
+
+
+def json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def json_field(doc: Any, key: str) -> str:
+    """doc[key] as JSON on one line, `-` when absent (a present `null` prints as null)."""
+    return clean(json_text(doc[key])) if isinstance(doc, Mapping) and key in doc else "-"
+
+
+# --- quantities: which number means "unknown" depends on the field ------------------
+
+
+def _known_count(value: Any) -> str:
+    """A count the API may not know: it says so with a negative number (S4)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        return "-"
+    return cell(value)
+
+
+def _reported(value: Any) -> Any:
+    """A quantity that is never really zero (CPUs, memory): 0 means not reported."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return value
+
+
+def _ratio(ready: Any, desired: Any) -> str:
+    return f"{_known_count(ready)}/{_known_count(desired)}"
+
+
+def _replicas(value: Any) -> str:
+    return f"{_known_count(dig(value, 'min'))}..{_known_count(dig(value, 'max'))}"
+
+
+def _gib(value: Any) -> str | None:
+    n = _reported(value)
+    return None if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def _seconds(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return f"{cell(value)} s"
+
+
+def _short(value: Any, width: int = REASON_WIDTH) -> Any:
+    if isinstance(value, str) and len(value) > width:
+        return value[: width - 1] + "…"
+    return value
+
+
+# --- the status page ------------------------------------------------------------------
+
+
+def _gpus(value: Any) -> str | None:
+    if not isinstance(value, list):
+        return None
+    if not value:
+        return "0"
+    classes: dict[str, int] = {}
+    for gpu in value:
+        name = dig(gpu, "gpu_class") or dig(gpu, "name") or "?"
+        classes[str(name)] = classes.get(str(name), 0) + 1
+    return ", ".join(f"{n}x {c}" for c, n in classes.items())
+
+
+def _names(value: Any) -> str | None:
+    if not isinstance(value, list):
+        return None
+    if not value:
+        return "none"
+    return ",".join(str(dig(v, "name") or v) if isinstance(v, Mapping) else str(v) for v in value)
+
+
+def _state(status: Mapping[str, Any] | None) -> Any:
+    state = dig(status, "state")
+    if dig(status, "parked") is True and state != "parked":
+        return f"{state or '-'} (parked)"
+    return state
+
+
+def _reason(status: Mapping[str, Any] | None) -> Any:
+    reason = dig(status, "reason")
+    if not reason and dig(status, "parked") is True:
+        reason = dig(status, "last_error")
+    return reason
+
+
+def render_status(doc: Mapping[str, Any]) -> str:
+    cluster = dig(doc, "cluster") or {}
+    stopped = dig(cluster, "stopped")
+    serving = {
+        True: "STOPPED (serving.stopped is set; `llmgw ctl settings serving.stopped false` serves again)",
+        False: "serving",
+    }
+    parts = [
+        f"leader: {cell(dig(cluster, 'leader'))}",
+        f"revision: {cell(dig(cluster, 'revision'))}",
+        serving.get(stopped, "serving: -") if isinstance(stopped, bool) else "serving: -",
+    ]
+    out = ["   ".join(parts)]
+
+    members = dig(cluster, "members")
+    if isinstance(members, list) and members:
+        out += ["", "CONTROL PLANES"]
+        rows = ([dig(m, "id"), dig(m, "role"), dig(m, "state")] for m in members)
+        out.append(table(["MEMBER", "ROLE", "STATE"], rows))
+
+    nodes = dig(doc, "nodes")
+    out += ["", "NODES"]
+    if isinstance(nodes, list) and nodes:
+        out.append(
+            table(
+                ["NODE", "HOSTNAME", "CONNECTED", "CPUS", "MEMORY", "GPUS", "ENGINES"],
+                (
+                    [
+                        dig(n, "node"),
+                        dig(n, "hostname"),
+                        dig(n, "connected"),
+                        _reported(dig(n, "cpus")),
+                        _gib(dig(n, "memory_total")),
+                        _gpus(dig(n, "gpus")),
+                        _names(dig(n, "engines")),
+                    ]
+                    for n in nodes
+                ),
+            )
+        )
+    else:
+        out.append("no nodes have reported")
+
+    models = dig(doc, "models")
+    out += ["", "MODELS"]
+    if isinstance(models, list) and models:
+        out.append(
+            table(
+                ["NAME", "ENGINE", "ROLE", "READY/DESIRED", "STATE", "REASON"],
+                (
+                    [
+                        dig(m, "name"),
+                        dig(m, "engine"),
+                        dig(m, "role"),
+                        _ratio(dig(m, "ready"), dig(m, "desired")),
+                        _state(m),
+                        _short(_reason(m)),
+                    ]
+                    for m in models
+                ),
+            )
+        )
+    else:
+        out.append(NO_MODELS)
+
+    warnings = dig(doc, "warnings")
+    if isinstance(warnings, list) and warnings:
+        out += ["", "WARNINGS"]
+        out += [f"  ! {clean(str(w))}" for w in warnings]
+    webhooks = dig(doc, "notify", "webhooks")
+    said = isinstance(warnings, list) and any("webhook" in str(w) for w in warnings)
+    if webhooks == 0 and not said:  # S10: say so, and how to set one
+        out += [
+            "",
+            "notifications: no webhook set; lost nodes and parked models reach nobody."
+            " Set one: llmgw ctl settings notify.webhooks '[\"https://...\"]'",
+        ]
+    return "\n".join(out)
+
+
+# --- models ---------------------------------------------------------------------------
+
+
+def render_models(doc: Mapping[str, Any]) -> str:
+    models = dig(doc, "models")
+    if not isinstance(models, list) or not models:
+        return NO_MODELS
+    return table(
+        ["NAME", "ENGINE", "ROLE", "MODE", "REPLICAS", "READY/DESIRED", "STATE", "REASON"],
+        (
+            [
+                dig(m, "name"),
+                dig(m, "engine"),
+                dig(m, "role"),
+                dig(m, "mode"),
+                _replicas(dig(m, "replicas")),
+                _ratio(dig(m, "status", "ready"), dig(m, "status", "desired")),
+                _state(dig(m, "status")),
+                _short(_reason(dig(m, "status"))),
+            ]
+            for m in models
+        ),
+    )
+
+
+def render_model(model: Mapping[str, Any]) -> str:
+    status = dig(model, "status") or {}
+    rows: list[tuple[str, Any]] = [
+        ("name", dig(model, "name")),
+        ("engine", dig(model, "engine")),
+        ("role", dig(model, "role")),
+        ("source", dig(model, "source")),
+        ("mode", dig(model, "mode")),
+        ("replicas", _replicas(dig(model, "replicas"))),
+        ("idle timeout", _seconds(dig(model, "idle_timeout_s"))),
+        ("activation window", _seconds(dig(model, "activation_window_s"))),
+        ("args", _args(dig(model, "args"))),
+        ("profile", _profile(dig(model, "profile") or {}, dig(model, "engine"))),
+        ("state", _state(status)),
+        ("ready/desired", _ratio(dig(status, "ready"), dig(status, "desired"))),
+        ("starting", _known_count(dig(status, "starting"))),
+        ("reason", dig(status, "reason")),
+        ("parked", dig(status, "parked")),
+        ("failures in a row", _known_count(dig(status, "failures_in_row"))),
+        ("last error", dig(status, "last_error")),
+    ]
+    width = max(len(k) for k, _ in rows)
+    out = [f"{k + ':':<{width + 1}}  {cell(v)}" for k, v in rows]
+    replicas = dig(status, "replicas")
+    out += ["", "REPLICAS"]
+    if isinstance(replicas, list) and replicas:
+        out.append(
+            table(
+                ["REPLICA", "NODE", "STATE", "URL", "ERROR"],
+                (
+                    [dig(r, "replica_id"), dig(r, "node"), dig(r, "state"), dig(r, "url"), _short(dig(r, "error"))]
+                    for r in replicas
+                ),
+            )
+        )
+    else:
+        out.append("none")
+    return "\n".join(out)
+
+
+def _args(args: Any) -> str | None:
+    if not isinstance(args, list):
+        return None
+    if not args:
+        return "none"
+    return " ".join(a if isinstance(a, str) and a and " " not in a else json_text(a) for a in args)
+
+
+def _profile(p: Mapping[str, Any], engine: Any) -> str | None:
+    if engine == "sim":
+        # The simulator is a small process that placement gives nothing: its stored
+        # profile (gpus=1 ... cpu=true) would read as if it took a GPU.
+        return "simulated (no GPU, CPU or memory reserved)"
+    if not isinstance(p, Mapping) or not p:
+        return None
+    bits = [f"{k}={cell(p.get(k))}" for k in ("gpus", "tp", "pp", "nodes")]
+    classes = p.get("classes")
+    if isinstance(classes, list):
+        bits.append("classes=" + (",".join(map(str, classes)) if classes else "any"))
+    else:
+        bits.append("classes=-")
+    mem = p.get("memory_gib")
+    bits.append("memory=" + ("estimated" if mem == 0 else "-" if mem is None else f"{cell(mem)} GiB"))
+    bits.append(f"cpu={cell(p.get('cpu'))}")
+    return " ".join(bits)
+
+
+# --- settings -------------------------------------------------------------------------
+
+
+def render_setting(key: str, doc: Mapping[str, Any]) -> str:
+    is_set = {True: "set", False: "not set, the default applies"}.get(dig(doc, "set"), "-")
+    return f"{key} = {json_field(doc, 'value')}   (default {json_field(doc, 'default')}; {is_set})"
+
+
+def render_settings(doc: Mapping[str, Any]) -> str:
+    settings = dig(doc, "settings")
+    if not isinstance(settings, Mapping) or not settings:
+        return "no settings"
+    return table(
+        ["KEY", "VALUE", "SET", "DEFAULT", "HELP"],
+        (
+            [
+                key,
+                json_text(s["value"]) if isinstance(s, Mapping) and "value" in s else None,
+                dig(s, "set"),
+                json_text(s["default"]) if isinstance(s, Mapping) and "default" in s else None,
+                dig(s, "help"),
+            ]
+            for key, s in sorted(settings.items())
+        ),
+    )
