@@ -1,14 +1,53 @@
-"""What our raw ASGI apps (the gateway, the simulator) share."""
+"""What our ASGI servers share: the raw `/v1` apps' plumbing (the gateway, the simulator) and
+the hypercorn config every listener (those two and the admin API) is built from.
+
+The plumbing speaks OpenAI's error shape: both raw apps serve `/v1`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
+
+import trio
+from hypercorn.config import Config
+
+from llmgw.errors import OpenAIError
+from llmgw.net import url_host
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "Exchange",
+    "cancel_on_disconnect",
+    "dumps",
+    "hypercorn_config",
+    "lifespan",
+    "parse_object",
+    "read_body",
+    "send_json",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+# The largest `/v1` request body: far above any prompt, far below what would hurt memory.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+_JSON = (b"content-type", b"application/json")
+
+
+class Exchange:
+    """How far one request got: its body read to the end, its last answer message sent, its client gone."""
+
+    __slots__ = ("body_done", "finished", "disconnected")
+
+    def __init__(self) -> None:
+        self.body_done = False
+        self.finished = False
+        self.disconnected = False
 
 
 async def lifespan(receive: Receive, send: Send) -> None:
@@ -20,3 +59,89 @@ async def lifespan(receive: Receive, send: Send) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+async def read_body(scope: Scope, receive: Receive, ex: Exchange, cap: int = MAX_BODY_BYTES) -> bytes:
+    """The whole request body; refuses (413) one over `cap` bytes, announced or sent.
+
+    Keeps `ex.body_done` and `ex.disconnected` up to date, so a refusal knows
+    whether the rest of the body is still to be read.
+    """
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > cap:
+            raise _too_large(cap)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            ex.body_done = ex.disconnected = True
+            raise OpenAIError(400, "invalid_request", "client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
+        ex.body_done = not message.get("more_body", False)
+        size += len(chunk)
+        if size > cap:
+            raise _too_large(cap)
+        chunks.append(chunk)
+        if ex.body_done:
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(cap: int) -> OpenAIError:
+    return OpenAIError(413, "request_too_large", f"the request body is larger than {cap} bytes")
+
+
+def parse_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise OpenAIError(400, "invalid_json", "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "invalid_json", "the request body must be a JSON object")
+    return body
+
+
+def dumps(value: Any) -> bytes:
+    """Compact UTF-8 JSON, as every `/v1` answer and stream frame is sent."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def send_json(send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    """Answer with a whole JSON body (already encoded) and `headers` beyond type and length."""
+    head = [_JSON, (b"content-length", str(len(body)).encode()), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def cancel_on_disconnect(receive: Receive, scope: trio.CancelScope, ex: Exchange) -> None:
+    """Cancel `scope` when the client goes away before the answer's last message."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    # The server also reports the end of a completed exchange as a disconnect.
+    if not ex.finished:
+        ex.disconnected = True
+        scope.cancel()
+
+
+def hypercorn_config(
+    host: str,
+    port: int,
+    *,
+    logger: str,
+    graceful_s: float,
+    keep_alive_s: float = 5.0,
+    server_header: bool = True,
+) -> Config:
+    """A listener on host:port (`::1` bracketed) whose error lines go to our `logger`, with no access log."""
+    config = Config()
+    config.bind = [f"{url_host(host)}:{port}"]
+    config.keep_alive_timeout = keep_alive_s
+    config.graceful_timeout = graceful_s
+    # Hypercorn has no response timeout and read_timeout stays None, so long streams are never cut.
+    config.read_timeout = None
+    # A Logger object (not "-") so hypercorn adds no handler of its own and lines reach ours.
+    config.errorlog = logging.getLogger(logger)
+    config.accesslog = None
+    config.include_server_header = server_header
+    return config

@@ -5,7 +5,7 @@ In one process they are plain calls; across machines an adapter carries them.
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 from llmgw.domain.observed import ModelRoute, NodeInfo
 from llmgw.domain.state import ClusterState
@@ -37,6 +37,17 @@ class StateReader(Protocol):
     async def wait_changed(self, revision: int) -> ClusterState:
         """Return the first snapshot whose revision is greater than `revision`."""
         ...
+
+
+class WritableStore(StateReader, Protocol):
+    """Control's side of the replicated store: it also commits commands and knows who leads."""
+
+    async def submit(self, command: dict[str, Any]) -> Any:
+        """Commit `command`; its result once applied. Raises `CommandError` (nothing changed),
+        or the store's own errors when it cannot commit now (not the leader, unavailable)."""
+        ...
+
+    def is_leader(self) -> bool: ...
 
 
 class GpuProbe(Protocol):

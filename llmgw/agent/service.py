@@ -20,6 +20,7 @@ from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
 from llmgw import __version__, protocol
 from llmgw.agent.inventory import NvmlProbe
 from llmgw.agent.supervisor import Supervisor
+from llmgw.errors import describe, first_error
 from llmgw.interfaces import GpuProbe
 from llmgw.logs import role_var
 
@@ -86,11 +87,11 @@ async def _connect_forever(config: AgentConfig, supervisor: Supervisor, link: _L
             delay = RECONNECT_MIN_S
         # Nurseries wrap errors in groups (strict exception groups), hence except*.
         except* HandshakeError as group:
-            log.warning("control %s refused the stream: %s", control, _first(group))
+            log.warning("control %s refused the stream: %s", control, describe(first_error(group)))
         except* (ConnectionClosed, OSError, trio.BrokenResourceError) as group:
-            log.warning("stream to %s lost: %s", control, _first(group))
+            log.warning("stream to %s lost: %s", control, describe(first_error(group)))
         except* protocol.ProtocolError as group:
-            log.warning("control %s spoke an unexpected protocol: %s", control, _first(group))
+            log.warning("control %s spoke an unexpected protocol: %s", control, describe(first_error(group)))
         await trio.sleep(delay * (0.5 + random.random()))
         delay = min(delay * 2, RECONNECT_MAX_S)
 
@@ -117,13 +118,6 @@ async def _connect_once(control: str, config: AgentConfig, supervisor: Superviso
     finally:
         with trio.CancelScope(shield=True):
             await stream.aclose()
-
-
-def _first(group: BaseExceptionGroup[BaseException]) -> str:
-    leaf: BaseException = group
-    while isinstance(leaf, BaseExceptionGroup):
-        leaf = leaf.exceptions[0]
-    return str(leaf) or type(leaf).__name__
 
 
 async def _session(ws: WebSocketConnection, config: AgentConfig, supervisor: Supervisor, link: _Link) -> None:

@@ -29,14 +29,12 @@ log = logging.getLogger("llmgw.agent.supervisor")
 HEALTH_POLL_S = 0.2
 START_TIMEOUT_S = 600.0  # loading large weights from shared storage is slow
 STOP_GRACE_S = 5.0
-LIVENESS_POLL_S = 2.0
 
 
 @dataclass
 class _Replica:
     obs: ReplicaObs
     cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
-    process: trio.Process | None = None
     log_path: Path | None = None
 
 
@@ -142,7 +140,6 @@ class Supervisor:
                 # (No PR_SET_PDEATHSIG: it fires when trio's forking worker thread exits.)
                 start_new_session=True,
             )
-            rep.process = proc
             try:
                 await self._watch(rep, proc, url, health)
             finally:

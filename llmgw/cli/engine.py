@@ -1,71 +1,39 @@
-"""`llmgw engine ...`: run one inference engine process (the agent starts these)."""
+"""`llmgw engine ...`: run one inference engine process (the agent starts these).
+
+Each command hands its arguments as given to the engine's own `main`, the one
+place that parses them (its tunables: `llmgw.engines.ENGINE_ARGS`); `--help`
+goes there too and lists them.
+"""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Literal
+from typing import Annotated
 
 import cyclopts
+from cyclopts import Parameter
 
 engine_app = cyclopts.App(name="engine", help="Run one inference engine process (the agent starts these).")
 
+# Every token, flags included, reaches the engine's parser untouched.
+_Tokens = Annotated[str, Parameter(allow_leading_hyphen=True)]
 
-@engine_app.command(name="sim")
-def sim(
-    *,
-    host: str = "127.0.0.1",
-    port: int,
-    model: str,
-    role: Literal["chat", "embedding", "guard"] = "chat",
-    tokens_per_s: float = 0.0,
-    startup_delay: float = 0.0,
-    fail_start: bool = False,
-) -> None:
-    """The simulator: an OpenAI-compatible server with deterministic answers.
 
-    Parameters
-    ----------
-    host: address to listen on
-    port: port to listen on
-    model: the model name it answers as
-    role: chat, embedding or guard (Llama Guard-style answers)
-    tokens_per_s: generation speed; 0 answers at once
-    startup_delay: seconds to wait before listening (a slow model load)
-    fail_start: exit with an error instead of serving (failure injection)
-    """
+@engine_app.command(name="sim", help_flags=[], version_flags=[])
+def sim(*tokens: _Tokens) -> None:
+    """The simulator: an OpenAI-compatible server with deterministic answers (--help lists its flags)."""
     from llmgw.engines import watch_parent
-    from llmgw.engines.sim import SimOptions, run
+    from llmgw.engines.sim import main
 
     watch_parent()
-    sys.exit(run(SimOptions(host=host, port=port, model=model, role=role, tokens_per_s=tokens_per_s,
-                            startup_delay=startup_delay, fail_start=fail_start)))
+    sys.exit(main(tokens))
 
 
-@engine_app.command(name="llama-cpp")
-def llama_cpp(
-    *,
-    host: str = "127.0.0.1",
-    port: int,
-    model: str,
-    role: Literal["chat", "embedding", "guard"] = "chat",
-    weights: Path,
-    ctx_size: int = 2048,
-    threads: int | None = None,
-    parallel: int | None = None,
-) -> None:
-    """llama.cpp's native server on CPU, through the prebuilt xllamacpp wheel.
-
-    Parameters
-    ----------
-    weights: path of the GGUF file
-    ctx_size: context length
-    threads: CPU threads (default: llama.cpp's choice)
-    parallel: concurrent sequences
-    """
+@engine_app.command(name="llama-cpp", help_flags=[], version_flags=[])
+def llama_cpp(*tokens: _Tokens) -> None:
+    """llama.cpp's native server on CPU, through the prebuilt xllamacpp wheel (--help lists its flags)."""
     from llmgw.engines import watch_parent
-    from llmgw.engines.llamacpp import run
+    from llmgw.engines.llamacpp import main
 
     watch_parent()
-    sys.exit(run(host=host, port=port, model=model, role=role, weights=str(weights), ctx_size=ctx_size,
-                 threads=threads, parallel=parallel))
+    sys.exit(main(tokens))

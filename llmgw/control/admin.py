@@ -1,7 +1,8 @@
 """The admin API (`/api/v1/...`, S14) and the agents' stream endpoint, as a quart-trio app.
 
 `make_app(deps)` receives its collaborators; a write returns after it is
-committed, so a read that follows it sees it.
+committed, so a read that follows it sees it. Refusals are
+`llmgw.errors.AdminError`s: `{"error": {"code", "message"}}`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from quart_trio import QuartTrio
 
 from llmgw import __version__, protocol
 from llmgw.control.hub import AgentHub
-from llmgw.control.reconciler import Reconciler, WritableStore
+from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands, summary
 from llmgw.domain.commands import CommandError
 from llmgw.domain.keys import hash_key
@@ -25,6 +26,8 @@ from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.observed import NodeInfo, Observed, ReplicaObs
 from llmgw.domain.state import ClusterState
 from llmgw.domain.settings import SETTINGS, SettingError, effective, validate
+from llmgw.errors import AdminError
+from llmgw.interfaces import WritableStore
 
 log = logging.getLogger("llmgw.control.admin")
 
@@ -41,15 +44,8 @@ class ControlDeps:
     store_status: Callable[[], dict[str, Any]] = field(default=lambda: {})
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-
-def _error(status: int, code: str, message: str) -> Response:
-    body = json.dumps({"error": {"code": code, "message": message}})
-    return Response(body, status=status, content_type="application/json")
+def _error(error: AdminError) -> Response:
+    return Response(json.dumps(error.doc()), status=error.status, content_type="application/json")
 
 
 def _ok(doc: Any, status: int = 200) -> Response:
@@ -65,25 +61,25 @@ def make_app(deps: ControlDeps) -> QuartTrio:
         auth = headers.get("authorization", "")
         scheme, _, key = auth.partition(" ")
         if scheme.lower() != "bearer" or not key:
-            raise ApiError(401, "unauthorized", "send the admin key as 'Authorization: Bearer <key>'")
+            raise AdminError(401, "unauthorized", "send the admin key as 'Authorization: Bearer <key>'")
         if deps.store.snapshot().key_role(hash_key(key.strip())) != "admin":
-            raise ApiError(401, "unauthorized", "this key is not an admin key of this cluster")
+            raise AdminError(401, "unauthorized", "this key is not an admin key of this cluster")
 
     async def body_json() -> Any:
         data = await request.get_data(as_text=False)
         if not data:
-            raise ApiError(400, "invalid_json", "the request body is empty; send JSON")
+            raise AdminError(400, "invalid_json", "the request body is empty; send JSON")
         try:
             return json.loads(data)
         except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, "invalid_json", f"the request body is not valid JSON: {e}") from None
+            raise AdminError(400, "invalid_json", f"the request body is not valid JSON: {e}") from None
 
     async def commit(command: dict[str, Any]) -> Any:
         try:
             return await deps.store.submit(command)
         except CommandError as e:
             status = 404 if e.code.endswith("not_found") else 400
-            raise ApiError(status, e.code, e.message) from None
+            raise AdminError(status, e.code, e.message) from None
 
     def cluster_info() -> dict[str, Any]:
         st = deps.store_status()
@@ -100,11 +96,14 @@ def make_app(deps: ControlDeps) -> QuartTrio:
         plan = deps.reconciler.last_plan
         return plan.views if plan else None
 
-    def model_doc(name: str, state: ClusterState, observed: Observed, seen: dict[str, Any] | None) -> dict[str, Any]:
+    def model_doc(
+        name: str, state: ClusterState, observed: Observed, plan_views: dict[str, Any] | None
+    ) -> dict[str, Any]:
         m = state.models.get(name)
         if m is None:
-            raise ApiError(404, "model_not_found", f"no model named {name!r}")
-        return {**m.to_doc(), "status": summary.model_status(state, observed, name, seen.get(name) if seen else None)}
+            raise AdminError(404, "model_not_found", f"no model named {name!r}")
+        view = plan_views.get(name) if plan_views else None
+        return {**m.to_doc(), "status": summary.model_status(state, observed, name, view)}
 
     def one_model(name: str) -> dict[str, Any]:
         return model_doc(name, deps.store.snapshot(), deps.hub.observed(), views())
@@ -115,8 +114,8 @@ def make_app(deps: ControlDeps) -> QuartTrio:
                 try:
                     require_admin(request.headers)
                     return await fn(**kwargs)
-                except ApiError as e:
-                    return _error(e.status, e.code, e.message)
+                except AdminError as e:
+                    return _error(e)
             handler.__name__ = fn.__name__
             return app.route(rule, methods=methods)(handler)
         return wrap
@@ -132,8 +131,8 @@ def make_app(deps: ControlDeps) -> QuartTrio:
 
     @route("/api/v1/models", ["GET"])
     async def list_models() -> Response:
-        state, observed, seen = deps.store.snapshot(), deps.hub.observed(), views()
-        return _ok({"models": [model_doc(n, state, observed, seen) for n in sorted(state.models)]})
+        state, observed, plan_views = deps.store.snapshot(), deps.hub.observed(), views()
+        return _ok({"models": [model_doc(n, state, observed, plan_views) for n in sorted(state.models)]})
 
     @route("/api/v1/models", ["POST"])
     async def serve_model() -> Response:
@@ -141,7 +140,7 @@ def make_app(deps: ControlDeps) -> QuartTrio:
         try:
             model = ModelDef.from_doc(doc)
         except DefinitionError as e:
-            raise ApiError(400, "invalid_model", str(e)) from None
+            raise AdminError(400, "invalid_model", str(e)) from None
         result = await commit(commands.put_model(model, deps.clock()))
         log.info("model %s %s", model.name, "created" if result["created"] else "replaced")
         return _ok({"model": one_model(model.name)}, 201 if result["created"] else 200)
@@ -172,7 +171,7 @@ def make_app(deps: ControlDeps) -> QuartTrio:
     @route("/api/v1/settings/<path:key>", ["GET"])
     async def get_setting(key: str) -> Response:
         if key not in SETTINGS:
-            raise ApiError(404, "unknown_setting", f"unknown setting {key!r}; known: {', '.join(sorted(SETTINGS))}")
+            raise AdminError(404, "unknown_setting", f"unknown setting {key!r}; known: {', '.join(sorted(SETTINGS))}")
         stored = deps.store.snapshot().settings
         return _ok({"key": key, "value": effective(stored, key), "default": SETTINGS[key].default,
                     "set": key in stored})
@@ -184,7 +183,7 @@ def make_app(deps: ControlDeps) -> QuartTrio:
             validate(key, value)
         except SettingError as e:
             code = "unknown_setting" if key not in SETTINGS else "invalid_setting"
-            raise ApiError(404 if key not in SETTINGS else 400, code, str(e)) from None
+            raise AdminError(404 if key not in SETTINGS else 400, code, str(e)) from None
         await commit(commands.put_setting(key, value, deps.clock()))
         log.info("setting %s changed", key)
         return _ok({"key": key, "value": value})
@@ -200,22 +199,22 @@ def make_app(deps: ControlDeps) -> QuartTrio:
 
     @app.errorhandler(404)
     async def not_found(_: Any) -> Response:
-        return _error(404, "not_found", f"no such endpoint: {request.method} {request.path}")
+        return _error(AdminError(404, "not_found", f"no such endpoint: {request.method} {request.path}"))
 
     @app.errorhandler(405)
     async def bad_method(_: Any) -> Response:
-        return _error(405, "method_not_allowed", f"{request.method} is not allowed on {request.path}")
+        return _error(AdminError(405, "method_not_allowed", f"{request.method} is not allowed on {request.path}"))
 
     @app.errorhandler(413)
     async def too_large(_: Any) -> Response:
-        return _error(413, "request_too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes")
+        return _error(AdminError(413, "request_too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes"))
 
     @app.websocket(protocol.STREAM_PATH)
     async def agent_stream() -> Any:
         try:
             require_admin(websocket.headers)
-        except ApiError as e:
-            return _error(e.status, e.code, e.message)
+        except AdminError as e:
+            return _error(e)
         await websocket.accept()
         await _agent_session(deps)
         return None
@@ -259,8 +258,7 @@ async def _agent_session(deps: ControlDeps) -> None:
                     deps.hub.report_replicas(link, reports)
                 elif kind == "inventory":
                     deps.hub.report_inventory(link, NodeInfo.from_doc({**message["inventory"], "node": node}))
-                elif kind == "heartbeat":
-                    deps.hub.heartbeat(link)
+                # A "heartbeat" records nothing: it only keeps traffic on the stream, so a dead connection shows.
     except protocol.ProtocolError as e:
         log.warning("node %s sent a bad message: %s", node, e)
     except (KeyError, ValueError, TypeError) as e:

@@ -21,8 +21,6 @@ log = logging.getLogger("llmgw.control.hub")
 class AgentLink:
     node: str
     send: trio.MemorySendChannel[dict[str, Any]]
-    connected_at: float
-    last_seen: float
     sent_starts: dict[str, float] = field(default_factory=dict)  # replica id -> when sent
 
 
@@ -48,8 +46,7 @@ class AgentHub:
         if old is not None:
             log.warning("node %s connected again: closing its previous stream", node)
             old.send.close()
-        now = self._clock()
-        link = AgentLink(node, send, now, now)
+        link = AgentLink(node, send)
         self.links[node] = link
         self.lost.pop(node, None)
         self.changed()
@@ -67,19 +64,14 @@ class AgentHub:
 
     def report_inventory(self, link: AgentLink, inventory: NodeInfo) -> None:
         self.nodes[link.node] = inventory
-        link.last_seen = self._clock()
         self.changed()
 
     def report_replicas(self, link: AgentLink, replicas: list[ReplicaObs]) -> None:
         self.replicas[link.node] = {r.replica_id: r for r in replicas}
-        link.last_seen = self._clock()
         for rid in list(link.sent_starts):
             if rid in self.replicas[link.node]:
                 del link.sent_starts[rid]
         self.changed()
-
-    def heartbeat(self, link: AgentLink) -> None:
-        link.last_seen = self._clock()
 
     # -- what the reconciler calls -------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping
 
 import trio
 
@@ -18,7 +18,7 @@ from llmgw.domain.commands import CommandError
 from llmgw.domain.observed import ModelRoute
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState
-from llmgw.interfaces import DemandReport, EndpointSink
+from llmgw.interfaces import DemandReport, EndpointSink, WritableStore
 from llmgw.reconcile import Plan, decide
 from llmgw.store import NotLeader, StoreUnavailable
 
@@ -26,16 +26,6 @@ log = logging.getLogger("llmgw.control.reconciler")
 
 TICK_S = 1.0
 STARTUP_QUIET_S = 10.0  # agents need a moment to connect after control starts
-
-
-class WritableStore(Protocol):
-    def snapshot(self) -> ClusterState: ...
-
-    async def wait_changed(self, revision: int) -> ClusterState: ...
-
-    async def submit(self, command: dict[str, Any]) -> Any: ...
-
-    def is_leader(self) -> bool: ...
 
 
 @dataclass
@@ -49,7 +39,6 @@ class Reconciler:
     _routes: Mapping[str, ModelRoute] | None = None
     _warned: dict[str, tuple[str, float]] = field(default_factory=dict)
     _last_used: dict[str, float] = field(default_factory=dict)
-    passes: int = 0
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -77,7 +66,6 @@ class Reconciler:
 
     async def run_once(self) -> Plan:
         """One pass. Returns the plan it acted on (for tests and `status`)."""
-        self.passes += 1
         self._collect_demand()
         now = self.clock()
         state = self.store.snapshot()

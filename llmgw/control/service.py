@@ -13,16 +13,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 import trio
-from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve as hyper_serve
 
+from llmgw.asgi import hypercorn_config
 from llmgw.control.admin import ControlDeps, make_app
 from llmgw.control.hub import AgentHub
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands
 from llmgw.domain.keys import hash_key
 from llmgw.domain.model import ModelDef
-from llmgw.interfaces import DemandReport, EndpointSink
+from llmgw.interfaces import DemandReport, EndpointSink, WritableStore
 from llmgw.logs import role_var
 from llmgw.store import RaftStore
 
@@ -61,7 +61,7 @@ class ControlHandle:
     reconciler: Reconciler
 
 
-async def seed_cluster(store: Any, seed: Seed, at: float) -> None:
+async def seed_cluster(store: WritableStore, seed: Seed, at: float) -> None:
     """Give a fresh cluster its first keys and catalog; keys are re-added if missing."""
     fresh = store.snapshot().revision == 0
     await store.submit(commands.add_key(hash_key(seed.admin_key), "admin", "admin", at))
@@ -87,13 +87,9 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
         deps = ControlDeps(store=store, hub=hub, reconciler=reconciler, clock=config.clock,
                            self_id=config.raft_addr, store_status=store.status)
         app = make_app(deps)
-        hc = HyperConfig()
-        hc.bind = [f"{config.admin_host}:{config.admin_port}" if ":" not in config.admin_host
-                   else f"[{config.admin_host}]:{config.admin_port}"]
-        hc.accesslog = None
-        hc.errorlog = logging.getLogger("llmgw.control.server")  # our format, not hypercorn's own handler
-        hc.graceful_timeout = 1.0  # agents' streams close at once, not drained
-        hc.keep_alive_timeout = 5.0
+        # graceful_s: agents' streams close at once, not drained.
+        hc = hypercorn_config(config.admin_host, config.admin_port, logger="llmgw.control.server",
+                              graceful_s=1.0, keep_alive_s=5.0)
         async with trio.open_nursery() as nursery:
             await nursery.start(reconciler.run)
             binds = await nursery.start(lambda task_status: hyper_serve(app, hc, task_status=task_status))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import hmac
 
 KEY_ROLES = ("admin", "client")
 
@@ -12,6 +11,3 @@ def hash_key(key: str) -> str:
     # Keys are 256-bit random tokens, so a fast unsalted hash is not brute-forceable.
     return "sha256:" + hashlib.sha256(key.encode("utf-8")).hexdigest()
 
-
-def same_hash(a: str, b: str) -> bool:
-    return hmac.compare_digest(a, b)

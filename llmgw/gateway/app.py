@@ -1,16 +1,14 @@
 """The OpenAI-compatible `/v1` API (S4) as a raw ASGI app, and its hypercorn server.
-Owns authentication, request checks, error shapes (S14) and the streaming proxy to engines.
+Owns authentication, request checks, which refusal (S14) each failure gets and the streaming proxy to engines.
 
 Raw ASGI rather than a framework: the hot path is one key hash, one JSON parse
 and one upstream call, so the gateway adds little to a direct engine call.
-Error `type` follows OpenAI: 401 `authentication_error`, other 4xx
-`invalid_request_error`, 500/502 `server_error`, 503/504 `service_unavailable`.
+Refusals are `llmgw.errors.OpenAIError`s, whose shape and `type` live there.
 Never logs a prompt, a completion or a key.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -21,24 +19,34 @@ from typing import Any
 
 import httpx
 import trio
-from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
-from llmgw.asgi import Receive, Scope, Send, lifespan
+from llmgw.asgi import (
+    MAX_BODY_BYTES,
+    Exchange,
+    Receive,
+    Scope,
+    Send,
+    cancel_on_disconnect,
+    dumps,
+    hypercorn_config,
+    lifespan,
+    parse_object,
+    read_body,
+    send_json,
+)
 from llmgw.domain.keys import hash_key
 from llmgw.domain.observed import Endpoint
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState
+from llmgw.errors import OpenAIError, describe
 from llmgw.gateway.router import NoEndpoint, Router
 from llmgw.interfaces import StateReader
 from llmgw.logs import request_id_var, role_var
 
 __all__ = [
-    "ApiError",
     "GatewayApp",
     "GatewayDeps",
-    "error_type",
-    "hypercorn_config",
     "make_app",
     "make_client",
     "parse_bind",
@@ -48,7 +56,6 @@ __all__ = [
 _log = logging.getLogger("llmgw.gateway.app")
 _access = logging.getLogger("llmgw.gateway.access")
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
 # Longer than the keep-alive of clients' pools (httpx: 5 s), so the server is
 # never the side that closes a connection a client is about to reuse.
 KEEP_ALIVE_TIMEOUT_S = 75.0
@@ -59,7 +66,6 @@ DRAIN_TIMEOUT_S = 10.0
 
 _POST_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding"}
 _ROLES_FOR = {"chat": ("chat", "guard"), "completion": ("chat", "guard"), "embedding": ("embedding",)}
-_JSON_HEADERS = [(b"content-type", b"application/json")]
 # Hop-by-hop (RFC 9110 §7.6.1) plus what this server sets itself.
 _DROP_UPSTREAM = frozenset(
     {
@@ -78,42 +84,6 @@ _DROP_UPSTREAM = frozenset(
         b"x-request-id",
     }
 )
-
-
-class ApiError(Exception):
-    """A refusal answered in OpenAI's error shape."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        *,
-        param: str | None = None,
-        headers: list[tuple[bytes, bytes]] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.param = param
-        self.headers = headers or []
-
-    def body(self) -> bytes:
-        error = {"message": self.message, "type": error_type(self.status), "param": self.param, "code": self.code}
-        return _dumps({"error": error})
-
-
-def error_type(status: int) -> str:
-    if status == 401:
-        return "authentication_error"
-    if status == 403:
-        return "permission_error"
-    if status in (503, 504):
-        return "service_unavailable"
-    if status >= 500:
-        return "server_error"
-    return "invalid_request_error"
 
 
 def _no_endpoint_status(code: str) -> int:
@@ -142,20 +112,18 @@ def make_app(deps: GatewayDeps) -> GatewayApp:
     return GatewayApp(deps)
 
 
-class _Exchange:
+class _Exchange(Exchange):
     """One request's progress: what its log line reports and how far its answer got."""
 
-    __slots__ = ("request_id", "model", "replica", "status", "body_done", "started", "finished", "disconnected")
+    __slots__ = ("request_id", "model", "replica", "status", "started")
 
     def __init__(self, request_id: str) -> None:
+        super().__init__()
         self.request_id = request_id
         self.model = "-"
         self.replica = "-"
         self.status = 0
-        self.body_done = False  # the request body has been read to its end
         self.started = False
-        self.finished = False  # the last body message is being sent
-        self.disconnected = False
 
 
 class GatewayApp:
@@ -186,13 +154,13 @@ class GatewayApp:
         try:
             try:
                 await self._dispatch(ex, scope, receive, send)
-            except ApiError as error:
+            except OpenAIError as error:
                 if not ex.started:
                     await self._refuse(ex, scope, receive, send, error)
             except Exception:
                 _log.exception("request failed: %s %s", method, path)
                 if not ex.started:
-                    failure = ApiError(500, "internal_error", "the gateway failed; see its log")
+                    failure = OpenAIError(500, "internal_error", "the gateway failed; see its log")
                     await self._refuse(ex, scope, receive, send, failure)
         finally:
             status = 499 if ex.disconnected else ex.status
@@ -214,44 +182,44 @@ class GatewayApp:
         path: str = scope["path"]
         if path == "/health":
             _allow(method, "GET")
-            await self._send(ex, send, 200, _dumps({"status": "ok"}))
+            await self._send(ex, send, 200, dumps({"status": "ok"}))
             return
         kind = _POST_PATHS.get(path)
         if kind is None:
             if path == "/v1/models" or path.startswith("/v1/models/"):
                 _allow(method, "GET")
                 self._authenticate(scope, self.deps.state.snapshot())
-                await self._send(ex, send, 200, _dumps(self._models(path[len("/v1/models/") :])))
+                await self._send(ex, send, 200, dumps(self._models(path[len("/v1/models/") :])))
                 return
-            raise ApiError(404, "not_found", f"unknown path {method} {path}")
+            raise OpenAIError(404, "not_found", f"unknown path {method} {path}")
         _allow(method, "POST")
         snap = self.deps.state.snapshot()
         self._authenticate(scope, snap)
         if effective(snap.settings, "serving.stopped"):
-            raise ApiError(503, "system_stopped", "the system is stopped: no model is served until an operator "
-                                                  "resumes it (`llmgw ctl settings serving.stopped false`)")
-        raw = await self._read_body(ex, scope, receive)
-        body = _parse_object(raw)
+            raise OpenAIError(503, "system_stopped", "the system is stopped: no model is served until an operator "
+                                                     "resumes it (`llmgw ctl settings serving.stopped false`)")
+        raw = await read_body(scope, receive, ex, self.deps.max_body_bytes)
+        body = parse_object(raw)
         name, stream = _check_request(kind, body)
         model = snap.models.get(name)
         if model is None:
-            raise ApiError(404, "model_not_found", f"the model {name!r} does not exist", param="model")
+            raise OpenAIError(404, "model_not_found", f"the model {name!r} does not exist", param="model")
         ex.model = name  # only catalog names reach the log: they are validated, a client's are not
         if model.role not in _ROLES_FOR[kind]:
-            raise ApiError(400, "model_not_supported", _role_words(name, model.role, path), param="model")
+            raise OpenAIError(400, "model_not_supported", _role_words(name, model.role, path), param="model")
         deadline = trio.current_time() + model.activation_window_s
-        refusal: ApiError | None = None
+        refusal: OpenAIError | None = None
         async with trio.open_nursery() as nursery:
             # A client that goes away cancels what its request waits on: an activation,
             # or the upstream call (which frees the replica).
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope, ex)
+            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope, ex)
             try:
                 async with self.deps.router.acquire(name, deadline=deadline) as endpoint:
                     ex.replica = endpoint.replica_id
                     await self._exchange(ex, endpoint, path, raw, stream, send)
             except NoEndpoint as no_endpoint:
-                refusal = ApiError(_no_endpoint_status(no_endpoint.code), no_endpoint.code, no_endpoint.message)
-            except ApiError as error:
+                refusal = OpenAIError(_no_endpoint_status(no_endpoint.code), no_endpoint.code, no_endpoint.message)
+            except OpenAIError as error:
                 refusal = error  # raised below, outside the nursery, so it is not wrapped in a group
             nursery.cancel_scope.cancel()
         if refusal is not None:
@@ -262,7 +230,7 @@ class GatewayApp:
     def _authenticate(self, scope: Scope, snap: ClusterState) -> None:
         key = _bearer(scope["headers"])
         if not key:
-            raise ApiError(
+            raise OpenAIError(
                 401,
                 "invalid_api_key",
                 "no API key: send it as 'Authorization: Bearer KEY'",
@@ -270,34 +238,13 @@ class GatewayApp:
             )
         api_key = snap.keys.get(hash_key(key))
         if api_key is None or api_key.role not in ("client", "admin"):
-            raise ApiError(401, "invalid_api_key", "incorrect API key", headers=[(b"www-authenticate", b"Bearer")])
-
-    async def _read_body(self, ex: _Exchange, scope: Scope, receive: Receive) -> bytes:
-        cap = self.deps.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > cap:
-                raise _too_large(cap)
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                ex.body_done = ex.disconnected = True
-                raise ApiError(400, "invalid_request", "client disconnected before sending the whole body")
-            chunk = message.get("body", b"")
-            ex.body_done = not message.get("more_body", False)
-            size += len(chunk)
-            if size > cap:
-                raise _too_large(cap)
-            chunks.append(chunk)
-            if ex.body_done:
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            raise OpenAIError(401, "invalid_api_key", "incorrect API key", headers=[(b"www-authenticate", b"Bearer")])
 
     def _models(self, one: str) -> dict[str, Any]:
         models = self.deps.state.snapshot().models
         if one:
             if one not in models:
-                raise ApiError(404, "model_not_found", f"the model {one!r} does not exist", param="model")
+                raise OpenAIError(404, "model_not_found", f"the model {one!r} does not exist", param="model")
             return _model_doc(one)
         return {"object": "list", "data": [_model_doc(name) for name in sorted(models)]}
 
@@ -321,14 +268,14 @@ class GatewayApp:
         try:
             response = await self.client.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as error:
-            _log.warning("replica %s of model %s cannot be reached: %s", endpoint.replica_id, ex.model, _words(error))
-            raise ApiError(
+            _log.warning("replica %s of model %s cannot be reached: %s", endpoint.replica_id, ex.model, describe(error))
+            raise OpenAIError(
                 502, "upstream_unavailable", f"replica {endpoint.replica_id} of model {ex.model!r} cannot be reached"
             ) from None
         except httpx.PoolTimeout:
-            raise ApiError(503, "overloaded", "the gateway has too many requests in flight; retry later") from None
+            raise OpenAIError(503, "overloaded", "the gateway has too many requests in flight; retry later") from None
         except httpx.TransportError as error:
-            _log.warning("replica %s of model %s failed: %s", endpoint.replica_id, ex.model, _words(error))
+            _log.warning("replica %s of model %s failed: %s", endpoint.replica_id, ex.model, describe(error))
             raise _upstream_failed(endpoint, ex) from None
         try:
             headers = _response_headers(response.headers.raw, ex.request_id)
@@ -338,7 +285,7 @@ class GatewayApp:
                     # cancellation unwinds them all (none is left to the garbage collector).
                     body = b"".join([chunk async for chunk in response.aiter_raw()])
                 except httpx.TransportError as error:
-                    _log.warning("replica %s of model %s failed: %s", endpoint.replica_id, ex.model, _words(error))
+                    _log.warning("replica %s of model %s failed: %s", endpoint.replica_id, ex.model, describe(error))
                     raise _upstream_failed(endpoint, ex) from None
                 headers.append((b"content-length", str(len(body)).encode()))
                 ex.started = True
@@ -368,22 +315,15 @@ class GatewayApp:
     async def _send(
         self, ex: _Exchange, send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
     ) -> None:
-        headers = [
-            *_JSON_HEADERS,
-            (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", ex.request_id.encode()),
-            *(extra or ()),
-        ]
         ex.started = True
         ex.status = status
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await send_json(send, status, body, [(b"x-request-id", ex.request_id.encode()), *(extra or ())])
 
-    async def _refuse(self, ex: _Exchange, scope: Scope, receive: Receive, send: Send, error: ApiError) -> None:
+    async def _refuse(self, ex: _Exchange, scope: Scope, receive: Receive, send: Send, error: OpenAIError) -> None:
         if not ex.body_done:
             await self._discard_body(ex, scope, receive)
         if not ex.disconnected:
-            await self._send(ex, send, error.status, error.body(), error.headers)
+            await self._send(ex, send, error.status, dumps(error.doc()), error.headers)
 
     async def _discard_body(self, ex: _Exchange, scope: Scope, receive: Receive) -> None:
         """Read (a bounded amount of) the unread body before refusing: HTTP/1.1 clients
@@ -411,7 +351,7 @@ class GatewayApp:
 def _allow(method: str, allowed: str) -> None:
     if method != allowed:
         words = f"method {method} is not allowed here; use {allowed}"
-        raise ApiError(405, "method_not_allowed", words, headers=[(b"allow", allowed.encode())])
+        raise OpenAIError(405, "method_not_allowed", words, headers=[(b"allow", allowed.encode())])
 
 
 def _bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -422,33 +362,19 @@ def _bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
-def _too_large(cap: int) -> ApiError:
-    return ApiError(413, "request_too_large", f"the request body is larger than {cap} bytes")
-
-
-def _parse_object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "invalid_json", "the request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "invalid_json", "the request body must be a JSON object")
-    return body
-
-
 def _check_request(kind: str, body: dict[str, Any]) -> tuple[str, bool]:
     """The model name and whether to stream; raises on what an engine should never see."""
     name = body.get("model")
     if name is None:
-        raise ApiError(400, "missing_required_parameter", "'model' is required", param="model")
+        raise OpenAIError(400, "missing_required_parameter", "'model' is required", param="model")
     if not isinstance(name, str) or not name:
-        raise ApiError(400, "invalid_type", "'model' must be a non-empty string", param="model")
+        raise OpenAIError(400, "invalid_type", "'model' must be a non-empty string", param="model")
     if kind == "chat":
         messages = body.get("messages")
         if messages is None:
-            raise ApiError(400, "missing_required_parameter", "'messages' is required", param="messages")
+            raise OpenAIError(400, "missing_required_parameter", "'messages' is required", param="messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise ApiError(400, "invalid_type", "'messages' must be a non-empty array of objects", param="messages")
+            raise OpenAIError(400, "invalid_type", "'messages' must be a non-empty array of objects", param="messages")
     elif kind == "completion":
         _string_or_list(body, "prompt")
     else:
@@ -457,16 +383,16 @@ def _check_request(kind: str, body: dict[str, Any]) -> tuple[str, bool]:
     if stream is None:
         return name, False
     if not isinstance(stream, bool):
-        raise ApiError(400, "invalid_type", "'stream' must be true or false", param="stream")
+        raise OpenAIError(400, "invalid_type", "'stream' must be true or false", param="stream")
     return name, stream
 
 
 def _string_or_list(body: dict[str, Any], key: str) -> None:
     value = body.get(key)
     if value is None:
-        raise ApiError(400, "missing_required_parameter", f"'{key}' is required", param=key)
+        raise OpenAIError(400, "missing_required_parameter", f"'{key}' is required", param=key)
     if not isinstance(value, (str, list)):
-        raise ApiError(400, "invalid_type", f"'{key}' must be a string or an array", param=key)
+        raise OpenAIError(400, "invalid_type", f"'{key}' must be a string or an array", param=key)
 
 
 def _role_words(name: str, role: str, path: str) -> str:
@@ -495,16 +421,8 @@ def _response_headers(raw: list[tuple[bytes, bytes]], request_id: str) -> list[t
     return headers
 
 
-def _words(error: BaseException) -> str:
-    return str(error) or type(error).__name__
-
-
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _upstream_failed(endpoint: Endpoint, ex: _Exchange) -> ApiError:
-    return ApiError(502, "upstream_error", f"replica {endpoint.replica_id} of model {ex.model!r} failed")
+def _upstream_failed(endpoint: Endpoint, ex: _Exchange) -> OpenAIError:
+    return OpenAIError(502, "upstream_error", f"replica {endpoint.replica_id} of model {ex.model!r} failed")
 
 
 async def _pump(
@@ -515,37 +433,14 @@ async def _pump(
             into.send_nowait(chunk)  # no checkpoint outside the generator (see `_exchange`)
     except httpx.TransportError as error:
         # The status is already sent: say so in the stream, where OpenAI's SDKs look for it.
-        _log.warning("replica %s of model %s failed mid-stream: %s", endpoint.replica_id, ex.model, _words(error))
-        err = ApiError(502, "upstream_error", f"replica {endpoint.replica_id} failed mid-stream")
-        into.send_nowait(b"data: " + err.body() + b"\n\n")
+        _log.warning("replica %s of model %s failed mid-stream: %s", endpoint.replica_id, ex.model, describe(error))
+        err = OpenAIError(502, "upstream_error", f"replica {endpoint.replica_id} failed mid-stream")
+        into.send_nowait(b"data: " + dumps(err.doc()) + b"\n\n")
     finally:
         into.close()
 
 
-async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope, ex: _Exchange) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    # The server also reports the end of a completed exchange as a disconnect.
-    if not ex.finished:
-        ex.disconnected = True
-        scope.cancel()
-
-
 # --- server -------------------------------------------------------------------------
-
-
-def hypercorn_config(listen_host: str, listen_port: int) -> Config:
-    config = Config()
-    host = f"[{listen_host}]" if ":" in listen_host else listen_host
-    config.bind = [f"{host}:{listen_port}"]
-    config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
-    config.graceful_timeout = SHUTDOWN_GRACE_S
-    # Hypercorn has no response timeout and read_timeout stays None, so long streams are never cut.
-    config.read_timeout = None
-    # A Logger object (not "-") so hypercorn adds no handler of its own and lines reach ours.
-    config.errorlog = logging.getLogger("llmgw.gateway.server")
-    config.accesslog = None
-    return config
 
 
 def parse_bind(bind: str) -> tuple[str, int]:
@@ -569,7 +464,13 @@ async def serve(
     """
     role_var.set("gateway")  # this task's context: every request task inherits it
     app = make_app(deps)
-    config = hypercorn_config(listen_host, listen_port)
+    config = hypercorn_config(
+        listen_host,
+        listen_port,
+        logger="llmgw.gateway.server",
+        graceful_s=SHUTDOWN_GRACE_S,
+        keep_alive_s=KEEP_ALIVE_TIMEOUT_S,
+    )
     try:
         async with trio.open_nursery() as nursery:
             binds: list[str] = await nursery.start(

