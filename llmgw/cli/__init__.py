@@ -12,11 +12,25 @@ app = cyclopts.App(
     help="Run open-weight LLMs on your own machines behind one OpenAI-compatible endpoint.",
     version=__version__,
 )
-app.command("llmgw.cli.up:up", name="up")
-app.command("llmgw.cli.roles:control", name="control")
-app.command("llmgw.cli.roles:agent", name="agent")
-app.command("llmgw.cli.engine:engine_app", name="engine")
-app.command("llmgw.cli.ctl:ctl_app", name="ctl")
+
+# What a command is, in `llmgw --help` and atop its own --help, is said here: a lazily
+# loaded command is not imported to list it, and this text replaces its docstring's.
+# What each flag is stays in the command's docstring (numpydoc `Parameters`).
+app.command("llmgw.cli.up:up", name="up", help="""\
+Start a one-machine cluster: control, gateway and a local agent, serving the example catalog.
+
+On first start it writes STATE_DIR/credentials.json (mode 0600) with the gateway and admin
+URLs and keys (LLMGW_CLIENT_KEY / LLMGW_ADMIN_KEY, if set, become the keys). Restarting
+with the same STATE_DIR keeps every model, setting and key.""")
+app.command("llmgw.cli.roles:control", name="control", help="""\
+Run a control plane: Raft member, reconciler, admin API and the agents' stream.
+
+On a fresh state dir, LLMGW_ADMIN_KEY (required then) becomes the first admin key.""")
+app.command("llmgw.cli.roles:agent", name="agent",
+            help="Run an agent: report this node, start and stop engines as the leading control plane says.")
+app.command("llmgw.cli.engine:engine_app", name="engine",
+            help="Run one inference engine process (the agent starts these).")
+app.command("llmgw.cli.ctl:ctl_app", name="ctl", help="The operator's command line over the admin API.")
 
 
 def main() -> None:

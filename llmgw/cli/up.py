@@ -5,9 +5,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
-
-import cyclopts
 
 
 def up(
@@ -19,23 +16,29 @@ def up(
     raft_port: int = 0,
     catalog: Path | None = None,
     log_json: bool = False,
-    log_level: Annotated[str, cyclopts.Parameter(help="debug, info, warning or error")] = "info",
+    log_level: str = "info",
 ) -> None:
-    """Start a one-machine cluster: single-member Raft in STATE_DIR, a local agent, the example catalog.
-
-    On first start it writes STATE_DIR/credentials.json (mode 0600) with the gateway and
-    admin URLs and keys (LLMGW_CLIENT_KEY / LLMGW_ADMIN_KEY, if set, become the keys).
-    Restarting with the same STATE_DIR keeps every model, setting and key.
+    """Start a one-machine cluster (its help text is at its registration in llmgw/cli/__init__.py).
 
     Parameters
     ----------
-    state_dir: where the Raft journal, credentials, engine logs and logs live
-    host: address every listener binds to
-    gateway_port: the OpenAI-compatible API (/v1)
-    admin_port: the admin API (/api/v1) and the agents' stream
-    raft_port: Raft's port (0 picks a free one; a one-member group needs no fixed address)
-    catalog: models to serve on a fresh state dir (default: the built-in example catalog)
-    log_json: one JSON object per log line
+    state_dir
+        Where the Raft journal, credentials.json, engine logs and logs live; one process per dir.
+    host
+        Address every listener binds to: gateway, admin API, Raft and the engines.
+    gateway_port
+        Port of the OpenAI-compatible API (/v1).
+    admin_port
+        Port of the admin API (/api/v1) and the agents' stream; `llmgw ctl` talks to it.
+    raft_port
+        Port of the control plane's Raft log; 0 picks a free one (a one-machine cluster has no peers to tell).
+    catalog
+        TOML file of [[models]] tables served on a fresh state dir (default: the built-in copy of
+        examples/catalog.toml); a state dir that has a cluster keeps its own models.
+    log_json
+        One JSON object per log line instead of text.
+    log_level
+        debug, info, warning or error.
     """
     from llmgw.cli._up_run import UpOptions, run
 

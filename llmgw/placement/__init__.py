@@ -17,7 +17,8 @@ NOT_NOW = "not_now"  # could fit once something changes (a GPU frees, an engine 
 NEVER = "never"  # this node cannot run it as defined
 
 ENGINE_HINTS = {
-    "llama.cpp": "install the engine on the node: pip install 'llmgw[llamacpp]'",
+    "llama.cpp": ("install the engine on the node: pip install 'llmgw[llamacpp]' "
+                  "(a zipapp node: rebuild it with python build.py --with-llamacpp)"),
     "vllm": "vLLM needs a GPU node with the vllm engine installed",
 }
 

