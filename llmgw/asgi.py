@@ -130,7 +130,7 @@ def hypercorn_config(
     *,
     logger: str,
     graceful_s: float,
-    keep_alive_s: float = 5.0,
+    keep_alive_s: float,
     server_header: bool = True,
 ) -> Config:
     """A listener on host:port (`::1` bracketed) whose error lines go to our `logger`, with no access log."""

@@ -12,7 +12,6 @@ from typing import Any
 
 PROTOCOL_VERSION = 1
 STREAM_PATH = "/api/v1/agent/stream"
-HEARTBEAT_S = 5.0
 MAX_MESSAGE_BYTES = 4 << 20
 
 

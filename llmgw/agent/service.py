@@ -20,14 +20,12 @@ from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
 from llmgw import __version__, protocol
 from llmgw.agent.inventory import NvmlProbe
 from llmgw.agent.supervisor import Supervisor
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import describe, first_error
 from llmgw.interfaces import GpuProbe
 from llmgw.logs import role_var
 
 log = logging.getLogger("llmgw.agent")
-
-RECONNECT_MIN_S = 0.2
-RECONNECT_MAX_S = 10.0
 
 
 @dataclass
@@ -38,6 +36,7 @@ class AgentConfig:
     node: str = "local"
     engine_host: str = "127.0.0.1"  # where engines listen; the gateway must reach it
     probe: GpuProbe = field(default_factory=NvmlProbe)
+    timeouts: Timeouts = TIMEOUTS
 
 
 class _Link:
@@ -64,9 +63,11 @@ async def serve(config: AgentConfig, *, task_status: Any = trio.TASK_STATUS_IGNO
     """Run the agent until cancelled; `task_status.started()` once control has welcomed it."""
     role_var.set("agent")
     link = _Link()
-    async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as engines:
-        supervisor = Supervisor(engines, node=config.node, host=config.engine_host,
-                                log_dir=config.state_dir / "engines", on_change=link.mark, http=http)
+    timeouts = config.timeouts
+    # The client only probes engines' /health.
+    async with httpx.AsyncClient(timeout=timeouts.engine_health_request_s) as http, trio.open_nursery() as engines:
+        supervisor = Supervisor(engines, node=config.node, host=config.engine_host, log_dir=config.state_dir / "engines",
+                                on_change=link.mark, http=http, timeouts=timeouts)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_connect_forever, config, supervisor, link)
@@ -77,14 +78,15 @@ async def serve(config: AgentConfig, *, task_status: Any = trio.TASK_STATUS_IGNO
 
 
 async def _connect_forever(config: AgentConfig, supervisor: Supervisor, link: _Link) -> None:
-    delay = RECONNECT_MIN_S
+    first, longest = config.timeouts.agent_reconnect_min_s, config.timeouts.agent_reconnect_max_s
+    delay = first
     attempt = 0
     while True:
         control = config.controls[attempt % len(config.controls)]
         attempt += 1
         try:
             await _connect_once(control, config, supervisor, link)
-            delay = RECONNECT_MIN_S
+            delay = first
         # Nurseries wrap errors in groups (strict exception groups), hence except*.
         except* HandshakeError as group:
             log.warning("control %s refused the stream: %s", control, describe(first_error(group)))
@@ -93,7 +95,7 @@ async def _connect_forever(config: AgentConfig, supervisor: Supervisor, link: _L
         except* protocol.ProtocolError as group:
             log.warning("control %s spoke an unexpected protocol: %s", control, describe(first_error(group)))
         await trio.sleep(delay * (0.5 + random.random()))
-        delay = min(delay * 2, RECONNECT_MAX_S)
+        delay = min(delay * 2, longest)
 
 
 async def _connect_once(control: str, config: AgentConfig, supervisor: Supervisor, link: _Link) -> None:
@@ -112,7 +114,7 @@ async def _connect_once(control: str, config: AgentConfig, supervisor: Superviso
             try:
                 await _session(ws, config, supervisor, link)
             finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                with trio.CancelScope(shield=True), trio.move_on_after(config.timeouts.agent_stream_close_s):
                     await ws.aclose()
                 nursery.cancel_scope.cancel()
     finally:
@@ -135,7 +137,7 @@ async def _session(ws: WebSocketConnection, config: AgentConfig, supervisor: Sup
     link.welcomed.set()
     link.mark()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_report, ws, supervisor, link)
+        nursery.start_soon(_report, ws, supervisor, link, config.timeouts.stream_heartbeat_s)
         while True:
             message = protocol.loads(await ws.get_message())
             kind = message["type"]
@@ -147,10 +149,10 @@ async def _session(ws: WebSocketConnection, config: AgentConfig, supervisor: Sup
                 log.debug("ignoring message %r", kind)
 
 
-async def _report(ws: WebSocketConnection, supervisor: Supervisor, link: _Link) -> None:
+async def _report(ws: WebSocketConnection, supervisor: Supervisor, link: _Link, heartbeat_s: float) -> None:
     """Send the full replica list on every change, and a heartbeat when quiet."""
     while True:
-        with trio.move_on_after(protocol.HEARTBEAT_S):
+        with trio.move_on_after(heartbeat_s):
             await link.dirty.wait()
         if link.dirty.is_set():
             link.dirty = trio.Event()

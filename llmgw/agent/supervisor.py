@@ -21,14 +21,11 @@ import trio
 
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.observed import ReplicaObs
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.engines import PARENT_ENV, EngineError, launch_spec
 from llmgw.net import free_port, url_host
 
 log = logging.getLogger("llmgw.agent.supervisor")
-
-HEALTH_POLL_S = 0.2
-START_TIMEOUT_S = 600.0  # loading large weights from shared storage is slow
-STOP_GRACE_S = 5.0
 
 
 @dataclass
@@ -61,6 +58,7 @@ class Supervisor:
         log_dir: Path,
         on_change: Callable[[], None],
         http: httpx.AsyncClient,
+        timeouts: Timeouts = TIMEOUTS,
     ) -> None:
         self._nursery = nursery
         self.node = node
@@ -69,6 +67,7 @@ class Supervisor:
         self._on_change = on_change
         self._http = http  # owned by the caller, closed after every replica has stopped
         self._replicas: dict[str, _Replica] = {}
+        self._timeouts = timeouts
 
     def replicas(self) -> list[ReplicaObs]:
         return [r.obs for r in self._replicas.values()]
@@ -144,23 +143,24 @@ class Supervisor:
                 await self._watch(rep, proc, url, health)
             finally:
                 with trio.CancelScope(shield=True):
-                    await _terminate(proc)
+                    await _terminate(proc, self._timeouts.engine_stop_grace_s)
                 log.info("replica %s process %d ended (status %s)", rid, proc.pid, proc.returncode)
 
     async def _watch(self, rep: _Replica, proc: trio.Process, url: str, health: str) -> None:
         rid = rep.obs.replica_id
-        deadline = trio.current_time() + START_TIMEOUT_S
+        t = self._timeouts
+        deadline = trio.current_time() + t.engine_start_s
         while proc.poll() is None:
             if await self._healthy(url + health):
                 self._set(rep, "ready", url=url)
                 log.info("replica %s ready at %s", rid, url)
                 break
             if trio.current_time() > deadline:
-                self._set(rep, "failed", error=f"not healthy within {START_TIMEOUT_S:g} s")
+                self._set(rep, "failed", error=f"not healthy within {t.engine_start_s:g} s")
                 return
-            await trio.sleep(HEALTH_POLL_S)
+            await trio.sleep(t.engine_health_poll_s)
         else:
-            await trio.sleep(0.1)  # let the log flush
+            await trio.sleep(t.engine_exit_log_s)  # let the log flush
             error = f"engine exited with status {proc.returncode} before serving: {_tail(rep.log_path)}"
             log.warning("replica %s failed: %s", rid, error)
             self._set(rep, "failed", error=error)
@@ -178,7 +178,7 @@ class Supervisor:
         return r.status_code == 200
 
 
-async def _terminate(proc: trio.Process) -> None:
+async def _terminate(proc: trio.Process, grace_s: float) -> None:
     """SIGTERM the engine's process group, then SIGKILL after the grace period."""
     if proc.returncode is not None:
         return
@@ -186,10 +186,10 @@ async def _terminate(proc: trio.Process) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
-    with trio.move_on_after(STOP_GRACE_S):
+    with trio.move_on_after(grace_s):
         await proc.wait()
         return
-    log.warning("engine process %d ignored SIGTERM for %g s: killing it", proc.pid, STOP_GRACE_S)
+    log.warning("engine process %d ignored SIGTERM for %g s: killing it", proc.pid, grace_s)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

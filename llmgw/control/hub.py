@@ -13,6 +13,7 @@ from typing import Any, Callable
 import trio
 
 from llmgw.domain.observed import NodeInfo, Observed, ReplicaObs
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 
 log = logging.getLogger("llmgw.control.hub")
 
@@ -27,10 +28,9 @@ class AgentLink:
 class AgentHub:
     """What every connected agent said last, plus a way to talk to each."""
 
-    RESEND_S = 15.0  # a start not acted on is sent again after this long
-
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, timeouts: Timeouts = TIMEOUTS) -> None:
         self._clock = clock
+        self._resend_s = timeouts.start_resend_s  # a start not acted on is sent again after this long
         self.since = clock()
         self.nodes: dict[str, NodeInfo] = {}
         self.replicas: dict[str, dict[str, ReplicaObs]] = {}  # node -> replica id -> report
@@ -91,7 +91,7 @@ class AgentHub:
         if message.get("type") == "start_replica":
             rid = str(message["replica_id"])
             sent = link.sent_starts.get(rid)
-            if sent is not None and self._clock() - sent < self.RESEND_S:
+            if sent is not None and self._clock() - sent < self._resend_s:
                 return True  # already asked; the agent's report will say
             link.sent_starts[rid] = self._clock()
         try:

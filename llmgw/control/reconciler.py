@@ -18,14 +18,12 @@ from llmgw.domain.commands import CommandError
 from llmgw.domain.observed import ModelRoute
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import DemandReport, EndpointSink, WritableStore
 from llmgw.reconcile import Plan, decide
 from llmgw.store import NotLeader, StoreUnavailable
 
 log = logging.getLogger("llmgw.control.reconciler")
-
-TICK_S = 1.0
-STARTUP_QUIET_S = 10.0  # agents need a moment to connect after control starts
 
 
 @dataclass
@@ -35,6 +33,7 @@ class Reconciler:
     sinks: list[EndpointSink] = field(default_factory=list)
     demand: list[DemandReport] = field(default_factory=list)
     clock: Callable[[], float] = time.time
+    timeouts: Timeouts = TIMEOUTS
     last_plan: Plan | None = None
     _routes: Mapping[str, ModelRoute] | None = None
     _warned: dict[str, tuple[str, float]] = field(default_factory=dict)
@@ -47,7 +46,7 @@ class Reconciler:
             revision = self.store.snapshot().revision
             if self.store.is_leader():
                 await self.run_once()
-            with trio.move_on_after(TICK_S):
+            with trio.move_on_after(self.timeouts.reconcile_tick_s):
                 await self._next_change(revision, hub_event)
 
     async def _next_change(self, revision: int, hub_event: trio.Event) -> None:
@@ -69,7 +68,7 @@ class Reconciler:
         self._collect_demand()
         now = self.clock()
         state = self.store.snapshot()
-        plan = decide(state, self.hub.observed(), now)
+        plan = decide(state, self.hub.observed(), now, self.timeouts)
         self.last_plan = plan
         for command in plan.commands:
             try:
@@ -112,7 +111,8 @@ class Reconciler:
     def _warn(self, plan: Plan, now: float, state: ClusterState) -> None:
         """Log 'no placement' when its reason changes or every warn interval, not every pass."""
         interval = float(effective(state.settings, "placement.warn_interval_s"))
-        if not self.hub.nodes and now - self.hub.since < STARTUP_QUIET_S:
+        # Agents need a moment to connect after control starts.
+        if not self.hub.nodes and now - self.hub.since < self.timeouts.reconcile_startup_quiet_s:
             return
         for model, reason in plan.unplaceable.items():
             last = self._warned.get(model)

@@ -22,6 +22,7 @@ from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands
 from llmgw.domain.keys import hash_key
 from llmgw.domain.model import ModelDef
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import DemandReport, EndpointSink, WritableStore
 from llmgw.logs import role_var
 from llmgw.store import RaftStore
@@ -49,6 +50,7 @@ class ControlConfig:
     sinks: list[EndpointSink] = field(default_factory=list)
     demand: list[DemandReport] = field(default_factory=list)
     clock: Callable[[], float] = time.time
+    timeouts: Timeouts = TIMEOUTS
 
 
 @dataclass
@@ -75,21 +77,23 @@ async def seed_cluster(store: WritableStore, seed: Seed, at: float) -> None:
 
 async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     role_var.set("control")
-    store = RaftStore(self_addr=config.raft_addr, peers=config.peers, state_dir=config.state_dir)
+    timeouts = config.timeouts
+    store = RaftStore(self_addr=config.raft_addr, peers=config.peers, state_dir=config.state_dir, timeouts=timeouts)
     await store.start()
     try:
         await store.wait_ready()
         log.info("state loaded at revision %d", store.snapshot().revision)
         if config.seed is not None:
             await seed_cluster(store, config.seed, config.clock())
-        hub = AgentHub(config.clock)
-        reconciler = Reconciler(store, hub, sinks=config.sinks, demand=config.demand, clock=config.clock)
+        hub = AgentHub(config.clock, timeouts)
+        reconciler = Reconciler(store, hub, sinks=config.sinks, demand=config.demand, clock=config.clock,
+                                timeouts=timeouts)
         deps = ControlDeps(store=store, hub=hub, reconciler=reconciler, clock=config.clock,
                            self_id=config.raft_addr, store_status=store.status)
         app = make_app(deps)
         # graceful_s: agents' streams close at once, not drained.
         hc = hypercorn_config(config.admin_host, config.admin_port, logger="llmgw.control.server",
-                              graceful_s=1.0, keep_alive_s=5.0)
+                              graceful_s=timeouts.admin_shutdown_grace_s, keep_alive_s=timeouts.admin_keep_alive_s)
         async with trio.open_nursery() as nursery:
             await nursery.start(reconciler.run)
             binds = await nursery.start(lambda task_status: hyper_serve(app, hc, task_status=task_status))

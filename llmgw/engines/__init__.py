@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmgw.domain.model import ROLES
+from llmgw.domain.timeouts import TIMEOUTS
 
 __all__ = [
     "ENGINE_ARGS",
@@ -261,7 +262,7 @@ def engine_args_help(engine: str) -> str:
 PARENT_ENV = "LLMGW_PARENT_PID"
 
 
-def watch_parent(poll_s: float = 1.0) -> None:
+def watch_parent(poll_s: float = TIMEOUTS.engine_parent_poll_s) -> None:
     """When started by an agent (LLMGW_PARENT_PID set), stop this engine once that
     agent is gone, so a hard-killed agent never leaves engines holding GPUs.
 

@@ -42,6 +42,7 @@ from llmgw.asgi import (
     send_json,
 )
 from llmgw.domain.model import ROLES
+from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.engines import EngineError, engine_args_help, parse_engine_args
 from llmgw.errors import OpenAIError, first_error
 
@@ -50,7 +51,6 @@ __all__ = ["SimApp", "SimOptions", "embed", "main", "make_app", "run", "serve"]
 logger = logging.getLogger("llmgw.engine.sim")
 
 DEFAULT_MAX_TOKENS = 64
-SHUTDOWN_GRACE_S = 0.5
 FAIL_START_STATUS = 3
 _MAX_EMBEDDING_DIM = 8192
 _UNSAFE_MARKER = re.compile(r"\[unsafe:(S\d{1,2})\]")
@@ -423,8 +423,14 @@ async def serve(
     `opts.port` is 0) through `task_status`.
     """
     app = make_app(opts)
+    # A separate process: it reads the default table (the gateway's upstream_idle_s is set below its keep-alive).
     config = hypercorn_config(
-        opts.host, opts.port, logger=logger.name, graceful_s=SHUTDOWN_GRACE_S, server_header=False
+        opts.host,
+        opts.port,
+        logger=logger.name,
+        graceful_s=TIMEOUTS.sim_shutdown_grace_s,
+        keep_alive_s=TIMEOUTS.sim_keep_alive_s,
+        server_header=False,
     )
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(
@@ -459,7 +465,7 @@ async def _stop_on_signal(signals: AsyncIterator[int], stop: trio.Event, scope: 
         logger.info("sim engine stopping on %s", signal.Signals(signum).name)
         stop.set()
         # Graceful shutdown is a deadline, not a wait: in-flight streams get the grace, then are cut.
-        scope.deadline = min(scope.deadline, trio.current_time() + SHUTDOWN_GRACE_S)
+        scope.deadline = min(scope.deadline, trio.current_time() + TIMEOUTS.sim_shutdown_grace_s)
         return
 
 

@@ -39,6 +39,7 @@ from llmgw.domain.keys import hash_key
 from llmgw.domain.observed import Endpoint
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError, describe
 from llmgw.gateway.router import NoEndpoint, Router
 from llmgw.interfaces import StateReader
@@ -56,13 +57,9 @@ __all__ = [
 _log = logging.getLogger("llmgw.gateway.app")
 _access = logging.getLogger("llmgw.gateway.access")
 
-# Longer than the keep-alive of clients' pools (httpx: 5 s), so the server is
-# never the side that closes a connection a client is about to reuse.
-KEEP_ALIVE_TIMEOUT_S = 75.0
-SHUTDOWN_GRACE_S = 5.0
-# A refused request's unread body is discarded up to this many times the cap, for this long.
+# A refused request's unread body is discarded up to this many times the cap
+# (for at most `Timeouts.gateway_drain_body_s`).
 DRAIN_FACTOR = 4
-DRAIN_TIMEOUT_S = 10.0
 
 _POST_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding"}
 _ROLES_FOR = {"chat": ("chat", "guard"), "completion": ("chat", "guard"), "embedding": ("embedding",)}
@@ -96,14 +93,16 @@ class GatewayDeps:
     state: StateReader
     client: httpx.AsyncClient | None = None  # built (and closed by `serve`) when None
     max_body_bytes: int = MAX_BODY_BYTES
+    timeouts: Timeouts = TIMEOUTS
 
 
-def make_client() -> httpx.AsyncClient:
+def make_client(timeouts: Timeouts = TIMEOUTS) -> httpx.AsyncClient:
     """The upstream client: no read timeout (generations take what they take)."""
+    t = timeouts
     return httpx.AsyncClient(
-        timeout=httpx.Timeout(connect=5, read=None, write=30, pool=30),
-        # Expire idle connections before the engines' hypercorn (5 s) closes them.
-        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=4.0),
+        timeout=httpx.Timeout(connect=t.upstream_connect_s, read=None, write=t.upstream_write_s, pool=t.upstream_pool_s),
+        # Expire idle connections before the engines' server closes them.
+        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=t.upstream_idle_s),
     )
 
 
@@ -132,7 +131,8 @@ class GatewayApp:
     def __init__(self, deps: GatewayDeps) -> None:
         self.deps = deps
         self._owns_client = deps.client is None
-        self.client = deps.client if deps.client is not None else make_client()
+        self.client = deps.client if deps.client is not None else make_client(deps.timeouts)
+        self._drain_s = deps.timeouts.gateway_drain_body_s  # read once, not per refusal
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -334,7 +334,7 @@ class GatewayApp:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 return  # not worth the bandwidth: answer and let the connection close
         seen = 0
-        with trio.move_on_after(DRAIN_TIMEOUT_S):
+        with trio.move_on_after(self._drain_s):
             while seen <= limit:
                 message = await receive()
                 if message["type"] == "http.disconnect":
@@ -468,8 +468,10 @@ async def serve(
         listen_host,
         listen_port,
         logger="llmgw.gateway.server",
-        graceful_s=SHUTDOWN_GRACE_S,
-        keep_alive_s=KEEP_ALIVE_TIMEOUT_S,
+        graceful_s=deps.timeouts.gateway_shutdown_grace_s,
+        # Longer than the keep-alive of clients' pools (httpx: 5 s), so the server is
+        # never the side that closes a connection a client is about to reuse.
+        keep_alive_s=deps.timeouts.gateway_keep_alive_s,
     )
     try:
         async with trio.open_nursery() as nursery:

@@ -1,4 +1,4 @@
-"""The reconciler's brain (S3): `decide(state, observed, now) -> Plan`.
+"""The reconciler's brain (S3): `decide(state, observed, now, timeouts) -> Plan`.
 
 Level-triggered and pure: each call recomputes, from the whole snapshot and
 what agents report, the commands to commit, the start/stop messages for agents
@@ -15,15 +15,15 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Endpoint, ModelRoute, Observed, ReplicaObs
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState, Placement
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.placement import place
 
-LOST_NODE_GRACE_S = 30.0  # a node gone this long loses its placements
-BACKOFF_MAX_S = 30.0
 
-
-def retry_backoff(failures_in_row: int) -> float:
-    """Seconds to wait after the n-th failed start before placing again: 1, 2, 4, ... 30."""
-    return 0.0 if failures_in_row <= 0 else min(2.0 ** (failures_in_row - 1), BACKOFF_MAX_S)
+def retry_backoff(failures_in_row: int, timeouts: Timeouts = TIMEOUTS) -> float:
+    """Seconds to wait after the n-th failed start before placing again: 1, 2, 4, ... 30 by default."""
+    if failures_in_row <= 0:
+        return 0.0
+    return min(timeouts.start_backoff_first_s * 2.0 ** (failures_in_row - 1), timeouts.start_backoff_max_s)
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def desired_replicas(state: ClusterState, model: ModelDef, observed: Observed, n
     return max(model.replicas_min, 1 if wanted else 0)
 
 
-def decide(state: ClusterState, observed: Observed, now: float) -> Plan:
+def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeouts = TIMEOUTS) -> Plan:
     cmds: list[dict[str, Any]] = []
     removed: set[str] = set()
     failed_models: dict[str, int] = {}
@@ -94,7 +94,7 @@ def decide(state: ClusterState, observed: Observed, now: float) -> Plan:
             remove(p, "model removed")
         elif p.launch_hash != model.launch_hash():
             remove(p, "definition changed")
-        elif p.node not in observed.nodes and now - observed.gone_since(p.node) >= LOST_NODE_GRACE_S:
+        elif p.node not in observed.nodes and now - observed.gone_since(p.node) >= timeouts.lost_node_grace_s:
             remove(p, f"node {p.node} lost")
         elif obs is not None and obs.state == "failed":
             remove(p, "start failed")
@@ -126,7 +126,7 @@ def decide(state: ClusterState, observed: Observed, now: float) -> Plan:
         desired[name] = want
         health = state.model_health(name)
         waiting = name in failed_models or (
-            health.failures_in_row > 0 and now - health.last_failure_at < retry_backoff(health.failures_in_row)
+            health.failures_in_row > 0 and now - health.last_failure_at < retry_backoff(health.failures_in_row, timeouts)
         )
         mine = sorted((p for p in live if p.model == name), key=lambda p: (p.placed_at, p.replica_id))
         for extra in mine[want:][::-1]:

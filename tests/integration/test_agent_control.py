@@ -4,6 +4,7 @@ control plane that comes back adopts them instead of restarting them."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from llmgw.control.service import ControlConfig, ControlHandle, Seed
 from llmgw.control.service import serve as control_serve
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo
+from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway.router import Router
 from llmgw.testing import FakeGpuProbe
 from llmgw.testing.processes import free_port
@@ -24,6 +26,8 @@ from llmgw.testing.processes import free_port
 pytestmark = pytest.mark.slow
 
 ADMIN = "sk-admin-agent-test"
+# The failing model's five starts wait 0.1, 0.2, 0.4, 0.4 s between them, not 1, 2, 4, 8 s.
+FAST_RETRIES = dataclasses.replace(TIMEOUTS, start_backoff_first_s=0.1, start_backoff_max_s=0.4)
 
 
 def control_config(state: Path, raft_port: int, admin_port: int, router: Router) -> ControlConfig:
@@ -32,7 +36,7 @@ def control_config(state: Path, raft_port: int, admin_port: int, router: Router)
         ModelDef.from_doc({"name": "broken", "engine": "sim", "source": "sim://broken", "args": ["--fail-start"]}),
     ])
     return ControlConfig(state_dir=state, raft_addr=f"127.0.0.1:{raft_port}", admin_host="127.0.0.1",
-                         admin_port=admin_port, seed=seed, sinks=[router], demand=[router])
+                         admin_port=admin_port, seed=seed, sinks=[router], demand=[router], timeouts=FAST_RETRIES)
 
 
 async def wait_for(predicate: Any, timeout: float = 20.0) -> None:

@@ -104,7 +104,7 @@ def test_dumps_is_compact_utf8() -> None:
     ("host", "bind"), [("::1", "[::1]:8080"), ("127.0.0.1", "127.0.0.1:8080"), ("::", "[::]:8080")]
 )
 def test_hypercorn_config_brackets_ipv6(host: str, bind: str) -> None:
-    assert hypercorn_config(host, 8080, logger="llmgw.test", graceful_s=1.0).bind == [bind]
+    assert hypercorn_config(host, 8080, logger="llmgw.test", graceful_s=1.0, keep_alive_s=5.0).bind == [bind]
 
 
 def test_hypercorn_config_sets_the_knobs_and_logs_through_ours() -> None:
@@ -132,6 +132,6 @@ async def test_a_server_built_from_it_listens_on_ipv6_loopback() -> None:
     except OSError:
         pytest.skip("no IPv6 loopback here")
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(serve, app, hypercorn_config("::1", 0, logger="llmgw.test", graceful_s=0.1))
+        binds = await nursery.start(serve, app, hypercorn_config("::1", 0, logger="llmgw.test", graceful_s=0.1, keep_alive_s=5.0))
         assert binds[0].startswith("http://[::1]:")
         nursery.cancel_scope.cancel()

@@ -4,6 +4,7 @@ MockClock so backoffs, parking and grace periods take no real time."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -16,8 +17,8 @@ from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo, ReplicaObs
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.gateway.router import NoEndpoint, Router
-from llmgw.reconcile import LOST_NODE_GRACE_S
 from llmgw.testing import MemoryStore
 
 
@@ -71,8 +72,10 @@ def sim(name: str, **extra: Any) -> ModelDef:
     return ModelDef.from_doc({"name": name, "engine": "sim", "source": f"sim://{name}", **extra})
 
 
-async def start_loop(nursery: trio.Nursery, store: MemoryStore, hub: AgentHub, router: Router) -> Reconciler:
-    rec = Reconciler(store, hub, sinks=[router], demand=[router], clock=trio.current_time)
+async def start_loop(
+    nursery: trio.Nursery, store: MemoryStore, hub: AgentHub, router: Router, timeouts: Timeouts = TIMEOUTS
+) -> Reconciler:
+    rec = Reconciler(store, hub, sinks=[router], demand=[router], clock=trio.current_time, timeouts=timeouts)
     await nursery.start(rec.run)
     return rec
 
@@ -125,7 +128,10 @@ async def test_failing_model_backs_off_then_parks(clock: trio.testing.MockClock)
 
 
 async def test_lost_node_keeps_placements_for_the_grace_then_moves_them(clock: trio.testing.MockClock) -> None:
-    store, hub, router = MemoryStore(), AgentHub(trio.current_time), Router()
+    # Not the default grace (30 s): the one the reconciler's config carries is the one honoured.
+    grace = 100.0
+    timeouts = dataclasses.replace(TIMEOUTS, lost_node_grace_s=grace)
+    store, hub, router = MemoryStore(), AgentHub(trio.current_time, timeouts), Router()
     store.submit_nowait(commands.put_model(sim("demo"), 0.0))
     async with trio.open_nursery() as nursery:
         a1 = ScriptedAgent(hub, "n1")
@@ -136,13 +142,13 @@ async def test_lost_node_keeps_placements_for_the_grace_then_moves_them(clock: t
                 await a1.run(task_status=task_status)
 
         await nursery.start(run_a1)
-        await start_loop(nursery, store, hub, router)
+        await start_loop(nursery, store, hub, router, timeouts)
         await trio.sleep(2)
         assert [p.node for p in store.snapshot().placements.values()] == ["n1"]
         a2 = ScriptedAgent(hub, "n2")
         await nursery.start(a2.run)
         a1_scope.cancel()  # n1's stream drops
-        await trio.sleep(LOST_NODE_GRACE_S - 5)
+        await trio.sleep(grace - 5)
         assert [p.node for p in store.snapshot().placements.values()] == ["n1"], "moved before the grace ended"
         await trio.sleep(10)
         assert [p.node for p in store.snapshot().placements.values()] == ["n2"]

@@ -16,8 +16,9 @@ from llmgw.domain import commands as C
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.observed import Endpoint, NodeInfo, Observed
 from llmgw.domain.state import ClusterState
+from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.placement import place
-from llmgw.reconcile import BACKOFF_MAX_S, LOST_NODE_GRACE_S, AgentAction, Plan, decide, desired_replicas, retry_backoff
+from llmgw.reconcile import AgentAction, Plan, decide, desired_replicas, retry_backoff
 from llmgw.testing import MemoryStore
 from llmgw.testing.builders import (
     ReconcileLoop,
@@ -235,7 +236,12 @@ def test_failed_replica_without_error_text_gets_a_default():
 
 def test_retry_backoff_doubles_up_to_the_cap():
     assert [retry_backoff(n) for n in range(0, 8)] == [0, 1, 2, 4, 8, 16, 30, 30]
-    assert retry_backoff(1000) == BACKOFF_MAX_S
+    assert retry_backoff(1000) == TIMEOUTS.start_backoff_max_s
+
+
+def test_retry_backoff_follows_the_timeouts_it_is_given():
+    fast = replace(TIMEOUTS, start_backoff_first_s=0.5, start_backoff_max_s=3.0)
+    assert [retry_backoff(n, fast) for n in range(0, 6)] == [0, 0.5, 1, 2, 3, 3]
 
 
 @pytest.mark.parametrize("failures", [1, 2, 3, 4])
@@ -415,25 +421,35 @@ def test_partly_placeable_model_places_what_fits():
 
 # --- lost nodes ---------------------------------------------------------------------------------------
 
+GRACE = TIMEOUTS.lost_node_grace_s
+
 
 def test_lost_node_keeps_its_placements_during_the_grace():
     s = state_with([model("demo")], [placed("demo", "a")])
-    plan = decide(s, observed([cpu_node("b")], lost={"a": NOW}), NOW + LOST_NODE_GRACE_S - 0.1)
+    plan = decide(s, observed([cpu_node("b")], lost={"a": NOW}), NOW + GRACE - 0.1)
     assert plan.commands == () and plan.actions == ()
     assert plan.routes["demo"].state == "starting"
 
 
 def test_lost_node_loses_its_placements_after_the_grace():
     s = state_with([model("demo")], [placed("demo", "a")])
-    plan = decide(s, observed([cpu_node("b")], lost={"a": NOW}), NOW + LOST_NODE_GRACE_S)
+    plan = decide(s, observed([cpu_node("b")], lost={"a": NOW}), NOW + GRACE)
     assert ops(plan) == [("remove", "demo-r1", "node a lost"), ("add", "demo", "b", ())]
 
 
 def test_a_node_never_seen_counts_as_gone_since_the_observer_started():
     s = state_with([model("demo")], [placed("demo", "a")])
     assert decide(s, observed([cpu_node("b")], since=NOW), NOW + 1).commands == ()
-    assert ops(decide(s, observed([cpu_node("b")], since=NOW), NOW + LOST_NODE_GRACE_S))[0] == (
+    assert ops(decide(s, observed([cpu_node("b")], since=NOW), NOW + GRACE))[0] == (
         "remove", "demo-r1", "node a lost")
+
+
+def test_lost_node_grace_is_the_one_decide_is_given():
+    s = state_with([model("demo")], [placed("demo", "a")])
+    short = replace(TIMEOUTS, lost_node_grace_s=5.0)
+    gone = observed([cpu_node("b")], lost={"a": NOW})
+    assert decide(s, gone, NOW + 4.9, short).commands == ()
+    assert ops(decide(s, gone, NOW + 5.0, short))[0] == ("remove", "demo-r1", "node a lost")
 
 
 # --- idempotence ----------------------------------------------------------------------------------------

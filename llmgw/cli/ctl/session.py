@@ -18,8 +18,7 @@ from cyclopts import Parameter
 from llmgw.cli.ctl.errors import CtlError, Refused
 from llmgw.cli.ctl.render import clean
 from llmgw.cli.ctl.target import Target, resolve_target
-
-TIMEOUT_S = 30.0
+from llmgw.domain.timeouts import TIMEOUTS
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ class Session:
             self._client = httpx.Client(
                 base_url=target.url,
                 transport=self._io.transport,
-                timeout=TIMEOUT_S,
+                timeout=TIMEOUTS.ctl_request_s,
                 headers={"Authorization": f"Bearer {target.key}", "Accept": "application/json"},
             )
         url = target.url + path
@@ -100,7 +99,7 @@ class Session:
         except httpx.TimeoutException as e:
             raise CtlError(
                 f"the server at {target.url} (from {target.url_from}) is not reachable: "
-                f"no answer within {TIMEOUT_S:g} s ({type(e).__name__})"
+                f"no answer within {TIMEOUTS.ctl_request_s:g} s ({type(e).__name__})"
             ) from e
         except httpx.TransportError as e:
             raise CtlError(f"talking to {url} failed: {_why(e)}") from e

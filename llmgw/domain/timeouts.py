@@ -1,0 +1,83 @@
+"""Every timeout, interval and backoff of llmgw, in seconds, in one typed table.
+
+"How long until X?" has one answer here. Roles take a `Timeouts` in their
+config (default `TIMEOUTS`), so a test can shorten them all with `scaled()`.
+Pure data: the core (reconcile) reads it too. docs/operations.md lists the
+same table, and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _t(default: float, area: str, help: str) -> Any:
+    return field(default=default, metadata={"area": area, "help": help})
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    # --- the agent's stream to the control plane ------------------------------------
+    stream_heartbeat_s: float = _t(5.0, "agent", "an agent with nothing new to report sends a heartbeat this often")
+    agent_reconnect_min_s: float = _t(0.2, "agent", "first wait before an agent reconnects to control (doubles, with jitter)")
+    agent_reconnect_max_s: float = _t(10.0, "agent", "longest wait between an agent's reconnection attempts")
+    agent_stream_close_s: float = _t(1.0, "agent", "how long an agent waits for a clean close of its stream")
+    # --- engines, as the agent supervises them ----------------------------------------
+    engine_health_poll_s: float = _t(0.2, "agent", "how often a starting engine's /health is probed")
+    engine_health_request_s: float = _t(2.0, "agent", "one /health probe of an engine gives up after this long")
+    engine_start_s: float = _t(600.0, "agent", "an engine not serving this long after its start has failed (large weights load slowly)")
+    engine_exit_log_s: float = _t(0.1, "agent", "an engine that exited before serving: its log's last lines are read after this long")
+    engine_stop_grace_s: float = _t(5.0, "agent", "after SIGTERM, an engine is killed (SIGKILL) once this has passed")
+    engine_parent_poll_s: float = _t(1.0, "engine", "how often an engine checks that its agent is alive (it stops when not)")
+    sim_keep_alive_s: float = _t(5.0, "engine", "the sim engine closes an idle connection after this long (upstream_idle_s stays below it)")
+    sim_shutdown_grace_s: float = _t(0.5, "engine", "on stop, the sim engine's requests in flight get this long")
+    # --- the control plane ---------------------------------------------------------------
+    reconcile_tick_s: float = _t(1.0, "control", "the reconciler runs at least this often (and on every change)")
+    reconcile_startup_quiet_s: float = _t(10.0, "control", "no no-placement warning this soon after control starts (agents connect)")
+    start_resend_s: float = _t(15.0, "control", "a start an agent has not acted on is sent again after this long")
+    lost_node_grace_s: float = _t(30.0, "control", "a node whose stream closed keeps its placements this long")
+    start_backoff_first_s: float = _t(1.0, "control", "wait before the next start of a model whose start failed once (doubles each failure)")
+    start_backoff_max_s: float = _t(30.0, "control", "longest wait before the next start of a failing model")
+    admin_keep_alive_s: float = _t(5.0, "control", "the admin API closes an idle client connection after this long")
+    admin_shutdown_grace_s: float = _t(1.0, "control", "on stop, the admin API's open requests get this long (streams close at once)")
+    # --- the Raft store ------------------------------------------------------------------
+    store_ready_s: float = _t(30.0, "store", "a store not ready (journal replayed, leader known) this long fails the start")
+    store_commit_s: float = _t(10.0, "store", "a write not committed this long is refused as unavailable (no quorum?)")
+    store_close_s: float = _t(5.0, "store", "on stop, the Raft thread gets this long to finish before it is abandoned")
+    raft_tick_s: float = _t(0.005, "store", "Raft's tick; a commit takes about two ticks")
+    raft_heartbeat_s: float = _t(0.05, "store", "the leader sends appends or heartbeats to followers this often")
+    raft_election_min_s: float = _t(0.4, "store", "shortest time without a leader before a follower stands for election")
+    raft_election_max_s: float = _t(1.4, "store", "longest time without a leader before a follower stands for election")
+    # --- the gateway ---------------------------------------------------------------------
+    gateway_keep_alive_s: float = _t(75.0, "gateway", "idle client connections stay open this long (longer than SDK pools keep them)")
+    gateway_shutdown_grace_s: float = _t(5.0, "gateway", "on stop, requests in flight get this long to finish")
+    gateway_drain_body_s: float = _t(10.0, "gateway", "a refused request's unread body is discarded for at most this long")
+    upstream_connect_s: float = _t(5.0, "gateway", "connecting to an engine gives up after this long (502)")
+    upstream_write_s: float = _t(30.0, "gateway", "sending a request body to an engine gives up after this long")
+    upstream_pool_s: float = _t(30.0, "gateway", "waiting for a free upstream connection gives up after this long (503 overloaded)")
+    upstream_idle_s: float = _t(4.0, "gateway", "idle upstream connections are closed after this long (before the engine closes them)")
+    # --- processes and the command line ------------------------------------------------
+    stop_deadline_s: float = _t(10.0, "process", "after SIGINT/SIGTERM a process has stopped within this long, started or not")
+    ctl_request_s: float = _t(30.0, "ctl", "`llmgw ctl` waits this long for the admin API's answer")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+                raise ValueError(f"timeout {f.name} must be a positive number of seconds, not {value!r}")
+
+    def scaled(self, factor: float) -> Timeouts:
+        """Every value times `factor`: tests shorten them all at once."""
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name) * factor for f in dataclasses.fields(self)})
+
+    @staticmethod
+    def table() -> list[tuple[str, str, float, str]]:
+        """(name, area, default, help) for each timeout, in declaration order."""
+        return [(f.name, f.metadata["area"], float(getattr(TIMEOUTS, f.name)), f.metadata["help"])
+                for f in dataclasses.fields(Timeouts)]
+
+
+TIMEOUTS = Timeouts()
