@@ -14,6 +14,7 @@ beyond the standard library, so any role or engine may use it.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 __all__ = ["AdminError", "ApiError", "OpenAIError", "describe", "first_error", "openai_error_type"]
@@ -21,7 +22,7 @@ __all__ = ["AdminError", "ApiError", "OpenAIError", "describe", "first_error", "
 Headers = list[tuple[bytes, bytes]]
 
 
-class ApiError(Exception):
+class ApiError(Exception, ABC):
     """A refusal: the HTTP status, a stable `code` for programs and words for people."""
 
     def __init__(self, status: int, code: str | None, message: str, *, headers: Headers | None = None) -> None:
@@ -31,8 +32,9 @@ class ApiError(Exception):
         self.message = message
         self.headers: Headers = headers or []
 
+    @abstractmethod
     def doc(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The response body, as a JSON-ready dict."""
 
 
 class OpenAIError(ApiError):

@@ -8,12 +8,14 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from llmgw import catalog as catalog_mod
+from llmgw.cli import _ports
 from llmgw.cli._lifecycle import serve_until_signal
-from llmgw import logs
+from llmgw import logs, statedir
 from llmgw.agent import AgentConfig
 from llmgw.agent import serve as agent_serve
 from llmgw.control.service import ControlConfig, Seed
@@ -24,8 +26,6 @@ from llmgw.gateway.router import Router
 from llmgw.net import free_port, url_host
 
 log = logging.getLogger("llmgw.up")
-
-SHUTDOWN_DEADLINE_S = 8.0
 
 
 @dataclass
@@ -69,6 +69,7 @@ def write_credentials(path: Path, doc: dict[str, str]) -> None:
 
 
 async def main(opts: UpOptions) -> int:
+    """Everything after the state dir is locked: keys, catalog, then the roles."""
     logs.role_var.set("up")
     state_dir = opts.state_dir.resolve()
     cred_path = state_dir / "credentials.json"
@@ -78,7 +79,11 @@ async def main(opts: UpOptions) -> int:
     except catalog_mod.CatalogError as e:
         log.error("%s", e)
         return 2
-    raft_port = opts.raft_port or free_port(opts.host)
+    try:
+        raft_port = opts.raft_port or free_port(opts.host)
+    except OSError as e:  # a --host that no interface has
+        log.error("cannot start: %s", _ports.why("Raft", opts.host, 0, "--raft-port", e))
+        return 1
     router = Router()
     control_cfg = ControlConfig(
         state_dir=state_dir,
@@ -93,13 +98,18 @@ async def main(opts: UpOptions) -> int:
 
 
 async def _serve_all(opts: UpOptions, router: Router, control_cfg: ControlConfig,
-                     keys: dict[str, str], cred_path: Path) -> None:
+                     keys: dict[str, str], cred_path: Path, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Control, then the gateway, then the agent, each in its own root nursery; until cancelled."""
     state_dir = control_cfg.state_dir
     async with trio.open_nursery() as nursery:
-        control = await nursery.start(control_serve, control_cfg)
-        _, gw_port = await nursery.start(gateway_serve, opts.host, opts.gateway_port,
-                                         GatewayDeps(router=router, state=control.store))
+        # A port that cannot be bound is named, with the flag that picks another.
+        if opts.raft_port:
+            _ports.check_free("Raft", opts.host, opts.raft_port, "--raft-port")
+        with _ports.naming("admin API", opts.host, opts.admin_port, "--admin-port"):
+            control = await nursery.start(control_serve, control_cfg)
+        with _ports.naming("gateway", opts.host, opts.gateway_port, "--gateway-port"):
+            _, gw_port = await nursery.start(gateway_serve, opts.host, opts.gateway_port,
+                                             GatewayDeps(router=router, state=control.store))
         gateway_url = f"http://{url_host(opts.host)}:{gw_port}/v1"
         admin_url = control.admin_url
         write_credentials(cred_path, {"gateway_url": gateway_url, "admin_url": admin_url, **keys})
@@ -109,15 +119,17 @@ async def _serve_all(opts: UpOptions, router: Router, control_cfg: ControlConfig
         print(f"llmgw ready gateway={gateway_url} admin={admin_url} state={state_dir} "
               f"credentials={cred_path}", flush=True)
         log.info("ready: %d model(s) in the catalog", len(control.store.snapshot().models))
+        task_status.started()
 
 
 def run(opts: UpOptions) -> int:
+    """Lock the state dir first: nothing in it is read or written by a process that does not hold it."""
     state_dir = opts.state_dir.resolve()
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    logs.setup(json_lines=opts.log_json, level=opts.log_level, log_file=state_dir / "logs" / "llmgw.log")
-    try:
-        return trio.run(main, opts)
-    except KeyboardInterrupt:
-        return 130
+    with statedir.acquire_or_exit(state_dir, "llmgw up"):
+        logs.setup(json_lines=opts.log_json, level=opts.log_level, log_file=state_dir / "logs" / "llmgw.log")
+        try:
+            return trio.run(main, opts)
+        except KeyboardInterrupt:
+            return 130
 
 

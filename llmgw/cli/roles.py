@@ -29,24 +29,33 @@ def control(
 
     Parameters
     ----------
-    state_dir: Raft journal and snapshots
-    raft_addr: HOST:PORT this member's Raft listens on
-    admin_addr: HOST:PORT of the admin API
-    peer: the other members' Raft HOST:PORT (repeat the flag)
+    state_dir
+        Raft journal and snapshots, logs; one process per dir.
+    raft_addr
+        HOST:PORT this member's Raft listens on.
+    admin_addr
+        HOST:PORT of the admin API.
+    peer
+        The other members' Raft HOST:PORT (repeat the flag).
+    log_json
+        One JSON object per log line instead of text.
+    log_level
+        debug, info, warning or error.
     """
     import trio
 
-    from llmgw import logs
+    from llmgw import logs, statedir
     from llmgw.cli._lifecycle import serve_until_signal
     from llmgw.control.service import ControlConfig, Seed, serve
 
     admin_host, admin_port = _split_addr(admin_addr)
     key = os.environ.get("LLMGW_ADMIN_KEY")
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    logs.setup(json_lines=log_json, level=log_level, log_file=state_dir / "logs" / "control.log")
-    cfg = ControlConfig(state_dir=state_dir, raft_addr=raft_addr, admin_host=admin_host, admin_port=admin_port,
-                        peers=list(peer or []), seed=Seed(admin_key=key) if key else None)
-    sys.exit(trio.run(serve_until_signal, serve, cfg))
+    with statedir.acquire_or_exit(state_dir, "llmgw control"):  # before anything in the dir is touched
+        logs.setup(json_lines=log_json, level=log_level, log_file=state_dir / "logs" / "control.log")
+        cfg = ControlConfig(state_dir=state_dir, raft_addr=raft_addr, admin_host=admin_host, admin_port=admin_port,
+                            peers=list(peer or []), seed=Seed(admin_key=key) if key else None)
+        status = trio.run(serve_until_signal, serve, cfg)
+    sys.exit(status)
 
 
 def agent(
@@ -63,25 +72,35 @@ def agent(
 
     Parameters
     ----------
-    control: admin URL of a control plane (repeat the flag for each)
-    state_dir: engine logs
-    node: this node's name (default: the host name)
-    key: the key to authenticate to control (default: LLMGW_KEY)
-    engine_host: address engines listen on; gateways must reach it
+    control
+        Admin URL of a control plane (repeat the flag for each).
+    state_dir
+        Engine logs and the agent's log; one process per dir.
+    node
+        This node's name (default: the host name).
+    key
+        The key to authenticate to control (default: LLMGW_KEY).
+    engine_host
+        Address engines listen on; gateways must reach it.
+    log_json
+        One JSON object per log line instead of text.
+    log_level
+        debug, info, warning or error.
     """
     import socket
 
     import trio
 
-    from llmgw import logs
+    from llmgw import logs, statedir
     from llmgw.agent import AgentConfig, serve
     from llmgw.cli._lifecycle import serve_until_signal
 
     secret = key or os.environ.get("LLMGW_KEY")
     if not secret:
         raise SystemExit("error: give --key or set LLMGW_KEY (an admin key of the cluster)")
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    logs.setup(json_lines=log_json, level=log_level, log_file=state_dir / "logs" / "agent.log")
-    cfg = AgentConfig(controls=control, key=secret, state_dir=state_dir, node=node or socket.gethostname(),
-                      engine_host=engine_host)
-    sys.exit(trio.run(serve_until_signal, serve, cfg))
+    with statedir.acquire_or_exit(state_dir, "llmgw agent"):  # before anything in the dir is touched
+        logs.setup(json_lines=log_json, level=log_level, log_file=state_dir / "logs" / "agent.log")
+        cfg = AgentConfig(controls=control, key=secret, state_dir=state_dir, node=node or socket.gethostname(),
+                          engine_host=engine_host)
+        status = trio.run(serve_until_signal, serve, cfg)
+    sys.exit(status)

@@ -45,6 +45,7 @@ class Timeouts:
     admin_shutdown_grace_s: float = _t(1.0, "control", "on stop, the admin API's open requests get this long (streams close at once)")
     # --- the Raft store ------------------------------------------------------------------
     store_ready_s: float = _t(30.0, "store", "a store not ready (journal replayed, leader known) this long fails the start")
+    store_ready_poll_s: float = _t(0.02, "store", "while starting, how often the store checks for a leader and a replayed log")
     store_commit_s: float = _t(10.0, "store", "a write not committed this long is refused as unavailable (no quorum?)")
     store_close_s: float = _t(5.0, "store", "on stop, the Raft thread gets this long to finish before it is abandoned")
     raft_tick_s: float = _t(0.005, "store", "Raft's tick; a commit takes about two ticks")

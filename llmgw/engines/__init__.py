@@ -9,6 +9,7 @@ only locates them.
 
 from __future__ import annotations
 
+import argparse
 import importlib.machinery
 import importlib.util
 import os
@@ -257,6 +258,23 @@ def engine_args_help(engine: str) -> str:
         shape = {int: " N", float: " NUMBER", bool: ""}[spec.kind]
         lines.append(f"  {flag + shape:<24}{spec.help}")
     return "\n".join(lines)
+
+
+def engine_parser(engine: str, *, prog: str, description: str, role_help: str) -> argparse.ArgumentParser:
+    """An engine process's command line: where to listen and what to answer as; its
+    tunables (`ENGINE_ARGS[engine]`) are left over for `parse_engine_args`."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=engine_args_help(engine),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # a shortened flag must not pass for one of these
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", required=True, type=int, help="port to listen on")
+    parser.add_argument("--model", required=True, help="the model name it answers as")
+    parser.add_argument("--role", default="chat", choices=ROLES, help=role_help)
+    return parser
 
 
 PARENT_ENV = "LLMGW_PARENT_PID"

@@ -9,7 +9,6 @@ works on nodes without it.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from llmgw.domain.model import ROLES
-from llmgw.engines import EngineError, engine_args_help, parse_engine_args, self_command
+from llmgw.engines import EngineError, engine_parser, parse_engine_args, self_command
 
 __all__ = ["LaunchArgs", "main", "run"]
 
@@ -143,17 +142,9 @@ def _fail(status: int, message: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """`llmgw engine llama-cpp` and `python -m llmgw.engines.llamacpp`: where and what to serve,
     then the tunables of `ENGINE_ARGS["llama.cpp"]`."""
-    parser = argparse.ArgumentParser(
-        prog="llmgw engine llama-cpp",
-        description="llama.cpp's native server on CPU, through the prebuilt xllamacpp wheel",
-        epilog=engine_args_help("llama.cpp"),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,  # a shortened flag must not pass for one of these
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", required=True, type=int, help="port to listen on")
-    parser.add_argument("--model", required=True, help="the model name it answers as")
-    parser.add_argument("--role", default="chat", choices=ROLES, help="what the model serves as")
+    parser = engine_parser("llama.cpp", prog="llmgw engine llama-cpp",
+                           description="llama.cpp's native server on CPU, through the prebuilt xllamacpp wheel",
+                           role_help="what the model serves as")
     parser.add_argument("--weights", required=True, help="path of the GGUF file")
     ns, extra = parser.parse_known_args(argv)
     try:

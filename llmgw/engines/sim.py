@@ -9,7 +9,6 @@ whitespace-separated word. Prompts and replies are never logged.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import itertools
@@ -43,7 +42,7 @@ from llmgw.asgi import (
 )
 from llmgw.domain.model import ROLES
 from llmgw.domain.timeouts import TIMEOUTS
-from llmgw.engines import EngineError, engine_args_help, parse_engine_args
+from llmgw.engines import EngineError, engine_parser, parse_engine_args
 from llmgw.errors import OpenAIError, first_error
 
 __all__ = ["SimApp", "SimOptions", "embed", "main", "make_app", "run", "serve"]
@@ -490,17 +489,9 @@ def run(opts: SimOptions) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """`llmgw engine sim` and `python -m llmgw.engines.sim`: where to listen and what to
     answer as, then the tunables of `ENGINE_ARGS["sim"]`."""
-    parser = argparse.ArgumentParser(
-        prog="llmgw engine sim",
-        description="the simulator: an OpenAI-compatible server with deterministic answers",
-        epilog=engine_args_help("sim"),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,  # a shortened flag must not pass for one of these
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", required=True, type=int, help="port to listen on")
-    parser.add_argument("--model", required=True, help="the model name it answers as")
-    parser.add_argument("--role", default="chat", choices=ROLES, help="guard gives Llama Guard-style answers")
+    parser = engine_parser("sim", prog="llmgw engine sim",
+                           description="the simulator: an OpenAI-compatible server with deterministic answers",
+                           role_help="guard gives Llama Guard-style answers")
     ns, extra = parser.parse_known_args(argv)
     try:
         tunables = parse_engine_args("sim", extra)

@@ -1,5 +1,6 @@
 """`llmgw control` and `llmgw agent` as separate processes (S14): the agent joins over
-the network protocol, and a model served through the admin API runs on it."""
+the network protocol, and a model served through the admin API runs on it; a start
+that cannot finish stops on SIGTERM; a state dir in use is refused."""
 
 from __future__ import annotations
 
@@ -71,3 +72,51 @@ def test_control_and_agent_processes(tmp_path: Path) -> None:
     assert (agent.returncode, control.returncode) == (0, 0), "a stop signal is a clean stop"
     time.sleep(0.3)
     assert not any(alive(p) for p in engines), "the agent's engines outlived it"
+
+
+def wait_for_line(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, f"no {text!r} in:\n{log.read_text()}"
+        time.sleep(0.05)
+
+
+def test_a_start_that_cannot_finish_stops_on_sigterm_and_says_why(tmp_path: Path) -> None:
+    """A two-member group whose other member never comes has no leader, so the store never
+    becomes ready: SIGTERM must still stop the process, within 10 s, saying what it waited for."""
+    missing = f"127.0.0.1:{free_port()}"
+    log = tmp_path / "control.log"
+    control = start(["control", "--state-dir", str(tmp_path / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
+                     "--admin-addr", f"127.0.0.1:{free_port()}", "--peer", missing],
+                    {"LLMGW_ADMIN_KEY": ADMIN}, log)
+    try:
+        wait_for_line(log, "raft member", control)
+        t0 = time.monotonic()
+        control.send_signal(signal.SIGTERM)
+        status = control.wait(10)
+        elapsed = time.monotonic() - t0
+    finally:
+        control.kill()
+        control.wait()
+    text = log.read_text()
+    assert status == 1, text
+    assert elapsed < 10
+    assert "stopped before ready: the Raft store did not become ready (no leader among 2 members" in text
+    assert missing in text and "Traceback" not in text
+
+
+@pytest.mark.parametrize("role", ["control", "agent"])
+def test_a_role_refuses_a_state_dir_in_use(tmp_path: Path, role: str) -> None:
+    from llmgw import statedir
+
+    state = tmp_path / "state"
+    args = {"control": ["control", "--raft-addr", f"127.0.0.1:{free_port()}", "--admin-addr", f"127.0.0.1:{free_port()}"],
+            "agent": ["agent", "--control", f"http://127.0.0.1:{free_port()}"]}[role]
+    with statedir.acquire(state, "llmgw up"):
+        out = subprocess.run([sys.executable, "-m", "llmgw", *args, "--state-dir", str(state)], capture_output=True,
+                             text=True, timeout=60, env={**os.environ, "LLMGW_ADMIN_KEY": ADMIN, "LLMGW_KEY": ADMIN})
+        assert out.returncode == 1
+        assert out.stderr.strip() == (f"error: state dir {state.resolve()} is in use by pid {os.getpid()} (llmgw up); "
+                                      "stop it first or use --state-dir")
+        assert [p.name for p in state.iterdir()] == ["lock"]

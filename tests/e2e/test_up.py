@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from llmgw.testing.processes import UpProcess, alive
+from llmgw.testing.processes import UpProcess, alive, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -270,8 +270,42 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
                               "--gateway-port", str(port), "--admin-port", "0"],
                              capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
-    assert "cannot start: [Errno 98] Address already in use" in out.stderr
+    assert (f"cannot start: the gateway port 127.0.0.1:{port} is already in use (another llmgw up?); "
+            "pick another with --gateway-port") in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def up_argv(state_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "llmgw", "up", "--state-dir", str(state_dir),
+            "--gateway-port", str(free_port()), "--admin-port", str(free_port())]
+
+
+def test_a_second_up_on_the_same_state_dir_exits_at_once(up: UpProcess, client: openai.OpenAI) -> None:
+    """Two `up`s on one state dir diverged and corrupted the journal: the second now stops
+    before reading or writing anything, and says who holds the dir."""
+    assert up.proc is not None
+    cred_path = up.state_dir / "credentials.json"
+    before = cred_path.read_bytes(), cred_path.stat().st_mtime_ns
+    out = subprocess.run(up_argv(up.state_dir), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.strip() == (f"error: state dir {up.state_dir.resolve()} is in use by pid {up.proc.pid} "
+                                  "(llmgw up); stop it first or use --state-dir")
+    assert out.stdout == ""
+    assert (cred_path.read_bytes(), cred_path.stat().st_mtime_ns) == before
+    reply = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "still the one"}])
+    assert reply.choices[0].message.content == "sim says: still the one"
+
+
+def test_up_refused_by_a_locked_state_dir_writes_nothing_in_it(tmp_path: Path) -> None:
+    from llmgw import statedir
+
+    state = tmp_path / "state"
+    with statedir.acquire(state, "a test holding it"):
+        out = subprocess.run(up_argv(state), capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1
+        assert f"is in use by pid {os.getpid()} (a test holding it)" in out.stderr
+        assert [p.name for p in state.iterdir()] == ["lock"], "no log, journal or credentials before the lock"
+        assert (state / "lock").read_text() == f"{os.getpid()} a test holding it\n"
 
 
 def test_ctl_serves_removes_and_sets(up: UpProcess, client: openai.OpenAI) -> None:

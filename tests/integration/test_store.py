@@ -1,20 +1,36 @@
 """The Raft store with real pysyncobj (a one-member group on loopback): commits
-awaited from trio, immutable snapshots, wake-ups, and a journal that survives."""
+awaited from trio, immutable snapshots, wake-ups, a journal that survives, and a
+start or stop that cannot hang (no leader, a stuck Raft thread, a busy port)."""
 
 from __future__ import annotations
 
+import dataclasses
+import socket
+import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 import trio
+import trio.testing
 
 from llmgw.domain import commands
 from llmgw.domain.commands import CommandError
 from llmgw.domain.model import ModelDef
-from llmgw.store import RaftStore
+from llmgw.domain.timeouts import TIMEOUTS
+from llmgw.startup import CannotStart
+from llmgw.store import RaftStore, StoreNotReady
 from llmgw.testing.processes import free_port
 
 pytestmark = pytest.mark.slow
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def autojump() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
 
 
 def demo(name: str = "demo") -> ModelDef:
@@ -77,22 +93,28 @@ async def test_wait_changed_wakes_on_commit(tmp_path: Path) -> None:
 
 
 async def test_event_loop_keeps_running_while_commits_are_in_flight(tmp_path: Path) -> None:
-    """Commits come back through trio's token: other tasks run while one waits on Raft."""
-    store = await open_store(tmp_path, free_port())
-    ticks = 0
-    try:
-        async with trio.open_nursery() as nursery:
-            async def ticker() -> None:
-                nonlocal ticks
-                while True:
-                    ticks += 1
-                    await trio.sleep(0.001)
+    """Commits come back through trio's token: another task runs while each one waits on Raft.
 
-            nursery.start_soon(ticker)
-            for i in range(20):
+    The other task is woken just before the submit; if `submit` blocked the event loop
+    until its commit (a thread join, a blocking wait), the commit would land first."""
+    store = await open_store(tmp_path, free_port())
+    try:
+        for i in range(5):
+            events: list[str] = []
+            submitting = trio.Event()
+
+            async def other_task() -> None:
+                await submitting.wait()
+                events.append("other task ran")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(other_task)
+                await trio.testing.wait_all_tasks_blocked()
+                events.append("submit")
+                submitting.set()
                 await store.submit(commands.put_setting("guard.enabled", bool(i % 2), float(i)))
-            nursery.cancel_scope.cancel()
-        assert ticks > 20
+                events.append("committed")
+            assert events == ["submit", "other task ran", "committed"]
     finally:
         store.close()
 
@@ -115,24 +137,120 @@ async def test_journal_survives_restart(tmp_path: Path) -> None:
                 await trio.sleep(0.02)
         snap = again.snapshot()
         assert set(snap.models) == {"b"}
-        assert snap.settings == {"notify.webhooks": ["https://x.example/h"]}
+        assert snap.settings == {"notify.webhooks": ("https://x.example/h",)}  # read-only: lists are tuples
         await again.submit(commands.put_model(demo("c"), 4.0))
         assert set(again.snapshot().models) == {"b", "c"}
     finally:
         again.close()
 
 
-async def test_commits_continue_after_trio_retires_its_worker_threads(tmp_path: Path) -> None:
-    """The store is built in a trio worker thread; Raft must keep ticking after that
-    thread is retired (pysyncobj's own auto-tick thread would stop with it)."""
-    from trio._core._thread_cache import IDLE_TIMEOUT
+async def in_a_thread_that_exits(build: Callable[[], T]) -> T:
+    """Run `build` in a new thread and return once that thread has exited, the way trio
+    retires an idle worker thread (after ~10 s): whatever was bound to it is gone."""
+    box: list[T] = []
+    errors: list[BaseException] = []
 
-    store = await open_store(tmp_path, free_port())
+    def target() -> None:
+        try:
+            box.append(build())
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    await trio.to_thread.run_sync(thread.join)
+    assert not thread.is_alive()
+    if errors:
+        raise errors[0]
+    return box[0]
+
+
+async def test_commits_continue_after_the_thread_that_built_the_store_exits(tmp_path: Path) -> None:
+    """The store is built in a worker thread that trio later retires. Raft must keep ticking
+    after that thread is gone: pysyncobj's own auto-tick thread would stop with it (the
+    store then never elects itself, or stops committing), ours does not."""
+    store = RaftStore(self_addr=f"127.0.0.1:{free_port()}", peers=[], state_dir=tmp_path,
+                      run_in_thread=in_a_thread_that_exits)
+    await store.start()
     try:
-        await store.submit(commands.put_setting("guard.enabled", False, 1.0))
-        await trio.sleep(IDLE_TIMEOUT + 1.5)
-        with trio.fail_after(3):
-            await store.submit(commands.put_setting("guard.enabled", True, 2.0))
+        await store.wait_ready(timeout=10)
+        await store.submit(commands.put_setting("guard.enabled", False, 1.0), timeout=5)
+        await store.submit(commands.put_setting("guard.enabled", True, 2.0), timeout=5)
         assert store.snapshot().settings["guard.enabled"] is True
     finally:
         store.close()
+
+
+async def test_not_ready_is_an_error_that_says_why(tmp_path: Path, autojump: trio.testing.MockClock) -> None:
+    """A two-member group whose other member never runs has no leader: wait_ready gives up
+    after its deadline (virtual time here) with words, not a bare TooSlowError."""
+    missing = f"127.0.0.1:{free_port()}"
+    store = RaftStore(self_addr=f"127.0.0.1:{free_port()}", peers=[missing], state_dir=tmp_path)
+    await store.start()
+    try:
+        with pytest.raises(StoreNotReady) as e:
+            await store.wait_ready(timeout=30)
+        assert isinstance(e.value, CannotStart), "the lifecycle reports it as a failed start"
+        message = str(e.value)
+        assert "did not become ready within 30 s" in message
+        assert "no leader" in message and missing in message
+    finally:
+        store.close()
+
+
+async def test_close_abandons_a_stuck_raft_thread(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A tick that never returns (pysyncobj spinning on a damaged journal) must not hang
+    the stop: close() gives up on the thread after store_close_s and says so."""
+    hang, stuck, release, unstuck = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+    built: list[Any] = []
+
+    def build_with_a_tick_that_can_hang(build: Callable[[], Any]) -> Awaitable[Any]:
+        def wrapped() -> Any:
+            obj = build()
+            built.append(obj)
+            real_tick = obj.doTick
+
+            def tick(timeout: float) -> None:  # stands in for pysyncobj's endless loop
+                if hang.is_set():
+                    stuck.set()
+                    release.wait()
+                    unstuck.set()  # the thread then sees close() and ends
+                    return
+                real_tick(timeout)
+
+            obj.doTick = tick
+            return obj
+
+        return trio.to_thread.run_sync(wrapped)
+
+    timeouts = dataclasses.replace(TIMEOUTS, store_close_s=0.2)
+    store = RaftStore(self_addr=f"127.0.0.1:{free_port()}", peers=[], state_dir=tmp_path, timeouts=timeouts,
+                      run_in_thread=build_with_a_tick_that_can_hang)
+    await store.start()
+    try:
+        await store.wait_ready(timeout=10)
+        hang.set()
+        assert await trio.to_thread.run_sync(lambda: stuck.wait(10))
+        closer = threading.Thread(target=store.close, daemon=True)
+        closer.start()
+        await trio.to_thread.run_sync(lambda: closer.join(10))
+        assert not closer.is_alive(), "close() waited on a stuck Raft thread"
+        assert "raft thread did not stop within 0.2 s; abandoned" in caplog.text
+    finally:
+        release.set()
+        ended = await trio.to_thread.run_sync(lambda: unstuck.wait(10))
+        if built and ended:
+            built[0].destroy()  # what close() left undone; the test process goes on
+
+
+async def test_a_busy_raft_port_fails_the_start_with_the_address(tmp_path: Path) -> None:
+    """pysyncobj retries a busy port forever (at 100% CPU); the store fails at once instead."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        store = RaftStore(self_addr=addr, peers=[], state_dir=tmp_path)
+        with trio.fail_after(10), pytest.raises(CannotStart) as e:
+            await store.start()
+    assert str(e.value) == f"Raft cannot listen on {addr}: Address already in use"
+    assert list(tmp_path.iterdir()) == [], "found before the journal is opened"

@@ -20,18 +20,16 @@ OPERATIONS = REPO / "docs" / "operations.md"
 # Files the scan leaves out, each with its reason.
 NOT_SCANNED = {
     "llmgw/domain/timeouts.py": "the table itself",
-    # Being reworked by another change; wired to the table right after it lands.
-    "llmgw/store/raft.py": "not yet wired",
-    "llmgw/cli/_up_run.py": "not yet wired",
-    "llmgw/cli/_lifecycle.py": "not yet wired",
-    "llmgw/cli/roles.py": "not yet wired",
-    "llmgw/statedir.py": "not yet wired",
-    "llmgw/startup.py": "not yet wired",
 }
 # The test harness's own waits (how long a test waits for a process) are not llmgw's timeouts.
 NOT_SCANNED_DIRS = ("llmgw/testing/",)
 # (file, source text of the flagged node): literal waits that are not tunables. Keep it tiny.
-EXEMPT: set[tuple[str, str]] = set()
+EXEMPT: set[tuple[str, str]] = {
+    # How long a signal already delivered may take to reach trio's receiver while it is drained.
+    ("llmgw/cli/_lifecycle.py", "_DRAIN_SIGNALS_S = 0.05"),
+    # A lock holder writes its pid right after taking the lock: the reader gives it 20 × 10 ms.
+    ("llmgw/statedir.py", "time.sleep(0.01)"),
+}
 
 _TIMED_CALLS = {"sleep", "move_on_after", "fail_after"}  # trio's (and time.sleep): a relative wait
 _TIMED_KEYWORDS = {"timeout", "connect", "read", "write", "pool", "keepalive_expiry"}  # httpx's among them
