@@ -45,6 +45,7 @@ def control(
     import trio
 
     from llmgw import logs, statedir
+    from llmgw.cli import _ports
     from llmgw.cli._lifecycle import serve_until_signal
     from llmgw.control.service import ControlConfig, Seed, serve
 
@@ -54,7 +55,14 @@ def control(
         logs.setup(json_lines=log_json, level=log_level, log_file=state_dir / "logs" / "control.log")
         cfg = ControlConfig(state_dir=state_dir, raft_addr=raft_addr, admin_host=admin_host, admin_port=admin_port,
                             peers=list(peer or []), seed=Seed(admin_key=key) if key else None)
-        status = trio.run(serve_until_signal, serve, cfg)
+
+        async def serve_naming_ports(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
+            async with trio.open_nursery() as nursery:
+                with _ports.naming("admin API", admin_host, admin_port, "--admin-addr"):
+                    handle = await nursery.start(serve, cfg)
+                task_status.started(handle)
+
+        status = trio.run(serve_until_signal, serve_naming_ports)
     sys.exit(status)
 
 

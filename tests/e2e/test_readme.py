@@ -93,8 +93,11 @@ def test_every_shell_block_of_the_readme_runs(clone: Path) -> None:
 
 def test_make_up_passes_flags_through() -> None:
     # The README's way to other ports; a dry run (-n) shows the command make would run.
-    out = subprocess.run(["make", "-n", "up", "ARGS=--gateway-port 9080 --admin-port 9081"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=30)
+    # Run as a top-level make: under `make test` the inherited MAKELEVEL/MAKEFLAGS would add
+    # "Entering/Leaving directory" lines.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    out = subprocess.run(["make", "--no-print-directory", "-n", "up", "ARGS=--gateway-port 9080 --admin-port 9081"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=30, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == ".venv/bin/llmgw up --gateway-port 9080 --admin-port 9081"
     assert 'make up ARGS="--gateway-port 9080 --admin-port 9081"' in README.read_text()

@@ -120,3 +120,21 @@ def test_a_role_refuses_a_state_dir_in_use(tmp_path: Path, role: str) -> None:
         assert out.stderr.strip() == (f"error: state dir {state.resolve()} is in use by pid {os.getpid()} (llmgw up); "
                                       "stop it first or use --state-dir")
         assert [p.name for p in state.iterdir()] == ["lock"]
+
+
+def test_control_names_a_busy_admin_port_and_its_flag(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "llmgw", "control", "--state-dir", str(tmp_path / "c"),
+             "--raft-addr", f"127.0.0.1:{free_port()}", "--admin-addr", f"127.0.0.1:{port}"],
+            env={**os.environ, "LLMGW_ADMIN_KEY": ADMIN}, capture_output=True, text=True, timeout=60,
+        )
+    assert done.returncode == 1, done.stderr
+    assert (f"cannot start: the admin API port 127.0.0.1:{port} is already in use (another llmgw up?); "
+            "pick another with --admin-addr") in done.stderr
+    assert "Traceback" not in done.stderr
