@@ -10,10 +10,8 @@ whitespace-separated word. Prompts and replies are never logged.
 from __future__ import annotations
 
 import base64
-import hashlib
 import itertools
 import logging
-import math
 import re
 import signal
 import struct
@@ -43,13 +41,23 @@ from llmgw.asgi import (
 from llmgw.domain.model import ROLES
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.engines import EngineError, engine_parser, parse_engine_args
+from llmgw.engines.sim_requests import (
+    check_input,
+    check_messages,
+    check_optional,
+    check_prompt,
+    content_text,
+    count_words,
+    embed,
+    focus_text,
+    max_tokens,
+)
 from llmgw.errors import OpenAIError, first_error
 
 __all__ = ["SimApp", "SimOptions", "embed", "main", "make_app", "run", "serve"]
 
 logger = logging.getLogger("llmgw.engine.sim")
 
-DEFAULT_MAX_TOKENS = 64
 FAIL_START_STATUS = 3
 _MAX_EMBEDDING_DIM = 8192
 _UNSAFE_MARKER = re.compile(r"\[unsafe:(S\d{1,2})\]")
@@ -151,16 +159,16 @@ class SimApp:
             raise OpenAIError(400, "unsupported_endpoint", words, param="model")
         chat = path == "/v1/chat/completions"
         if chat:
-            messages = _check_messages(body)
-            prompts = [_focus_text(messages, through_end=self.opts.role == "guard")]
-            prompt_tokens = sum(_count_words(_content_text(m.get("content"))) for m in messages)
+            messages = check_messages(body)
+            prompts = [focus_text(messages, through_end=self.opts.role == "guard")]
+            prompt_tokens = sum(count_words(content_text(m.get("content"))) for m in messages)
         else:
-            prompts = _check_prompt(body)
-            prompt_tokens = sum(_count_words(p) for p in prompts)
-        _check_optional(body, "model", str)
-        limit = _max_tokens(body)
-        stream = _check_optional(body, "stream", bool) or False
-        options = _check_optional(body, "stream_options", dict) or {}
+            prompts = check_prompt(body)
+            prompt_tokens = sum(count_words(p) for p in prompts)
+        check_optional(body, "model", str)
+        limit = max_tokens(body)
+        stream = check_optional(body, "stream", bool) or False
+        options = check_optional(body, "stream_options", dict) or {}
         include_usage = options.get("include_usage", False)
         if not isinstance(include_usage, bool):
             param = "stream_options.include_usage"
@@ -275,14 +283,14 @@ class SimApp:
         if self.opts.role != "embedding":
             words = f"model {self.opts.model} has role {self.opts.role}; embeddings need an embedding model"
             raise OpenAIError(400, "unsupported_endpoint", words, param="model")
-        texts = _check_input(body)
-        _check_optional(body, "model", str)
-        dim = _check_optional(body, "dimensions", int)
+        texts = check_input(body)
+        check_optional(body, "model", str)
+        dim = check_optional(body, "dimensions", int)
         if dim is None:
             dim = self.opts.embedding_dim
         elif not 0 < dim <= _MAX_EMBEDDING_DIM:
             raise OpenAIError(400, None, f"dimensions must be in 1..{_MAX_EMBEDDING_DIM}", param="dimensions")
-        encoding = _check_optional(body, "encoding_format", str) or "float"
+        encoding = check_optional(body, "encoding_format", str) or "float"
         if encoding not in ("float", "base64"):
             raise OpenAIError(400, None, "encoding_format must be 'float' or 'base64'", param="encoding_format")
         data = []
@@ -293,121 +301,13 @@ class SimApp:
                 # What OpenAI SDKs ask for by default: little-endian float32.
                 value = base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
             data.append({"object": "embedding", "index": index, "embedding": value})
-        tokens = sum(_count_words(t) for t in texts)
+        tokens = sum(count_words(t) for t in texts)
         return {
             "object": "list",
             "data": data,
             "model": self.opts.model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
-
-
-def embed(text: str, dim: int) -> list[float]:
-    """A deterministic unit vector of `dim` floats derived from sha256(text)."""
-    seed = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
-    raw = b"".join(hashlib.sha256(seed + block.to_bytes(4, "big")).digest() for block in range((dim + 7) // 8))
-    values = [(u / 2**31) - 1.0 for u in struct.unpack(f">{dim}I", raw[: 4 * dim])]
-    norm = math.sqrt(sum(v * v for v in values)) or 1.0
-    return [v / norm for v in values]
-
-
-# -- request parsing ------------------------------------------------------------
-
-
-def _check_optional(body: dict[str, Any], name: str, kind: type[Any]) -> Any:
-    value = body.get(name)
-    # bool is an int in Python; a JSON true is not a count.
-    if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
-        raise OpenAIError(400, "invalid_type", f"'{name}' must be of type {_json_type(kind)}", param=name)
-    return value
-
-
-def _json_type(kind: type[Any]) -> str:
-    return {str: "string", bool: "boolean", int: "integer", dict: "object", list: "array"}.get(kind, kind.__name__)
-
-
-def _max_tokens(body: dict[str, Any]) -> int:
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = _check_optional(body, name, int)
-        if value is not None:
-            if value < 1:
-                raise OpenAIError(400, "invalid_value", f"'{name}' must be at least 1", param=name)
-            return int(value)
-    return DEFAULT_MAX_TOKENS
-
-
-def _check_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if messages is None:
-        raise OpenAIError(400, "missing_required_parameter", "'messages' is required", param="messages")
-    if not isinstance(messages, list) or not messages:
-        raise OpenAIError(400, "invalid_type", "'messages' must be a non-empty array", param="messages")
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise OpenAIError(400, "invalid_type", f"'{where}' must be an object", param=where)
-        if not isinstance(message.get("role"), str):
-            raise OpenAIError(400, "invalid_type", f"'{where}.role' must be a string", param=f"{where}.role")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str) and not _is_text_parts(content):
-            words = f"'{where}.content' must be a string or an array of text parts"
-            raise OpenAIError(400, "invalid_type", words, param=f"{where}.content")
-    return messages
-
-
-def _is_text_parts(content: Any) -> bool:
-    return isinstance(content, list) and all(
-        isinstance(part, dict) and (part.get("type") != "text" or isinstance(part.get("text"), str))
-        for part in content
-    )
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(p["text"] for p in content if p.get("type") == "text")
-    return ""
-
-
-def _focus_text(messages: list[dict[str, Any]], *, through_end: bool) -> str:
-    """The last user message; with `through_end` also what follows it (a judged response)."""
-    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
-    if last_user is None:
-        return ""
-    chosen = messages[last_user:] if through_end else messages[last_user : last_user + 1]
-    return " ".join(_content_text(m.get("content")) for m in chosen)
-
-
-def _check_prompt(body: dict[str, Any]) -> list[str]:
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise OpenAIError(400, "missing_required_parameter", "'prompt' is required", param="prompt")
-    if isinstance(prompt, str):
-        return [prompt]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        return prompt
-    message = "'prompt' must be a string or a non-empty array of strings"
-    raise OpenAIError(400, "invalid_type", message, param="prompt")
-
-
-def _check_input(body: dict[str, Any]) -> list[str]:
-    value = body.get("input")
-    if value is None:
-        raise OpenAIError(400, "missing_required_parameter", "'input' is required", param="input")
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return value
-    message = "'input' must be a string or a non-empty array of strings"
-    raise OpenAIError(400, "invalid_type", message, param="input")
-
-
-def _count_words(text: str) -> int:
-    return len(text.split())
-
-
-# -- server and process ---------------------------------------------------------
 
 
 async def serve(

@@ -41,6 +41,15 @@ from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError, describe
+from llmgw.gateway.checks import (
+    POST_PATHS,
+    ROLES_FOR,
+    allow,
+    bearer,
+    check_request,
+    model_doc,
+    role_words,
+)
 from llmgw.gateway.router import NoEndpoint, Router
 from llmgw.interfaces import StateReader
 from llmgw.logs import request_id_var, role_var
@@ -61,8 +70,6 @@ _access = logging.getLogger("llmgw.gateway.access")
 # (for at most `Timeouts.gateway_drain_body_s`).
 DRAIN_FACTOR = 4
 
-_POST_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding"}
-_ROLES_FOR = {"chat": ("chat", "guard"), "completion": ("chat", "guard"), "embedding": ("embedding",)}
 # Hop-by-hop (RFC 9110 §7.6.1) plus what this server sets itself.
 _DROP_UPSTREAM = frozenset(
     {
@@ -181,18 +188,18 @@ class GatewayApp:
         method: str = scope["method"]
         path: str = scope["path"]
         if path == "/health":
-            _allow(method, "GET")
+            allow(method, "GET")
             await self._send(ex, send, 200, dumps({"status": "ok"}))
             return
-        kind = _POST_PATHS.get(path)
+        kind = POST_PATHS.get(path)
         if kind is None:
             if path == "/v1/models" or path.startswith("/v1/models/"):
-                _allow(method, "GET")
+                allow(method, "GET")
                 self._authenticate(scope, self.deps.state.snapshot())
                 await self._send(ex, send, 200, dumps(self._models(path[len("/v1/models/") :])))
                 return
             raise OpenAIError(404, "not_found", f"unknown path {method} {path}")
-        _allow(method, "POST")
+        allow(method, "POST")
         snap = self.deps.state.snapshot()
         self._authenticate(scope, snap)
         if effective(snap.settings, "serving.stopped"):
@@ -200,13 +207,13 @@ class GatewayApp:
                                                      "resumes it (`llmgw ctl settings serving.stopped false`)")
         raw = await read_body(scope, receive, ex, self.deps.max_body_bytes)
         body = parse_object(raw)
-        name, stream = _check_request(kind, body)
+        name, stream = check_request(kind, body)
         model = snap.models.get(name)
         if model is None:
             raise OpenAIError(404, "model_not_found", f"the model {name!r} does not exist", param="model")
         ex.model = name  # only catalog names reach the log: they are validated, a client's are not
-        if model.role not in _ROLES_FOR[kind]:
-            raise OpenAIError(400, "model_not_supported", _role_words(name, model.role, path), param="model")
+        if model.role not in ROLES_FOR[kind]:
+            raise OpenAIError(400, "model_not_supported", role_words(name, model.role, path), param="model")
         deadline = trio.current_time() + model.activation_window_s
         refusal: OpenAIError | None = None
         async with trio.open_nursery() as nursery:
@@ -228,7 +235,7 @@ class GatewayApp:
     # --- checks -----------------------------------------------------------------
 
     def _authenticate(self, scope: Scope, snap: ClusterState) -> None:
-        key = _bearer(scope["headers"])
+        key = bearer(scope["headers"])
         if not key:
             raise OpenAIError(
                 401,
@@ -245,8 +252,8 @@ class GatewayApp:
         if one:
             if one not in models:
                 raise OpenAIError(404, "model_not_found", f"the model {one!r} does not exist", param="model")
-            return _model_doc(one)
-        return {"object": "list", "data": [_model_doc(name) for name in sorted(models)]}
+            return model_doc(one)
+        return {"object": "list", "data": [model_doc(name) for name in sorted(models)]}
 
     # --- the proxy --------------------------------------------------------------
 
@@ -346,64 +353,6 @@ class GatewayApp:
 
 
 # --- helpers ----------------------------------------------------------------------
-
-
-def _allow(method: str, allowed: str) -> None:
-    if method != allowed:
-        words = f"method {method} is not allowed here; use {allowed}"
-        raise OpenAIError(405, "method_not_allowed", words, headers=[(b"allow", allowed.encode())])
-
-
-def _bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
-    for name, value in headers:
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            return token.strip() if scheme.lower() == "bearer" else None
-    return None
-
-
-def _check_request(kind: str, body: dict[str, Any]) -> tuple[str, bool]:
-    """The model name and whether to stream; raises on what an engine should never see."""
-    name = body.get("model")
-    if name is None:
-        raise OpenAIError(400, "missing_required_parameter", "'model' is required", param="model")
-    if not isinstance(name, str) or not name:
-        raise OpenAIError(400, "invalid_type", "'model' must be a non-empty string", param="model")
-    if kind == "chat":
-        messages = body.get("messages")
-        if messages is None:
-            raise OpenAIError(400, "missing_required_parameter", "'messages' is required", param="messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise OpenAIError(400, "invalid_type", "'messages' must be a non-empty array of objects", param="messages")
-    elif kind == "completion":
-        _string_or_list(body, "prompt")
-    else:
-        _string_or_list(body, "input")
-    stream = body.get("stream")
-    if stream is None:
-        return name, False
-    if not isinstance(stream, bool):
-        raise OpenAIError(400, "invalid_type", "'stream' must be true or false", param="stream")
-    return name, stream
-
-
-def _string_or_list(body: dict[str, Any], key: str) -> None:
-    value = body.get(key)
-    if value is None:
-        raise OpenAIError(400, "missing_required_parameter", f"'{key}' is required", param=key)
-    if not isinstance(value, (str, list)):
-        raise OpenAIError(400, "invalid_type", f"'{key}' must be a string or an array", param=key)
-
-
-def _role_words(name: str, role: str, path: str) -> str:
-    if role == "embedding":
-        return f"model {name!r} is an embedding model; use /v1/embeddings"
-    return f"model {name!r} is a {role} model and does not serve {path}"
-
-
-def _model_doc(name: str) -> dict[str, Any]:
-    # The catalog keeps no creation time; 0 keeps the field an integer as SDKs expect.
-    return {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
 
 
 def _response_headers(raw: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:

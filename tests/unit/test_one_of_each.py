@@ -137,3 +137,10 @@ def test_docs_cite_nothing_a_clone_lacks() -> None:
             if re.search(r"\.\./shared|\bSPEC\b|ARCHITECTURE\.md|\(S\d{1,2}\)", line):
                 bad.append(f"{page.relative_to(REPO)}:{n}: {line.strip()}")
     assert not bad, "\n".join(bad)
+
+
+def test_no_module_over_500_lines() -> None:
+    """A module stays small enough to hold in one's head; past 500 lines, split it along a seam."""
+    long = {str(p.relative_to(REPO)): n for p in LLMGW.rglob("*.py")
+            if "__pycache__" not in p.parts and (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+    assert not long, long

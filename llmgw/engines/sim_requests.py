@@ -1,0 +1,121 @@
+"""What the simulator reads from a request: the checks of each endpoint's fields, the text
+it answers to, and `embed`, its deterministic embedding. Pure functions; refusals are `OpenAIError`s."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from typing import Any
+
+from llmgw.errors import OpenAIError
+
+DEFAULT_MAX_TOKENS = 64
+
+
+def embed(text: str, dim: int) -> list[float]:
+    """A deterministic unit vector of `dim` floats derived from sha256(text)."""
+    seed = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    raw = b"".join(hashlib.sha256(seed + block.to_bytes(4, "big")).digest() for block in range((dim + 7) // 8))
+    values = [(u / 2**31) - 1.0 for u in struct.unpack(f">{dim}I", raw[: 4 * dim])]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return [v / norm for v in values]
+
+
+# -- request parsing ------------------------------------------------------------
+
+
+def check_optional(body: dict[str, Any], name: str, kind: type[Any]) -> Any:
+    value = body.get(name)
+    # bool is an int in Python; a JSON true is not a count.
+    if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+        raise OpenAIError(400, "invalid_type", f"'{name}' must be of type {_json_type(kind)}", param=name)
+    return value
+
+
+def _json_type(kind: type[Any]) -> str:
+    return {str: "string", bool: "boolean", int: "integer", dict: "object", list: "array"}.get(kind, kind.__name__)
+
+
+def max_tokens(body: dict[str, Any]) -> int:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = check_optional(body, name, int)
+        if value is not None:
+            if value < 1:
+                raise OpenAIError(400, "invalid_value", f"'{name}' must be at least 1", param=name)
+            return int(value)
+    return DEFAULT_MAX_TOKENS
+
+
+def check_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if messages is None:
+        raise OpenAIError(400, "missing_required_parameter", "'messages' is required", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError(400, "invalid_type", "'messages' must be a non-empty array", param="messages")
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise OpenAIError(400, "invalid_type", f"'{where}' must be an object", param=where)
+        if not isinstance(message.get("role"), str):
+            raise OpenAIError(400, "invalid_type", f"'{where}.role' must be a string", param=f"{where}.role")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str) and not _is_text_parts(content):
+            words = f"'{where}.content' must be a string or an array of text parts"
+            raise OpenAIError(400, "invalid_type", words, param=f"{where}.content")
+    return messages
+
+
+def _is_text_parts(content: Any) -> bool:
+    return isinstance(content, list) and all(
+        isinstance(part, dict) and (part.get("type") != "text" or isinstance(part.get("text"), str))
+        for part in content
+    )
+
+
+def content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(p["text"] for p in content if p.get("type") == "text")
+    return ""
+
+
+def focus_text(messages: list[dict[str, Any]], *, through_end: bool) -> str:
+    """The last user message; with `through_end` also what follows it (a judged response)."""
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    if last_user is None:
+        return ""
+    chosen = messages[last_user:] if through_end else messages[last_user : last_user + 1]
+    return " ".join(content_text(m.get("content")) for m in chosen)
+
+
+def check_prompt(body: dict[str, Any]) -> list[str]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise OpenAIError(400, "missing_required_parameter", "'prompt' is required", param="prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return prompt
+    message = "'prompt' must be a string or a non-empty array of strings"
+    raise OpenAIError(400, "invalid_type", message, param="prompt")
+
+
+def check_input(body: dict[str, Any]) -> list[str]:
+    value = body.get("input")
+    if value is None:
+        raise OpenAIError(400, "missing_required_parameter", "'input' is required", param="input")
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return value
+    message = "'input' must be a string or a non-empty array of strings"
+    raise OpenAIError(400, "invalid_type", message, param="input")
+
+
+def count_words(text: str) -> int:
+    return len(text.split())
+
+
+# -- server and process ---------------------------------------------------------
