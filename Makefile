@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv up test bench zipapp clean
+.PHONY: venv system-packages up test bench zipapp clean
 
 venv: $(VENV)/.stamp
 
@@ -26,7 +26,11 @@ $(VENV)/.stamp: pyproject.toml
 up: venv
 	$(BIN)/llmgw up $(ARGS)
 
-test: venv
+# ip, ping, arping for the floating-address tests (network namespaces); installs only what is missing.
+system-packages:
+	@.ci/system-packages.sh
+
+test: venv system-packages
 	LLMGW_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q
 
 bench: venv

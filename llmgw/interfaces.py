@@ -50,6 +50,50 @@ class WritableStore(StateReader, Protocol):
     def is_leader(self) -> bool: ...
 
 
+class RaftGroup(Protocol):
+    """Control → its Raft group: this member's view of the group, commands sent through the
+    leader, and membership changes (one at a time, each committed through Raft)."""
+
+    def status(self) -> dict[str, Any]:
+        """This member's view: `self`, `leader`, `is_leader`, `ready`, `term`,
+        `commit_index`, `last_applied`, `member_change` (words while one is in flight, else None),
+        `partners` (each other member's Raft address -> 2 when connected, else 0)."""
+        ...
+
+    async def submit(self, command: dict[str, Any], *, through_leader: bool = False) -> Any:
+        """As `WritableStore.submit`; `through_leader` lets a standby hand it to the leader."""
+        ...
+
+    async def add_member(self, raft_addr: str) -> None: ...
+
+    async def remove_member(self, raft_addr: str) -> None: ...
+
+
+class FloatingAddressError(Exception):
+    """A floating address could not be claimed, released or checked; the message says why."""
+
+
+class FloatingAddress(Protocol):
+    """The cluster's floating address (a VIP) on this machine: held by the leader alone.
+
+    Each call is bounded in time and idempotent: claiming a held address announces it
+    again, releasing one that is not held is done. Failures raise `FloatingAddressError`."""
+
+    def describe(self) -> str:
+        """What and where, for logs and status: "10.0.0.5/24 on eth0"."""
+        ...
+
+    async def claim(self) -> None:
+        """Put the address on this machine and tell the neighbours (gratuitous ARP)."""
+        ...
+
+    async def release(self) -> None: ...
+
+    async def holds(self) -> bool:
+        """Whether this machine has the address now (asked of the system, not remembered)."""
+        ...
+
+
 class GpuProbe(Protocol):
     """Discovers this node's accelerators (NVML, nvidia-smi, or a fake)."""
 

@@ -3,12 +3,23 @@
 Up (agent → control): hello, inventory, replicas (the full list, on every
 change), heartbeat. Down (control → agent): welcome, start_replica,
 stop_replica, refused. Each message is an object with a "type".
+
+The gateway ↔ control stream (a gateway follows the leader's table) is below
+`GATEWAY_STREAM_PATH`: up hello, demand, heartbeat; down welcome, table (the
+full table, on connect and on every change), heartbeat, refused.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from llmgw.domain.frozen import freeze, thaw
+from llmgw.domain.model import DefinitionError, ModelDef
+from llmgw.domain.observed import ROUTE_STATES, Endpoint, ModelRoute
+from llmgw.domain.state import ApiKey, ClusterState
 
 PROTOCOL_VERSION = 1
 STREAM_PATH = "/api/v1/agent/stream"
@@ -33,3 +44,80 @@ def loads(text: str | bytes) -> dict[str, Any]:
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise ProtocolError("a message is an object with a 'type'")
     return message
+
+
+# --- the gateway ↔ control stream --------------------------------------------------
+#
+# Level-triggered: every "table" is the whole table (no diffs), numbered by the
+# leader's `version` (it restarts with each leader). Keys travel as hashes only.
+
+GATEWAY_STREAM_PATH = "/api/v1/gateway/stream"
+GATEWAY_PROTOCOL_VERSION = 1
+
+
+def route_doc(route: ModelRoute) -> dict[str, Any]:
+    return {"model": route.model, "role": route.role, "state": route.state, "reason": route.reason,
+            "endpoints": [{"replica_id": e.replica_id, "url": e.url} for e in route.endpoints]}
+
+
+def route_from_doc(doc: Mapping[str, Any]) -> ModelRoute:
+    state = str(doc["state"])
+    if state not in ROUTE_STATES:
+        raise ProtocolError(f"unknown route state {state!r}")
+    endpoints = tuple(Endpoint(str(e["replica_id"]), str(e["url"])) for e in doc.get("endpoints", ()))
+    return ModelRoute(str(doc["model"]), str(doc.get("role", "")), state, endpoints, str(doc.get("reason", "")))
+
+
+def table_message(version: int, leader: str, state: ClusterState,
+                  routes: Mapping[str, ModelRoute] | None) -> dict[str, Any]:
+    """The table a gateway follows. `routes` None: the leader has not planned yet, so the
+    gateway keeps the routes it has (unknown is not "no endpoints")."""
+    return {
+        "type": "table",
+        "version": version,
+        "leader": leader,
+        "revision": state.revision,
+        "models": [m.to_doc() for _, m in sorted(state.models.items())],
+        "keys": [{"hash": k.key_hash, "name": k.name, "role": k.role} for _, k in sorted(state.keys.items())],
+        "settings": thaw(state.settings),
+        "routes": None if routes is None else [route_doc(r) for _, r in sorted(routes.items())],
+    }
+
+
+@dataclass(frozen=True)
+class GatewayTable:
+    """A "table" message, read: the state a gateway answers from (keys, models, settings;
+    no placements) and the routes (None: keep the current ones)."""
+
+    version: int
+    leader: str
+    state: ClusterState
+    routes: dict[str, ModelRoute] | None
+    skipped: tuple[str, ...] = ()  # "model: why" for each model this gateway could not read
+
+
+def read_table(message: Mapping[str, Any]) -> GatewayTable:
+    """Raises `ProtocolError` for a table that cannot be read at all; a model that does not
+    validate here (an older gateway) is skipped and named in `skipped`, the rest still apply."""
+    try:
+        models: dict[str, ModelDef] = {}
+        skipped: list[str] = []
+        for doc in message["models"]:
+            try:
+                model = ModelDef.from_doc(doc)
+            except DefinitionError as e:
+                skipped.append(f"{doc.get('name', '?') if isinstance(doc, dict) else '?'}: {e}")
+                continue
+            models[model.name] = model
+        keys = {str(k["hash"]): ApiKey(str(k["hash"]), str(k.get("name", "")), str(k["role"]), 0.0)
+                for k in message["keys"]}
+        settings = message["settings"]
+        if not isinstance(settings, dict):
+            raise ProtocolError("the table's settings are not an object")
+        raw_routes = message["routes"]
+        routes = None if raw_routes is None else {r.model: r for r in map(route_from_doc, raw_routes)}
+        state = ClusterState(revision=int(message["revision"]), models=MappingProxyType(models),
+                             settings=freeze(settings), keys=MappingProxyType(keys))
+        return GatewayTable(int(message["version"]), str(message.get("leader", "")), state, routes, tuple(skipped))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ProtocolError(f"unreadable table: {type(e).__name__}: {e}") from None

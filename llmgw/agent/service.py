@@ -1,7 +1,8 @@
-"""`serve(config)`: one stream to the control plane, reconnecting with backoff.
+"""`serve(config)`: one stream to the leading control plane, found among `controls`, followed
+to the next leader when it goes.
 
-Engines keep running while the stream is down; when it comes back the agent
-reports what it runs and control reconciles from there (level-triggered).
+Engines keep running while the stream is down; when it comes back (to any leader) the agent
+reports what it runs and control adopts it from there (level-triggered).
 """
 
 from __future__ import annotations
@@ -77,44 +78,111 @@ async def serve(config: AgentConfig, *, task_status: Any = trio.TASK_STATUS_IGNO
             supervisor.stop_all()  # engines are terminated as `engines` unwinds
 
 
+class _Refused(Exception):
+    """A control plane will not lead this agent; `leader_url` says where to go, if it knows."""
+
+    def __init__(self, control: str, reason: str, leader: Any, leader_url: Any) -> None:
+        super().__init__(f"{control} refused the stream: {reason} (leader: {leader or 'unknown'})")
+        self.leader_url = leader_url if isinstance(leader_url, str) and leader_url.startswith("http") else None
+
+    @classmethod
+    def of(cls, control: str, message: dict[str, Any]) -> _Refused:
+        return cls(control, str(message.get("reason", "")), message.get("leader"), message.get("leader_url"))
+
+
+class _Silent(Exception):
+    pass
+
+
 async def _connect_forever(config: AgentConfig, supervisor: Supervisor, link: _Link) -> None:
-    first, longest = config.timeouts.agent_reconnect_min_s, config.timeouts.agent_reconnect_max_s
-    delay = first
-    attempt = 0
+    """Find the leader among `controls` (or where a refusal points) and stay with it; again when it goes.
+
+    Every member is tried in turn, at once; only after a whole round failed does the agent pause
+    (with backoff and jitter), so the loss of a leader costs one failed connect, not a backoff;
+    while members answer that none leads (an election), the pause stays short.
+    A refusal that names the leader's URL is followed (one hop: two members pointing at each
+    other make no loop without pauses)."""
+    t = config.timeouts
+    controls = config.controls
+    delay = t.agent_reconnect_min_s
+    attempt = failed_in_round = 0
+    answered = False  # a member answered in this round (it refused: not the leader)
+    pointer: str | None = None
+    said: set[str] = set()  # failures logged since the last attach: a repeat goes to the debug log
     while True:
-        control = config.controls[attempt % len(config.controls)]
-        attempt += 1
+        followed = pointer is not None
+        if pointer is not None:
+            control, pointer = pointer, None
+        else:
+            control = controls[attempt % len(controls)]
+            attempt += 1
+        attached = trio.Event()
+        why, level = "", logging.WARNING
+        began = trio.current_time()
         try:
-            await _connect_once(control, config, supervisor, link)
-            delay = first
+            await _connect_once(control, config, supervisor, link, attached)
         # Nurseries wrap errors in groups (strict exception groups), hence except*.
+        except* _Refused as group:
+            refused = first_error(group)
+            assert isinstance(refused, _Refused)
+            why, level = str(refused), logging.INFO
+            answered = True
+            if refused.leader_url is not None and refused.leader_url != control and (
+                    not followed or attached.is_set()):
+                pointer = refused.leader_url
         except* HandshakeError as group:
-            log.warning("control %s refused the stream: %s", control, describe(first_error(group)))
-        except* (ConnectionClosed, OSError, trio.BrokenResourceError) as group:
-            log.warning("stream to %s lost: %s", control, describe(first_error(group)))
+            why = f"control {control} refused the stream: {describe(first_error(group))}"
+        except* _Silent:
+            why = f"no word from control {control} for {t.agent_silence_s:g} s: looking for the leader again"
+        except* (ConnectionClosed, OSError, trio.BrokenResourceError, trio.TooSlowError) as group:
+            why = f"stream to {control} lost: {describe(first_error(group))}"
         except* protocol.ProtocolError as group:
-            log.warning("control %s spoke an unexpected protocol: %s", control, describe(first_error(group)))
-        await trio.sleep(delay * (0.5 + random.random()))
-        delay = min(delay * 2, longest)
+            why = f"control {control} spoke an unexpected protocol: {describe(first_error(group))}"
+        if attached.is_set():
+            said.clear()
+            delay, failed_in_round, answered = t.agent_reconnect_min_s, 0, False
+            log.warning("lost the leader at %s (%s); engines keep running while the agent looks for the leader",
+                        control, why or "closed")
+            if trio.current_time() - began < t.agent_silence_s:  # a leader that drops us at once: no busy loop
+                await trio.sleep(delay * (0.5 + random.random()))
+            continue  # the next member at once
+        if why:
+            log.log(logging.DEBUG if why in said else level, "%s", why)
+            said.add(why)
+        if pointer is not None:
+            continue
+        failed_in_round += 1
+        if failed_in_round >= len(controls):  # every member tried: pause before the next round
+            failed_in_round = 0
+            # Members answer but none leads: an election, over in a second or two; keep asking often.
+            longest = min(t.agent_election_retry_s, t.agent_reconnect_max_s) if answered else t.agent_reconnect_max_s
+            answered = False
+            delay = min(delay, longest)
+            await trio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, longest)
 
 
-async def _connect_once(control: str, config: AgentConfig, supervisor: Supervisor, link: _Link) -> None:
+async def _connect_once(control: str, config: AgentConfig, supervisor: Supervisor, link: _Link,
+                        attached: trio.Event) -> None:
     """One stream, from TCP connect to close. We own the TCP stream and always close it:
     trio-websocket leaves it open after an abnormal closure or a refused handshake."""
+    t = config.timeouts
     url = urlsplit(_ws_url(control))
     host, port = url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "wss" else 80)
-    stream = await trio.open_tcp_stream(host, port)
+    with trio.fail_after(t.agent_silence_s):  # a machine that is down may never answer the connect
+        stream = await trio.open_tcp_stream(host, port)
     try:
         async with trio.open_nursery() as nursery:
-            ws = await wrap_client_stream(
-                nursery, stream, f"{host}:{port}", url.path,
-                extra_headers=[(b"authorization", f"Bearer {config.key}".encode())],
-                max_message_size=protocol.MAX_MESSAGE_BYTES,
-            )
+            with trio.fail_after(t.agent_silence_s):
+                ws = await wrap_client_stream(
+                    nursery, stream, f"{host}:{port}", url.path,
+                    extra_headers=[(b"authorization", f"Bearer {config.key}".encode())],
+                    max_message_size=protocol.MAX_MESSAGE_BYTES,
+                )
             try:
-                await _session(ws, config, supervisor, link)
+                await _session(ws, control, config, supervisor, link, attached)
             finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(config.timeouts.agent_stream_close_s):
+                with trio.CancelScope(shield=True), trio.move_on_after(t.agent_stream_close_s):
                     await ws.aclose()
                 nursery.cancel_scope.cancel()
     finally:
@@ -122,30 +190,41 @@ async def _connect_once(control: str, config: AgentConfig, supervisor: Superviso
             await stream.aclose()
 
 
-async def _session(ws: WebSocketConnection, config: AgentConfig, supervisor: Supervisor, link: _Link) -> None:
+async def _receive(ws: WebSocketConnection, silence_s: float) -> dict[str, Any]:
+    with trio.move_on_after(silence_s):
+        return protocol.loads(await ws.get_message())
+    raise _Silent()
+
+
+async def _session(ws: WebSocketConnection, control: str, config: AgentConfig, supervisor: Supervisor, link: _Link,
+                   attached: trio.Event) -> None:
+    silence = config.timeouts.agent_silence_s
     inventory = config.probe.inventory(config.node)
     await ws.send_message(protocol.dumps({
         "type": "hello", "protocol": protocol.PROTOCOL_VERSION, "node": config.node, "version": __version__,
     }))
     await ws.send_message(protocol.dumps({"type": "inventory", "inventory": inventory.to_doc()}))
-    first = protocol.loads(await ws.get_message())
+    first = await _receive(ws, silence)
     if first["type"] == "refused":
-        raise protocol.ProtocolError(f"refused: {first.get('reason', '')} (leader: {first.get('leader', '?')})")
+        raise _Refused.of(control, first)
     if first["type"] != "welcome":
         raise protocol.ProtocolError(f"expected welcome, got {first['type']!r}")
-    log.info("connected to control as node %s", config.node)
+    log.info("connected to the leader at %s (member %s) as node %s", control, first.get("leader", "?"), config.node)
+    attached.set()
     link.welcomed.set()
-    link.mark()
+    link.mark()  # the first report says what runs here: the leader adopts it
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_report, ws, supervisor, link, config.timeouts.stream_heartbeat_s)
         while True:
-            message = protocol.loads(await ws.get_message())
+            message = await _receive(ws, silence)
             kind = message["type"]
             if kind == "start_replica":
                 supervisor.start(str(message["replica_id"]), message.get("model", {}), list(message.get("gpus", [])))
             elif kind == "stop_replica":
                 supervisor.stop(str(message["replica_id"]))
-            else:
+            elif kind == "refused":  # the leader stepped down: find the next one
+                raise _Refused.of(control, message)
+            elif kind != "heartbeat":
                 log.debug("ignoring message %r", kind)
 
 

@@ -28,6 +28,8 @@ Run a control plane: Raft member, reconciler, admin API and the agents' stream.
 On a fresh state dir, LLMGW_ADMIN_KEY (required then) becomes the first admin key.""")
 app.command("llmgw.cli.roles:agent", name="agent",
             help="Run an agent: report this node, start and stop engines as the leading control plane says.")
+app.command("llmgw.cli.roles:gateway", name="gateway",
+            help="Run a gateway: the OpenAI-compatible /v1 API, following the leading control plane's table.")
 app.command("llmgw.cli.engine:engine_app", name="engine",
             help="Run one inference engine process (the agent starts these).")
 app.command("llmgw.cli.ctl:ctl_app", name="ctl", help="The operator's command line over the admin API.")

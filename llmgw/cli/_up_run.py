@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -42,6 +43,15 @@ class UpOptions:
     env_admin_key: str | None = None
 
 
+def raft_host(host: str) -> str:
+    """Where up's one-member Raft group listens: `--host`, or loopback when that is 0.0.0.0 / ::
+    (a Raft address is the member's name, never a wildcard, and no peer needs to reach it)."""
+    try:
+        return "127.0.0.1" if ipaddress.ip_address(host).is_unspecified else host
+    except ValueError:
+        return host  # a host name
+
+
 def new_key(prefix: str) -> str:
     return f"{prefix}-{secrets.token_urlsafe(32)}"
 
@@ -80,14 +90,14 @@ async def main(opts: UpOptions) -> int:
         log.error("%s", e)
         return 2
     try:
-        raft_port = opts.raft_port or free_port(opts.host)
+        raft_port = opts.raft_port or free_port(raft_host(opts.host))
     except OSError as e:  # a --host that no interface has
         log.error("cannot start: %s", _ports.why("Raft", opts.host, 0, "--raft-port", e))
         return 1
     router = Router()
     control_cfg = ControlConfig(
         state_dir=state_dir,
-        raft_addr=f"{url_host(opts.host)}:{raft_port}",
+        raft_addr=f"{url_host(raft_host(opts.host))}:{raft_port}",
         admin_host=opts.host,
         admin_port=opts.admin_port,
         seed=Seed(admin_key=keys["admin_key"], client_key=keys["client_key"], models=models),
@@ -104,7 +114,7 @@ async def _serve_all(opts: UpOptions, router: Router, control_cfg: ControlConfig
     async with trio.open_nursery() as nursery:
         # A port that cannot be bound is named, with the flag that picks another.
         if opts.raft_port:
-            _ports.check_free("Raft", opts.host, opts.raft_port, "--raft-port")
+            _ports.check_free("Raft", raft_host(opts.host), opts.raft_port, "--raft-port")
         with _ports.naming("admin API", opts.host, opts.admin_port, "--admin-port"):
             control = await nursery.start(control_serve, control_cfg)
         with _ports.naming("gateway", opts.host, opts.gateway_port, "--gateway-port"):

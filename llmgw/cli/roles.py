@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmgw.control.floating import IpFloatingAddress
 
 
 def _split_addr(addr: str) -> tuple[str, int]:
@@ -14,18 +18,71 @@ def _split_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _floating(address: str | None, interface: str | None) -> IpFloatingAddress | None:
+    if address is None and interface is None:
+        return None
+    if address is None or interface is None:
+        raise SystemExit("error: --floating-address and --floating-interface go together: give both or neither")
+    from llmgw.control.floating import IpFloatingAddress
+
+    try:
+        return IpFloatingAddress(address, interface)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def _raft_addr(addr: str) -> str:
+    """The member's Raft address: its name in the group, dialled by its peers, listened on alone."""
+    import ipaddress
+
+    host, _ = _split_addr(addr)
+    try:
+        wildcard = ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        wildcard = False  # a host name
+    if wildcard:
+        raise SystemExit(f"error: --raft-addr {addr}: give this member's address on the cluster's network "
+                         f"(its peers dial it, and Raft listens there only), not {host}")
+    return addr
+
+
+def _admin_url(url: str | None) -> str | None:
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise SystemExit(f"error: --admin-url {url!r}: give an http:// or https:// URL")
+    return url.rstrip("/") if url is not None else None
+
+
+def _cluster_secret(path: Path | None) -> str | None:
+    """The secret the operator gives: --cluster-secret-file, else LLMGW_CLUSTER_SECRET, else None."""
+    from llmgw.store.secret import ENV, SecretError, parse, read_file
+
+    try:
+        if path is not None:
+            return read_file(path)
+        env = os.environ.get(ENV)
+        return parse(env, ENV) if env is not None else None
+    except SecretError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def control(
     *,
     state_dir: Path,
     raft_addr: str,
     admin_addr: str,
     peer: list[str] | None = None,
+    join: bool = False,
+    admin_url: str | None = None,
+    cluster_secret_file: Path | None = None,
+    floating_address: str | None = None,
+    floating_interface: str | None = None,
     log_json: bool = False,
     log_level: str = "info",
 ) -> None:
     """Run a control plane: Raft member, reconciler, admin API and the agents' stream.
 
-    On a fresh state dir, LLMGW_ADMIN_KEY (required then) becomes the first admin key.
+    At the first start of a fresh group, LLMGW_ADMIN_KEY (required then) becomes its first admin
+    key and LLMGW_CLIENT_KEY (optional) its first client key, as in `llmgw up`.
 
     Parameters
     ----------
@@ -37,11 +94,26 @@ def control(
         HOST:PORT of the admin API.
     peer
         The other members' Raft HOST:PORT (repeat the flag).
+    join
+        Join a running group: wait, without a deadline, until a member adds this one
+        (`llmgw ctl members add RAFT_ADDR`); give every current member as --peer. Seeds nothing.
+    admin_url
+        The URL other members and clients reach this admin API at (default: from --admin-addr,
+        a wildcard host replaced by the --raft-addr host).
+    cluster_secret_file
+        The group's secret (default: LLMGW_CLUSTER_SECRET); a copy of the first member's
+        STATE_DIR/cluster.secret. Without it, a fresh state dir makes a new group's secret.
+    floating_address
+        ADDR/PREFIX held by whichever member leads (needs root or CAP_NET_ADMIN, and arping).
+    floating_interface
+        The interface the floating address goes on (with --floating-address).
     log_json
         One JSON object per log line instead of text.
     log_level
         debug, info, warning or error.
     """
+    import logging
+
     import trio
 
     from llmgw import logs, statedir
@@ -50,11 +122,21 @@ def control(
     from llmgw.control.service import ControlConfig, Seed, serve
 
     admin_host, admin_port = _split_addr(admin_addr)
+    raft_addr = _raft_addr(raft_addr)
+    cluster_secret = _cluster_secret(cluster_secret_file)
+    floating = _floating(floating_address, floating_interface)
     key = os.environ.get("LLMGW_ADMIN_KEY")
+    client_key = os.environ.get("LLMGW_CLIENT_KEY") or None
     with statedir.acquire_or_exit(state_dir, "llmgw control"):  # before anything in the dir is touched
         logs.setup(json_lines=log_json, level=log_level, log_file=state_dir / "logs" / "control.log")
+        if client_key and not key:
+            logging.getLogger("llmgw.control").warning(
+                "LLMGW_CLIENT_KEY is ignored: the first keys are given together, with LLMGW_ADMIN_KEY, at the first "
+                "start of a fresh group")
         cfg = ControlConfig(state_dir=state_dir, raft_addr=raft_addr, admin_host=admin_host, admin_port=admin_port,
-                            peers=list(peer or []), seed=Seed(admin_key=key) if key else None)
+                            peers=list(peer or []), seed=Seed(admin_key=key, client_key=client_key) if key else None,
+                            floating=floating, cluster_secret=cluster_secret, join=join,
+                            admin_url=_admin_url(admin_url))
 
         async def serve_naming_ports(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             async with trio.open_nursery() as nursery:
@@ -111,4 +193,71 @@ def agent(
         cfg = AgentConfig(controls=control, key=secret, state_dir=state_dir, node=node or socket.gethostname(),
                           engine_host=engine_host)
         status = trio.run(serve_until_signal, serve, cfg)
+    sys.exit(status)
+
+
+def gateway(
+    *,
+    control: list[str],
+    listen: str,
+    state_dir: Path | None = None,
+    name: str | None = None,
+    key: str | None = None,
+    log_json: bool = False,
+    log_level: str = "info",
+) -> None:
+    """Run a gateway: the OpenAI-compatible /v1 API, following the leading control plane's table.
+
+    Parameters
+    ----------
+    control
+        Admin URL of a control plane (repeat the flag for each); the gateway finds the leader.
+    listen
+        HOST:PORT the /v1 API listens on.
+    state_dir
+        Where the gateway's log goes (locked: one process per dir); without it, stderr only.
+    name
+        How control lists this gateway (default: the host name).
+    key
+        The key to authenticate to control (default: LLMGW_KEY).
+    log_json
+        One JSON object per log line instead of text.
+    log_level
+        debug, info, warning or error.
+    """
+    import contextlib
+    import socket
+
+    import trio
+
+    from llmgw import logs, statedir
+    from llmgw.cli import _ports
+    from llmgw.cli._lifecycle import serve_until_signal
+    from llmgw.gateway.follower import GatewayConfig, serve
+
+    host, port = _split_addr(listen)
+    if not control:
+        raise SystemExit("error: give the admin URL of each control plane with --control")
+    for url in control:
+        if not url.startswith("http://"):
+            raise SystemExit(f"error: --control {url!r} is not an http:// URL (TLS to control is not supported yet)")
+    secret = key or os.environ.get("LLMGW_KEY")
+    if not secret:
+        raise SystemExit("error: give --key or set LLMGW_KEY (an admin key of the cluster)")
+    with contextlib.ExitStack() as held:
+        if state_dir is not None:  # before anything in the dir is touched
+            held.enter_context(statedir.acquire_or_exit(state_dir, "llmgw gateway"))
+        logs.setup(json_lines=log_json, level=log_level,
+                   log_file=state_dir / "logs" / "gateway.log" if state_dir is not None else None)
+        cfg = GatewayConfig(controls=control, key=secret, listen_host=host, listen_port=port,
+                            name=name or socket.gethostname())
+
+        async def serve_naming_port(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
+            async with trio.open_nursery() as nursery:
+                with _ports.naming("gateway", host, port, "--listen"):
+                    handle = await nursery.start(serve, cfg)
+                print(f"llmgw gateway ready url={handle.url}/v1", flush=True)
+                task_status.started(handle)
+
+        status = trio.run(serve_until_signal, serve_naming_port)
     sys.exit(status)

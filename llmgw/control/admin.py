@@ -1,23 +1,31 @@
 """The admin API (`/api/v1/...`, S14) and the agents' stream endpoint, as a quart-trio app.
 
 `make_app(deps)` receives its collaborators; a write returns after it is
-committed, so a read that follows it sees it. Refusals are
-`llmgw.errors.AdminError`s: `{"error": {"code", "message"}}`.
+committed, so a read that follows it sees it, and applies at most once per
+`Idempotency-Key`. Refusals, store errors included, are `llmgw.errors.AdminError`s:
+`{"error": {"code", "message"}}`.
 """
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
 import json
 import logging
+import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import trio
 from quart import Response, request, websocket
 from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
 from llmgw import __version__, protocol
+from llmgw.control import gateway_stream
 from llmgw.control.hub import AgentHub
+from llmgw.control.members import Members
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands, summary
 from llmgw.domain.commands import CommandError
@@ -28,10 +36,77 @@ from llmgw.domain.state import ClusterState
 from llmgw.domain.settings import SETTINGS, SettingError, effective, validate
 from llmgw.errors import AdminError
 from llmgw.interfaces import WritableStore
+from llmgw.store import CommitUnknown, NotLeader, StoreUnavailable
 
 log = logging.getLogger("llmgw.control.admin")
 
 MAX_BODY_BYTES = 1 << 20
+IDEMPOTENCY_KEY_MAX_CHARS = 200
+KEPT_REPLIES = 1024  # answers to keyed writes this member replays byte for byte
+WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
+
+
+@dataclass
+class _Write:
+    """One write request's idempotency: its command id, and the fingerprint of what it asked."""
+
+    cid: str
+    keyed: bool  # the client sent an Idempotency-Key (else `cid` is fresh, never seen again)
+    digest: str = ""
+
+
+@dataclass(frozen=True)
+class _Reply:
+    digest: str
+    status: int
+    body: bytes
+
+
+class _Replayed(Exception):
+    """A keyed write this member already answered: the first answer is sent again."""
+
+    def __init__(self, reply: _Reply) -> None:
+        self.reply = reply
+
+
+_write: contextvars.ContextVar[_Write] = contextvars.ContextVar("llmgw_admin_write")
+
+
+def idempotency_key(headers: Any) -> str | None:
+    """The request's `Idempotency-Key` (None when absent); 400 unless 1..200 printable ASCII."""
+    key: str | None = headers.get("idempotency-key")
+    if key is None:
+        return None
+    if not (0 < len(key) <= IDEMPOTENCY_KEY_MAX_CHARS and all(" " <= ch <= "~" for ch in key)):
+        raise AdminError(400, "invalid_idempotency_key",
+                         f"Idempotency-Key must be 1..{IDEMPOTENCY_KEY_MAX_CHARS} printable ASCII characters"
+                         " (a UUID is a good one)")
+    return key
+
+
+def scoped_cid(key_hash: str, key: str) -> str:
+    """The command id of a client's key: scoped to its admin key, so two clients never collide."""
+    return "k:" + hashlib.sha256(f"{key_hash}\n{key}".encode()).hexdigest()[:32]
+
+
+def store_error(error: Exception, keyed: bool) -> AdminError | None:
+    """The admin error for a store that could not commit (None: not a store error)."""
+    if isinstance(error, CommitUnknown):
+        retry = ("Retrying with the same Idempotency-Key is safe: the write is applied at most once."
+                 if keyed else
+                 "This request had no Idempotency-Key: read the state before retrying, or a retry may apply"
+                 " it twice.")
+        return AdminError(503, "commit_unknown",
+                          f"the write was handed to the Raft log but its commit was not confirmed ({error}): it may"
+                          f" or may not have been applied. {retry}")
+    if isinstance(error, NotLeader):
+        where = (f"the leader is the member with Raft address {error.leader}" if error.leader else
+                 "no leader is known (an election may be under way; retry shortly)")
+        return AdminError(503, "not_leader", f"this member is not the leader, so nothing was written; {where}")
+    if isinstance(error, StoreUnavailable):
+        return AdminError(503, "store_unavailable", f"the replicated store cannot take writes now, so nothing was"
+                                                    f" written: {error}")
+    return None
 
 
 @dataclass
@@ -42,6 +117,9 @@ class ControlDeps:
     clock: Callable[[], float]
     self_id: str = "local"
     store_status: Callable[[], dict[str, Any]] = field(default=lambda: {})
+    # The Raft group this member is one of: forwarding to the leader, the member table, changes.
+    # None: a store without a group (tests' MemoryStore); this member answers everything itself.
+    members: Members | None = None
 
 
 def _error(error: AdminError) -> Response:
@@ -57,13 +135,18 @@ def make_app(deps: ControlDeps) -> QuartTrio:
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.config["RESPONSE_TIMEOUT"] = None
 
-    def require_admin(headers: Any) -> None:
+    replies: OrderedDict[str, _Reply] = OrderedDict()
+
+    def require_admin(headers: Any) -> str:
+        """The admin key's hash; 401 unless the request carries an admin key of this cluster."""
         auth = headers.get("authorization", "")
         scheme, _, key = auth.partition(" ")
         if scheme.lower() != "bearer" or not key:
             raise AdminError(401, "unauthorized", "send the admin key as 'Authorization: Bearer <key>'")
-        if deps.store.snapshot().key_role(hash_key(key.strip())) != "admin":
+        key_hash = hash_key(key.strip())
+        if deps.store.snapshot().key_role(key_hash) != "admin":
             raise AdminError(401, "unauthorized", "this key is not an admin key of this cluster")
+        return key_hash
 
     async def body_json() -> Any:
         data = await request.get_data(as_text=False)
@@ -74,23 +157,48 @@ def make_app(deps: ControlDeps) -> QuartTrio:
         except (ValueError, UnicodeDecodeError) as e:
             raise AdminError(400, "invalid_json", f"the request body is not valid JSON: {e}") from None
 
+    def replay_kept(digest: str) -> None:
+        """Note what this write asks (`digest`); a keyed write this member already answered is
+        answered again as it was (`_Replayed`), and the same key for another request is refused."""
+        write = _write.get()
+        write.digest = digest
+        kept = replies.get(write.cid) if write.keyed else None
+        if kept is not None:
+            if kept.digest != write.digest:
+                raise AdminError(422, "idempotency_key_reused", "this Idempotency-Key was already used for a"
+                                 " different request; send a new key for a new request")
+            raise _Replayed(kept)
+
     async def commit(command: dict[str, Any]) -> Any:
+        """Commit this request's command under its idempotency id; its result once applied.
+
+        A keyed write this member already answered is answered again as it was (`_Replayed`);
+        one another member answered, or before a restart, returns the result it recorded."""
+        command = commands.with_cid(command, _write.get().cid)
+        replay_kept(commands.digest(command))
         try:
             return await deps.store.submit(command)
         except CommandError as e:
-            status = 404 if e.code.endswith("not_found") else 400
+            status = {"idempotency_key_reused": 422, "apply_failed": 500}.get(
+                e.code, 404 if e.code.endswith("not_found") else 400)
             raise AdminError(status, e.code, e.message) from None
 
-    def cluster_info() -> dict[str, Any]:
+    async def keep_reply(write: _Write, response: Response) -> None:
+        if write.keyed and write.digest and 200 <= response.status_code < 300:
+            replies[write.cid] = _Reply(write.digest, response.status_code, await response.get_data(as_text=False))
+            while len(replies) > KEPT_REPLIES:
+                replies.popitem(last=False)
+
+    async def cluster_info() -> dict[str, Any]:
+        if deps.members is not None:
+            return await deps.members.table(request.headers.get("authorization"))
         st = deps.store_status()
         leader = st.get("leader") or (deps.self_id if deps.store.is_leader() else None)
-        return {
-            "leader": leader,
-            "self": deps.self_id,
-            "version": __version__,
-            "members": [{"id": deps.self_id, "role": "leader" if deps.store.is_leader() else "standby",
-                         "state": "up", "commit_index": st.get("commit_index"), "last_applied": st.get("last_applied")}],
-        }
+        answer = {"role": "leader" if deps.store.is_leader() else "standby", "leader": leader, "ready": True,
+                  "commit_index": st.get("commit_index"), "applied_index": st.get("last_applied"),
+                  "revision": deps.store.snapshot().revision}
+        return {"leader": leader, "self": deps.self_id, "version": __version__,
+                "members": summary.member_rows([{"id": deps.self_id, "answer": answer}], deps.clock())}
 
     def views() -> dict[str, Any] | None:
         plan = deps.reconciler.last_plan
@@ -108,14 +216,48 @@ def make_app(deps: ControlDeps) -> QuartTrio:
     def one_model(name: str) -> dict[str, Any]:
         return model_doc(name, deps.store.snapshot(), deps.hub.observed(), views())
 
-    def route(rule: str, methods: list[str]) -> Callable[[Callable[..., Awaitable[Response]]], Any]:
+    def route(rule: str, methods: list[str], *,
+              local: bool = False) -> Callable[[Callable[..., Awaitable[Response]]], Any]:
+        """An admin route: the admin key checked, writes made idempotent, every refusal in the admin
+        error shape. On a standby, a route that is not `local` is forwarded to the leader."""
+        writes = WRITE_METHODS.intersection(methods)
+
         def wrap(fn: Callable[..., Awaitable[Response]]) -> Any:
             async def handler(**kwargs: Any) -> Response:
+                write: _Write | None = None
                 try:
-                    require_admin(request.headers)
-                    return await fn(**kwargs)
+                    if not local and deps.members is not None and not deps.store.is_leader():
+                        body = await request.get_data(as_text=False)
+                        assert isinstance(body, bytes)
+                        return await deps.members.forward(request.method, _raw_path(), body, request.headers)
+                    key_hash = require_admin(request.headers)
+                    if request.method not in writes:
+                        return await fn(**kwargs)
+                    key = idempotency_key(request.headers)
+                    write = _Write(scoped_cid(key_hash, key) if key else "u:" + uuid.uuid4().hex, key is not None)
+                    token = _write.set(write)
+                    try:
+                        response = await fn(**kwargs)
+                    finally:
+                        _write.reset(token)
+                    await keep_reply(write, response)
+                    return response
                 except AdminError as e:
                     return _error(e)
+                except _Replayed as r:
+                    return Response(r.reply.body, status=r.reply.status, content_type="application/json")
+                except HTTPException:
+                    raise  # 404, 405, 413: answered by the error handlers below, in the same shape
+                except Exception as e:
+                    keyed = write.keyed if write is not None else "idempotency-key" in request.headers
+                    known = store_error(e, keyed)
+                    if known is None:
+                        log.exception("admin request %s %s failed", request.method, request.path)
+                        known = AdminError(500, "internal_error", f"this member failed on the request "
+                                                                  f"({type(e).__name__}); it is logged")
+                    else:
+                        log.warning("%s %s: %s", request.method, request.path, known.message)
+                    return _error(known)
             handler.__name__ = fn.__name__
             return app.route(rule, methods=methods)(handler)
         return wrap
@@ -126,8 +268,8 @@ def make_app(deps: ControlDeps) -> QuartTrio:
 
     @route("/api/v1/status", ["GET"])
     async def status() -> Response:
-        state = deps.store.snapshot()
-        return _ok(summary.build(state, deps.hub.observed(), views(), cluster_info()))
+        cluster = await cluster_info()
+        return _ok(summary.build(deps.store.snapshot(), deps.hub.observed(), views(), cluster))
 
     @route("/api/v1/models", ["GET"])
     async def list_models() -> Response:
@@ -143,7 +285,9 @@ def make_app(deps: ControlDeps) -> QuartTrio:
             raise AdminError(400, "invalid_model", str(e)) from None
         result = await commit(commands.put_model(model, deps.clock()))
         log.info("model %s %s", model.name, "created" if result["created"] else "replaced")
-        return _ok({"model": one_model(model.name)}, 201 if result["created"] else 200)
+        # A retry answered from the recorded result may find the model removed since: its definition, then.
+        doc = one_model(model.name) if model.name in deps.store.snapshot().models else model.to_doc()
+        return _ok({"model": doc}, 201 if result["created"] else 200)
 
     @route("/api/v1/models/<path:name>", ["GET"])
     async def show_model(name: str) -> Response:
@@ -192,10 +336,36 @@ def make_app(deps: ControlDeps) -> QuartTrio:
     async def nodes() -> Response:
         return _ok({"nodes": summary.nodes(deps.store.snapshot(), deps.hub.observed())})
 
-    @route("/api/v1/cluster/members", ["GET"])
+    # Answered by the member asked, from its own view (so it also answers while there is no leader).
+    @route("/api/v1/cluster/members", ["GET"], local=True)
     async def members() -> Response:
-        info = cluster_info()
-        return _ok({"members": info["members"], "leader": info["leader"]})
+        return _ok(await cluster_info())
+
+    @route("/api/v1/cluster/self", ["GET"], local=True)
+    async def member_self() -> Response:
+        if deps.members is None:
+            raise AdminError(404, "not_found", "this control plane runs no Raft group")
+        return _ok(deps.members.self_doc())
+
+    @route("/api/v1/cluster/members", ["POST"])
+    async def add_member() -> Response:
+        doc = await body_json()
+        addr = doc.get("raft_addr") if isinstance(doc, dict) else None
+        replay_kept(commands.digest({"op": "members.add", "raft_addr": addr}))
+        if deps.members is None:
+            raise AdminError(409, "membership_unavailable", "this control plane runs no Raft group to add to")
+        result = await deps.members.add(addr)
+        log.info("member %s added to the group", result["added"])
+        return _ok(result, 201)
+
+    @route("/api/v1/cluster/members/<path:member>", ["DELETE"])
+    async def remove_member(member: str) -> Response:
+        replay_kept(commands.digest({"op": "members.remove", "raft_addr": member}))
+        if deps.members is None:
+            raise AdminError(409, "membership_unavailable", "this control plane runs no Raft group to remove from")
+        result = await deps.members.remove(member)
+        log.info("member %s removed from the group", member)
+        return _ok(result)
 
     @app.errorhandler(404)
     async def not_found(_: Any) -> Response:
@@ -209,6 +379,11 @@ def make_app(deps: ControlDeps) -> QuartTrio:
     async def too_large(_: Any) -> Response:
         return _error(AdminError(413, "request_too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes"))
 
+    @app.errorhandler(500)
+    async def internal(_: Any) -> Response:
+        # Anything the routes did not answer themselves: still the admin error shape, never HTML.
+        return _error(AdminError(500, "internal_error", "this member failed on the request; it is logged"))
+
     @app.websocket(protocol.STREAM_PATH)
     async def agent_stream() -> Any:
         try:
@@ -219,7 +394,16 @@ def make_app(deps: ControlDeps) -> QuartTrio:
         await _agent_session(deps)
         return None
 
+    gateway_stream.register(app, deps)  # remote gateways follow the leader's table
     return app
+
+
+def _raw_path() -> str:
+    """The request's path and query as the client sent them (escapes kept: `a%2Fb` stays one segment)."""
+    raw = request.scope.get("raw_path")
+    path = raw.decode("latin-1") if isinstance(raw, bytes) else request.path
+    query = request.query_string.decode("latin-1")
+    return f"{path}?{query}" if query else path
 
 
 async def _agent_session(deps: ControlDeps) -> None:
@@ -229,8 +413,9 @@ async def _agent_session(deps: ControlDeps) -> None:
         await websocket.send(protocol.dumps({"type": "refused", "reason": "unsupported protocol"}))
         return
     if not deps.store.is_leader():
+        status = deps.store_status()  # `leader_url`: where the agent goes next, once the leader announced it
         await websocket.send(protocol.dumps({"type": "refused", "reason": "not the leader",
-                                             "leader": deps.store_status().get("leader")}))
+                                             "leader": status.get("leader"), "leader_url": status.get("leader_url")}))
         return
     node = str(hello.get("node", ""))
     first = protocol.loads(await websocket.receive())
@@ -245,20 +430,34 @@ async def _agent_session(deps: ControlDeps) -> None:
         async with trio.open_nursery() as nursery:
             async def outbound() -> None:
                 async with receive:
-                    async for message in receive:
+                    while True:
+                        # A heartbeat when there is nothing to say: the agent tells a quiet leader from a dead one.
+                        message: dict[str, Any] = {"type": "heartbeat"}
+                        with trio.move_on_after(deps.hub.heartbeat_s):
+                            try:
+                                message = await receive.receive()
+                            except trio.EndOfChannel:
+                                break
                         await websocket.send(protocol.dumps(message))
-                nursery.cancel_scope.cancel()  # the hub closed this link (a newer stream replaced it)
+                nursery.cancel_scope.cancel()  # the hub closed this link (a newer stream, or this member stepped down)
 
             nursery.start_soon(outbound)
             while True:
-                message = protocol.loads(await websocket.receive())
+                # An agent whose machine vanished closes nothing: its silence is how the leader learns.
+                with trio.move_on_after(deps.hub.silence_s) as quiet:
+                    message = protocol.loads(await websocket.receive())
+                if quiet.cancelled_caught:
+                    log.warning("node %s said nothing for %g s: closing its stream", node, deps.hub.silence_s)
+                    nursery.cancel_scope.cancel()
+                    break
+                deps.hub.heard(link)
                 kind = message["type"]
                 if kind == "replicas":
                     reports = [ReplicaObs.from_doc(r, node) for r in message.get("replicas", [])]
                     deps.hub.report_replicas(link, reports)
                 elif kind == "inventory":
                     deps.hub.report_inventory(link, NodeInfo.from_doc({**message["inventory"], "node": node}))
-                # A "heartbeat" records nothing: it only keeps traffic on the stream, so a dead connection shows.
+                # A "heartbeat" records only the contact: traffic on the stream, so a dead connection shows.
     except protocol.ProtocolError as e:
         log.warning("node %s sent a bad message: %s", node, e)
     except (KeyError, ValueError, TypeError) as e:

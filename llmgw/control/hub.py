@@ -1,6 +1,7 @@
-"""The leader's memory of its agents: inventories, replica reports, open streams.
+"""The leader's memory of its agents: inventories, replica reports, open streams, last contact.
 
-Rebuilt from scratch when agents reconnect; never written to Raft.
+Rebuilt from scratch when agents reconnect; never written to Raft. A member that starts
+leading begins a new term here (`take_office`); one that stops lets its agents go (`release`).
 """
 
 from __future__ import annotations
@@ -31,12 +32,16 @@ class AgentHub:
     def __init__(self, clock: Callable[[], float] = time.time, timeouts: Timeouts = TIMEOUTS) -> None:
         self._clock = clock
         self._resend_s = timeouts.start_resend_s  # a start not acted on is sent again after this long
+        self.heartbeat_s = timeouts.agent_heartbeat_s  # each stream sends a heartbeat when quiet this long
+        self.silence_s = timeouts.agent_stream_silence_s  # a stream that says nothing this long is dropped
         self.since = clock()
         self.nodes: dict[str, NodeInfo] = {}
         self.replicas: dict[str, dict[str, ReplicaObs]] = {}  # node -> replica id -> report
         self.links: dict[str, AgentLink] = {}
         self.lost: dict[str, float] = {}
         self.demand: dict[str, float] = {}
+        self.connected_at: dict[str, float] = {}  # node -> when its current (or last) stream opened
+        self.last_contact: dict[str, float] = {}  # node -> when it last said anything (clock time)
         self._changed = trio.Event()
 
     # -- what the agent server calls ------------------------------------------
@@ -49,8 +54,14 @@ class AgentHub:
         link = AgentLink(node, send)
         self.links[node] = link
         self.lost.pop(node, None)
+        self.connected_at[node] = self.last_contact[node] = self._clock()
         self.changed()
         return link
+
+    def heard(self, link: AgentLink) -> None:
+        """The agent said something (a report or a heartbeat): its last contact is now."""
+        if self.links.get(link.node) is link:
+            self.last_contact[link.node] = self._clock()
 
     def disconnect(self, link: AgentLink) -> None:
         if self.links.get(link.node) is not link:
@@ -94,16 +105,53 @@ class AgentHub:
             if sent is not None and self._clock() - sent < self._resend_s:
                 return True  # already asked; the agent's report will say
             link.sent_starts[rid] = self._clock()
-        try:
-            link.send.send_nowait(message)
-        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-            log.warning("stream to node %s is backed up or closed; message dropped", node)
-            return False
-        return True
+        return self._queue(link, message)
 
     def changed(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+
+    # -- terms: what the reconciler calls when this member starts or stops leading -------------
+
+    def take_office(self) -> None:
+        """This member leads from now on. Nodes it never heard from count as gone since now, not
+        since it started (a standby that takes over after an hour must not find every node "lost"
+        at once: their agents are on their way), and demand heard in an earlier term is dropped."""
+        self.since = self._clock()
+        self.lost = {node: self.since for node in self.lost}
+        self.demand.clear()
+        self.changed()
+
+    def release(self, reason: str) -> None:
+        """This member no longer leads: tell each agent why and close its stream; the agents look
+        for the new leader (engines keep running)."""
+        for link in list(self.links.values()):
+            try:
+                link.send.send_nowait({"type": "refused", "reason": reason})
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                pass  # closing is what matters: the agent reconnects either way
+            link.send.close()
+        if self.links:
+            log.info("letting %d agent(s) go: %s", len(self.links), reason)
+
+    def agents(self) -> list[dict[str, Any]]:
+        """Every agent this member has heard from while leading: connected or not, with its last
+        contact (unix time) and the replicas it reported (None: not reported on this stream yet)."""
+        docs = []
+        for node in sorted(set(self.connected_at) | set(self.lost)):
+            reported = self.replicas.get(node)
+            docs.append({"node": node, "connected": node in self.links,
+                         "connected_at": self.connected_at.get(node), "last_contact": self.last_contact.get(node),
+                         "lost_at": self.lost.get(node), "replicas": None if reported is None else len(reported)})
+        return docs
+
+    def _queue(self, link: AgentLink, message: dict[str, Any]) -> bool:
+        try:
+            link.send.send_nowait(message)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            log.warning("stream to node %s is backed up or closed; message dropped", link.node)
+            return False
+        return True
 
     def change_event(self) -> trio.Event:
         """The event the next change sets: take it before reading, wait on it after."""

@@ -1,11 +1,13 @@
 """The reconciler loop: snapshot + observations → `decide` → commit, tell agents, route.
 
 Level-triggered: every pass recomputes from the whole state, so a missed event,
-a lost message or a restart heals on the next pass. Runs only on the leader.
+a lost message or a restart heals on the next pass. Runs only on the leader; a member
+that starts leading adopts the replicas its agents report (placements are in Raft).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ import trio
 
 from llmgw.control.hub import AgentHub
 from llmgw.domain.commands import CommandError
-from llmgw.domain.observed import ModelRoute
+from llmgw.domain.observed import ModelRoute, Observed
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
@@ -38,16 +40,68 @@ class Reconciler:
     _routes: Mapping[str, ModelRoute] | None = None
     _warned: dict[str, tuple[str, float]] = field(default_factory=dict)
     _last_used: dict[str, float] = field(default_factory=dict)
+    _leading: bool = False
+    _inherited: dict[str, str] = field(default_factory=dict)  # replica id -> model, placed before this term
+    _held: set[str] = field(default_factory=set)  # inherited replicas whose node has not reported yet
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
             hub_event = self.hub.change_event()  # taken before the pass: no change is missed
             revision = self.store.snapshot().revision
-            if self.store.is_leader():
+            if self._leads():
                 await self.run_once()
             with trio.move_on_after(self.timeouts.reconcile_tick_s):
                 await self._next_change(revision, hub_event)
+
+    def _leads(self) -> bool:
+        """Whether this member leads now; a change of term starts or ends this member's duties."""
+        leading = self.store.is_leader()
+        if leading and not self._leading:
+            self._take_office()
+        elif self._leading and not leading:
+            log.info("no longer the leader: the reconciler stops")
+            self.hub.release("this member no longer leads")
+        self._leading = leading
+        return leading
+
+    def _take_office(self) -> None:
+        """A new term: adopt, never replace. Placements are in Raft and the replicas run on: agents
+        re-attach and report them, and `decide` matches them to their placements. Until then
+        nothing this member remembers from an earlier term counts (`_adopt` has the rest)."""
+        log.info("leading: adopting the running replicas as their agents report them")
+        self.hub.take_office()
+        self.last_plan, self._routes = None, None  # the first routes of this term go to every sink
+        self._last_used.clear()
+        self._warned.clear()
+        self._inherited = {rid: p.model for rid, p in self.store.snapshot().placements.items()}
+
+    def _adopt(self, state: ClusterState, now: float) -> Observed:
+        """The placements this term inherited, until their node reports on its stream to this
+        leader: their models count as in use (unknown is not idle: an on-demand model is not
+        scaled down because no gateway told this leader of its use yet), and no start is sent for
+        them (`_held`). Once reported, a running replica is adopted, its use counted now (it
+        idles out after `idle_timeout_s` unless a gateway reports use); one that does not run is
+        planned as any other. The hold ends with `lost_node_grace_s`, when an absent node's
+        placements go anyway."""
+        for rid in [r for r in self._inherited if r not in state.placements]:
+            del self._inherited[rid]
+        in_grace = now - self.hub.since < self.timeouts.lost_node_grace_s
+        held: dict[str, float] = {}
+        for rid, model in list(self._inherited.items()):
+            reported = self.hub.replicas.get(state.placements[rid].node)
+            if reported is None:
+                if in_grace:
+                    held[model] = now
+                continue
+            del self._inherited[rid]
+            obs = reported.get(rid)
+            if obs is not None and obs.state in ("starting", "ready"):
+                log.info("adopted replica %s of %s (%s on node %s)", rid, model, obs.state, obs.node)
+                self.hub.note_demand(model)
+        self._held = {rid for rid in self._inherited if in_grace}
+        observed = self.hub.observed()  # with the uses just noted
+        return dataclasses.replace(observed, demand={**observed.demand, **held}) if held else observed
 
     async def _next_change(self, revision: int, hub_event: trio.Event) -> None:
         """Return when the state moves past `revision` or an agent reports something."""
@@ -68,7 +122,9 @@ class Reconciler:
         self._collect_demand()
         now = self.clock()
         state = self.store.snapshot()
-        plan = decide(state, self.hub.observed(), now, self.timeouts)
+        observed_at = self.hub.change_event()
+        observed = self._adopt(state, now)
+        plan = decide(state, observed, now, self.timeouts)
         self.last_plan = plan
         for command in plan.commands:
             try:
@@ -81,25 +137,31 @@ class Reconciler:
                 log.warning("cannot commit the plan now (%s); retrying on the next pass", e)
                 return plan
         for action in plan.actions:
+            if action.replica_id in self._held:
+                continue  # its node has not said yet whether it runs it: no start on a guess
             if not self.hub.send(action.node, action.message()):
                 log.warning("could not tell node %s to %s %s", action.node, action.kind, action.replica_id)
-        self._publish(plan.routes)
+        # Routes only from what agents say now: an agent that reported while the plan was being
+        # committed makes the next pass (at once) publish, not this one. A sink may take routes as
+        # the word of every agent heard so far (a new leader's first routes to gateways).
+        if observed_at is self.hub.change_event():
+            self._publish(plan.routes)
         self._warn(plan, now, state)
         return plan
 
     def _collect_demand(self) -> None:
-        """Turn routers' last-used maps and activation asks into per-model demand times."""
-        plan = self.last_plan
-        replica_model = {r.replica_id: m for m, route in (plan.routes.items() if plan else ()) for r in route.endpoints}
+        """Turn routers' last-used maps and activation asks into per-model demand times. A replica
+        is known by its placement (in Raft), not by the last routes: a new leader's first routes
+        name no replica yet, and a use reported then must still count."""
+        placements = self.store.snapshot().placements
         for report in self.demand:
             for asked in report.take_activation_asks():
                 self.hub.note_demand(asked)
             for rid, used in report.last_used().items():
-                if self._last_used.get(rid) != used:
+                placement = placements.get(rid)
+                if placement is not None and self._last_used.get(rid) != used:
                     self._last_used[rid] = used
-                    model = replica_model.get(rid)
-                    if model is not None:
-                        self.hub.note_demand(model)
+                    self.hub.note_demand(placement.model)
 
     def _publish(self, routes: Mapping[str, ModelRoute]) -> None:
         if routes == self._routes:

@@ -6,26 +6,32 @@ cluster (first keys, catalog), then runs the reconciler and the admin listener.
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 from hypercorn.trio import serve as hyper_serve
 
 from llmgw.asgi import hypercorn_config
 from llmgw.control.admin import ControlDeps, make_app
+from llmgw.control.floating import FloatingDuty
+from llmgw.control.gateway_stream import GatewayHub
 from llmgw.control.hub import AgentHub
+from llmgw.control.members import Members, advertised_url
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands
 from llmgw.domain.keys import hash_key
 from llmgw.domain.model import ModelDef
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
-from llmgw.interfaces import DemandReport, EndpointSink, WritableStore
+from llmgw.interfaces import DemandReport, EndpointSink, FloatingAddress, WritableStore
 from llmgw.logs import role_var
 from llmgw.store import RaftStore
+from llmgw.store.journal import DEFAULT_FSYNC, FsyncPolicy
 
 log = logging.getLogger("llmgw.control")
 
@@ -51,6 +57,20 @@ class ControlConfig:
     demand: list[DemandReport] = field(default_factory=list)
     clock: Callable[[], float] = time.time
     timeouts: Timeouts = TIMEOUTS
+    # Held while this member leads (`--floating-address`); None: no floating address.
+    floating: FloatingAddress | None = None
+    # The group's secret as the operator gave it (`--cluster-secret-file`); None: the state dir's own,
+    # made on its first start. A state dir holding another one refuses to start.
+    cluster_secret: str | None = None
+    # When the journal is flushed to the disk: "always" (before a write is acknowledged: survives
+    # a power loss) or "off" (survives a kill of the process, not a power loss). docs/operations.md.
+    journal_fsync: FsyncPolicy = DEFAULT_FSYNC
+    # `--join`: this member joins a running group and waits, without a deadline, until a member adds
+    # it (`llmgw ctl members add`); it seeds nothing.
+    join: bool = False
+    # The admin URL other members forward to (`--admin-url`); None: the bound address, a wildcard
+    # host replaced by the Raft address's host.
+    admin_url: str | None = None
 
 
 @dataclass
@@ -61,44 +81,75 @@ class ControlHandle:
     store: RaftStore
     hub: AgentHub
     reconciler: Reconciler
+    floating: FloatingDuty | None = None  # its status() is what the admin API shows
+    gateways: GatewayHub | None = None  # remote gateways' streams (`llmgw gateway`)
 
 
-async def seed_cluster(store: WritableStore, seed: Seed, at: float) -> None:
-    """Give a fresh cluster its first keys and catalog; keys are re-added if missing."""
-    fresh = store.snapshot().revision == 0
-    await store.submit(commands.add_key(hash_key(seed.admin_key), "admin", "admin", at))
-    if seed.client_key:
-        await store.submit(commands.add_key(hash_key(seed.client_key), "client", "client", at))
+async def seed_cluster(store: WritableStore, seed: Seed, at: float, *, fresh: bool,
+                       submit: Callable[[dict[str, Any]], Awaitable[Any]] | None = None) -> None:
+    """Give a fresh cluster its first keys and catalog.
+
+    `fresh` is the store's word that it never logged a command (`RaftStore.fresh`), never
+    "revision 0": a journal that was damaged is an error, not a new cluster to seed; and a fresh
+    member of a group another member already seeded (it holds keys) seeds nothing. `submit`
+    (default `store.submit`) lets a fresh standby seed through the leader. On a cluster that
+    has state, the seed's keys are only re-added if missing, by the leader."""
+    submit = submit or store.submit
+    keys = [(seed.admin_key, "admin")] + ([(seed.client_key, "client")] if seed.client_key else [])
+    state = store.snapshot()
+    fresh = fresh and not state.keys
+    for key, role in keys:
+        if fresh or (store.is_leader() and state.key_role(hash_key(key)) is None):
+            await submit(commands.add_key(hash_key(key), role, role, at))
     if fresh:
         for model in seed.models:
-            await store.submit(commands.put_model(model, at))
+            await submit(commands.put_model(model, at))
         log.info("fresh cluster seeded with %d model(s)", len(seed.models))
+    else:
+        log.info("existing cluster (revision %d): not seeded", state.revision)
 
 
 async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     role_var.set("control")
     timeouts = config.timeouts
-    store = RaftStore(self_addr=config.raft_addr, peers=config.peers, state_dir=config.state_dir, timeouts=timeouts)
+    store = RaftStore(self_addr=config.raft_addr, peers=config.peers, state_dir=config.state_dir, timeouts=timeouts,
+                      cluster_secret=config.cluster_secret, fsync=config.journal_fsync)
     await store.start()
     try:
-        await store.wait_ready()
+        if config.join:
+            log.info("joining a running group: waiting until a member adds this one (llmgw ctl members add %s)",
+                     config.raft_addr)
+        await store.wait_ready(math.inf if config.join else None)
         log.info("state loaded at revision %d", store.snapshot().revision)
-        if config.seed is not None:
-            await seed_cluster(store, config.seed, config.clock())
+        if config.seed is not None and not config.join:
+            await seed_cluster(store, config.seed, config.clock(), fresh=store.fresh,
+                               submit=functools.partial(store.submit, through_leader=True))
         hub = AgentHub(config.clock, timeouts)
-        reconciler = Reconciler(store, hub, sinks=config.sinks, demand=config.demand, clock=config.clock,
-                                timeouts=timeouts)
+        # Remote gateways follow the table through `gateways`, the same seams `up`'s router is fed by.
+        gateways = GatewayHub(store, config.raft_addr, wake=hub.changed, agents=hub, clock=config.clock,
+                              timeouts=timeouts)
+        reconciler = Reconciler(store, hub, sinks=[*config.sinks, gateways], demand=[*config.demand, gateways],
+                                clock=config.clock, timeouts=timeouts)
+        floating = (FloatingDuty(config.floating, store.is_leader, timeouts=timeouts, clock=config.clock)
+                    if config.floating is not None else None)
+        members = Members(store, store, self_addr=config.raft_addr, timeouts=timeouts, clock=config.clock,
+                          agents=hub, gateways=gateways, floating=floating)
         deps = ControlDeps(store=store, hub=hub, reconciler=reconciler, clock=config.clock,
-                           self_id=config.raft_addr, store_status=store.status)
+                           self_id=config.raft_addr, store_status=members.status, members=members)
         app = make_app(deps)
         # graceful_s: agents' streams close at once, not drained.
         hc = hypercorn_config(config.admin_host, config.admin_port, logger="llmgw.control.server",
                               graceful_s=timeouts.admin_shutdown_grace_s, keep_alive_s=timeouts.admin_keep_alive_s)
         async with trio.open_nursery() as nursery:
+            if floating is not None:  # first: a wrong interface stops the start before the API listens
+                await nursery.start(floating.run)
             await nursery.start(reconciler.run)
+            await nursery.start(gateways.watch_leadership, store.is_leader)
             binds = await nursery.start(lambda task_status: hyper_serve(app, hc, task_status=task_status))
             url = binds[0]
             log.info("admin API on %s", url)
-            task_status.started(ControlHandle(url, store, hub, reconciler))
+            members.admin_url = config.admin_url or advertised_url(url, config.raft_addr)
+            await nursery.start(members.announce_forever)  # so the others can forward here
+            task_status.started(ControlHandle(url, store, hub, reconciler, floating, gateways))
     finally:
         store.close()

@@ -3,10 +3,12 @@
 A command is a JSON object `{"v": 1, "op": ..., "at": <unix time>, ...}`; time
 arrives inside it, never from a clock here, so every replica computes the same
 state. New operations are added to `_OPS`; the Raft method table never changes.
+An optional `cid` (idempotency id) makes a command apply at most once: see `apply_entry`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import replace
@@ -17,9 +19,18 @@ from llmgw.domain.frozen import freeze
 from llmgw.domain.keys import KEY_ROLES
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.settings import SettingError, effective, validate
-from llmgw.domain.state import ApiKey, ClusterState, ModelHealth, Placement
+from llmgw.domain.state import ApiKey, ClusterState, Member, ModelHealth, Outcome, Placement, Refusal
 
 VERSION = 1
+CID_MAX_CHARS = 200
+# Idempotency ids are remembered in chunks of OUTCOME_CHUNK; past OUTCOME_CHUNKS chunks the
+# oldest chunk is dropped whole. So at least the last 10,000 ids are kept (at most 10,250),
+# and which ones depends only on the log: every member drops the same ids at the same entry.
+OUTCOME_CHUNK = 250
+OUTCOME_CHUNKS = 41
+KEEP_REFUSALS = 32  # the newest refusals of committed commands kept in the state
+MESSAGE_MAX_CHARS = 2000  # a refusal's words, as kept in the state
+MEMBER_FIELD_MAX_CHARS = 300  # a member's address, URL or version, as announced
 
 
 class CommandError(ValueError):
@@ -36,6 +47,8 @@ def encode(command: dict[str, Any]) -> bytes:
 
 
 def decode(blob: bytes) -> dict[str, Any]:
+    """The command in `blob`, refused (CommandError) unless every member would accept its shape:
+    the stateless checks run here, before a command enters the log."""
     try:
         command = json.loads(blob)
     except ValueError:
@@ -43,6 +56,7 @@ def decode(blob: bytes) -> dict[str, Any]:
     # `type(...) is int`: JSON true and 1.0 equal 1 in Python but are not version 1.
     if not isinstance(command, dict) or type(command.get("v")) is not int or command["v"] != VERSION:
         raise CommandError("bad_command", f"unsupported command version: {command!r:.80}")
+    check(command)
     return command
 
 
@@ -56,6 +70,17 @@ def _name(c: dict[str, Any], key: str) -> str:
 
 def make(op: str, at: float, **fields: Any) -> dict[str, Any]:
     return {"v": VERSION, "op": op, "at": at, **fields}
+
+
+def with_cid(command: dict[str, Any], cid: str) -> dict[str, Any]:
+    """The command carrying idempotency id `cid`: committed twice, it applies once."""
+    return {**command, "cid": cid}
+
+
+def digest(command: dict[str, Any]) -> str:
+    """A fingerprint of what a command asks, without its time and id: a retry has the same one."""
+    asked = {k: v for k, v in command.items() if k not in ("at", "cid")}
+    return hashlib.sha256(encode(asked)).hexdigest()[:32]
 
 
 # --- constructors, so callers never spell op names by hand ------------------
@@ -97,6 +122,14 @@ def became_ready(model: str, at: float) -> dict[str, Any]:
     return make("health.ready", at, model=model)
 
 
+def announce_member(raft_addr: str, admin_url: str, version: str, at: float) -> dict[str, Any]:
+    return make("member.announce", at, raft_addr=raft_addr, admin_url=admin_url, version=version)
+
+
+def forget_member(raft_addr: str, at: float) -> dict[str, Any]:
+    return make("member.forget", at, raft_addr=raft_addr)
+
+
 # --- apply ------------------------------------------------------------------
 
 _V = TypeVar("_V")
@@ -110,24 +143,138 @@ def _readonly(mapping: dict[str, _V]) -> MappingProxyType[str, _V]:
     return MappingProxyType(mapping)
 
 
-def apply(state: ClusterState, command: dict[str, Any]) -> tuple[ClusterState, Any]:
-    """Apply one command. Raises CommandError (state unchanged) when it does not apply."""
+def check(command: dict[str, Any]) -> None:
+    """The stateless checks: a known operation, a valid time and id, well-formed fields.
+
+    Raises CommandError. Needs no state, so it runs before a command enters the log."""
     op = command.get("op")
-    handler = _OPS.get(op) if isinstance(op, str) else None
-    if handler is None:
+    entry = _OPS.get(op) if isinstance(op, str) else None
+    if entry is None:
         raise CommandError("bad_command", f"unknown operation {op!r}")
     at = command.get("at")
     if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
         raise CommandError("bad_command", "command has no valid time")
-    new_state, result = handler(state, command, float(at))
+    cid = command.get("cid")
+    if cid is not None and not (isinstance(cid, str) and 0 < len(cid) <= CID_MAX_CHARS):
+        raise CommandError("bad_command", f"cid must be a string of 1..{CID_MAX_CHARS} characters")
+    entry[0](command)
+
+
+def apply(state: ClusterState, command: dict[str, Any]) -> tuple[ClusterState, Any]:
+    """Apply one command. Raises CommandError (state unchanged) when it does not apply.
+
+    Ignores `cid`: what was already applied is `apply_entry`'s business."""
+    check(command)
+    return _change(state, command)
+
+
+def _change(state: ClusterState, command: dict[str, Any]) -> tuple[ClusterState, Any]:
+    """`apply` after `check` passed."""
+    new_state, result = _OPS[command["op"]][1](state, command, float(command["at"]))
     return replace(new_state, revision=state.revision + 1), result
 
 
-def _model_put(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+def replay(state: ClusterState, command: dict[str, Any]) -> Outcome | None:
+    """The recorded outcome of this command's id: None when it has no id, or the id is not known.
+
+    Raises CommandError `idempotency_key_reused` when the id was used for a different command."""
+    cid = command.get("cid")
+    if not isinstance(cid, str):
+        return None
+    recorded = state.outcome(cid)
+    if recorded is not None and recorded.digest != digest(command):
+        raise CommandError(
+            "idempotency_key_reused",
+            f"this idempotency key was already used (at revision {recorded.revision}) for a different request;"
+            " send a new key for a new request",
+        )
+    return recorded
+
+
+def apply_entry(state: ClusterState, entry: bytes | dict[str, Any]) -> tuple[ClusterState, Outcome]:
+    """Apply one committed log entry (a blob or a decoded command). Total: never raises.
+
+    - a command whose `cid` was already applied changes nothing, revision included, and
+      returns the recorded outcome;
+    - a command that does not apply to this state (it moved since the command was checked,
+      or the entry is damaged) becomes a no-op: the revision advances, the refusal is kept
+      in `refusals` (the newest KEEP_REFUSALS) and, with a `cid`, as that id's outcome;
+    - otherwise as `apply`, and with a `cid` its outcome is remembered (OUTCOME_CHUNK...).
+    """
+    command: dict[str, Any] | None = entry if isinstance(entry, dict) else None
+    cid = ""
+    fingerprint = ""
+    reused = False
     try:
-        model = ModelDef.from_doc(c.get("model"))
+        if command is None:
+            assert isinstance(entry, bytes)
+            command = decode(entry)  # checks it
+        else:
+            check(command)
+        raw_cid = command.get("cid")
+        if isinstance(raw_cid, str) and 0 < len(raw_cid) <= CID_MAX_CHARS:
+            cid = raw_cid
+            fingerprint = digest(command)
+            try:
+                recorded = replay(state, command)
+            except CommandError:
+                reused = True
+                raise
+            if recorded is not None:
+                return state, recorded
+        new_state, result = _change(state, command)
+        outcome = Outcome(new_state.revision, True, result, digest=fingerprint)
+        return (_remember(new_state, cid, outcome) if cid else new_state), outcome
+    except CommandError as e:
+        code, message = e.code, e.message
+    except Exception as e:  # a bug: the same on every member, so it is recorded like a refusal
+        code, message = "apply_failed", f"{type(e).__name__}: {e}"
+    message = message[:MESSAGE_MAX_CHARS]
+    revision = state.revision + 1
+    outcome = Outcome(revision, False, None, code, message, fingerprint)
+    op = command.get("op") if command is not None else None
+    at = command.get("at") if command is not None else None
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        at = 0.0
+    refusal = Refusal(revision, op if isinstance(op, str) else "", code, message, float(at), cid)
+    refused = replace(state, revision=revision, refusals=(*state.refusals, refusal)[-KEEP_REFUSALS:])
+    if cid and not reused:  # a reused key keeps the outcome of the command it was first used for
+        refused = _remember(refused, cid, outcome)
+    return refused, outcome
+
+
+def result_of(outcome: Outcome) -> Any:
+    """What the submitter gets: the plain result, or the refusal raised as CommandError."""
+    if not outcome.ok:
+        raise CommandError(outcome.code, outcome.message)
+    return outcome.plain_result()
+
+
+def _remember(state: ClusterState, cid: str, outcome: Outcome) -> ClusterState:
+    chunks = state.outcomes
+    if chunks and len(chunks[-1]) < OUTCOME_CHUNK:
+        chunks = (*chunks[:-1], _readonly(chunks[-1] | {cid: outcome}))
+    else:
+        chunks = (*chunks, _readonly({cid: outcome}))[-OUTCOME_CHUNKS:]
+    return replace(state, outcomes=chunks)
+
+
+# --- the operations: a stateless check, then the change --------------------------------
+
+
+def _parse_model(c: dict[str, Any]) -> ModelDef:
+    try:
+        return ModelDef.from_doc(c.get("model"))
     except DefinitionError as e:
         raise CommandError("invalid_model", str(e)) from None
+
+
+def _check_model_put(c: dict[str, Any]) -> None:
+    _parse_model(c)
+
+
+def _model_put(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    model = _parse_model(c)
     health = s.health.copy()
     old = s.models.get(model.name)
     if old is not None and old.launch_hash() != model.launch_hash():
@@ -136,8 +283,12 @@ def _model_put(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterSt
     return replace(s, models=_readonly(models), health=_readonly(health)), {"created": old is None}
 
 
+def _check_name(c: dict[str, Any]) -> None:
+    _name(c, "name")
+
+
 def _model_remove(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    name = _name(c, "name")
+    name = c["name"]
     if name not in s.models:
         raise CommandError("model_not_found", f"no model named {name!r}")
     models = {k: v for k, v in s.models.items() if k != name}
@@ -147,25 +298,29 @@ def _model_remove(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Cluste
 
 
 def _model_retry(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    name = _name(c, "name")
+    name = c["name"]
     if name not in s.models:
         raise CommandError("model_not_found", f"no model named {name!r}")
     health = {k: v for k, v in s.health.items() if k != name}
     return replace(s, health=_readonly(health)), {"retried": name}
 
 
-def _setting_put(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    key, value = c.get("key"), c.get("value")
+def _check_setting_put(c: dict[str, Any]) -> None:
+    key = c.get("key")
     if not isinstance(key, str):
         raise CommandError("invalid_setting", "setting key must be a string")
     try:
-        validate(key, value)
+        validate(key, c.get("value"))
     except SettingError as e:
         raise CommandError("invalid_setting", str(e)) from None
+
+
+def _setting_put(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    key, value = c["key"], c.get("value")
     return replace(s, settings=_readonly(s.settings | {key: freeze(value)})), {"key": key, "value": value}
 
 
-def _key_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+def _check_key_add(c: dict[str, Any]) -> None:
     key_hash, name, role = c.get("key_hash"), c.get("name"), c.get("role")
     if not isinstance(key_hash, str) or not key_hash.startswith("sha256:"):
         raise CommandError("invalid_key", "key_hash must be a sha256: hash")
@@ -173,18 +328,28 @@ def _key_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterStat
         raise CommandError("invalid_key", "a key's name must be a string")
     if role not in KEY_ROLES:
         raise CommandError("invalid_key", f"role must be one of {', '.join(KEY_ROLES)}")
+
+
+def _key_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    key_hash = c["key_hash"]
     if key_hash in s.keys:
         return s, {"added": False}
-    keys = s.keys | {key_hash: ApiKey(key_hash, name, role, at)}
+    keys = s.keys | {key_hash: ApiKey(key_hash, c["name"], c["role"], at)}
     return replace(s, keys=_readonly(keys)), {"added": True}
 
 
-def _placement_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    model, node, gpus = _name(c, "model"), _name(c, "node"), c.get("gpus")
-    if model not in s.models:
-        raise CommandError("model_not_found", f"no model named {model!r}")
+def _check_placement_add(c: dict[str, Any]) -> None:
+    _name(c, "model")
+    _name(c, "node")
+    gpus = c.get("gpus")
     if not isinstance(gpus, list) or not all(type(g) is int and g >= 0 for g in gpus) or len(set(gpus)) != len(gpus):
         raise CommandError("bad_command", "gpus must be a list of distinct device indexes")
+
+
+def _placement_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    model, node, gpus = c["model"], c["node"], c["gpus"]
+    if model not in s.models:
+        raise CommandError("model_not_found", f"no model named {model!r}")
     taken = {g for p in s.placements.values() if p.node == node for g in p.gpus} & set(gpus)
     if taken:
         # A plan made on a stale snapshot: refused, so the reconciler replans (never double-books).
@@ -197,16 +362,24 @@ def _placement_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Clust
     )
 
 
+def _check_replica_id(c: dict[str, Any]) -> None:
+    _name(c, "replica_id")
+
+
 def _placement_remove(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    rid = _name(c, "replica_id")
+    rid = c["replica_id"]
     if rid not in s.placements:
         return s, {"removed": False}  # idempotent: a rerun of the same plan is harmless
     placements = {k: v for k, v in s.placements.items() if k != rid}
     return replace(s, placements=_readonly(placements)), {"removed": True}
 
 
+def _check_model_name(c: dict[str, Any]) -> None:
+    _name(c, "model")
+
+
 def _start_failed(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    model, error = _name(c, "model"), str(c.get("error", ""))[:2000]
+    model, error = c["model"], str(c.get("error", ""))[:2000]
     if model not in s.models:
         return s, {"parked": False}
     old = s.model_health(model)
@@ -217,21 +390,56 @@ def _start_failed(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Cluste
 
 
 def _ready(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    model = _name(c, "model")
+    model = c["model"]
     old = s.health.get(model)
     if old is None or old.parked:
         return s, {}
     return replace(s, health=_readonly({k: v for k, v in s.health.items() if k != model})), {}
 
 
-_OPS: dict[str, Callable[[ClusterState, dict[str, Any], float], tuple[ClusterState, Any]]] = {
-    "model.put": _model_put,
-    "model.remove": _model_remove,
-    "model.retry": _model_retry,
-    "setting.put": _setting_put,
-    "key.add": _key_add,
-    "placement.add": _placement_add,
-    "placement.remove": _placement_remove,
-    "health.start_failed": _start_failed,
-    "health.ready": _ready,
+def _check_raft_addr(c: dict[str, Any]) -> None:
+    addr = _name(c, "raft_addr")
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or len(addr) > MEMBER_FIELD_MAX_CHARS:
+        raise CommandError("invalid_member", f"raft_addr must be HOST:PORT, not {addr!r:.80}")
+
+
+def _check_member_announce(c: dict[str, Any]) -> None:
+    _check_raft_addr(c)
+    url, version = c.get("admin_url"), c.get("version")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) > MEMBER_FIELD_MAX_CHARS:
+        raise CommandError("invalid_member", f"admin_url must be an http(s) URL, not {url!r:.80}")
+    if not isinstance(version, str) or len(version) > MEMBER_FIELD_MAX_CHARS:
+        raise CommandError("invalid_member", "version must be a string")
+
+
+def _member_announce(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    addr = c["raft_addr"]
+    member = Member(addr, c["admin_url"], c["version"], at)
+    return replace(s, members=_readonly(s.members | {addr: member})), {"announced": addr}
+
+
+def _member_forget(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    addr = c["raft_addr"]
+    if addr not in s.members:
+        return s, {"forgotten": False}
+    return replace(s, members=_readonly({k: v for k, v in s.members.items() if k != addr})), {"forgotten": True}
+
+
+# Each operation: (stateless check, change). `check` runs the first before a command is
+# logged and again before the change is applied, so the change may trust the fields' shape.
+_Check = Callable[[dict[str, Any]], None]
+_Change = Callable[[ClusterState, dict[str, Any], float], tuple[ClusterState, Any]]
+_OPS: dict[str, tuple[_Check, _Change]] = {
+    "model.put": (_check_model_put, _model_put),
+    "model.remove": (_check_name, _model_remove),
+    "model.retry": (_check_name, _model_retry),
+    "setting.put": (_check_setting_put, _setting_put),
+    "key.add": (_check_key_add, _key_add),
+    "placement.add": (_check_placement_add, _placement_add),
+    "placement.remove": (_check_replica_id, _placement_remove),
+    "health.start_failed": (_check_model_name, _start_failed),
+    "health.ready": (_check_model_name, _ready),
+    "member.announce": (_check_member_announce, _member_announce),
+    "member.forget": (_check_raft_addr, _member_forget),
 }

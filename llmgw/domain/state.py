@@ -44,8 +44,65 @@ class ModelHealth:
     last_failure_at: float = 0.0
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What one committed command did: its result, or the refusal it became.
+
+    Kept in the state for a command that carries an idempotency id (`cid`), so a
+    retry of it is answered from here instead of being applied again; `digest`
+    fingerprints the command (without its time and id), so the same id sent with
+    a different command is told apart. `result` is a frozen JSON value."""
+
+    revision: int  # the state's revision once this command was applied
+    ok: bool
+    result: Any = None
+    code: str = ""  # a refusal's code and words ("" when ok)
+    message: str = ""
+    digest: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "result", freeze(self.result))
+
+    def plain_result(self) -> Any:
+        """The result as plain lists and dicts, ready for `json.dumps`."""
+        return thaw(self.result)
+
+    # pickle cannot write the frozen result (a MappingProxyType): it travels thawed.
+    def __getstate__(self) -> dict[str, Any]:
+        return {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, state.get(f.name, f.default))
+        self.__post_init__()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A committed command that did not apply (the state had moved under it): kept, bounded,
+    so every refusal in the log has its reason in the state."""
+
+    revision: int
+    op: str
+    code: str
+    message: str
+    at: float = 0.0
+    cid: str = ""
+
+
+@dataclass(frozen=True)
+class Member:
+    """A control plane as it announced itself (`member.announce`): its Raft address, which is its
+    id in the group, and the admin URL the other members forward writes and reads to."""
+
+    raft_addr: str
+    admin_url: str
+    version: str = ""
+    announced_at: float = 0.0
+
+
 # The mappings whose values are frozen dataclasses; `settings` holds JSON values, frozen deeply.
-_MAPPINGS = ("models", "keys", "placements", "health")
+_MAPPINGS = ("models", "keys", "placements", "health", "members")
 
 
 def _empty() -> MappingProxyType[str, Any]:
@@ -65,6 +122,14 @@ class ClusterState:
     placements: MappingProxyType[str, Placement] = field(default_factory=_empty)
     health: MappingProxyType[str, ModelHealth] = field(default_factory=_empty)
     next_replica: int = 1
+    # Outcomes of commands with an idempotency id, oldest chunk first: each chunk is a read-only
+    # mapping cid -> Outcome. Chunks bound the cost of a command (it copies the newest chunk,
+    # never all ids); the oldest chunk is dropped whole (see `commands.OUTCOME_CHUNKS`).
+    outcomes: tuple[MappingProxyType[str, Outcome], ...] = ()
+    refusals: tuple[Refusal, ...] = ()  # the newest last; bounded (`commands.KEEP_REFUSALS`)
+    # Control planes by Raft address, as each announced itself. Who is in the Raft group is Raft's
+    # own configuration; this maps its addresses to admin URLs (a removed member is forgotten).
+    members: MappingProxyType[str, Member] = field(default_factory=_empty)
 
     def __post_init__(self) -> None:
         # A read-only mapping is kept as is: `replace` passes the unchanged fields on, and
@@ -75,6 +140,11 @@ class ClusterState:
                 object.__setattr__(self, name, MappingProxyType(dict(value)))
         if type(self.settings) is not MappingProxyType:
             object.__setattr__(self, "settings", freeze(self.settings))
+        chunks = self.outcomes
+        if type(chunks) is not tuple or not all(type(c) is MappingProxyType for c in chunks):
+            object.__setattr__(self, "outcomes", tuple(MappingProxyType(dict(c)) for c in chunks))
+        if type(self.refusals) is not tuple:
+            object.__setattr__(self, "refusals", tuple(self.refusals))
 
     # pysyncobj pickles this value into its snapshot file, and pickle cannot write a
     # MappingProxyType. The pickled form is the plain dicts it was before the state was
@@ -84,6 +154,7 @@ class ClusterState:
         for name in _MAPPINGS:
             state[name] = state[name].copy()  # a plain dict (`dict(proxy)` is the slow way)
         state["settings"] = thaw(self.settings)
+        state["outcomes"] = [c.copy() for c in self.outcomes]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -91,6 +162,14 @@ class ClusterState:
         for f in fields(self):
             object.__setattr__(self, f.name, state.get(f.name, getattr(empty, f.name)))
         self.__post_init__()
+
+    def outcome(self, cid: str) -> Outcome | None:
+        """The recorded outcome of the command with this idempotency id, if it is still kept."""
+        for chunk in reversed(self.outcomes):
+            found = chunk.get(cid)
+            if found is not None:
+                return found
+        return None
 
     def model_health(self, name: str) -> ModelHealth:
         return self.health.get(name, ModelHealth())

@@ -4,7 +4,7 @@ console and metrics all read, so they cannot disagree.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from llmgw.domain.observed import Observed
 from llmgw.domain.settings import effective
@@ -56,6 +56,157 @@ def nodes(state: ClusterState, observed: Observed) -> list[dict[str, Any]]:
     return docs
 
 
+# A member further than this behind the leader's commit index is "catching up", not "healthy".
+MEMBER_LAG_HEALTHY = 100
+
+
+def member_rows(views: Sequence[Mapping[str, Any]], now: float) -> list[dict[str, Any]]:
+    """The control planes as `GET /api/v1/cluster/members` shows them, from what the asking member
+    saw of each: `{"id", "admin_url", "answer": its /cluster/self document or None, "error": why
+    it did not answer, "last_contact": when it last did (unix time) or None}`.
+
+    Each row: healthy, catching up or missing, with its reason; a number this member does not know
+    is None, never 0. The lag is counted against the leader's commit index (the highest answered
+    when no leader answered)."""
+    answers = [v["answer"] for v in views if v.get("answer")]
+    leaders = sorted((a for a in answers if a.get("role") == "leader"), key=lambda a: a.get("term") or 0)
+    commits = [a.get("commit_index") for a in (leaders[-1:] or answers) if isinstance(a.get("commit_index"), int)]
+    reference = max(commits) if commits else None
+    rows = []
+    for v in views:
+        a: Mapping[str, Any] = v.get("answer") or {}
+        applied = a.get("applied_index")
+        lag = reference - applied if isinstance(reference, int) and isinstance(applied, int) else None
+        if not a:
+            state, reason = "missing", str(v.get("error") or "it did not answer")
+        elif not a.get("ready"):
+            state, reason = "catching up", "it has not applied its Raft log yet (starting, or no leader)"
+        elif a.get("leader") is None:
+            state, reason = "catching up", "it knows no leader (cut off from the others' Raft traffic?)"
+        elif lag is not None and lag > MEMBER_LAG_HEALTHY:
+            state, reason = "catching up", f"{lag} entries behind the leader's commit index"
+        else:
+            state, reason = "healthy", ""
+        contact = v.get("last_contact")
+        rows.append({
+            "id": v["id"],
+            "raft_addr": v["id"],
+            "admin_url": a.get("admin_url") or v.get("admin_url"),
+            "version": a.get("version"),
+            "role": a.get("role"),
+            "state": state,
+            "reason": reason,
+            "leader": a.get("leader"),
+            "term": a.get("term"),
+            "commit_index": a.get("commit_index"),
+            "applied_index": applied,
+            "revision": a.get("revision"),
+            "lag": max(lag, 0) if lag is not None else None,
+            "last_contact": contact,
+            "last_contact_age_s": round(max(now - contact, 0.0), 3) if isinstance(contact, (int, float)) else None,
+            "state_hash": a.get("state_hash"),
+        })
+    return rows
+
+
+def member_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What an operator should know about the control planes: who is missing or behind, how many
+    more failures the group survives, two leaders, states that differ at the same revision."""
+    warnings = []
+    for r in rows:
+        if r.get("state") in ("missing", "catching up"):
+            warnings.append(f"control plane {r.get('id')} is {r.get('state')}: {r.get('reason')}")
+    n = len(rows)
+    healthy = sum(1 for r in rows if r.get("state") == "healthy")
+    majority = n // 2 + 1
+    if n > 1 and healthy < majority:
+        warnings.append(f"only {healthy} of {n} control planes are healthy: writes need {majority} (a majority)")
+    elif n > 1 and healthy == majority:
+        warnings.append(f"{healthy} of {n} control planes are healthy: one more failure stops writes")
+    if n > 1 and n % 2 == 0:
+        warnings.append(f"the group has {n} members: it survives no more failures than {n - 1} would; "
+                        f"add or remove one (`llmgw ctl members`)")
+    leading = sorted(str(r.get("id")) for r in rows if r.get("role") == "leader")
+    if len(leading) > 1:
+        warnings.append(f"more than one member says it leads ({', '.join(leading)}): the older term steps down "
+                        f"within raft_leader_fallback_s")
+    by_revision: dict[Any, set[str]] = {}
+    for r in rows:
+        if r.get("revision") is not None and r.get("state_hash"):
+            by_revision.setdefault(r["revision"], set()).add(str(r["state_hash"]))
+    for revision, hashes in sorted(by_revision.items()):
+        if len(hashes) > 1:
+            warnings.append(f"control planes hold different states at revision {revision} (state hashes differ): "
+                            f"a member diverged; replace its state dir from a healthy member")
+    return warnings
+
+
+def followers(views: Sequence[Mapping[str, Any]], leader: str | None) -> dict[str, Any]:
+    """The gateways and agents, as the leader's own answer lists them (they attach to the leader
+    alone, so no other member knows them): `None`, with the reason, when the leader did not
+    answer — unknown, never an empty list."""
+    view = next((v for v in views if leader is not None and v.get("id") == leader), None)
+    answer: Mapping[str, Any] = (view or {}).get("answer") or {}
+    if answer.get("role") == "leader":
+        return {"gateways": answer.get("gateways"), "agents": answer.get("agents"), "followers_reason": ""}
+    if leader is None:
+        why = "no leader is elected"
+    elif not answer:
+        why = f"the leader {leader} did not answer ({(view or {}).get('error') or 'not asked'})"
+    else:
+        why = f"{leader} no longer says it leads"
+    return {"gateways": None, "agents": None,
+            "followers_reason": f"{why}: gateways and agents attach to the leader alone, so only it lists them"}
+
+
+def floating_address(views: Sequence[Mapping[str, Any]], leader: str | None) -> dict[str, Any]:
+    """Whether the floating address is on the leader, from what each member said of its own
+    (`FloatingDuty.status()`, or `{"configured": False}`): `on_leader` True, False or None
+    (unknown), `state` in words, `held_by` the members that say they hold it."""
+    said = {str(v.get("id")): (v.get("answer") or {}).get("floating") for v in views if v.get("answer")}
+    configured = {m: f for m, f in said.items() if isinstance(f, Mapping) and f.get("configured")}
+    if not configured:
+        if said:
+            return {"configured": False, "address": None, "on_leader": None, "held_by": [],
+                    "state": "not configured", "reason": "no member runs with --floating-address"}
+        return {"configured": None, "address": None, "on_leader": None, "held_by": [],
+                "state": "unknown", "reason": "no member answered"}
+    address = next(iter(configured.values())).get("address")
+    held_by = sorted(m for m, f in configured.items() if f.get("held") is True)
+    mine = configured.get(leader or "")
+    if leader is None:
+        on_leader, state, reason = None, "no leader", "no leader is elected: no member should hold it"
+    elif mine is None:
+        on_leader = None if leader not in said else False
+        state = "unknown" if on_leader is None else "not on the leader"
+        reason = (f"the leader {leader} did not answer" if on_leader is None
+                  else f"the leader {leader} runs without --floating-address")
+    elif mine.get("held") is True:
+        on_leader, state, reason = True, "on the leader", ""
+    elif mine.get("held") is False:
+        on_leader, state = False, "not on the leader"
+        reason = str(mine.get("error") or "the leader has not claimed it yet")
+    else:
+        on_leader, state = None, "unknown"
+        reason = str(mine.get("error") or "the leader has not checked it yet")
+    return {"configured": True, "address": address, "on_leader": on_leader, "held_by": held_by,
+            "state": state, "reason": reason}
+
+
+def floating_warnings(floating: Mapping[str, Any], leader: str | None) -> list[str]:
+    if not floating.get("configured"):
+        return []
+    warnings = []
+    if floating.get("on_leader") is False:
+        warnings.append(f"the floating address {floating.get('address')} is not on the leader: "
+                        f"{floating.get('reason')}")
+    others = [m for m in floating.get("held_by") or () if m != leader]
+    if others:
+        warnings.append(f"the floating address {floating.get('address')} is held by {', '.join(others)}, which "
+                        f"does not lead: it releases it within floating_verify_s")
+    return warnings
+
+
 def build(
     state: ClusterState,
     observed: Observed,
@@ -84,6 +235,8 @@ def build(
     for n in node_docs:
         if not n["connected"]:
             warnings.append(f"node {n['node']} is not connected")
+    members = cluster.get("members")
+    warnings += member_warnings(members if isinstance(members, list) else [])
     return {
         "cluster": {**cluster, "revision": state.revision, "stopped": stopped},
         "nodes": node_docs,

@@ -101,6 +101,8 @@ class GatewayDeps:
     client: httpx.AsyncClient | None = None  # built (and closed by `serve`) when None
     max_body_bytes: int = MAX_BODY_BYTES
     timeouts: Timeouts = TIMEOUTS
+    # What GET /health adds to {"status": "ok"} (a remote gateway: its table's age and leader).
+    health: Callable[[], dict[str, Any]] | None = None
 
 
 def make_client(timeouts: Timeouts = TIMEOUTS) -> httpx.AsyncClient:
@@ -189,7 +191,8 @@ class GatewayApp:
         path: str = scope["path"]
         if path == "/health":
             allow(method, "GET")
-            await self._send(ex, send, 200, dumps({"status": "ok"}))
+            extra = self.deps.health() if self.deps.health is not None else {}
+            await self._send(ex, send, 200, dumps({"status": "ok", **extra}))
             return
         kind = POST_PATHS.get(path)
         if kind is None:

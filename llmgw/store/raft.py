@@ -9,6 +9,7 @@ through its token, so `await submit(cmd)` never blocks the event loop.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import logging
 import socket
 import threading
@@ -18,17 +19,26 @@ from pathlib import Path
 from typing import Any, Callable
 
 import trio
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjException, replicated
+from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjException, replicated
 
 from llmgw import startup
 from llmgw.domain import commands
-from llmgw.domain.state import ClusterState
+from llmgw.domain.state import ClusterState, Outcome
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
+from llmgw.store.appends import KeepsMatchingEntries
+from llmgw.store.batching import GroupCommit, apply_blob, failed_appends
+from llmgw.store.durable import open_durable, take_back
+from llmgw.store.journal import DEFAULT_FSYNC, FsyncPolicy, JournalWriteError, RaftJournal, Repeats
+from llmgw.store.membership import MemberChanges, group_at_start, keep_a_group_of_one
+from llmgw.store.snapshot import SnapshotFiles
+from llmgw.store.secret import load_or_create, raft_password
+from llmgw.store.wire import RefusalLog, sealed_transport
 
 log = logging.getLogger("llmgw.store")
 
-# Timings come from `Timeouts` (store_*, raft_*). pysyncobj commits on its next tick:
-# a short tick keeps a commit near 10 ms at a small, steady CPU cost in its thread.
+# Timings come from `Timeouts` (store_*, raft_*). pysyncobj appends a command at the end of a
+# tick and commits it at the start of the next: `_tick_forever` runs that next tick at once
+# (a commit on one member: ~0.4 ms p50 with fsync), and the tick bounds only timer granularity.
 
 # Runs a blocking function off the event loop: how the journal replay is run.
 RunInThread = Callable[[Callable[[], "_Replicated"]], Awaitable["_Replicated"]]
@@ -58,28 +68,27 @@ class StoreUnavailable(Exception):
     """No commit within the deadline: no quorum, or the store is shutting down."""
 
 
+class CommitUnknown(StoreUnavailable):
+    """The command was handed to Raft but its commit was not confirmed: it may still commit, or
+    never. pysyncobj cannot cancel it, so this is never a failure: retry with the same `cid`."""
+
+
 class StoreNotReady(StoreUnavailable, startup.CannotStart):
     """The member found no leader, or did not apply its log, within the start deadline."""
 
 
-class _Replicated(SyncObj):  # type: ignore[misc]
-    def __init__(self, self_addr: str, peers: list[str], conf: SyncObjConf, on_applied: Callable[[], None]) -> None:
+class _Replicated(KeepsMatchingEntries):
+    def __init__(self, self_addr: str, peers: list[str], conf: SyncObjConf, on_applied: Callable[[], None],
+                 transport: Callable[..., Any]) -> None:
         # Attributes set before SyncObj.__init__ are kept out of snapshots.
         self._on_applied = on_applied
-        super().__init__(self_addr, peers, conf)
+        super().__init__(self_addr, peers, conf, transportClass=transport)
         self._state = ClusterState()  # the ONE replicated attribute
 
     @replicated  # type: ignore[untyped-decorator]
-    def apply(self, blob: bytes) -> tuple[str, Any]:
-        try:
-            command = commands.decode(blob)
-            self._state, result = commands.apply(self._state, command)
-            outcome: tuple[str, Any] = ("ok", result)
-        except commands.CommandError as e:
-            outcome = ("error", (e.code, e.message))
-        except Exception as e:  # a bug must not kill the Raft thread or diverge members
-            log.exception("command failed to apply")
-            outcome = ("error", ("apply_failed", f"{type(e).__name__}: {e}"))
+    def apply(self, blob: bytes) -> Outcome | tuple[Outcome, ...]:
+        # Total (a command that does not apply becomes a recorded no-op); a batch: one outcome each.
+        self._state, outcome = apply_blob(self._state, blob)
         self._on_applied()
         return outcome
 
@@ -88,10 +97,16 @@ class RaftStore:
     """A member of the control planes' Raft group (a group of one in `llmgw up`)."""
 
     def __init__(self, *, self_addr: str, peers: list[str], state_dir: Path, timeouts: Timeouts = TIMEOUTS,
-                 run_in_thread: RunInThread = _worker_thread) -> None:
+                 run_in_thread: RunInThread = _worker_thread, cluster_secret: str | None = None,
+                 fsync: FsyncPolicy = DEFAULT_FSYNC, compaction_min_entries: int = 5000) -> None:
         """`run_in_thread` builds the member (replaying the journal) off the event loop;
-        the default is a trio worker thread, abandoned if the start is cancelled."""
+        the default is a trio worker thread, abandoned if the start is cancelled.
+        `cluster_secret`: the group's secret, given by the operator; None: the one in the state dir
+        (a new one on a fresh state dir). Raft traffic is sealed with it.
+        `fsync`: when the journal is flushed to the disk (docs/operations.md, "Durability");
+        `compaction_min_entries`: a snapshot is taken past this many journal entries (or 300 s)."""
         self.self_addr = self_addr
+        self._given_secret = cluster_secret
         self.peers = [p for p in peers if p != self_addr]
         self.state_dir = state_dir
         self.timeouts = timeouts
@@ -101,25 +116,55 @@ class RaftStore:
         self._changed = trio.Event()
         self._closed = threading.Event()
         self._ticker: threading.Thread | None = None
+        self.fsync = fsync
+        self.compaction_min_entries = compaction_min_entries
+        # True when this start found no snapshot and no journal, or a journal of Raft's own no-ops
+        # only (a first start stopped before it seeded): a cluster that never logged a command.
+        # What `seed_cluster` decides on, never "revision 0": a damaged journal is an error, not a
+        # new cluster.
+        self.fresh = False
+        self._journal: RaftJournal | None = None
+        # Submits waiting on Raft: (command blob, what to call if the journal could not append it).
+        self._appending: list[tuple[bytes, Callable[[JournalWriteError], None]]] = []
+        self._member_changes = MemberChanges()
+        self.group = GroupCommit()  # submits in one scheduler pass go as one Raft entry (group commit)
 
     # -- lifecycle -----------------------------------------------------------
 
     async def start(self) -> None:
         """Open (or replay) the journal and join the group. Returns once loaded.
 
-        Raises `CannotStart` when this member's Raft address cannot be bound."""
+        Raises `CannotStart` when this member's Raft address cannot be bound, or when its journal
+        or snapshot is damaged (JournalDamaged, SnapshotDamaged: the file, the offset, what to do)."""
         self._token = trio.lowlevel.current_trio_token()
-        busy = _bind_error(self.self_addr)  # before the journal is opened: a busy port changes nothing
+        busy = _wildcard_error(self.self_addr) or _bind_error(self.self_addr)  # before anything is written
         if busy is not None:
             raise busy
+        secret = load_or_create(self.state_dir, self._given_secret)  # another cluster's state dir stops here
         raft_dir = self.state_dir / "raft"
         raft_dir.mkdir(parents=True, exist_ok=True)
         journal = raft_dir / "journal.bin"
+        snapshots = SnapshotFiles(raft_dir / "snapshot.json")
         conf = SyncObjConf(
             journalFile=str(journal),
-            fullDumpFile=str(raft_dir / "snapshot.bin"),
-            dynamicMembershipChange=False,
-            logCompactionMinEntries=5000,
+            fullDumpFile=str(snapshots.path),
+            # Snapshots are versioned JSON written by us (never pickles, never a fork).
+            serializer=snapshots.save,
+            deserializer=snapshots.load,
+            # Members added and removed at run time, each change committed through Raft.
+            dynamicMembershipChange=True,
+            # Listen on this member's own address only: by default pysyncobj binds 0.0.0.0.
+            bindAddress=self.self_addr,
+            # Every frame sealed (Fernet: AES + HMAC) with a key from the cluster secret, checked
+            # before pysyncobj unpickles it: without it, anyone reaching the port runs code here.
+            password=raft_password(secret),
+            # Compaction must never fork: a forked copy of a threaded process may hold any lock.
+            useFork=False,
+            # Send each new entry at once: batched, a lone write waits for the next heartbeat.
+            appendEntriesUseBatch=False,
+            connectionRetryTime=self.timeouts.raft_connect_retry_s,
+            leaderFallbackTimeout=self.timeouts.raft_leader_fallback_s,
+            logCompactionMinEntries=self.compaction_min_entries,
             logCompactionMinTime=300,
             commandsWaitLeader=True,
             # Our own tick thread: pysyncobj's autoTick thread stops as soon as the
@@ -136,8 +181,9 @@ class RaftStore:
         with startup.waiting_for(lambda: f"the Raft store was still opening its journal ({journal})"):
             try:
                 self._obj = await self._run_in_thread(
-                    lambda: _Replicated(self.self_addr, self.peers, conf, self._applied_in_raft_thread)
-                )
+                    lambda: self._build(journal, snapshots, lambda: _Replicated(
+                        self.self_addr, self.peers, conf, self._applied_in_raft_thread,
+                        sealed_transport(RefusalLog(self.timeouts.raft_refusal_log_s)))))
             except SyncObjException as e:
                 if getattr(e, "errorCode", None) != "BindError":
                     raise
@@ -167,13 +213,47 @@ class RaftStore:
         if obj is not None:
             obj.destroy()  # without autoTick this closes sockets and the journal at once
 
+    def _build(self, journal: Path, snapshots: SnapshotFiles, build: Callable[[], _Replicated]) -> _Replicated:
+        """In the worker thread: open and check the journal and snapshot, then build the member."""
+        self._journal = opened = open_durable(journal, snapshots, self.fsync)
+        keep_a_group_of_one(snapshots, self.self_addr)
+        self.fresh = snapshots.loaded is None and not opened.holds_commands()
+        opened.on_append_failed = self._append_failed_in_raft_thread
+        try:
+            self.peers = group_at_start(journal.parent, self.self_addr, self.peers, snapshots.loaded, opened)
+            obj = build()
+        except BaseException:
+            take_back(opened)
+            opened.close()
+            raise
+        snapshots.state_of = lambda: obj._state
+
+        def restore(state: ClusterState) -> None:  # a snapshot loaded: at start, or sent by the leader
+            obj._state = state
+            self._applied_in_raft_thread()
+
+        snapshots.restore = restore
+        return obj
+
     def _tick_forever(self, obj: _Replicated) -> None:
         tick = self.timeouts.raft_tick_s
+        repeats = Repeats()  # a failure that recurs every tick is logged at its 1st, 2nd, 4th, ... time
         while not self._closed.is_set():
             try:
+                started = time.monotonic()
                 obj.doTick(tick)
-            except Exception:
-                log.exception("raft tick failed; retrying")
+                if time.monotonic() - started < tick:
+                    # An event (a submit, a peer's message) ended the wait early. pysyncobj appends a new
+                    # command at the end of a tick and commits it at the start of the next one: run that
+                    # next tick now, without waiting, instead of up to `tick` later.
+                    obj.doTick(0.0)
+            except JournalWriteError as e:  # already answered to the writer; Raft goes on, reads are served
+                if n := repeats.count(str(e)):
+                    log.error("raft: %s (occurrence %d; retrying)", e.strerror, n)
+                time.sleep(tick)
+            except Exception as e:
+                if n := repeats.count(repr(e)):
+                    log.exception("raft tick failed (occurrence %d; retrying)", n)
                 time.sleep(tick)
 
     async def wait_ready(self, timeout: float | None = None) -> None:
@@ -237,6 +317,9 @@ class RaftStore:
             "self": self.self_addr,
             "leader": self.leader(),
             "is_leader": self.is_leader(),
+            "ready": bool(obj.isReady()),
+            "term": raw.get("raft_term"),
+            "member_change": self._member_changes.pending,  # a membership change in flight, in words
             "commit_index": raw.get("commit_idx"),
             "last_applied": raw.get("last_applied"),
             "log_size": raw.get("log_len"),
@@ -249,20 +332,36 @@ class RaftStore:
 
     # -- writes --------------------------------------------------------------
 
-    async def submit(self, command: dict[str, Any], *, timeout: float | None = None) -> Any:
+    async def submit(self, command: dict[str, Any], *, timeout: float | None = None,
+                     through_leader: bool = False) -> Any:
         """Commit one command; returns apply's result once committed and applied here.
 
-        Raises `CommandError` (nothing changed), `NotLeader`, or `StoreUnavailable`
-        (no commit within `timeout`, default `store_commit_s`).
+        A command with a `cid` applies at most once: if that id was applied already, its
+        recorded outcome is returned (or raised) and nothing is logged.
+        Raises `CommandError` (refused; nothing changed, or a no-op recorded with its reason),
+        `NotLeader` (not logged), `CommitUnknown` (handed to Raft, commit not confirmed
+        within `timeout`, default `store_commit_s`: it may still apply) or `StoreUnavailable`
+        (not logged). `through_leader`: on a standby, Raft hands the command to the leader over
+        its sealed wire (a member's own announcement) instead of raising `NotLeader`.
         """
         timeout = self.timeouts.store_commit_s if timeout is None else timeout
         obj = self._obj
         if obj is None:
             raise StoreUnavailable("the store is not running")
-        if not obj._isLeader():
+        if not obj._isLeader() and not through_leader:
             raise NotLeader(self.leader())
+        journal = self._journal
+        if journal is not None and journal.write_error:
+            raise StoreUnavailable(f"this member cannot write its journal: {journal.write_error}")
         blob = commands.encode(command)
-        commands.decode(blob)  # refuse what the members would refuse, before it is logged
+        wired = commands.decode(blob)  # refuse what the members would refuse, before it is logged
+        state = self.snapshot()
+        recorded = commands.replay(state, wired)
+        if recorded is not None:
+            return commands.result_of(recorded)
+        # A dry run on this member's state: what would be refused now is not logged. The state
+        # may still move before the entry applies; then apply records the refusal instead.
+        commands.apply(state, wired)
         done = trio.Event()
         slot: list[Any] = []
         token = self._token
@@ -278,21 +377,50 @@ class RaftStore:
             except trio.RunFinishedError:
                 pass
 
-        obj.apply(blob, callback=on_result)
-        with trio.move_on_after(timeout) as scope:
-            await done.wait()
+        appending = (blob, lambda error: on_result(None, error))
+        self._appending.append(appending)
+        try:
+            self.group.add(obj.apply, blob, on_result)
+            with trio.move_on_after(timeout) as scope:
+                await done.wait()
+        finally:
+            self._appending.remove(appending)
         if scope.cancelled_caught:
-            raise StoreUnavailable(f"no commit within {timeout:g} s (no quorum?)")
+            raise CommitUnknown(f"no commit confirmed within {timeout:g} s (no quorum?); the command may still apply")
         result, error = slot[0]
-        if error == FAIL_REASON.NOT_LEADER or error == FAIL_REASON.LEADER_CHANGED:
+        if isinstance(error, JournalWriteError):  # not in the log: a definite refusal
+            raise StoreUnavailable(f"the write was not committed: {error.strerror} "
+                                   f"(this member still serves reads)")
+        if error in (FAIL_REASON.LEADER_CHANGED, FAIL_REASON.UNKNOWN_OUTCOME):
+            # Forwarded, or acknowledged by a leader that is gone: it may be in the log.
+            raise CommitUnknown(f"commit not confirmed: {_fail_name(error)} (leader now: {self.leader() or 'unknown'})")
+        if error == FAIL_REASON.NOT_LEADER:
             raise NotLeader(self.leader())
-        if error != FAIL_REASON.SUCCESS:
+        if error != FAIL_REASON.SUCCESS:  # queue full, no leader, discarded, denied: not in the log
             raise StoreUnavailable(f"commit failed: {_fail_name(error)}")
-        status, payload = result
-        if status == "error":
-            code, message = payload
-            raise commands.CommandError(code, message)
-        return payload
+        assert isinstance(result, Outcome)
+        return commands.result_of(result)
+
+    # -- membership ----------------------------------------------------------
+
+    async def add_member(self, raft_addr: str) -> None:
+        """Returns once committed (this member must lead); raises `MembershipBusy`, `NotLeader`, `CommitUnknown`."""
+        await self._change_members("adding", raft_addr)
+
+    async def remove_member(self, raft_addr: str) -> None:
+        await self._change_members("removing", raft_addr)
+
+    async def _change_members(self, doing: str, addr: str) -> None:
+        obj, token = self._obj, self._token
+        if obj is None or token is None or not obj._isLeader():
+            raise NotLeader(self.leader())
+        call = obj.addNodeToCluster if doing == "adding" else obj.removeNodeFromCluster
+        error = await self._member_changes.run(f"{doing} {addr}", lambda cb: call(addr, callback=cb), token,
+                                               self.timeouts.store_commit_s)
+        if error in (FAIL_REASON.NOT_LEADER, FAIL_REASON.MISSING_LEADER):
+            raise NotLeader(self.leader())
+        if error != FAIL_REASON.SUCCESS:  # not confirmed in time, or the leader changed: it may still apply
+            raise CommitUnknown(f"{doing} {addr} was not confirmed ({_fail_name(error) if error else 'timed out'})")
 
     # -- internals -----------------------------------------------------------
 
@@ -305,9 +433,36 @@ class RaftStore:
         except trio.RunFinishedError:
             pass
 
+    def _append_failed_in_raft_thread(self, command: bytes, error: JournalWriteError) -> None:
+        token = self._token
+        if token is None or self._closed.is_set():
+            return
+        try:
+            token.run_sync_soon(self._append_failed, command, error)
+        except trio.RunFinishedError:
+            pass
+
+    def _append_failed(self, command: bytes, error: JournalWriteError) -> None:
+        for fail in failed_appends(command, self._appending):  # each waiting submit in that entry
+            fail(error)
+
     def _wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+
+
+def _wildcard_error(addr: str) -> startup.CannotStart | None:
+    """A Raft address is the member's name in the group, which its peers dial: 0.0.0.0 or ::
+    names no machine, and would listen on every interface."""
+    host = addr.rpartition(":")[0].strip("[]")
+    try:
+        wildcard = ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return None  # a host name: pysyncobj resolves it, and listens on that address only
+    if not wildcard:
+        return None
+    return startup.CannotStart(f"the Raft address {addr} names no machine: give this member's address on the "
+                               f"cluster's network (its peers dial it, and Raft listens there only)")
 
 
 def _bind_error(addr: str) -> startup.CannotStart | None:

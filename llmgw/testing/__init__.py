@@ -35,13 +35,22 @@ class MemoryStore:
         return self.submit_nowait(command)
 
     def submit_nowait(self, command: dict[str, Any]) -> Any:
-        """Apply now (raises `CommandError` and changes nothing when it does not apply)."""
-        commands.decode(commands.encode(command))  # same wire check as the Raft store
-        self._state, result = commands.apply(self._state, command)
-        self.log.append(command)
-        self._changed.set()
-        self._changed = trio.Event()
-        return result
+        """Apply now (raises `CommandError` and changes nothing when it does not apply).
+
+        As the Raft store: the wire checks, then a command whose `cid` was applied already
+        answers its recorded outcome and is not logged again; one that would be refused now
+        is refused before it is logged (here nothing can move the state in between)."""
+        wired = commands.decode(commands.encode(command))
+        recorded = commands.replay(self._state, wired)
+        if recorded is not None:
+            return commands.result_of(recorded)
+        state, outcome = commands.apply_entry(self._state, wired)
+        if outcome.ok:
+            self._state = state
+            self.log.append(command)
+            self._changed.set()
+            self._changed = trio.Event()
+        return commands.result_of(outcome)
 
     def is_leader(self) -> bool:
         return True

@@ -15,8 +15,15 @@ import trio
 from trio_websocket import HandshakeError, open_websocket_url
 
 from llmgw import protocol
+from llmgw.control.admin import ControlDeps, make_app
+from llmgw.control.hub import AgentHub
+from llmgw.control.reconciler import Reconciler
 from llmgw.control.service import ControlConfig, ControlHandle, Seed, serve
+from llmgw.domain import commands
+from llmgw.domain.keys import hash_key
 from llmgw.domain.model import ModelDef
+from llmgw.store import CommitUnknown, NotLeader, StoreNotReady, StoreUnavailable
+from llmgw.testing import MemoryStore
 from llmgw.testing.processes import free_port
 
 pytestmark = pytest.mark.slow
@@ -172,3 +179,134 @@ async def test_agent_stream_registers_the_node_and_forgets_it_on_close(control: 
         while "n1" in control.hub.nodes:
             await trio.sleep(0.01)
     assert "n1" in control.hub.lost
+
+
+# --- Idempotency-Key: a retried write applies once and answers as the first did ------------------------------------
+
+EXTRA = {"name": "extra", "engine": "sim", "source": "sim://extra"}
+
+
+async def test_a_retry_with_the_same_key_applies_once_and_answers_the_same(
+    api: httpx.AsyncClient, control: ControlHandle
+) -> None:
+    before = control.store.snapshot().revision
+    first = await api.post("/api/v1/models", json=EXTRA, headers={"Idempotency-Key": "create-extra-1"})
+    again = await api.post("/api/v1/models", json=EXTRA, headers={"Idempotency-Key": "create-extra-1"})
+    assert first.status_code == again.status_code == 201, "the retry says 'created', as the first did"
+    assert again.content == first.content
+    assert control.store.snapshot().revision == before + 1, "applied once"
+    # Another key is another request: applied again (a replace, this time).
+    other = await api.post("/api/v1/models", json=EXTRA, headers={"Idempotency-Key": "create-extra-2"})
+    assert other.status_code == 200 and control.store.snapshot().revision == before + 2
+
+
+async def test_a_retried_delete_answers_as_the_first_not_404(api: httpx.AsyncClient, control: ControlHandle) -> None:
+    assert (await api.post("/api/v1/models", json=EXTRA)).status_code == 201
+    first = await api.delete("/api/v1/models/extra", headers={"Idempotency-Key": "rm-extra"})
+    revision = control.store.snapshot().revision
+    again = await api.delete("/api/v1/models/extra", headers={"Idempotency-Key": "rm-extra"})
+    assert (first.status_code, first.json()) == (again.status_code, again.json()) == (200, {"removed": "extra"})
+    assert control.store.snapshot().revision == revision
+    fresh = await api.delete("/api/v1/models/extra", headers={"Idempotency-Key": "rm-extra-2"})
+    assert fresh.status_code == 404 and error_of(fresh)["code"] == "model_not_found"
+
+
+async def test_a_retry_on_another_member_or_after_a_restart_answers_from_the_replicated_record(
+    api: httpx.AsyncClient, control: ControlHandle
+) -> None:
+    """A fresh app over the same store has none of the first one's answers kept: the outcome
+    recorded in the replicated state still makes the retry say 'created', and apply nothing."""
+    first = await api.post("/api/v1/models", json=EXTRA, headers={"Idempotency-Key": "k-7"})
+    revision = control.store.snapshot().revision
+    other = make_app(ControlDeps(store=control.store, hub=control.hub, reconciler=control.reconciler,
+                                 clock=lambda: 0.0))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=other), base_url="http://member2",
+                                 headers={"Authorization": f"Bearer {ADMIN}"}) as member2:
+        again = await member2.post("/api/v1/models", json=EXTRA, headers={"Idempotency-Key": "k-7"})
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again.json()["model"]["source"] == first.json()["model"]["source"]
+    assert control.store.snapshot().revision == revision
+
+
+async def test_the_same_key_for_a_different_request_is_refused(api: httpx.AsyncClient, control: ControlHandle) -> None:
+    assert (await api.put("/api/v1/settings/serving.stopped", json=True, headers={"Idempotency-Key": "s"})).is_success
+    before = control.store.snapshot()
+    r = await api.put("/api/v1/settings/serving.stopped", json=False, headers={"Idempotency-Key": "s"})
+    assert r.status_code == 422 and error_of(r)["code"] == "idempotency_key_reused"
+    assert control.store.snapshot() is before
+
+
+async def test_keys_are_scoped_to_the_admin_key(api: httpx.AsyncClient, control: ControlHandle) -> None:
+    await control.store.submit(commands.add_key(hash_key("sk-admin-two"), "two", "admin", 0.0))
+    first = await api.post("/api/v1/models", json=EXTRA, headers={"Idempotency-Key": "same"})
+    async with httpx.AsyncClient(base_url=control.admin_url, headers={"Authorization": "Bearer sk-admin-two"}) as two:
+        second = await two.post("/api/v1/models", json=EXTRA, headers={"Idempotency-Key": "same"})
+    assert (first.status_code, second.status_code) == (201, 200), "another client's key is its own: applied again"
+
+
+@pytest.mark.parametrize("key", [b"", b"x" * 201, b"caf\xc3\xa9", b"tab\there"])
+async def test_a_bad_idempotency_key_is_refused(api: httpx.AsyncClient, control: ControlHandle, key: bytes) -> None:
+    before = control.store.snapshot()
+    r = await api.post("/api/v1/models", json=EXTRA, headers=[(b"Idempotency-Key", key)])
+    assert r.status_code == 400 and error_of(r)["code"] == "invalid_idempotency_key"
+    assert control.store.snapshot() is before
+    assert (await api.get("/api/v1/models", headers=[(b"Idempotency-Key", key)])).status_code == 200, "reads ignore it"
+
+
+# --- every store error reaches the client in the admin error shape ------------------------------------------------
+
+
+class FailingStore(MemoryStore):
+    """Reads as a store with an admin key; every write raises `failure`."""
+
+    def __init__(self, failure: Exception) -> None:
+        super().__init__()
+        self.submit_nowait(commands.add_key(hash_key(ADMIN), "admin", "admin", 0.0))
+        self.submit_nowait(commands.put_model(ModelDef.from_doc(EXTRA), 0.0))
+        self.failure = failure
+
+    async def submit(self, command: dict[str, Any]) -> Any:
+        raise self.failure
+
+
+WRITES = [("POST", "/api/v1/models", EXTRA), ("PUT", "/api/v1/settings/serving.stopped", True),
+          ("DELETE", "/api/v1/models/extra", None), ("POST", "/api/v1/models/extra/retry", None)]
+
+
+@pytest.mark.parametrize(
+    ("failure", "code", "words"),
+    [
+        (CommitUnknown("no commit confirmed within 10 s (no quorum?)"), "commit_unknown", "may or may not"),
+        (NotLeader("10.0.0.2:7000"), "not_leader", "10.0.0.2:7000"),
+        (NotLeader(None), "not_leader", "no leader is known"),
+        (StoreUnavailable("commit failed: queue_full"), "store_unavailable", "queue_full"),
+        (StoreNotReady("no leader among 3 members"), "store_unavailable", "no leader among 3"),
+        (RuntimeError("a bug"), "internal_error", "RuntimeError"),
+    ],
+    ids=["commit-unknown", "not-leader", "no-leader", "unavailable", "not-ready", "bug"],
+)
+async def test_each_store_error_is_an_admin_error(failure: Exception, code: str, words: str) -> None:
+    store = FailingStore(failure)
+    app = make_app(ControlDeps(store=store, hub=AgentHub(), reconciler=Reconciler(store, AgentHub()),
+                               clock=lambda: 0.0))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://member",
+                                 headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        for method, path, body in WRITES:
+            r = await c.request(method, path, content=json.dumps(body).encode() if body is not None else b"",
+                                headers={"Content-Type": "application/json", "Idempotency-Key": "k1"})
+            assert r.status_code == (500 if code == "internal_error" else 503), (method, path, r.text)
+            assert r.headers["content-type"] == "application/json"
+            err = error_of(r)
+            assert err["code"] == code and words in err["message"], err
+
+
+async def test_commit_unknown_says_a_retry_is_safe_only_with_a_key() -> None:
+    store = FailingStore(CommitUnknown("no commit confirmed within 10 s"))
+    app = make_app(ControlDeps(store=store, hub=AgentHub(), reconciler=Reconciler(store, AgentHub()),
+                               clock=lambda: 0.0))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://member",
+                                 headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        keyed = error_of(await c.delete("/api/v1/models/extra", headers={"Idempotency-Key": "k"}))["message"]
+        bare = error_of(await c.delete("/api/v1/models/extra"))["message"]
+    assert "may or may not have been applied" in keyed and "same Idempotency-Key is safe" in keyed
+    assert "may or may not have been applied" in bare and "no Idempotency-Key" in bare

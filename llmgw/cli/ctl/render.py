@@ -151,18 +151,25 @@ def render_status(doc: Mapping[str, Any]) -> str:
     ]
     out = ["   ".join(parts)]
 
+    if isinstance(dig(cluster, "floating_address"), Mapping):
+        out.append(_floating_line(dig(cluster, "floating_address")))
     members = dig(cluster, "members")
     if isinstance(members, list) and members:
         out += ["", "CONTROL PLANES"]
-        rows = ([dig(m, "id"), dig(m, "role"), dig(m, "state")] for m in members)
-        out.append(table(["MEMBER", "ROLE", "STATE"], rows))
+        rows = ([dig(m, "id"), dig(m, "role"), dig(m, "state"), _known_count(dig(m, "lag")),
+                 _ago(dig(m, "last_contact_age_s")), _short(dig(m, "reason"))] for m in members)
+        out.append(table(["MEMBER", "ROLE", "STATE", "LAG", "LAST CONTACT", "REASON"], rows))
 
     nodes = dig(doc, "nodes")
+    # The agents' last contact, when the leader listed them: one more column.
+    agents = dig(cluster, "agents")
+    contact = {dig(a, "node"): dig(a, "last_contact_age_s") for a in agents} if isinstance(agents, list) else None
     out += ["", "NODES"]
     if isinstance(nodes, list) and nodes:
         out.append(
             table(
-                ["NODE", "HOSTNAME", "CONNECTED", "CPUS", "MEMORY", "GPUS", "ENGINES"],
+                ["NODE", "HOSTNAME", "CONNECTED", "CPUS", "MEMORY", "GPUS", "ENGINES",
+                 *(["LAST CONTACT"] if contact is not None else [])],
                 (
                     [
                         dig(n, "node"),
@@ -172,6 +179,7 @@ def render_status(doc: Mapping[str, Any]) -> str:
                         _gib(dig(n, "memory_total")),
                         _gpus(dig(n, "gpus")),
                         _names(dig(n, "engines")),
+                        *([_ago(contact.get(dig(n, "node")))] if contact is not None else []),
                     ]
                     for n in nodes
                 ),
@@ -179,6 +187,8 @@ def render_status(doc: Mapping[str, Any]) -> str:
         )
     else:
         out.append("no nodes have reported")
+    if "gateways" in cluster:
+        out += ["", "GATEWAYS"] + _gateways(cluster)
 
     models = dig(doc, "models")
     out += ["", "MODELS"]
@@ -215,6 +225,82 @@ def render_status(doc: Mapping[str, Any]) -> str:
             " Set one: llmgw ctl settings notify.webhooks '[\"https://...\"]'",
         ]
     return "\n".join(out)
+
+
+# --- the control planes ---------------------------------------------------------------
+
+
+def _ago(age: Any) -> str | None:
+    if isinstance(age, bool) or not isinstance(age, (int, float)):
+        return None
+    return f"{age:.1f} s ago"
+
+
+def _hash(value: Any) -> str | None:
+    """A state hash cut to what tells two apart at a glance (`--json` has it whole)."""
+    return value[:19] if isinstance(value, str) and value.startswith("sha256:") else value
+
+
+def render_members(doc: Mapping[str, Any]) -> str:
+    """`ctl members`: who leads, and each member's role, state, indexes, lag, contact and hash."""
+    leader = dig(doc, "leader")
+    head = [f"leader: {cell(leader)}" + (f" ({cell(dig(doc, 'leader_url'))})" if leader else ""),
+            f"asked: {cell(dig(doc, 'self'))}"]
+    out = ["   ".join(head)]
+    if dig(doc, "member_change"):
+        out.append(f"membership change in progress: {cell(dig(doc, 'member_change'))}")
+    members = dig(doc, "members")
+    out.append("")
+    if isinstance(members, list) and members:
+        out.append(table(
+            ["MEMBER", "ADMIN URL", "ROLE", "STATE", "COMMIT", "APPLIED", "LAG", "LAST CONTACT", "STATE HASH",
+             "REASON"],
+            ([dig(m, "id"), dig(m, "admin_url"), dig(m, "role"), dig(m, "state"), _known_count(dig(m, "commit_index")),
+              _known_count(dig(m, "applied_index")), _known_count(dig(m, "lag")), _ago(dig(m, "last_contact_age_s")),
+              _hash(dig(m, "state_hash")), _short(dig(m, "reason"))] for m in members)))
+    else:
+        out.append("no members listed")
+    if isinstance(dig(doc, "floating_address"), Mapping):
+        out += ["", _floating_line(dig(doc, "floating_address"))]
+    if "gateways" in doc:
+        out += ["", "GATEWAYS"] + _gateways(doc)
+    if "agents" in doc:
+        out += ["", "AGENTS"]
+        agents = dig(doc, "agents")
+        if isinstance(agents, list) and agents:
+            out.append(table(["NODE", "CONNECTED", "REPLICAS", "LAST CONTACT"],
+                             ([dig(a, "node"), dig(a, "connected"), _known_count(dig(a, "replicas")),
+                               _ago(dig(a, "last_contact_age_s"))] for a in agents)))
+        elif isinstance(agents, list):
+            out.append("no agent has attached to the leader")
+        else:
+            out.append(f"unknown: {cell(dig(doc, 'followers_reason'))}")
+    warnings = dig(doc, "warnings")
+    if isinstance(warnings, list) and warnings:
+        out += ["", "WARNINGS"] + [f"  ! {clean(str(w))}" for w in warnings]
+    return "\n".join(out)
+
+
+def _floating_line(f: Mapping[str, Any]) -> str:
+    """`floating address: ADDR on the leader`, `... NOT on the leader: why`, `not configured`, or unknown."""
+    if dig(f, "configured") is False:
+        return "floating address: not configured"
+    state = dig(f, "state")
+    shown = "NOT on the leader" if state == "not on the leader" else cell(state)
+    text = f"floating address: {cell(dig(f, 'address'))} {shown}"
+    return text + (f": {clean(str(dig(f, 'reason')))}" if dig(f, "reason") else "")
+
+
+def _gateways(doc: Mapping[str, Any]) -> list[str]:
+    """The gateways the leader lists (each with its last contact), or why they are unknown."""
+    gateways = dig(doc, "gateways")
+    if isinstance(gateways, list) and gateways:
+        return [table(["GATEWAY", "ADDRESS", "CONNECTED", "LAST CONTACT"],
+                      ([dig(g, "name"), dig(g, "address"), dig(g, "connected"), _ago(dig(g, "last_contact_age_s"))]
+                       for g in gateways))]
+    if isinstance(gateways, list):
+        return ["no gateway follows the leader"]
+    return [f"unknown: {cell(dig(doc, 'followers_reason'))}"]
 
 
 # --- models ---------------------------------------------------------------------------

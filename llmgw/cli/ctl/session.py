@@ -1,5 +1,6 @@
 """One command's conversation with the admin API: the global options, the output
-streams, one HTTP client, and turning every answer that is not a 2xx JSON into a CtlError."""
+streams, one HTTP client, and turning every answer that is not a 2xx JSON into a CtlError.
+Every write carries an Idempotency-Key, so a write whose outcome is unknown is retried once, safely."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import sys
 import urllib.parse
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +77,12 @@ class Session:
         return self._target
 
     def request(self, method: str, path: str, *, body: Any = None, send_body: bool = False) -> tuple[int, Any]:
-        """(status, decoded JSON) of a 2xx answer; anything else raises CtlError."""
+        """(status, decoded JSON) of a 2xx answer; anything else raises CtlError.
+
+        A write (any method but GET) carries a fresh Idempotency-Key. When its outcome is
+        unknown (no answer in time, the connection lost after sending, or 503 commit_unknown)
+        it is sent once more with the same key, which the API applies at most once; if that
+        fails too, the error says plainly that the outcome is unknown."""
         target = self.target()
         if self._client is None:
             self._client = httpx.Client(
@@ -84,25 +91,62 @@ class Session:
                 timeout=TIMEOUTS.ctl_request_s,
                 headers={"Authorization": f"Bearer {target.key}", "Accept": "application/json"},
             )
-        url = target.url + path
+        headers: dict[str, str] = {}
+        content: bytes | None = None
+        if send_body:
+            # Encoded here: httpx sends no body at all for `json=None`, and `null` is a value.
+            content = json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
+            headers["Content-Type"] = "application/json"
+        if method.upper() == "GET":
+            return self._send(method, path, content, headers)
+        key = str(uuid.uuid4())
+        headers["Idempotency-Key"] = key
         try:
-            if send_body:
-                # Encoded here: httpx sends no body at all for `json=None`, and `null` is a value.
-                content = json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
-                response = self._client.request(
-                    method, path, content=content, headers={"Content-Type": "application/json"}
-                )
-            else:
-                response = self._client.request(method, path)
-        except httpx.ConnectError as e:
-            raise CtlError(f"the server at {target.url} (from {target.url_from}) is not reachable: {_why(e)}") from e
+            return self._send(method, path, content, headers)
+        except _Unknown as first:
+            first_why = first.why
+            self.note(f"note: {first.why}; sending the same {method} again (Idempotency-Key {key}: applied at most once)")
+        try:
+            return self._send(method, path, content, headers, retry=True)
+        except _Unknown as second:
+            raise CtlError(
+                f"the outcome of {method} {target.url + path} is unknown: {first_why}; retried: {second.why}. The"
+                f" change may or may not have been applied; read the state (e.g. `llmgw ctl status`) before"
+                f" writing again"
+                f" (Idempotency-Key {key})"
+            ) from None
+
+    def _send(self, method: str, path: str, content: bytes | None, headers: dict[str, str], *,
+              retry: bool = False) -> tuple[int, Any]:
+        """One request. Raises `_Unknown` when a write may or may not have reached the API; on a
+        `retry`, also when this attempt says nothing of the first one (not sent, or a 5xx)."""
+        assert self._client is not None
+        target = self.target()
+        url = target.url + path
+        write = "Idempotency-Key" in headers
+        try:
+            response = self._client.request(method, path, content=content, headers=headers)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # nothing was sent
+            why = _why(e) if isinstance(e, httpx.ConnectError) else f"no connection within {TIMEOUTS.ctl_request_s:g} s"
+            if retry:
+                raise _Unknown(f"then the server was not reachable ({why})") from e
+            raise CtlError(f"the server at {target.url} (from {target.url_from}) is not reachable: {why}") from e
         except httpx.TimeoutException as e:
+            if write:
+                raise _Unknown(f"no answer within {TIMEOUTS.ctl_request_s:g} s ({type(e).__name__})") from e
             raise CtlError(
                 f"the server at {target.url} (from {target.url_from}) is not reachable: "
                 f"no answer within {TIMEOUTS.ctl_request_s:g} s ({type(e).__name__})"
             ) from e
         except httpx.TransportError as e:
+            if write:
+                raise _Unknown(f"the connection failed after the request was sent ({_why(e)})") from e
             raise CtlError(f"talking to {url} failed: {_why(e)}") from e
+        if write and response.status_code == 503 and _error_code(response) == "commit_unknown":
+            raise _Unknown("the API could not confirm the commit (commit_unknown)")
+        if retry and response.status_code >= 500:
+            raise _Unknown(f"then the API answered status {response.status_code}"
+                           f" ({_error_code(response) or 'no error code'})")
         return response.status_code, _decode(response, url)
 
     def close(self) -> None:
@@ -117,6 +161,24 @@ SessionParam = Annotated[Session, Parameter(parse=False)]
 def api_path(*parts: str) -> str:
     """`/api/v1/PART/...`, each part escaped: a model named `a/b` is one segment."""
     return "/api/v1/" + "/".join(urllib.parse.quote(p, safe="") for p in parts)
+
+
+class _Unknown(Exception):
+    """A write that may or may not have been applied; `why` says what happened."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        doc = response.json()
+    except ValueError:
+        return None
+    err = doc.get("error") if isinstance(doc, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def _why(e: Exception) -> str:

@@ -1,0 +1,300 @@
+"""The leader's side of remote gateways: `GatewayHub` (the table they follow; an `EndpointSink`
+and a `DemandReport` to the reconciler) and their WebSocket route, `GATEWAY_STREAM_PATH`.
+
+Level-triggered: a gateway gets the whole table on connect and again on every change,
+numbered by `version`; nothing it holds depends on a message it might have missed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import trio
+from quart import Response, websocket
+from quart_trio import QuartTrio
+
+from llmgw import protocol
+from llmgw.control.hub import AgentHub
+from llmgw.domain.keys import hash_key
+from llmgw.domain.observed import ModelRoute
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
+from llmgw.errors import AdminError
+from llmgw.interfaces import StateReader
+
+if TYPE_CHECKING:
+    from llmgw.control.admin import ControlDeps
+
+log = logging.getLogger("llmgw.control.gateways")
+
+
+@dataclass
+class GatewayLink:
+    """One connected gateway, as the leader knows it."""
+
+    name: str
+    address: str
+    connected_at: float  # the control plane's clock (wall time)
+    last_contact: float
+    connected: bool = True
+
+
+@dataclass
+class _Table:
+    version: int = 0
+    key: tuple[int, int, bool] | None = None  # (state revision, routes sequence, routes known) of the text
+    text: str = ""
+
+
+@dataclass
+class GatewayHub:
+    """What the leader tells its gateways, and what they told it back. Rebuilt by each leader:
+    gateways re-attach and report again, so nothing here goes through Raft."""
+
+    store: StateReader
+    leader: str  # this member's id, named in every table
+    wake: Callable[[], None] = lambda: None  # wakes the reconciler (an activation ask waits on it)
+    agents: AgentHub | None = None  # whose reports make this leader's routes worth sending (see `_routes_known`)
+    clock: Callable[[], float] = time.time
+    timeouts: Timeouts = TIMEOUTS
+    links: dict[str, GatewayLink] = field(default_factory=dict)  # by name; gone ones stay, connected=False
+    _routes: Mapping[str, ModelRoute] | None = None  # None until the reconciler has published once
+    _routes_seq: int = 0
+    _first_routes_at: float | None = None
+    _known: bool = False
+    _table: _Table = field(default_factory=_Table)
+    _last_used: dict[str, float] = field(default_factory=dict)  # replica id -> trio time of its last use
+    _asks: dict[str, float] = field(default_factory=dict)  # model -> trio time of the newest ask
+    _changed: trio.Event = field(default_factory=trio.Event)
+
+    # --- EndpointSink (the reconciler pushes routes in) --------------------------------
+
+    def update_routes(self, routes: Mapping[str, ModelRoute]) -> None:
+        if self._first_routes_at is None:
+            self._first_routes_at = self.clock()
+        self._routes = dict(routes)
+        self._routes_seq += 1
+        live = {e.replica_id for route in routes.values() for e in route.endpoints}
+        self._last_used = {rid: t for rid, t in self._last_used.items() if rid in live}  # replicas come and go
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # --- DemandReport (the reconciler reads what gateways asked for) --------------------
+
+    def last_used(self) -> Mapping[str, float]:
+        return dict(self._last_used)
+
+    def take_activation_asks(self) -> Mapping[str, float]:
+        asks, self._asks = self._asks, {}
+        return asks
+
+    # --- the table ------------------------------------------------------------------------
+
+    def table(self) -> tuple[int, str]:
+        """(version, encoded "table" message) of the table now; built once per change, shared by all streams."""
+        state = self.store.snapshot()
+        known = self._routes_known()
+        key = (state.revision, self._routes_seq, known)
+        if key != self._table.key:
+            version = self._table.version + 1
+            routes = self._routes if known else None
+            text = protocol.dumps(protocol.table_message(version, self.leader, state, routes))
+            self._table = _Table(version, key, text)
+        return self._table.version, self._table.text
+
+    def change_event(self) -> trio.Event:
+        """Set by the next route update: take it before reading the table, wait on it after."""
+        return self._changed
+
+    def _routes_known(self) -> bool:
+        """Whether this leader's routes say more than the gateways' own. A new leader knows no
+        replica until agents report again: its first routes have no endpoints, and sending them
+        would stall every gateway (while the engines serve on). So routes are sent (None until
+        then: keep yours) once every node that holds a placement has reported its replicas, or
+        `reconcile_startup_quiet_s` after this leader's first routes, whichever comes first."""
+        if self._known or self._routes is None or self._first_routes_at is None:
+            return self._known
+        if self.agents is None:
+            self._known = True
+            return True
+        nodes = {p.node for p in self.store.snapshot().placements.values()}
+        missing = sorted(n for n in nodes if n not in self.agents.replicas)
+        waited = self.clock() - self._first_routes_at
+        if not missing or waited >= self.timeouts.reconcile_startup_quiet_s:
+            self._known = True
+            log.info("gateways get this leader's routes now%s",
+                     f" (after {waited:.0f} s; not reported: {', '.join(missing)})" if missing else "")
+        return self._known
+
+    # --- the streams ------------------------------------------------------------------------
+
+    def connect(self, name: str, address: str) -> GatewayLink:
+        now = self.clock()
+        old = self.links.get(name)
+        if old is not None and old.connected:
+            log.warning("gateway %s connected again (from %s); its previous stream is replaced", name, address)
+        link = GatewayLink(name, address, now, now)
+        self.links[name] = link
+        log.info("gateway %s (%s) follows this leader", name, address)
+        return link
+
+    def disconnect(self, link: GatewayLink) -> None:
+        link.connected = False
+        if self.links.get(link.name) is link:
+            log.info("gateway %s disconnected", link.name)
+
+    def report_demand(self, link: GatewayLink, message: Mapping[str, Any]) -> None:
+        """A gateway's report: ages in seconds (its clock is not ours), for the replicas used and
+        the models asked for since its previous report on this stream."""
+        now = trio.current_time()
+        asked = False
+        for rid, age in _ages(message.get("last_used_age")):
+            used = now - age
+            if used > self._last_used.get(rid, -math.inf):
+                self._last_used[rid] = used
+        for model, age in _ages(message.get("asks_age")):
+            self._asks[model] = max(self._asks.get(model, -math.inf), now - age)
+            asked = True
+        link.last_contact = self.clock()
+        if asked:
+            self.wake()  # a request waits for this activation: plan now, not on the next tick
+
+    async def watch_leadership(self, is_leader: Callable[[], bool], *,
+                               task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Forget this term's routes and demand when this member stops leading: if it leads again,
+        its routes are withheld again until its agents have reported (see `_routes_known`)."""
+        task_status.started()
+        leading = is_leader()
+        while True:
+            await trio.sleep(self.timeouts.gateway_heartbeat_s)
+            now_leading = is_leader()
+            if leading and not now_leading:
+                self._routes, self._first_routes_at, self._known = None, None, False
+                self._routes_seq += 1
+                self._last_used.clear()
+                self._asks.clear()
+            leading = now_leading
+
+    def gateways(self) -> list[dict[str, Any]]:
+        """Every gateway this leader has seen: connected or not, with its last contact."""
+        return [{"name": g.name, "address": g.address, "connected": g.connected,
+                 "connected_at": g.connected_at, "last_contact": g.last_contact}
+                for _, g in sorted(self.links.items())]
+
+
+def _ages(value: Any) -> list[tuple[str, float]]:
+    if not isinstance(value, dict):
+        return []
+    out = []
+    for name, age in value.items():
+        if isinstance(age, (int, float)) and not isinstance(age, bool) and math.isfinite(age):
+            out.append((str(name), max(0.0, float(age))))
+    return out
+
+
+def hub_of(deps: ControlDeps) -> GatewayHub | None:
+    """The hub the reconciler publishes to (`control.service` wires one in), or None."""
+    for sink in deps.reconciler.sinks:
+        if isinstance(sink, GatewayHub):
+            return sink
+    return None
+
+
+def register(app: QuartTrio, deps: ControlDeps) -> None:
+    """Add the gateways' stream route to the admin app."""
+
+    @app.websocket(protocol.GATEWAY_STREAM_PATH)
+    async def gateway_stream() -> Any:
+        refusal = _authenticate(deps, websocket.headers)
+        if refusal is not None:
+            return Response(json.dumps(refusal.doc()), status=refusal.status, content_type="application/json")
+        await websocket.accept()
+        await _session(deps, hub_of(deps))
+        return None
+
+
+def _authenticate(deps: ControlDeps, headers: Any) -> AdminError | None:
+    # An admin key for now (as agents); per-gateway credentials come later.
+    scheme, _, key = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key:
+        return AdminError(401, "unauthorized", "send the admin key as 'Authorization: Bearer <key>'")
+    if deps.store.snapshot().key_role(hash_key(key.strip())) != "admin":
+        return AdminError(401, "unauthorized", "this key is not an admin key of this cluster")
+    return None
+
+
+def _refusal(deps: ControlDeps, reason: str) -> str:
+    status = deps.store_status()
+    return protocol.dumps({"type": "refused", "reason": reason, "leader": status.get("leader"),
+                           "leader_url": status.get("leader_url")})
+
+
+async def _session(deps: ControlDeps, hub: GatewayHub | None) -> None:
+    """One gateway's stream: hello, then tables and heartbeats down, demand reports up."""
+    hello = protocol.loads(await websocket.receive())
+    if hello.get("type") != "hello" or hello.get("protocol") != protocol.GATEWAY_PROTOCOL_VERSION:
+        await websocket.send(_refusal(deps, f"unsupported gateway protocol (this control speaks "
+                                            f"{protocol.GATEWAY_PROTOCOL_VERSION})"))
+        return
+    if hub is None:
+        await websocket.send(_refusal(deps, "this control plane publishes no table to gateways"))
+        return
+    if not deps.store.is_leader():
+        await websocket.send(_refusal(deps, "not the leader"))
+        return
+    name = str(hello.get("gateway") or "") or "unnamed"
+    remote = websocket.remote_addr
+    link = hub.connect(name, str(remote) if remote else "?")
+    timeouts = hub.timeouts
+    try:
+        await websocket.send(protocol.dumps({"type": "welcome", "leader": hub.leader}))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_push, deps, hub, nursery.cancel_scope)
+            while True:
+                with trio.move_on_after(timeouts.gateway_silence_s) as quiet:
+                    message = protocol.loads(await websocket.receive())
+                if quiet.cancelled_caught:
+                    log.warning("gateway %s said nothing for %g s: closing its stream", name, timeouts.gateway_silence_s)
+                    break
+                link.last_contact = hub.clock()
+                if message["type"] == "demand":
+                    hub.report_demand(link, message)
+                # A "heartbeat" records only the contact: it keeps traffic on the stream, so a dead one shows.
+            nursery.cancel_scope.cancel()
+    except protocol.ProtocolError as e:
+        log.warning("gateway %s sent a bad message: %s", name, e)
+    finally:
+        hub.disconnect(link)
+
+
+async def _push(deps: ControlDeps, hub: GatewayHub, scope: trio.CancelScope) -> None:
+    """The table whenever it changes, a heartbeat when quiet; a member that stops leading
+    says so and closes the stream (its gateway looks for the new leader)."""
+    sent: int | None = None
+    while True:
+        if not deps.store.is_leader():
+            log.info("no longer the leader: letting gateways go")
+            await websocket.send(_refusal(deps, "this member no longer leads"))
+            scope.cancel()
+            return
+        routes_changed = hub.change_event()
+        revision = deps.store.snapshot().revision
+        version, text = hub.table()
+        await websocket.send(text if version != sent else protocol.dumps({"type": "heartbeat"}))
+        sent = version
+        with trio.move_on_after(hub.timeouts.gateway_heartbeat_s):
+            async with trio.open_nursery() as nursery:
+                async def state_changed() -> None:
+                    await deps.store.wait_changed(revision)
+                    nursery.cancel_scope.cancel()
+
+                async def routes_updated() -> None:
+                    await routes_changed.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(state_changed)
+                nursery.start_soon(routes_updated)

@@ -1,0 +1,175 @@
+"""`ClusterState` as versioned JSON, for snapshots: `state_to_json(state) -> dict` and back.
+
+Driven by the dataclasses' fields and type hints, so a field added to the state (or to a value
+in it) is written and read without a change here; a type it cannot write fails loudly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import types
+import typing
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from llmgw.domain.frozen import freeze
+from llmgw.domain.state import ClusterState
+
+# Bump when a field changes meaning or shape. A field that is only added (with a default)
+# needs no bump: an older document lacks it and gets the default. A reader refuses a
+# newer version, and a field it does not know, rather than drop what it cannot read.
+FORMAT_VERSION = 1
+
+
+class CodecError(ValueError):
+    """A document that is not a state this llmgw can read; the message says where and why."""
+
+
+def state_to_json(state: ClusterState) -> dict[str, Any]:
+    """A plain JSON document (dicts, lists, str, int, float, bool, None) holding every field."""
+    return {"format_version": FORMAT_VERSION, "state": _encode(state, "state")}
+
+
+def state_hash(state: ClusterState) -> str:
+    """`sha256:HEX` of the state's JSON (keys sorted): equal on every member at the same revision,
+    so `GET /api/v1/cluster/members` shows whether the members' states agree."""
+    text = json.dumps(state_to_json(state), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def state_from_json(doc: Any) -> ClusterState:
+    """The state in `doc`, or `CodecError` naming the first thing wrong (with its path)."""
+    if not isinstance(doc, Mapping):
+        raise CodecError("a state document is a JSON object")
+    version = doc.get("format_version")
+    if type(version) is not int or version < 1:
+        raise CodecError(f"the state document has no valid format_version (found {version!r:.40})")
+    if version > FORMAT_VERSION:
+        raise CodecError(f"the state was written in format version {version}, newer than this llmgw reads "
+                         f"(up to {FORMAT_VERSION}): run the llmgw version that wrote it, or a newer one")
+    state = _decode(doc.get("state"), ClusterState, "state")
+    assert isinstance(state, ClusterState)
+    return state
+
+
+# --- writing: by value ------------------------------------------------------------------
+
+
+def _encode(value: Any, path: str) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _encode(getattr(value, f.name), f"{path}.{f.name}") for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise CodecError(f"{path}: a mapping key is not a string ({key!r:.40})")
+            out[key] = _encode(item, f"{path}[{key!r}]")
+        return out
+    if isinstance(value, (tuple, list)):
+        return [_encode(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CodecError(f"{path}: {value} has no JSON form")
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise CodecError(f"{path}: no JSON form for a {type(value).__name__}")
+
+
+# --- reading: by type hint --------------------------------------------------------------
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _decode(value: Any, hint: Any, path: str) -> Any:
+    if hint is Any:  # a JSON value (settings): read-only, as the state keeps it
+        _check_json(value, path)
+        return freeze(value)
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return _decode_dataclass(value, hint, path)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return _decode(value, rest[0], path)
+        raise CodecError(f"{path}: cannot read a value of type {hint}")
+    if origin in (MappingProxyType, Mapping, dict):
+        if not isinstance(value, dict):
+            raise CodecError(f"{path}: must be an object")
+        key_type, item_type = args or (str, Any)
+        if key_type is not str:
+            raise CodecError(f"{path}: cannot read mappings keyed by {key_type}")
+        items = {k: _decode(v, item_type, f"{path}[{k!r}]") for k, v in value.items()}
+        return items if origin is dict else MappingProxyType(items)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise CodecError(f"{path}: must be a list")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise CodecError(f"{path}: must be a list of {len(args)} items")
+        return tuple(_decode(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(args, value)))
+    return _decode_scalar(value, hint, path)
+
+
+def _decode_scalar(value: Any, hint: Any, path: str) -> Any:
+    # `type(...) is`: JSON true is not the number 1, and 1 is not true.
+    if hint is bool:
+        if type(value) is not bool:
+            raise CodecError(f"{path}: must be true or false")
+        return value
+    if hint is int:
+        if type(value) is not int:
+            raise CodecError(f"{path}: must be an integer")
+        return value
+    if hint is float:
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise CodecError(f"{path}: must be a finite number")
+        return float(value)
+    if hint is str:
+        if type(value) is not str:
+            raise CodecError(f"{path}: must be a string")
+        return value
+    raise CodecError(f"{path}: cannot read a value of type {hint}")
+
+
+def _decode_dataclass(value: Any, cls: type, path: str) -> Any:
+    if not isinstance(value, dict):
+        raise CodecError(f"{path}: must be an object")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise CodecError(f"{path}: unknown field {unknown[0]!r} (written by a newer llmgw?)")
+    hints = _hints(cls)
+    kwargs = {}
+    for name, f in fields.items():
+        if name in value:
+            kwargs[name] = _decode(value[name], hints[name], f"{path}.{name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise CodecError(f"{path}: missing field {name!r}")
+        # else: written before the field existed; the constructor gives its default
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise CodecError(f"{path}: {e}") from None
+
+
+def _check_json(value: Any, path: str) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_json(v, f"{path}[{k!r}]")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_json(v, f"{path}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise CodecError(f"{path}: {value} is not a JSON number")
+    elif not (value is None or isinstance(value, (str, int, float, bool))):
+        raise CodecError(f"{path}: not a JSON value ({type(value).__name__})")

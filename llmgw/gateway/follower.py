@@ -1,0 +1,310 @@
+"""`llmgw gateway` on any machine: the `/v1` API fed by one stream that follows the leader.
+Owns `FollowedState` (the `StateReader` built from the leader's pushed table) and the stream.
+
+The stream carries the same seams `llmgw up` wires in-process: the table arrives as
+routes for the `Router` (`EndpointSink`) plus keys, models and settings for the app,
+and the router's `DemandReport` goes back up. While no leader answers, the gateway
+serves from the last table it had and says how old it is (log and `GET /health`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import trio
+from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, wrap_client_stream
+
+from llmgw import __version__, protocol
+from llmgw.domain.state import ClusterState
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
+from llmgw.errors import OpenAIError, describe, first_error
+from llmgw.gateway import app as gateway_app
+from llmgw.gateway.router import Router
+from llmgw.logs import role_var
+from llmgw.net import url_host
+
+log = logging.getLogger("llmgw.gateway.follower")
+
+
+@dataclass
+class GatewayConfig:
+    controls: list[str]  # admin base URLs of the control planes, e.g. http://10.0.0.1:8081
+    key: str  # an admin key (per-gateway credentials come later)
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8080
+    name: str = field(default_factory=socket.gethostname)  # how the leader lists this gateway
+    timeouts: Timeouts = TIMEOUTS
+
+
+@dataclass
+class GatewayHandle:
+    """What `serve` hands back once it listens (for the command line and tests)."""
+
+    url: str  # http://host:port (the API is under /v1)
+    state: FollowedState
+    router: Router
+
+
+class FollowedState:
+    """The leader's last table as a `StateReader`. Before the first table the state is
+    unknown, and a request is refused as such (503), never answered from an empty cluster."""
+
+    def __init__(self, controls: list[str]) -> None:
+        self.controls = controls
+        self.leader: str | None = None  # the control URL followed now; None while looking
+        self.version: int | None = None  # the table's number at its leader
+        self._state: ClusterState | None = None
+        self._confirmed_at: float | None = None  # trio time the leader last said the table is current
+        self._changed = trio.Event()
+
+    # --- StateReader ----------------------------------------------------------------------
+
+    def snapshot(self) -> ClusterState:
+        if self._state is None:
+            raise OpenAIError(503, "gateway_not_synced",
+                              "this gateway has not received its table from a control plane yet "
+                              f"(it tries {', '.join(self.controls)}); retry later")
+        return self._state
+
+    async def wait_changed(self, revision: int) -> ClusterState:
+        while self._state is None or self._state.revision <= revision:
+            await self._changed.wait()
+        return self._state
+
+    # --- what the stream does ------------------------------------------------------------
+
+    def apply(self, table: protocol.GatewayTable, now: float) -> None:
+        self._state = table.state
+        self.version = table.version
+        self._confirmed_at = now
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def confirm(self, now: float) -> None:
+        """A heartbeat from the leader: the table held is still its table."""
+        if self._state is not None:
+            self._confirmed_at = now
+
+    def table_age(self, now: float) -> float | None:
+        """Seconds since a leader last vouched for the table; None when there never was one."""
+        return None if self._confirmed_at is None else max(0.0, now - self._confirmed_at)
+
+    def health(self) -> dict[str, Any]:
+        """What `GET /health` adds to `{"status": "ok"}`: unknown is null, never 0."""
+        age = self.table_age(trio.current_time())
+        return {"table_age_s": None if age is None else round(age, 3), "leader": self.leader}
+
+
+class _Refused(Exception):
+    """A control plane answered but will not lead this gateway; `leader_url` says where to go, if known."""
+
+    def __init__(self, control: str, reason: str, leader: Any, leader_url: Any) -> None:
+        super().__init__(f"{control} refused: {reason} (leader: {leader or 'unknown'})")
+        self.leader_url = leader_url if isinstance(leader_url, str) and leader_url.startswith("http") else None
+
+
+class _Silent(Exception):
+    pass
+
+
+async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Listen at once (so /health says what the gateway knows), then follow the leader until cancelled."""
+    role_var.set("gateway")
+    if not config.controls:
+        raise ValueError("a gateway needs at least one control URL")
+    state = FollowedState(config.controls)
+    router = Router()
+    deps = gateway_app.GatewayDeps(router=router, state=state, timeouts=config.timeouts, health=state.health)
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(gateway_app.serve, config.listen_host, config.listen_port, deps)
+        nursery.start_soon(_follow, config, state, router)
+        nursery.start_soon(_warn_while_stale, config, state)
+        task_status.started(GatewayHandle(f"http://{url_host(host)}:{port}", state, router))
+
+
+async def _follow(config: GatewayConfig, state: FollowedState, router: Router) -> None:
+    """Find the leader among `controls` (or where a refusal points) and follow it; again when it goes.
+
+    Every member is tried in turn; only after a whole round failed does the gateway pause (with
+    backoff and jitter), so the death of a leader costs one failed connect, not a backoff.
+    """
+    t = config.timeouts
+    controls = config.controls
+    delay = t.gateway_reconnect_min_s
+    attempt = 0
+    pointer: str | None = None
+    failed_in_round = 0
+    said: set[str] = set()  # failures logged since the last attach: a repeat goes to the debug log
+    while True:
+        followed_pointer = pointer is not None
+        if pointer is not None:
+            control, pointer = pointer, None
+        else:
+            control = controls[attempt % len(controls)]
+            attempt += 1
+        attached = trio.Event()
+        why, level = "", logging.WARNING
+        try:
+            await _follow_once(control, config, state, router, attached)
+        # Nurseries wrap errors in groups (strict exception groups), hence except*.
+        except* _Refused as group:
+            refused = first_error(group)
+            assert isinstance(refused, _Refused)
+            why, level = str(refused), logging.INFO
+            # One hop only: two members pointing at each other must not make a loop without pauses.
+            if refused.leader_url is not None and refused.leader_url != control and not followed_pointer:
+                pointer = refused.leader_url
+        except* HandshakeError as group:
+            why = f"control {control} refused the gateway's stream: {describe(first_error(group))}"
+        except* _Silent:
+            why = f"no word from the leader at {control} for {t.gateway_silence_s:g} s: looking for the leader again"
+        except* (ConnectionClosed, OSError, trio.BrokenResourceError, trio.TooSlowError) as group:
+            why = f"stream to {control} lost: {describe(first_error(group))}"
+        except* protocol.ProtocolError as group:
+            why = f"control {control} spoke an unexpected protocol: {describe(first_error(group))}"
+        if attached.is_set():
+            said.clear()
+            delay, failed_in_round = t.gateway_reconnect_min_s, 0
+            state.leader = None
+            age = state.table_age(trio.current_time())
+            log.warning("lost the leader at %s (%s): serving from table version %s, %s s old, until a leader answers",
+                        control, why or "closed", state.version, "?" if age is None else f"{age:.1f}")
+            continue  # the next member at once
+        if why:
+            log.log(logging.DEBUG if why in said else level, "%s", why)
+            said.add(why)
+        if pointer is not None:
+            continue
+        failed_in_round += 1
+        if failed_in_round >= len(controls):  # every member tried: pause before the next round
+            failed_in_round = 0
+            await trio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, t.gateway_reconnect_max_s)
+
+
+async def _follow_once(control: str, config: GatewayConfig, state: FollowedState, router: Router,
+                       attached: trio.Event) -> None:
+    """One stream, from TCP connect to close. We own the TCP stream and always close it:
+    trio-websocket leaves it open after an abnormal closure or a refused handshake."""
+    t = config.timeouts
+    url = urlsplit(_ws_url(control))
+    host, port = url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "wss" else 80)
+    with trio.fail_after(t.gateway_silence_s):  # a host that is down may never answer the connect
+        stream = await trio.open_tcp_stream(host, port)
+    try:
+        async with trio.open_nursery() as nursery:
+            with trio.fail_after(t.gateway_silence_s):
+                ws = await wrap_client_stream(
+                    nursery, stream, f"{host}:{port}", url.path,
+                    extra_headers=[(b"authorization", f"Bearer {config.key}".encode())],
+                    max_message_size=protocol.MAX_MESSAGE_BYTES,
+                )
+            try:
+                await _session(ws, control, config, state, router, attached)
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(t.gateway_stream_close_s):
+                    await ws.aclose()
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+def _ws_url(control: str) -> str:
+    base = control.rstrip("/")
+    for http, ws in (("https://", "wss://"), ("http://", "ws://")):
+        if base.startswith(http):
+            base = ws + base[len(http):]
+    return base + protocol.GATEWAY_STREAM_PATH
+
+
+async def _receive(ws: WebSocketConnection, silence_s: float) -> dict[str, Any]:
+    with trio.move_on_after(silence_s):
+        return protocol.loads(await ws.get_message())
+    raise _Silent()
+
+
+async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig, state: FollowedState,
+                   router: Router, attached: trio.Event) -> None:
+    t = config.timeouts
+    await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.GATEWAY_PROTOCOL_VERSION,
+                                          "gateway": config.name, "version": __version__}))
+    first = await _receive(ws, t.gateway_silence_s)
+    if first["type"] == "refused":
+        raise _Refused(control, str(first.get("reason", "")), first.get("leader"), first.get("leader_url"))
+    if first["type"] != "welcome":
+        raise protocol.ProtocolError(f"expected welcome, got {first['type']!r}")
+    old = state.table_age(trio.current_time())
+    state.leader = control
+    attached.set()
+    log.info("following the leader at %s (member %s)%s", control, first.get("leader", "?"),
+             "" if old is None else f"; the table held was {old:.1f} s old")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_report, ws, router, t)
+        while True:
+            message = await _receive(ws, t.gateway_silence_s)
+            kind = message["type"]
+            now = trio.current_time()
+            if kind == "table":
+                table = protocol.read_table(message)
+                for why in table.skipped:
+                    log.warning("table version %d: model skipped (this gateway cannot read it): %s", table.version, why)
+                state.apply(table, now)
+                if table.routes is not None:  # None: that leader has not planned yet; keep the routes held
+                    router.update_routes(table.routes)
+                log.debug("table version %d (revision %d) from %s", table.version, table.state.revision, control)
+            elif kind == "heartbeat":
+                state.confirm(now)
+            elif kind == "refused":
+                raise _Refused(control, str(message.get("reason", "")), message.get("leader"),
+                               message.get("leader_url"))
+            else:
+                log.debug("ignoring message %r", kind)
+
+
+async def _report(ws: WebSocketConnection, router: Router, t: Timeouts) -> None:
+    """The router's demand, as ages (the leader's clock is not ours): the replicas used since the
+    last report (all of them in the first), the models asked for, and, every time, the models
+    that have requests waiting (a new leader must learn of them too). A heartbeat when quiet."""
+    sent: dict[str, float] = {}
+    last_sent = trio.current_time()
+    while True:
+        now = trio.current_time()
+        used = router.last_used()
+        fresh = {rid: u for rid, u in used.items() if sent.get(rid) != u}
+        asks = dict(router.take_activation_asks())
+        for model in router.statistics().waiting:
+            asks[model] = now
+        if fresh or asks:
+            await ws.send_message(protocol.dumps({
+                "type": "demand",
+                "last_used_age": {rid: round(now - u, 3) for rid, u in fresh.items()},
+                "asks_age": {m: round(now - a, 3) for m, a in asks.items()},
+            }))
+            sent.update(fresh)
+            last_sent = now
+        elif now - last_sent >= t.gateway_heartbeat_s:
+            await ws.send_message(protocol.dumps({"type": "heartbeat"}))
+            last_sent = now
+        await trio.sleep(t.gateway_demand_report_s)
+
+
+async def _warn_while_stale(config: GatewayConfig, state: FollowedState) -> None:
+    """While no leader is followed and the table is older than `gateway_table_warn_s`, say so
+    every `gateway_table_warn_s`."""
+    every = config.timeouts.gateway_table_warn_s
+    while True:
+        await trio.sleep(every)
+        if state.leader is not None:
+            continue
+        age = state.table_age(trio.current_time())
+        if age is None:
+            log.warning("no table yet: no control plane has led this gateway (tried %s); /v1 answers 503",
+                        ", ".join(config.controls))
+        elif age >= every:
+            log.warning("no leader for this gateway: serving from table version %s, %.0f s old", state.version, age)

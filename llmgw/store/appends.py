@@ -1,0 +1,63 @@
+"""A follower keeps the entries it already holds from the current leader: pysyncobj 0.3.17 truncates
+its log after `prevLogIdx` on every append, even when the entries there match (Raft truncates on a
+conflict only), so a repeated or overlapping append drops entries the follower acknowledged.
+
+Why it matters: the leader sends optimistically (its `nextIndex` runs ahead of the answers) and
+moves `nextIndex` back to each answer it gets, so under load it sends the same entries again, in
+shorter batches. A follower that holds entries up to 200 (acknowledged: the leader counts them
+toward a majority, and may have committed them) and then gets the entries 99..150 again cut its
+log back to 150 ("truncating already-applied log entries ... state machine may have diverged"),
+flushed, and wrote them again. Until the rest came again, a write acknowledged to a client lived
+on fewer members than the leader counted: a failover then could lose it, and a member that had
+applied the dropped entries and later took other ones at those indexes would diverge.
+
+The fix, on the follower, before pysyncobj reads the message: when its last entry is of the
+message's term, that entry came from this leader, so (Log Matching) its whole log matches the
+leader's up to there. The entries it already holds are dropped from the message and the message
+is re-based on its last entry: nothing is truncated, the new entries are appended after it, and
+its answer (next index: its last entry + 1) is true. Any other message (a conflict, a log of an
+older term, a snapshot, a chunked transmission) goes to pysyncobj as it came.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pysyncobj import SyncObj
+
+
+def keep_matching(log: Any, message: dict[str, Any]) -> dict[str, Any]:
+    """`message` (an `append_entries`) as this follower should read it, given its `log`
+    (pysyncobj's journal: a sequence of (command, index, term)). Pure: returns a new message or
+    `message` itself."""
+    if message.get("type") != "append_entries" or "prevLogIdx" not in message or "transmission" in message:
+        return message
+    if not len(log):
+        return message
+    first, (_, end, end_term) = log[0][1], log[-1]
+    term, prev = message["term"], message["prevLogIdx"]
+    if end_term != term or not first <= prev < end:
+        return message  # nothing held beyond prev, or not this leader's: pysyncobj's own rules
+    if log[prev - first][2] != message["prevLogTerm"]:
+        return message  # cannot be, given Log Matching; pysyncobj answers it (reset)
+    entries = message.get("entries") or []
+    for entry in entries:
+        idx = entry[1]
+        if idx > end:
+            break
+        if log[idx - first][2] != entry[2]:
+            return message  # a conflict: pysyncobj truncates from there, as Raft says
+    return {**message, "prevLogIdx": end, "prevLogTerm": end_term,
+            "entries": [entry for entry in entries if entry[1] > end]}
+
+
+class KeepsMatchingEntries(SyncObj):  # type: ignore[misc]
+    """pysyncobj's SyncObj, whose followers read each append through `keep_matching`.
+
+    pysyncobj registers `self.__onMessageReceived` with its transport; the name is mangled to
+    `_SyncObj__onMessageReceived`, which this class defines, so the transport calls this one."""
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            message = keep_matching(self._SyncObj__raftLog, message)
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
