@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from llmgw.control.floating import IpFloatingAddress
@@ -76,6 +76,7 @@ def control(
     cluster_secret_file: Path | None = None,
     floating_address: str | None = None,
     floating_interface: str | None = None,
+    journal_fsync: Literal["always", "off"] = "always",
     log_json: bool = False,
     log_level: str = "info",
 ) -> None:
@@ -107,6 +108,9 @@ def control(
         ADDR/PREFIX held by whichever member leads (needs root or CAP_NET_ADMIN, and arping).
     floating_interface
         The interface the floating address goes on (with --floating-address).
+    journal_fsync
+        always: each Raft entry is on disk before it counts (survives power loss); off: survives
+        a process kill only, faster (docs/operations.md, Durability).
     log_json
         One JSON object per log line instead of text.
     log_level
@@ -136,7 +140,7 @@ def control(
         cfg = ControlConfig(state_dir=state_dir, raft_addr=raft_addr, admin_host=admin_host, admin_port=admin_port,
                             peers=list(peer or []), seed=Seed(admin_key=key, client_key=client_key) if key else None,
                             floating=floating, cluster_secret=cluster_secret, join=join,
-                            admin_url=_admin_url(admin_url))
+                            admin_url=_admin_url(admin_url), journal_fsync=journal_fsync)
 
         async def serve_naming_ports(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             async with trio.open_nursery() as nursery:
