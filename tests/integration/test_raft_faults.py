@@ -10,6 +10,7 @@ runner is tests/bench/raft_faults.py (--rounds 1000).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import pickle
@@ -33,6 +34,10 @@ from llmgw.testing.campaign import FAULTS, Read, RoundConfig, RoundResult, Write
 from llmgw.testing.cluster import Cluster
 
 ROUNDS = 30
+# A try cut by its timeout (a paused member) leaves httpx's request body iterator unfinished;
+# trio's finalizer then warns when it is collected: no resource of ours is held.
+httpx_cut_body = pytest.mark.filterwarnings(
+    "ignore:Async generator 'httpx._content.ByteStream.__aiter__':ResourceWarning")
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +51,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.mark.slow
+@httpx_cut_body
 async def test_randomized_faults_lose_and_duplicate_no_acknowledged_write(cluster: Cluster) -> None:
     seed = int(os.environ.get("LLMGW_FAULT_SEED") or random.randrange(1 << 30))
     rounds: list[RoundResult] = []
     summary = await campaign(cluster, ROUNDS, seed, RoundConfig(seconds=1.0), on_round=rounds.append)
+    gc.collect()  # the cut tries' iterators, collected here, under this test's filter
+    await trio.sleep(0)
     report = "\n".join(summary.lines())
     assert not summary.failures, (f"fault campaign failed; replay with LLMGW_FAULT_SEED={seed}\n{report}\n"
                                   + "\n".join(summary.failures) + "\n" + cluster.log_tails())
