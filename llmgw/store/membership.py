@@ -144,7 +144,8 @@ def _replay_changes(base: list[str], journal: RaftJournal, after: int) -> list[s
         try:
             change = pickle.loads(command[1:])  # our own checksummed journal, as pysyncobj reads it
             kind, node = change[0], str(change[1])
-        except Exception:  # pysyncobj decides what such an entry means; this is only the warning's view
+        except Exception as e:  # pysyncobj decides what such an entry means; this is only the warning's view
+            log.debug("membership entry %d not read for the --peer check: %r", idx, e)
             continue
         if kind == "add":
             group.add(node)
