@@ -43,8 +43,10 @@ class WritableStore(StateReader, Protocol):
     """Control's side of the replicated store: it also commits commands and knows who leads."""
 
     async def submit(self, command: dict[str, Any]) -> Any:
-        """Commit `command`; its result once applied. Raises `CommandError` (nothing changed),
-        or the store's own errors when it cannot commit now (not the leader, unavailable)."""
+        """Commit `command`; its result once applied. Raises `CommandError` when it does not apply
+        (refused before the log, or recorded in the state as a no-op with its reason: nothing else
+        changed), `NotLeader` / `StoreUnavailable` when it cannot commit now, and `CommitUnknown`
+        when it may or may not have been committed (retry with the same command id: it applies once)."""
         ...
 
     def is_leader(self) -> bool: ...
