@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import logging
 import random
-from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, wrap_client_stream
+from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
 
 from llmgw import __version__, protocol
 from llmgw.agent.inventory import NvmlProbe
@@ -25,6 +24,7 @@ from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import describe, first_error
 from llmgw.interfaces import GpuProbe
 from llmgw.logs import role_var
+from llmgw.stream_client import open_stream
 
 log = logging.getLogger("llmgw.agent")
 
@@ -49,15 +49,6 @@ class _Link:
 
     def mark(self) -> None:
         self.dirty.set()
-
-
-def _ws_url(control: str) -> str:
-    base = control.rstrip("/")
-    if base.startswith("https://"):
-        return "wss://" + base[len("https://"):] + protocol.STREAM_PATH
-    if base.startswith("http://"):
-        return "ws://" + base[len("http://"):] + protocol.STREAM_PATH
-    return base + protocol.STREAM_PATH
 
 
 async def serve(config: AgentConfig, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -164,30 +155,10 @@ async def _connect_forever(config: AgentConfig, supervisor: Supervisor, link: _L
 
 async def _connect_once(control: str, config: AgentConfig, supervisor: Supervisor, link: _Link,
                         attached: trio.Event) -> None:
-    """One stream, from TCP connect to close. We own the TCP stream and always close it:
-    trio-websocket leaves it open after an abnormal closure or a refused handshake."""
     t = config.timeouts
-    url = urlsplit(_ws_url(control))
-    host, port = url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "wss" else 80)
-    with trio.fail_after(t.agent_silence_s):  # a machine that is down may never answer the connect
-        stream = await trio.open_tcp_stream(host, port)
-    try:
-        async with trio.open_nursery() as nursery:
-            with trio.fail_after(t.agent_silence_s):
-                ws = await wrap_client_stream(
-                    nursery, stream, f"{host}:{port}", url.path,
-                    extra_headers=[(b"authorization", f"Bearer {config.key}".encode())],
-                    max_message_size=protocol.MAX_MESSAGE_BYTES,
-                )
-            try:
-                await _session(ws, control, config, supervisor, link, attached)
-            finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(t.agent_stream_close_s):
-                    await ws.aclose()
-                nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            await stream.aclose()
+    async with open_stream(control, protocol.STREAM_PATH, config.key, connect_s=t.agent_silence_s,
+                           close_s=t.agent_stream_close_s) as ws:
+        await _session(ws, control, config, supervisor, link, attached)
 
 
 async def _receive(ws: WebSocketConnection, silence_s: float) -> dict[str, Any]:

@@ -14,10 +14,9 @@ import random
 import socket
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, wrap_client_stream
+from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
 
 from llmgw import __version__, protocol
 from llmgw.domain.state import ClusterState
@@ -26,6 +25,7 @@ from llmgw.errors import OpenAIError, describe, first_error
 from llmgw.gateway import app as gateway_app
 from llmgw.gateway.router import Router
 from llmgw.logs import role_var
+from llmgw.stream_client import open_stream
 from llmgw.net import url_host
 
 log = logging.getLogger("llmgw.gateway.follower")
@@ -189,38 +189,10 @@ async def _follow(config: GatewayConfig, state: FollowedState, router: Router) -
 
 async def _follow_once(control: str, config: GatewayConfig, state: FollowedState, router: Router,
                        attached: trio.Event) -> None:
-    """One stream, from TCP connect to close. We own the TCP stream and always close it:
-    trio-websocket leaves it open after an abnormal closure or a refused handshake."""
     t = config.timeouts
-    url = urlsplit(_ws_url(control))
-    host, port = url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "wss" else 80)
-    with trio.fail_after(t.gateway_silence_s):  # a host that is down may never answer the connect
-        stream = await trio.open_tcp_stream(host, port)
-    try:
-        async with trio.open_nursery() as nursery:
-            with trio.fail_after(t.gateway_silence_s):
-                ws = await wrap_client_stream(
-                    nursery, stream, f"{host}:{port}", url.path,
-                    extra_headers=[(b"authorization", f"Bearer {config.key}".encode())],
-                    max_message_size=protocol.MAX_MESSAGE_BYTES,
-                )
-            try:
-                await _session(ws, control, config, state, router, attached)
-            finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(t.gateway_stream_close_s):
-                    await ws.aclose()
-                nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            await stream.aclose()
-
-
-def _ws_url(control: str) -> str:
-    base = control.rstrip("/")
-    for http, ws in (("https://", "wss://"), ("http://", "ws://")):
-        if base.startswith(http):
-            base = ws + base[len(http):]
-    return base + protocol.GATEWAY_STREAM_PATH
+    async with open_stream(control, protocol.GATEWAY_STREAM_PATH, config.key, connect_s=t.gateway_silence_s,
+                           close_s=t.gateway_stream_close_s) as ws:
+        await _session(ws, control, config, state, router, attached)
 
 
 async def _receive(ws: WebSocketConnection, silence_s: float) -> dict[str, Any]:
