@@ -26,3 +26,17 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(
                 f"LLMGW_REQUIRE_LLAMACPP=1 but {', '.join(missing)} is not installed: run `make venv` again"
             )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_engine_outlives_the_suite(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """Agents that adopt leave engines running by design; a test that forgets to stop them must
+    not leave them running after the suite (they would hold ports and CPU on a CI machine)."""
+    yield
+    from llmgw.testing.processes import kill_engines_under
+
+    killed = kill_engines_under(tmp_path_factory.getbasetemp())
+    if killed:
+        import warnings
+
+        warnings.warn(f"engines left running by the suite were killed: {killed}", stacklevel=1)

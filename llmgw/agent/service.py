@@ -1,26 +1,34 @@
 """`serve(config)`: one stream to the leading control plane, found among `controls`, followed
-to the next leader when it goes.
+to the next leader when it goes; this node's inventory, observed again every `storage_rescan_s`.
 
 Engines keep running while the stream is down; when it comes back (to any leader) the agent
-reports what it runs and control adopts it from there (level-triggered).
+reports what it runs and control adopts it from there (level-triggered). Every message from
+control is checked against its schema (`llmgw.protocol_agent`): a malformed one is logged and
+answered with `rejected`, and nothing running is touched. A control silent for three heartbeat
+intervals (`stream_silence_s`) is taken for gone: the agent looks for the leader again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import httpx
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
+from trio_websocket import ConnectionClosed, HandshakeError
 
 from llmgw import __version__, protocol
+from llmgw import protocol_agent as pa
 from llmgw.agent.inventory import NvmlProbe
+from llmgw.agent.storage import StorageDir, StorageScanner
 from llmgw.agent.supervisor import Supervisor
-from llmgw.domain.timeouts import TIMEOUTS, Timeouts
+from llmgw.domain.observed import NodeInfo
+from llmgw.domain.timeouts import SILENT_BEATS, TIMEOUTS, Timeouts
+from llmgw.engines import Group
 from llmgw.errors import describe, first_error
 from llmgw.interfaces import GpuProbe
 from llmgw.logs import role_var
@@ -38,35 +46,50 @@ class AgentConfig:
     engine_host: str = "127.0.0.1"  # where engines listen; the gateway must reach it
     probe: GpuProbe = field(default_factory=NvmlProbe)
     timeouts: Timeouts = TIMEOUTS
+    storage: tuple[StorageDir, ...] = ()  # the directories whose models this node reports (--storage)
+    fabric: str = ""  # the interconnect this node is on (--fabric); "" = none said, never guessed
+    # Stop the engines when the agent stops (tests, `llmgw up`); False: they keep serving and the
+    # next agent adopts them.
+    stop_engines_on_exit: bool = True
 
 
 class _Link:
     """The agent's view of its stream: what it must tell, and when."""
 
-    def __init__(self) -> None:
+    def __init__(self, inventory: NodeInfo) -> None:
         self.dirty = trio.Event()
         self.welcomed = trio.Event()
+        self.inventory = inventory  # the latest observed; sent again when it is not the one sent
+        self.outbox: list[dict[str, Any]] = []  # answers to control (rejected), sent by `_report`
 
     def mark(self) -> None:
         self.dirty.set()
+
+    def answer(self, message: dict[str, Any]) -> None:
+        self.outbox.append(message)
+        self.mark()
 
 
 async def serve(config: AgentConfig, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Run the agent until cancelled; `task_status.started()` once control has welcomed it."""
     role_var.set("agent")
-    link = _Link()
+    scanner = StorageScanner(config.storage)
+    link = _Link(await _observe_once(config, scanner))
     timeouts = config.timeouts
     # The client only probes engines' /health.
     async with httpx.AsyncClient(timeout=timeouts.engine_health_request_s) as http, trio.open_nursery() as engines:
-        supervisor = Supervisor(engines, node=config.node, host=config.engine_host, log_dir=config.state_dir / "engines",
-                                on_change=link.mark, http=http, timeouts=timeouts)
+        supervisor = Supervisor(engines, node=config.node, host=config.engine_host,
+                                engine_dir=config.state_dir / "engines", on_change=link.mark, http=http,
+                                timeouts=timeouts, stop_on_exit=config.stop_engines_on_exit,
+                                inventory=lambda: link.inventory, roots=[str(d.path) for d in config.storage])
         try:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(_observe, config, scanner, link)
                 nursery.start_soon(_connect_forever, config, supervisor, link)
                 await link.welcomed.wait()
                 task_status.started()
         finally:
-            supervisor.stop_all()  # engines are terminated as `engines` unwinds
+            supervisor.close()  # engines stop as `engines` unwinds, or keep running for the next agent
 
 
 class _Refused(Exception):
@@ -77,8 +100,8 @@ class _Refused(Exception):
         self.leader_url = leader_url if isinstance(leader_url, str) and leader_url.startswith("http") else None
 
     @classmethod
-    def of(cls, control: str, message: dict[str, Any]) -> _Refused:
-        return cls(control, str(message.get("reason", "")), message.get("leader"), message.get("leader_url"))
+    def of(cls, control: str, message: pa.Refused) -> _Refused:
+        return cls(control, message.reason, message.leader, message.leader_url)
 
 
 class _Silent(Exception):
@@ -124,7 +147,8 @@ async def _connect_forever(config: AgentConfig, supervisor: Supervisor, link: _L
         except* HandshakeError as group:
             why = f"control {control} refused the stream: {describe(first_error(group))}"
         except* _Silent:
-            why = f"no word from control {control} for {t.agent_silence_s:g} s: looking for the leader again"
+            why = (f"no word from control {control} for {t.stream_silence_s:g} s ({SILENT_BEATS} heartbeat intervals):"
+                   f" looking for the leader again")
         except* (ConnectionClosed, OSError, trio.BrokenResourceError, trio.TooSlowError) as group:
             why = f"stream to {control} lost: {describe(first_error(group))}"
         except* protocol.ProtocolError as group:
@@ -134,7 +158,7 @@ async def _connect_forever(config: AgentConfig, supervisor: Supervisor, link: _L
             delay, failed_in_round, answered = t.agent_reconnect_min_s, 0, False
             log.warning("lost the leader at %s (%s); engines keep running while the agent looks for the leader",
                         control, why or "closed")
-            if trio.current_time() - began < t.agent_silence_s:  # a leader that drops us at once: no busy loop
+            if trio.current_time() - began < t.stream_silence_s:  # a leader that drops us at once: no busy loop
                 await trio.sleep(delay * (0.5 + random.random()))
             continue  # the next member at once
         if why:
@@ -156,57 +180,137 @@ async def _connect_forever(config: AgentConfig, supervisor: Supervisor, link: _L
 async def _connect_once(control: str, config: AgentConfig, supervisor: Supervisor, link: _Link,
                         attached: trio.Event) -> None:
     t = config.timeouts
-    async with open_stream(control, protocol.STREAM_PATH, config.key, connect_s=t.agent_silence_s,
+    async with open_stream(control, protocol.STREAM_PATH, config.key, connect_s=t.agent_connect_s,
                            close_s=t.agent_stream_close_s) as ws:
-        await _session(ws, control, config, supervisor, link, attached)
+        await _session(ws.get_message, ws.send_message, control, config, supervisor, link, attached)
 
 
-async def _receive(ws: WebSocketConnection, silence_s: float) -> dict[str, Any]:
+Receive = Callable[[], Awaitable[str | bytes]]
+Send = Callable[[str], Awaitable[None]]
+
+
+async def _receive(receive: Receive, silence_s: float) -> str | bytes:
     with trio.move_on_after(silence_s):
-        return protocol.loads(await ws.get_message())
+        return await receive()
     raise _Silent()
 
 
-async def _session(ws: WebSocketConnection, control: str, config: AgentConfig, supervisor: Supervisor, link: _Link,
-                   attached: trio.Event) -> None:
-    silence = config.timeouts.agent_silence_s
-    inventory = config.probe.inventory(config.node)
-    await ws.send_message(protocol.dumps({
+async def _session(receive: Receive, send: Send, control: str, config: AgentConfig, supervisor: Supervisor,
+                   link: _Link, attached: trio.Event) -> None:
+    """One stream: hello and inventory, welcome, then commands in and reports out until it ends.
+    Raises `_Refused`, `_Silent` or `ProtocolError` (a bad opening) to `_connect_forever`;
+    never for a bad command once welcomed."""
+    silence = config.timeouts.stream_silence_s
+    await send(protocol.dumps({
         "type": "hello", "protocol": protocol.PROTOCOL_VERSION, "node": config.node, "version": __version__,
     }))
-    await ws.send_message(protocol.dumps({"type": "inventory", "inventory": inventory.to_doc()}))
-    first = await _receive(ws, silence)
-    if first["type"] == "refused":
+    sent = link.inventory
+    await send(protocol.dumps({"type": "inventory", "inventory": sent.to_doc()}))
+    first = pa.read_down(protocol.loads(await _receive(receive, silence)))
+    if isinstance(first, pa.Refused):
         raise _Refused.of(control, first)
-    if first["type"] != "welcome":
-        raise protocol.ProtocolError(f"expected welcome, got {first['type']!r}")
-    log.info("connected to the leader at %s (member %s) as node %s", control, first.get("leader", "?"), config.node)
+    if not isinstance(first, pa.Welcome):
+        raise protocol.ProtocolError(f"expected welcome, got {type(first).__name__.lower()}")
+    log.info("connected to the leader at %s (member %s) as node %s", control, first.leader, config.node)
     attached.set()
     link.welcomed.set()
+    link.outbox.clear()  # answers meant for an earlier stream
     link.mark()  # the first report says what runs here: the leader adopts it
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_report, ws, supervisor, link, config.timeouts.stream_heartbeat_s)
+        nursery.start_soon(_report, send, supervisor, link, sent, config.timeouts.stream_heartbeat_s)
         while True:
-            message = await _receive(ws, silence)
-            kind = message["type"]
-            if kind == "start_replica":
-                supervisor.start(str(message["replica_id"]), message.get("model", {}), list(message.get("gpus", [])))
-            elif kind == "stop_replica":
-                supervisor.stop(str(message["replica_id"]))
-            elif kind == "refused":  # the leader stepped down: find the next one
+            message = _read(await _receive(receive, silence), link)
+            if isinstance(message, pa.Refused):  # the leader stepped down: find the next one
                 raise _Refused.of(control, message)
-            elif kind != "heartbeat":
-                log.debug("ignoring message %r", kind)
+            if message is not None:
+                _act(message, supervisor, link)
 
 
-async def _report(ws: WebSocketConnection, supervisor: Supervisor, link: _Link, heartbeat_s: float) -> None:
-    """Send the full replica list on every change, and a heartbeat when quiet."""
+def _read(raw: str | bytes, link: _Link) -> pa.DownMessage | None:
+    """The message, checked; None (logged, and answered with `rejected`) when it is malformed."""
+    kind = "?"
+    decoded: dict[str, Any] = {}
+    try:
+        decoded = protocol.loads(raw)
+        kind = str(decoded.get("type"))
+        return pa.read_down(decoded)
+    except protocol.ProtocolError as e:
+        log.warning("control sent a malformed %s message, refused (nothing running is touched): %s", kind, e)
+        link.answer(pa.Rejected(kind, str(e), pa.replica_id_of(decoded)).to_doc())
+        return None
+
+
+def _act(message: pa.DownMessage, supervisor: Supervisor, link: _Link) -> None:
+    """Do what a checked message says. The supervisor failing on one replica must not end the
+    stream (and with it every engine's report): the failure is logged and answered."""
+    try:
+        if isinstance(message, pa.StartReplica):
+            _start(supervisor, message)
+        elif isinstance(message, pa.StopReplica):
+            supervisor.stop(message.replica_id)
+        elif isinstance(message, pa.Rejected):
+            log.warning("control refused this agent's %s message%s: %s", message.message_type,
+                        f" for {message.replica_id}" if message.replica_id else "", message.reason)
+        elif isinstance(message, pa.Unknown):
+            log.debug("ignoring a message of a type this agent does not know: %r", message.type)
+    except Exception as e:  # a bug below must not take every engine's stream down with it
+        rid = getattr(message, "replica_id", None)
+        log.exception("the agent failed on a %s message", type(message).__name__)
+        link.answer(pa.Rejected(type(message).__name__.lower(), f"the agent failed on it: {type(e).__name__}: {e}",
+                                rid).to_doc())
+
+
+def _start(supervisor: Supervisor, message: pa.StartReplica) -> None:
+    if message.group is None:
+        supervisor.start(message.replica_id, message.model, list(message.gpus))
+        return
+    spec = message.group
+    group = Group(rank=spec.rank, size=spec.size, leader=spec.leader, members=spec.members, address=spec.address or "")
+    supervisor.start(message.replica_id, message.model, list(message.gpus), group=group)
+
+
+async def _report(send: Send, supervisor: Supervisor, link: _Link, sent: NodeInfo, heartbeat_s: float) -> None:
+    """Send the inventory when it changed, answers, and the full replica list on every change;
+    a heartbeat when quiet."""
     while True:
         with trio.move_on_after(heartbeat_s):
             await link.dirty.wait()
-        if link.dirty.is_set():
-            link.dirty = trio.Event()
-            replicas = [r.to_doc() for r in supervisor.replicas()]
-            await ws.send_message(protocol.dumps({"type": "replicas", "replicas": replicas}))
-        else:
-            await ws.send_message(protocol.dumps({"type": "heartbeat"}))
+        if not link.dirty.is_set():
+            await send(protocol.dumps({"type": "heartbeat"}))
+            continue
+        link.dirty = trio.Event()
+        if link.inventory is not sent:
+            sent = link.inventory
+            await send(protocol.dumps({"type": "inventory", "inventory": sent.to_doc()}))
+        while link.outbox:
+            await send(protocol.dumps(link.outbox.pop(0)))
+        replicas = [r.to_doc() for r in supervisor.replicas()]
+        await send(protocol.dumps({"type": "replicas", "replicas": replicas}))
+
+
+# --- what this node is: probed and scanned, again every storage_rescan_s ---------------------------
+
+
+async def _observe_once(config: AgentConfig, scanner: StorageScanner) -> NodeInfo:
+    """The inventory: the GPU probe's and the storage scan's (both blocking I/O: in a thread),
+    with what the agent was told (address, fabric)."""
+
+    def observe() -> NodeInfo:
+        info = config.probe.inventory(config.node)
+        return dataclasses.replace(info, address=config.engine_host, fabric=config.fabric or info.fabric,
+                                   storage=scanner.scan())
+
+    return await trio.to_thread.run_sync(observe)
+
+
+async def _observe(config: AgentConfig, scanner: StorageScanner, link: _Link) -> None:
+    while True:
+        await trio.sleep(config.timeouts.storage_rescan_s)
+        try:
+            info = await _observe_once(config, scanner)
+        except Exception:  # a probe or scan that fails once: report the last known, try again
+            log.exception("observing this node failed; the inventory last reported stands")
+            continue
+        if info != link.inventory:
+            link.inventory = info
+            link.mark()

@@ -1,8 +1,9 @@
-"""Engine supervision: one real process per replica, probed until it serves.
+"""Engine supervision: one process per replica, probed until it serves, then health-polled; engines
+left running by an earlier agent are adopted from their state records (llmgw/agent/adoption.py).
 
-The supervisor starts and stops engine processes and reports every state change
-(starting → ready, or failed with the reason). It never restarts on its own:
-the control plane decides, so a failing model is counted and parked there.
+The supervisor starts and stops engine processes and reports every state change (starting →
+ready, or failed with the reason). It never restarts on its own: the control plane decides, so a
+failing model is counted and parked there.
 """
 
 from __future__ import annotations
@@ -12,42 +13,80 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import trio
 
+from llmgw.agent import engine_log
+from llmgw.agent.adoption import (AdoptedProcess, EngineRecord, Records, launch_hash, replica_id_problem,
+                                  same_process, start_ticks)
 from llmgw.domain.model import DefinitionError, ModelDef
-from llmgw.domain.observed import ReplicaObs
+from llmgw.domain.observed import NodeInfo, ReplicaObs
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
-from llmgw.engines import PARENT_ENV, EngineError, launch_spec
+from llmgw.engines import PARENT_ENV, EngineError, Group, launch_spec, start_failure
+from llmgw.errors import describe
 from llmgw.net import free_port, url_host
 
 log = logging.getLogger("llmgw.agent.supervisor")
+
+# A ready engine is failed after this many /health probes in a row that fail or hang
+# (`engine_liveness_poll_s` apart, each `engine_liveness_request_s` at most): one slow answer
+# under load is no reason to stop an engine that serves.
+LIVENESS_FAILURES = 3
+
+# Engines left running for the next agent: their process objects are kept until this process
+# exits, since one collected while its child runs warns (ResourceWarning) and closes its pidfd.
+_LEFT_RUNNING: list[object] = []
+
+
+class _Child:
+    """An engine this agent started: its exit status is known."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        self._proc, self.pid = proc, proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    def running(self) -> bool:
+        return self._proc.poll() is None
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        if self.running():
+            try:
+                os.killpg(self.pid, sig)  # its own session: the group is the engine and its helpers
+            except ProcessLookupError:
+                pass
+
+
+_Process = _Child | AdoptedProcess  # an engine process: our own child, or one adopted from an earlier agent
 
 
 @dataclass
 class _Replica:
     obs: ReplicaObs
-    cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
+    launch: str = ""  # adoption.launch_hash of what it was started from; "" when it never started
     log_path: Path | None = None
-
-
-def _tail(path: Path | None, lines: int = 5, limit: int = 600) -> str:
-    if path is None or not path.exists():
-        return ""
-    with path.open("rb") as f:
-        f.seek(0, os.SEEK_END)
-        f.seek(max(0, f.tell() - 8192))
-        text = f.read().decode("utf-8", "replace")
-    kept = [ln.strip() for ln in text.splitlines() if ln.strip()][-lines:]
-    return " | ".join(kept)[-limit:]
+    stopping: bool = False  # stop() or a replacement: its process is terminated and its files removed
+    cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
+    done: trio.Event = field(default_factory=trio.Event)  # its task has ended (files settled)
 
 
 class Supervisor:
-    """Runs replicas inside the caller's nursery; `on_change` is called on every state change."""
+    """Runs replicas inside the caller's nursery; `on_change` is called on every state change.
+
+    `stop_on_exit`: when the agent stops (its nursery is cancelled, or `close()`), engines are
+    stopped (True), or left running with their records for the next agent to adopt (False).
+    `inventory` gives this node's latest observed inventory (GPU index → UUID for
+    CUDA_VISIBLE_DEVICES); it must not block (the agent hands its last observation)."""
 
     def __init__(
         self,
@@ -55,46 +94,110 @@ class Supervisor:
         *,
         node: str,
         host: str,
-        log_dir: Path,
+        engine_dir: Path,
         on_change: Callable[[], None],
         http: httpx.AsyncClient,
         timeouts: Timeouts = TIMEOUTS,
+        stop_on_exit: bool = True,
+        inventory: Callable[[], NodeInfo] | None = None,
+        roots: Sequence[str] = (),
     ) -> None:
         self._nursery = nursery
         self.node = node
         self.host = host
-        self.log_dir = log_dir
+        self._records = Records(engine_dir)
         self._on_change = on_change
         self._http = http  # owned by the caller, closed after every replica has stopped
         self._replicas: dict[str, _Replica] = {}
+        self._ending: dict[str, _Replica] = {}  # stopped, process still being terminated
         self._timeouts = timeouts
+        self._stop_on_exit = stop_on_exit
+        self._inventory = inventory
+        self._roots = tuple(roots)
+        self._adopt()
 
     def replicas(self) -> list[ReplicaObs]:
         return [r.obs for r in self._replicas.values()]
 
-    def start(self, replica_id: str, model_doc: dict[str, Any], gpus: list[int]) -> None:
-        """Start a replica; a start for one that is starting or ready is a no-op."""
+    def start(self, replica_id: str, model_doc: dict[str, Any], gpus: Sequence[int],
+              group: Group | None = None) -> None:
+        """Start a replica. One starting or ready from the same launch is left as it is (a no-op);
+        one from another launch is stopped first. A refusal is reported as a failed replica."""
+        problem = replica_id_problem(replica_id)
+        if problem:  # reported under the id control sent; the id never names a file
+            log.warning("start refused: %s", problem)
+            self._replace(replica_id, self._failed(replica_id, "?", problem))
+            return
+        try:
+            model = ModelDef.from_doc(model_doc)
+        except DefinitionError as e:
+            name = str(model_doc.get("name", "?")) if isinstance(model_doc, dict) else "?"
+            log.warning("replica %s cannot start: %s", replica_id, e)
+            self._replace(replica_id, self._failed(replica_id, name, f"bad model definition: {e}"))
+            return
+        launch = launch_hash(model.launch_hash(), model.name, gpus, group)
         current = self._replicas.get(replica_id)
         if current is not None and current.obs.state in ("starting", "ready"):
-            return
-        name = str(model_doc.get("name", "?")) if isinstance(model_doc, dict) else "?"
-        rep = _Replica(ReplicaObs(replica_id, name, self.node, "starting", since=time.time()))
-        self._replicas[replica_id] = rep
-        self._changed()
-        self._nursery.start_soon(self._run, rep, model_doc, gpus)
+            if current.launch == launch:
+                return
+            log.info("replica %s: asked to start from another launch: its engine is replaced", replica_id)
+        rep = _Replica(ReplicaObs(replica_id, model.name, self.node, "starting", since=time.time()), launch=launch,
+                       log_path=self._records.log_path(replica_id))
+        previous = self._replace(replica_id, rep)
+        self._nursery.start_soon(self._run, rep, model, list(gpus), group, previous)
 
     def stop(self, replica_id: str) -> None:
-        """Stop and forget a replica (its process is terminated, then killed)."""
+        """Stop and forget a replica: its process is terminated (then killed), its record and log removed."""
         rep = self._replicas.pop(replica_id, None)
         if rep is not None:
-            rep.cancel.cancel()
+            self._end(rep)
             self._changed()
 
     def stop_all(self) -> None:
         for rid in list(self._replicas):
             self.stop(rid)
 
+    def close(self) -> None:
+        """The agent stops: engines stop with it, or keep running for the next agent (`stop_on_exit`)."""
+        if self._stop_on_exit:
+            self.stop_all()
+            return
+        running = [r for r in self._replicas.values() if r.obs.state in ("starting", "ready")]
+        if running:
+            log.warning("%d engines keep running; the next agent adopts them", len(running))
+
     # -- internals -----------------------------------------------------------
+
+    def _failed(self, replica_id: str, model: str, error: str) -> _Replica:
+        rep = _Replica(ReplicaObs(replica_id, model, self.node, "failed", error=error, since=time.time()))
+        rep.done.set()
+        return rep
+
+    def _replace(self, replica_id: str, rep: _Replica) -> _Replica | None:
+        """Put `rep` in place; the one it replaces is ended. Returns whichever earlier replica's task
+        may still use this id's files (the new one waits for it)."""
+        old = self._replicas.get(replica_id)
+        if old is not None:
+            self._end(old)
+        self._replicas[replica_id] = rep
+        self._changed()
+        return self._ending.get(replica_id)
+
+    def _end(self, rep: _Replica) -> None:
+        rid = rep.obs.replica_id
+        rep.stopping = True
+        if rep.done.is_set():
+            self._cleanup(rep)
+        else:
+            self._ending[rid] = rep
+            rep.cancel.cancel()
+
+    def _cleanup(self, rep: _Replica) -> None:
+        """A replica gone for good: its record and its log go with it."""
+        if rep.log_path is None:
+            return  # refused before it had files
+        self._records.delete(rep.obs.replica_id)
+        engine_log.remove(rep.log_path)
 
     def _changed(self) -> None:
         try:
@@ -108,90 +211,255 @@ class Supervisor:
         rep.obs = replace(rep.obs, state=state, since=time.time(), **fields)
         self._changed()
 
-    async def _run(self, rep: _Replica, model_doc: dict[str, Any], gpus: list[int]) -> None:
-        rid = rep.obs.replica_id
-        with rep.cancel:
-            try:
-                model = ModelDef.from_doc(model_doc)
-                port = free_port(self.host)
-                env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)} if gpus else {}
-                spec = launch_spec(model.engine, model=model.name, role=model.role, source=model.source,
-                                   host=self.host, port=port, args=model.args, gpu_env=env)
-            except (DefinitionError, EngineError) as e:
-                message = getattr(e, "message", str(e))
-                log.warning("replica %s cannot start: %s", rid, message)
-                self._set(rep, "failed", error=message)
-                return
-            url = f"http://{url_host(self.host)}:{port}"
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            rep.log_path = self.log_dir / f"{rid}.log"
-            env = {**os.environ, **spec.env, PARENT_ENV: str(os.getpid())}
-            await self._supervise(rep, spec.argv, env, url, spec.health_path)
+    def _fail(self, rep: _Replica, error: str) -> None:
+        log.warning("replica %s failed: %s", rep.obs.replica_id, error)
+        self._set(rep, "failed", error=error[:2000], url="")
 
-    async def _supervise(self, rep: _Replica, argv: list[str], env: dict[str, str], url: str, health: str) -> None:
+    def _adopt(self) -> None:
+        """Take over the engines an earlier agent left running; report those that ended meanwhile."""
+        adopted = 0
+        for record in self._records.load():
+            rid = record.replica_id
+            rep = _Replica(ReplicaObs(rid, record.model, self.node, "starting", since=record.started),
+                           launch=record.launch, log_path=self._records.log_path(rid))
+            self._replicas[rid] = rep
+            if not same_process(record.pid, record.start_ticks):
+                # Reported once: the record goes now, the log when control stops the replica.
+                self._records.delete(rid)
+                rep.done.set()
+                tail = engine_log.tail(rep.log_path)
+                self._fail(rep, "engine exited while the agent was away (exit status unknown)"
+                           + (f": {tail}" if tail else ""))
+                continue
+            if record.ready_since:
+                rep.obs = replace(rep.obs, state="ready", url=record.url, since=record.ready_since)
+            adopted += 1
+            process = AdoptedProcess(record.pid, record.start_ticks, self._timeouts.engine_health_poll_s)
+            self._nursery.start_soon(self._run_adopted, rep, process, record)
+        if adopted:
+            log.info("adopted %d engines left running by an earlier agent", adopted)
+
+    async def _run_adopted(self, rep: _Replica, process: AdoptedProcess, record: EngineRecord) -> None:
+        try:
+            with rep.cancel:
+                # The start deadline runs from the engine's own start, not from its adoption.
+                left = max(0.0, self._timeouts.engine_start_s - (time.time() - record.started))
+                await self._supervise(rep, process, record, trio.current_time() + left)
+        except Exception as e:  # a bug here must not take the agent and every engine down
+            log.exception("replica %s: supervision failed", rep.obs.replica_id)
+            self._fail(rep, f"the agent's supervision failed: {describe(e)}")
+        finally:
+            self._done(rep)
+
+    async def _run(self, rep: _Replica, model: ModelDef, gpus: list[int], group: Group | None,
+                   previous: _Replica | None) -> None:
         rid = rep.obs.replica_id
-        assert rep.log_path is not None
-        with rep.log_path.open("ab") as out:
-            log.info("replica %s starting: %s", rid, " ".join(argv[-12:]))
-            proc = await trio.lowlevel.open_process(
-                argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                # Own session: a terminal's Ctrl-C reaches the agent, which stops engines in order.
-                # (No PR_SET_PDEATHSIG: it fires when trio's forking worker thread exits.)
-                start_new_session=True,
-            )
-            try:
-                await self._watch(rep, proc, url, health)
-            finally:
+        try:
+            with rep.cancel:
+                if previous is not None:
+                    await previous.done.wait()  # its files have the same names as ours
+                deadline = trio.current_time() + self._timeouts.engine_start_s
+                try:
+                    devices = self._devices(gpus)
+                    port = free_port(self.host)
+                    self._records.dir.mkdir(parents=True, exist_ok=True)
+                    spec = launch_spec(model.engine, model=model.name, role=model.role, source=model.source,
+                                       host=self.host, port=port, args=model.args, devices=devices, group=group,
+                                       roots=self._roots, cwd=str(self._records.dir.resolve()))
+                except EngineError as e:
+                    self._fail(rep, e.message)
+                    return
+                url = f"http://{url_host(self.host)}:{spec.port or port}"
+                env = {**os.environ, **spec.env}
+                env.pop(PARENT_ENV, None)
+                if self._stop_on_exit:  # the engine stops when its agent is gone; else it outlives it
+                    env[PARENT_ENV] = str(os.getpid())
+                assert rep.log_path is not None
+                try:
+                    engine_log.remove(rep.log_path)  # a fresh start: the tail must be this run's
+                    with engine_log.open_for_engine(rep.log_path) as out:
+                        log.info("replica %s starting: %s", rid, " ".join(spec.argv[-12:]))
+                        proc = await trio.lowlevel.open_process(
+                            spec.argv, env=env, cwd=spec.cwd, stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=subprocess.STDOUT,
+                            # Own session: a terminal's Ctrl-C or hangup reaches the agent, not the engine
+                            # (the agent stops engines in order, or leaves them to the next agent).
+                            start_new_session=True,
+                        )
+                except OSError as e:  # the log cannot be written, the program cannot be run
+                    self._fail(rep, f"engine could not be started: {describe(e)}")
+                    return
+                ticks = start_ticks(proc.pid)
+                record = EngineRecord(rid, model.name, model.engine, proc.pid, ticks or 0, url, spec.probe,
+                                      spec.health_path or "", rep.launch, time.time())
+                if ticks is not None:
+                    self._save(record)
+                await self._supervise(rep, _Child(proc), record, deadline)
+        except Exception as e:  # a bug here must not take the agent and every engine down
+            log.exception("replica %s: supervision failed", rid)
+            self._fail(rep, f"the agent's supervision failed: {describe(e)}")
+        finally:
+            if previous is not None and not previous.done.is_set():
+                # Stopped while waiting for `previous`: still done only after it, so that whoever
+                # waits for this one never meets `previous` removing the files they share.
                 with trio.CancelScope(shield=True):
-                    await _terminate(proc, self._timeouts.engine_stop_grace_s)
-                log.info("replica %s process %d ended (status %s)", rid, proc.pid, proc.returncode)
+                    await previous.done.wait()
+            self._done(rep)
 
-    async def _watch(self, rep: _Replica, proc: trio.Process, url: str, health: str) -> None:
+    def _save(self, record: EngineRecord) -> None:
+        try:
+            self._records.write(record)
+        except OSError as e:  # the engine runs on; only its adoption by a later agent is lost
+            log.warning("replica %s: its engine record could not be written (%s): a later agent will not "
+                        "adopt its engine", record.replica_id, describe(e))
+
+    def _done(self, rep: _Replica) -> None:
+        rid = rep.obs.replica_id
+        if self._ending.get(rid) is rep:
+            del self._ending[rid]
+        if rep.stopping:
+            self._cleanup(rep)
+        rep.done.set()
+
+    def _devices(self, gpus: list[int]) -> list[str]:
+        """The UUIDs (GPU-… or MIG-…) of the GPUs placement chose, from this node's own inventory."""
+        if not gpus:
+            return []
+        if self._inventory is None:
+            raise EngineError("unknown_gpu", "this agent has no GPU inventory to start a GPU replica from")
+        inventory = self._inventory()
+        by_index = {g.index: g for g in inventory.gpus}
+        uuids = []
+        for index in gpus:
+            gpu = by_index.get(index)
+            if gpu is None:
+                known = ", ".join(g.label for g in inventory.gpus) or "none"
+                raise EngineError("unknown_gpu", f"gpu {index} is not in this node's inventory (known: {known})")
+            if not gpu.usable or not gpu.uuid:
+                why = gpu.reason or ("it has no UUID" if gpu.usable else "not usable")
+                raise EngineError("unknown_gpu", f"gpu {gpu.label} cannot run an engine: {why}")
+            uuids.append(gpu.uuid)
+        return uuids
+
+    async def _supervise(self, rep: _Replica, proc: _Process, record: EngineRecord, deadline: float) -> None:
+        """Watch `proc` until it fails or the task is cancelled; then stop it, or leave it running
+        for the next agent when the agent is exiting and `stop_on_exit` is off."""
+        cancelled = True  # (it arrives as Cancelled, or as a group of them out of a nursery)
+        try:
+            await self._watch(rep, proc, record, deadline)
+            cancelled = False
+        except Exception:
+            cancelled = False
+            raise
+        finally:
+            leave = cancelled and not rep.stopping and not self._stop_on_exit
+            with trio.CancelScope(shield=True):
+                if not leave:
+                    await _terminate(proc, self._timeouts.engine_stop_grace_s)
+                    self._records.delete(rep.obs.replica_id)
+                    log.info("replica %s process %d ended (%s)", rep.obs.replica_id, proc.pid,
+                             _exit_words(proc.returncode, adopted=isinstance(proc, AdoptedProcess)))
+                    if not rep.stopping and self._stop_on_exit and rep.obs.state != "failed":
+                        rep.stopping = True  # the agent exits and its engines with it: nothing left to show
+                elif proc.running():
+                    _LEFT_RUNNING.append(proc)
+                    log.info("replica %s: engine %d keeps running for the next agent", rep.obs.replica_id, proc.pid)
+
+    async def _watch(self, rep: _Replica, proc: _Process, record: EngineRecord, deadline: float) -> None:
         rid = rep.obs.replica_id
         t = self._timeouts
-        deadline = trio.current_time() + t.engine_start_s
-        while proc.poll() is None:
-            if await self._healthy(url + health):
-                self._set(rep, "ready", url=url)
-                log.info("replica %s ready at %s", rid, url)
-                break
-            if trio.current_time() > deadline:
-                self._set(rep, "failed", error=f"not healthy within {t.engine_start_s:g} s")
+        adopted = isinstance(proc, AdoptedProcess)
+        if rep.obs.state != "ready":
+            while proc.running():
+                if not await self._probe(record, t.engine_health_request_s):
+                    self._set(rep, "ready", url=record.url)
+                    if record.start_ticks:
+                        self._save(replace(record, ready_since=rep.obs.since))
+                    log.info("replica %s ready at %s", rid, record.url)
+                    break
+                if trio.current_time() > deadline:
+                    self._fail(rep, f"not healthy within {t.engine_start_s:g} s")
+                    return
+                if rep.log_path is not None:
+                    engine_log.rotate_if_large(rep.log_path)
+                await trio.sleep(t.engine_health_poll_s)
+            else:
+                await proc.wait()
+                await trio.sleep(t.engine_exit_log_s)  # let the log flush
+                reason = start_failure(record.engine, engine_log.tail(rep.log_path))
+                self._fail(rep, f"engine {_exit_words(proc.returncode, adopted)} before serving: {reason}")
                 return
-            await trio.sleep(t.engine_health_poll_s)
-        else:
-            await trio.sleep(t.engine_exit_log_s)  # let the log flush
-            error = f"engine exited with status {proc.returncode} before serving: {_tail(rep.log_path)}"
-            log.warning("replica %s failed: %s", rid, error)
-            self._set(rep, "failed", error=error)
+        unanswered = ""
+        async with trio.open_nursery() as watchers:
+            async def liveness() -> None:
+                nonlocal unanswered
+                unanswered = await self._liveness(rep, record)
+                watchers.cancel_scope.cancel()
+
+            watchers.start_soon(liveness)
+            await proc.wait()
+            watchers.cancel_scope.cancel()
+        if unanswered and proc.running():
+            what = record.health if record.probe == "http" else "on its port"
+            self._fail(rep, f"engine stopped answering {what} ({unanswered}); it is stopped")
             return
-        await proc.wait()
-        error = f"engine exited with status {proc.returncode} while serving: {_tail(rep.log_path)}"
-        log.warning("replica %s failed: %s", rid, error)
-        self._set(rep, "failed", error=error, url="")
+        await trio.sleep(t.engine_exit_log_s)
+        tail = engine_log.tail(rep.log_path)
+        self._fail(rep, f"engine {_exit_words(proc.returncode, adopted)} while serving: {tail or 'no output'}")
 
-    async def _healthy(self, url: str) -> bool:
+    async def _liveness(self, rep: _Replica, record: EngineRecord) -> str:
+        """Probe a ready engine until it fails `LIVENESS_FAILURES` probes in a row; returns why."""
+        t = self._timeouts
+        failures = 0
+        while True:
+            problem = await self._probe(record, t.engine_liveness_request_s)
+            failures = failures + 1 if problem else 0
+            if failures >= LIVENESS_FAILURES:
+                return f"{failures} probes in a row failed, the last: {problem}"
+            if rep.log_path is not None:
+                engine_log.rotate_if_large(rep.log_path)
+            await trio.sleep(t.engine_liveness_poll_s)
+
+    async def _probe(self, record: EngineRecord, timeout_s: float) -> str:
+        """One probe of the engine as its launch says: "" when it serves, else what went wrong.
+        A "process" probe always passes: the process being alive is all there is to know."""
         try:
-            r = await self._http.get(url)
-        except httpx.HTTPError:
-            return False
-        return r.status_code == 200
+            with trio.fail_after(timeout_s):  # the whole probe, whatever httpx's own phases allow
+                if record.probe == "tcp":
+                    url = httpx.URL(record.url)
+                    stream = await trio.open_tcp_stream(url.host, url.port or 80)
+                    await stream.aclose()
+                elif record.probe == "http":
+                    r = await self._http.get(record.url + record.health, timeout=timeout_s)
+                    return "" if r.status_code == 200 else f"answered HTTP {r.status_code}"
+        except (trio.TooSlowError, httpx.TimeoutException):
+            return f"no answer within {timeout_s:g} s"
+        except (httpx.HTTPError, OSError) as e:
+            return describe(e)
+        return ""
 
 
-async def _terminate(proc: trio.Process, grace_s: float) -> None:
-    """SIGTERM the engine's process group, then SIGKILL after the grace period."""
-    if proc.returncode is not None:
+def _exit_words(code: int | None, adopted: bool) -> str:
+    if code is None:
+        return "exited (exit status unknown: it was started by an earlier agent)" if adopted else "exited"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+async def _terminate(proc: _Process, grace_s: float) -> None:
+    """SIGTERM the engine's process group (SIGCONT too: a stopped engine must see it), then
+    SIGKILL after the grace period."""
+    if not proc.running():
         return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+    proc.signal_group(signal.SIGTERM)
+    proc.signal_group(signal.SIGCONT)
     with trio.move_on_after(grace_s):
         await proc.wait()
         return
     log.warning("engine process %d ignored SIGTERM for %g s: killing it", proc.pid, grace_s)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    proc.signal_group(signal.SIGKILL)
     await proc.wait()

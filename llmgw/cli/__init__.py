@@ -33,6 +33,8 @@ app.command("llmgw.cli.roles:gateway", name="gateway",
 app.command("llmgw.cli.engine:engine_app", name="engine",
             help="Run one inference engine process (the agent starts these).")
 app.command("llmgw.cli.ctl:ctl_app", name="ctl", help="The operator's command line over the admin API.")
+app.command("llmgw.cli.doctor:doctor", name="doctor",
+            help="Check this machine: GPUs by each discovery path, MIG, engines, state dir, ports, clock.")
 
 
 def main() -> None:

@@ -124,7 +124,8 @@ async def _serve_all(opts: UpOptions, router: Router, control_cfg: ControlConfig
         admin_url = control.admin_url
         write_credentials(cred_path, {"gateway_url": gateway_url, "admin_url": admin_url, **keys})
         await nursery.start(agent_serve, AgentConfig(controls=[admin_url], key=keys["admin_key"],
-                                                     state_dir=state_dir, engine_host=opts.host))
+                                                     state_dir=state_dir, engine_host=opts.host,
+                                                     stop_engines_on_exit=True))
         logs.role_var.set("up")
         print(f"llmgw ready gateway={gateway_url} admin={admin_url} state={state_dir} "
               f"credentials={cred_path}", flush=True)

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from llmgw.agent.storage import StorageDir
     from llmgw.control.floating import IpFloatingAddress
+    from llmgw.domain.timeouts import Timeouts
 
 
 def _split_addr(addr: str) -> tuple[str, int]:
@@ -50,6 +52,18 @@ def _admin_url(url: str | None) -> str | None:
     if url is not None and not url.startswith(("http://", "https://")):
         raise SystemExit(f"error: --admin-url {url!r}: give an http:// or https:// URL")
     return url.rstrip("/") if url is not None else None
+
+
+def _timeouts() -> Timeouts:
+    """The timeouts table, with LLMGW_TIMEOUTS (`name=seconds,...`) applied: for tests of processes
+    and diagnosis (docs/operations.md); unset, the defaults."""
+    from llmgw.domain.timeouts import TIMEOUTS
+
+    spec = os.environ.get("LLMGW_TIMEOUTS", "")
+    try:
+        return TIMEOUTS.overridden(spec) if spec else TIMEOUTS
+    except ValueError as e:
+        raise SystemExit(f"error: LLMGW_TIMEOUTS: {e}") from None
 
 
 def _cluster_secret(path: Path | None) -> str | None:
@@ -140,7 +154,7 @@ def control(
         cfg = ControlConfig(state_dir=state_dir, raft_addr=raft_addr, admin_host=admin_host, admin_port=admin_port,
                             peers=list(peer or []), seed=Seed(admin_key=key, client_key=client_key) if key else None,
                             floating=floating, cluster_secret=cluster_secret, join=join,
-                            admin_url=_admin_url(admin_url), journal_fsync=journal_fsync)
+                            admin_url=_admin_url(admin_url), journal_fsync=journal_fsync, timeouts=_timeouts())
 
         async def serve_naming_ports(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             async with trio.open_nursery() as nursery:
@@ -159,6 +173,9 @@ def agent(
     node: str | None = None,
     key: str | None = None,
     engine_host: str = "127.0.0.1",
+    storage: list[str] | None = None,
+    fabric: str | None = None,
+    stop_engines_on_exit: bool = False,
     log_json: bool = False,
     log_level: str = "info",
 ) -> None:
@@ -175,7 +192,16 @@ def agent(
     key
         The key to authenticate to control (default: LLMGW_KEY).
     engine_host
-        Address engines listen on; gateways must reach it.
+        Address engines listen on; gateways must reach it (the node's address in `ctl nodes`).
+    storage
+        PATH:FABRIC[:shared]: a directory whose models this node reports, on storage fabric
+        FABRIC; `shared` when other nodes see the same files (repeat the flag). Told nothing,
+        the agent reports no models.
+    fabric
+        The interconnect this node is on (multi-node replicas run within one fabric); never guessed.
+    stop_engines_on_exit
+        Stop the engines when the agent stops. By default they keep serving, and the next agent
+        on this state dir adopts them (an agent restart or upgrade does not interrupt serving).
     log_json
         One JSON object per log line instead of text.
     log_level
@@ -192,12 +218,24 @@ def agent(
     secret = key or os.environ.get("LLMGW_KEY")
     if not secret:
         raise SystemExit("error: give --key or set LLMGW_KEY (an admin key of the cluster)")
+    dirs = _storage(storage or [])
+    timeouts = _timeouts()
     with statedir.acquire_or_exit(state_dir, "llmgw agent"):  # before anything in the dir is touched
         logs.setup(json_lines=log_json, level=log_level, log_file=state_dir / "logs" / "agent.log")
         cfg = AgentConfig(controls=control, key=secret, state_dir=state_dir, node=node or socket.gethostname(),
-                          engine_host=engine_host)
+                          engine_host=engine_host, storage=dirs, fabric=fabric or "", timeouts=timeouts,
+                          stop_engines_on_exit=stop_engines_on_exit)
         status = trio.run(serve_until_signal, serve, cfg)
     sys.exit(status)
+
+
+def _storage(flags: list[str]) -> tuple[StorageDir, ...]:
+    from llmgw.agent.storage import parse_storage_flags
+
+    try:
+        return parse_storage_flags(flags)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def gateway(
@@ -254,7 +292,7 @@ def gateway(
         logs.setup(json_lines=log_json, level=log_level,
                    log_file=state_dir / "logs" / "gateway.log" if state_dir is not None else None)
         cfg = GatewayConfig(controls=control, key=secret, listen_host=host, listen_port=port,
-                            name=name or socket.gethostname())
+                            name=name or socket.gethostname(), timeouts=_timeouts())
 
         async def serve_naming_port(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             async with trio.open_nursery() as nursery:

@@ -1,4 +1,4 @@
-"""The admin API (`/api/v1/...`, S14) and the agents' stream endpoint, as a quart-trio app.
+"""The admin API (`/api/v1/...`, S14) as a quart-trio app; the agents' and gateways' streams register on it.
 
 `make_app(deps)` receives its collaborators; a write returns after it is
 committed, so a read that follows it sees it, and applies at most once per
@@ -17,13 +17,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-import trio
-from quart import Response, request, websocket
+from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from llmgw import __version__, protocol
-from llmgw.control import gateway_stream
+from llmgw import __version__
+from llmgw.control import admin_nodes, agent_stream, gateway_stream
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members
 from llmgw.control.reconciler import Reconciler
@@ -31,7 +30,7 @@ from llmgw.domain import commands, summary
 from llmgw.domain.commands import CommandError
 from llmgw.domain.keys import hash_key
 from llmgw.domain.model import DefinitionError, ModelDef
-from llmgw.domain.observed import NodeInfo, Observed, ReplicaObs
+from llmgw.domain.observed import Observed
 from llmgw.domain.state import ClusterState
 from llmgw.domain.settings import SETTINGS, SettingError, effective, validate
 from llmgw.errors import AdminError
@@ -332,9 +331,7 @@ def make_app(deps: ControlDeps) -> QuartTrio:
         log.info("setting %s changed", key)
         return _ok({"key": key, "value": value})
 
-    @route("/api/v1/nodes", ["GET"])
-    async def nodes() -> Response:
-        return _ok({"nodes": summary.nodes(deps.store.snapshot(), deps.hub.observed())})
+    admin_nodes.register(route, deps)  # GET /api/v1/nodes, DELETE /api/v1/nodes/NAME
 
     # Answered by the member asked, from its own view (so it also answers while there is no leader).
     @route("/api/v1/cluster/members", ["GET"], local=True)
@@ -384,16 +381,7 @@ def make_app(deps: ControlDeps) -> QuartTrio:
         # Anything the routes did not answer themselves: still the admin error shape, never HTML.
         return _error(AdminError(500, "internal_error", "this member failed on the request; it is logged"))
 
-    @app.websocket(protocol.STREAM_PATH)
-    async def agent_stream() -> Any:
-        try:
-            require_admin(websocket.headers)
-        except AdminError as e:
-            return _error(e)
-        await websocket.accept()
-        await _agent_session(deps)
-        return None
-
+    agent_stream.register(app, deps)  # the agents' stream
     gateway_stream.register(app, deps)  # remote gateways follow the leader's table
     return app
 
@@ -404,63 +392,3 @@ def _raw_path() -> str:
     path = raw.decode("latin-1") if isinstance(raw, bytes) else request.path
     query = request.query_string.decode("latin-1")
     return f"{path}?{query}" if query else path
-
-
-async def _agent_session(deps: ControlDeps) -> None:
-    """One agent's stream: hello + inventory, then reports in, commands out."""
-    hello = protocol.loads(await websocket.receive())
-    if hello.get("type") != "hello" or hello.get("protocol") != protocol.PROTOCOL_VERSION:
-        await websocket.send(protocol.dumps({"type": "refused", "reason": "unsupported protocol"}))
-        return
-    if not deps.store.is_leader():
-        status = deps.store_status()  # `leader_url`: where the agent goes next, once the leader announced it
-        await websocket.send(protocol.dumps({"type": "refused", "reason": "not the leader",
-                                             "leader": status.get("leader"), "leader_url": status.get("leader_url")}))
-        return
-    node = str(hello.get("node", ""))
-    first = protocol.loads(await websocket.receive())
-    if first.get("type") != "inventory" or not node:
-        await websocket.send(protocol.dumps({"type": "refused", "reason": "expected an inventory"}))
-        return
-    send, receive = trio.open_memory_channel[dict[str, Any]](256)
-    link = deps.hub.connect(node, send)
-    try:
-        deps.hub.report_inventory(link, NodeInfo.from_doc({**first["inventory"], "node": node}))
-        await websocket.send(protocol.dumps({"type": "welcome", "node": node, "leader": deps.self_id}))
-        async with trio.open_nursery() as nursery:
-            async def outbound() -> None:
-                async with receive:
-                    while True:
-                        # A heartbeat when there is nothing to say: the agent tells a quiet leader from a dead one.
-                        message: dict[str, Any] = {"type": "heartbeat"}
-                        with trio.move_on_after(deps.hub.heartbeat_s):
-                            try:
-                                message = await receive.receive()
-                            except trio.EndOfChannel:
-                                break
-                        await websocket.send(protocol.dumps(message))
-                nursery.cancel_scope.cancel()  # the hub closed this link (a newer stream, or this member stepped down)
-
-            nursery.start_soon(outbound)
-            while True:
-                # An agent whose machine vanished closes nothing: its silence is how the leader learns.
-                with trio.move_on_after(deps.hub.silence_s) as quiet:
-                    message = protocol.loads(await websocket.receive())
-                if quiet.cancelled_caught:
-                    log.warning("node %s said nothing for %g s: closing its stream", node, deps.hub.silence_s)
-                    nursery.cancel_scope.cancel()
-                    break
-                deps.hub.heard(link)
-                kind = message["type"]
-                if kind == "replicas":
-                    reports = [ReplicaObs.from_doc(r, node) for r in message.get("replicas", [])]
-                    deps.hub.report_replicas(link, reports)
-                elif kind == "inventory":
-                    deps.hub.report_inventory(link, NodeInfo.from_doc({**message["inventory"], "node": node}))
-                # A "heartbeat" records only the contact: traffic on the stream, so a dead connection shows.
-    except protocol.ProtocolError as e:
-        log.warning("node %s sent a bad message: %s", node, e)
-    except (KeyError, ValueError, TypeError) as e:
-        log.warning("node %s sent a malformed report: %s", node, e)
-    finally:
-        deps.hub.disconnect(link)

@@ -19,11 +19,10 @@ from quart import Response, websocket
 from quart_trio import QuartTrio
 
 from llmgw import protocol
+from llmgw.control.agent_stream import authenticate_stream
 from llmgw.control.hub import AgentHub
-from llmgw.domain.keys import hash_key
 from llmgw.domain.observed import ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
-from llmgw.errors import AdminError
 from llmgw.interfaces import StateReader
 
 if TYPE_CHECKING:
@@ -209,22 +208,12 @@ def register(app: QuartTrio, deps: ControlDeps) -> None:
 
     @app.websocket(protocol.GATEWAY_STREAM_PATH)
     async def gateway_stream() -> Any:
-        refusal = _authenticate(deps, websocket.headers)
+        refusal = authenticate_stream(deps, websocket.headers)
         if refusal is not None:
             return Response(json.dumps(refusal.doc()), status=refusal.status, content_type="application/json")
         await websocket.accept()
         await _session(deps, hub_of(deps))
         return None
-
-
-def _authenticate(deps: ControlDeps, headers: Any) -> AdminError | None:
-    # An admin key for now (as agents); per-gateway credentials come later.
-    scheme, _, key = headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key:
-        return AdminError(401, "unauthorized", "send the admin key as 'Authorization: Bearer <key>'")
-    if deps.store.snapshot().key_role(hash_key(key.strip())) != "admin":
-        return AdminError(401, "unauthorized", "this key is not an admin key of this cluster")
-    return None
 
 
 def _refusal(deps: ControlDeps, reason: str) -> str:

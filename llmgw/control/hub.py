@@ -1,4 +1,5 @@
-"""The leader's memory of its agents: inventories, replica reports, open streams, last contact.
+"""The leader's memory of its agents: inventories, replica reports, open streams, last contact,
+and the nodes it lost (kept, as lost, until an operator forgets them).
 
 Rebuilt from scratch when agents reconnect; never written to Raft. A member that starts
 leading begins a new term here (`take_office`); one that stops lets its agents go (`release`).
@@ -9,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Literal
 
 import trio
 
@@ -32,8 +33,9 @@ class AgentHub:
     def __init__(self, clock: Callable[[], float] = time.time, timeouts: Timeouts = TIMEOUTS) -> None:
         self._clock = clock
         self._resend_s = timeouts.start_resend_s  # a start not acted on is sent again after this long
-        self.heartbeat_s = timeouts.agent_heartbeat_s  # each stream sends a heartbeat when quiet this long
-        self.silence_s = timeouts.agent_stream_silence_s  # a stream that says nothing this long is dropped
+        self.heartbeat_s = timeouts.stream_heartbeat_s  # each stream sends a heartbeat when quiet this long
+        self.silence_s = timeouts.stream_silence_s  # a stream that says nothing this long is dropped
+        self.grace_s = timeouts.lost_node_grace_s  # a node gone this long is lost: its placements go
         self.since = clock()
         self.nodes: dict[str, NodeInfo] = {}
         self.replicas: dict[str, dict[str, ReplicaObs]] = {}  # node -> replica id -> report
@@ -74,8 +76,12 @@ class AgentHub:
         self.changed()
 
     def report_inventory(self, link: AgentLink, inventory: NodeInfo) -> None:
-        self.nodes[link.node] = inventory
-        self.changed()
+        """The node's inventory, first or again (its storage or GPUs changed): the latest wins."""
+        if self.links.get(link.node) is not link:
+            return  # a newer stream of the same node replaced this one
+        if self.nodes.get(link.node) != inventory:
+            self.nodes[link.node] = inventory
+            self.changed()
 
     def report_replicas(self, link: AgentLink, replicas: list[ReplicaObs]) -> None:
         self.replicas[link.node] = {r.replica_id: r for r in replicas}
@@ -113,12 +119,14 @@ class AgentHub:
 
     # -- terms: what the reconciler calls when this member starts or stops leading -------------
 
-    def take_office(self) -> None:
+    def take_office(self, known: Iterable[str] = ()) -> None:
         """This member leads from now on. Nodes it never heard from count as gone since now, not
         since it started (a standby that takes over after an hour must not find every node "lost"
-        at once: their agents are on their way), and demand heard in an earlier term is dropped."""
+        at once: their agents are on their way), and demand heard in an earlier term is dropped.
+        `known`: the nodes the state places replicas on; one that never connects shows as lost
+        once its grace period ends, never silently dropped with its placements."""
         self.since = self._clock()
-        self.lost = {node: self.since for node in self.lost}
+        self.lost = {node: self.since for node in {*self.lost, *known} if node not in self.links}
         self.demand.clear()
         self.changed()
 
@@ -134,13 +142,40 @@ class AgentHub:
         if self.links:
             log.info("letting %d agent(s) go: %s", len(self.links), reason)
 
+    def node_state(self, node: str) -> Literal["connected", "disconnected", "lost", "unknown"]:
+        """connected; disconnected (gone, within its grace period: its placements are kept); lost
+        (gone past it: its placements went, it is listed until forgotten); unknown (never heard of)."""
+        if node in self.links:
+            return "connected"
+        if node not in self.lost:
+            return "unknown"
+        return "lost" if self._clock() - self.lost[node] >= self.grace_s else "disconnected"
+
+    def forget(self, node: str) -> str | None:
+        """Forget a lost node (its record in this leader's memory); None when done, else why not.
+        A node that connects again later simply reappears."""
+        state = self.node_state(node)
+        if state == "connected":
+            return f"node {node} is connected: stop its agent first (a node is forgotten once lost)"
+        if state == "disconnected":
+            left = self.grace_s - (self._clock() - self.lost[node])
+            return (f"node {node} disconnected and is within its grace period (lost_node_grace_s = {self.grace_s:g} s,"
+                    f" {left:.0f} s left): its placements are kept in case it comes back; forget it once it is lost")
+        if state == "unknown":
+            return f"no node named {node!r} is known to this leader"
+        for memory in (self.lost, self.connected_at, self.last_contact, self.nodes, self.replicas):
+            memory.pop(node, None)
+        log.info("node %s forgotten", node)
+        self.changed()
+        return None
+
     def agents(self) -> list[dict[str, Any]]:
         """Every agent this member has heard from while leading: connected or not, with its last
         contact (unix time) and the replicas it reported (None: not reported on this stream yet)."""
         docs = []
         for node in sorted(set(self.connected_at) | set(self.lost)):
             reported = self.replicas.get(node)
-            docs.append({"node": node, "connected": node in self.links,
+            docs.append({"node": node, "connected": node in self.links, "state": self.node_state(node),
                          "connected_at": self.connected_at.get(node), "last_contact": self.last_contact.get(node),
                          "lost_at": self.lost.get(node), "replicas": None if reported is None else len(reported)})
         return docs

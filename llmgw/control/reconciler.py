@@ -70,7 +70,7 @@ class Reconciler:
         re-attach and report them, and `decide` matches them to their placements. Until then
         nothing this member remembers from an earlier term counts (`_adopt` has the rest)."""
         log.info("leading: adopting the running replicas as their agents report them")
-        self.hub.take_office()
+        self.hub.take_office(p.node for p in self.store.snapshot().placements.values())
         self.last_plan, self._routes = None, None  # the first routes of this term go to every sink
         self._last_used.clear()
         self._warned.clear()

@@ -13,8 +13,9 @@ import json
 import math
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
+from llmgw.domain import groups
 from llmgw.domain.frozen import freeze
 from llmgw.domain.keys import KEY_ROLES
 from llmgw.domain.model import DefinitionError, ModelDef
@@ -108,6 +109,14 @@ def add_key(key_hash: str, name: str, role: str, at: float) -> dict[str, Any]:
 
 def add_placement(model: str, node: str, gpus: tuple[int, ...], launch_hash: str, at: float) -> dict[str, Any]:
     return make("placement.add", at, model=model, node=node, gpus=list(gpus), launch_hash=launch_hash)
+
+
+def add_group(
+    model: str, members: Sequence[tuple[str, tuple[int, ...], str]], launch_hash: str, at: float
+) -> dict[str, Any]:
+    """Place one multi-node replica: members (node, gpus, host) in rank order, all or none."""
+    docs = [{"node": node, "gpus": list(gpus), "host": host} for node, gpus, host in members]
+    return make("placement.add_group", at, model=model, members=docs, launch_hash=launch_hash)
 
 
 def remove_placement(replica_id: str, at: float, *, reason: str = "") -> dict[str, Any]:
@@ -362,6 +371,29 @@ def _placement_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Clust
     )
 
 
+def _check_placement_add_group(c: dict[str, Any]) -> None:
+    _name(c, "model")
+    problem = groups.members_problem(c.get("members"))
+    if problem:
+        raise CommandError("bad_command", problem)
+
+
+def _placement_add_group(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    model, members = c["model"], c["members"]
+    if model not in s.models:
+        raise CommandError("model_not_found", f"no model named {model!r}")
+    for m in members:
+        taken = {g for p in s.placements.values() if p.node == m["node"] for g in p.gpus} & set(m["gpus"])
+        if taken:
+            raise CommandError("gpu_taken", f"GPU(s) {sorted(taken)} on {m['node']} are already placed")
+    group = f"{model}-g{s.next_replica}"
+    first, last = effective(s.settings, "groups.ports")
+    port = groups.group_port(group, int(first), int(last))
+    added = groups.group_placements(group, model, members, str(c.get("launch_hash", "")), at, port)
+    result = {"group": group, "replica_ids": list(added), "leader": added[f"{group}-r0"].leader}
+    return replace(s, placements=_readonly(s.placements | added), next_replica=s.next_replica + 1), result
+
+
 def _check_replica_id(c: dict[str, Any]) -> None:
     _name(c, "replica_id")
 
@@ -437,6 +469,7 @@ _OPS: dict[str, tuple[_Check, _Change]] = {
     "setting.put": (_check_setting_put, _setting_put),
     "key.add": (_check_key_add, _key_add),
     "placement.add": (_check_placement_add, _placement_add),
+    "placement.add_group": (_check_placement_add_group, _placement_add_group),
     "placement.remove": (_check_replica_id, _placement_remove),
     "health.start_failed": (_check_model_name, _start_failed),
     "health.ready": (_check_model_name, _ready),

@@ -12,19 +12,57 @@ from typing import Any, Mapping
 REPLICA_STATES = ("starting", "ready", "failed", "stopped")
 
 
+MIG_INDEX_BASE = 1000  # a MIG instance's placement index: 1000 + 100 × card + instance
+
+
+def mig_index(card: int, instance: int) -> int:
+    return MIG_INDEX_BASE + 100 * card + instance
+
+
 @dataclass(frozen=True)
 class Gpu:
-    index: int
-    uuid: str
+    """One placeable device (a whole card, or one MIG instance), or a MIG-mode card itself
+    (listed with `placeable=False`: its instances are what placement sees).
+
+    Unknown is None, never 0: `memory_used`, `utilization` (always None on a MIG instance),
+    `temperature_c` and `power_w` (a MIG instance carries its parent card's)."""
+
+    index: int  # position in the probe's output; a MIG instance: mig_index(card, instance)
+    uuid: str  # GPU-…, or the MIG instance's own UUID (MIG-…)
     name: str
-    gpu_class: str
+    gpu_class: str  # h100-80g, a100-80g-mig-3g.40gb
     memory_total: int  # bytes
     memory_used: int | None  # None = unknown
     healthy: bool = True
+    reason: str = ""  # why it is unhealthy, or why it is not placeable; "" when neither
+    placeable: bool = True  # False: a MIG-mode card, one with nothing carved, a mode change pending
+    mig_profile: str = ""  # "3g.40gb" on a MIG instance; "" on a whole card
+    parent_index: int | None = None  # the card a MIG instance is carved from
+    utilization: float | None = None  # percent; None = unknown or a MIG instance
+    temperature_c: float | None = None
+    power_w: float | None = None
+    processes: tuple[int, ...] = ()  # pids using this device (instance-local on MIG)
+
+    @property
+    def label(self) -> str:
+        """How every view names it: "3", or "0/mig1" for a MIG instance."""
+        if self.parent_index is not None and self.index >= MIG_INDEX_BASE:
+            return f"{self.parent_index}/mig{(self.index - MIG_INDEX_BASE) % 100}"
+        return str(self.index)
+
+    @property
+    def usable(self) -> bool:
+        """Counts as capacity (used or free): healthy and placeable."""
+        return self.healthy and self.placeable
 
     @classmethod
     def from_doc(cls, d: Mapping[str, Any]) -> Gpu:
+        def number(key: str) -> float | None:
+            value = d.get(key)
+            return None if value is None else float(value)
+
         used = d.get("memory_used")
+        parent = d.get("parent_index")
         return cls(
             index=int(d["index"]),
             uuid=str(d.get("uuid", "")),
@@ -33,15 +71,25 @@ class Gpu:
             memory_total=int(d.get("memory_total", 0)),
             memory_used=None if used is None else int(used),
             healthy=bool(d.get("healthy", True)),
+            reason=str(d.get("reason", ""))[:500],
+            placeable=bool(d.get("placeable", True)),
+            mig_profile=str(d.get("mig_profile", "")),
+            parent_index=None if parent is None else int(parent),
+            utilization=number("utilization"),
+            temperature_c=number("temperature_c"),
+            power_w=number("power_w"),
+            processes=tuple(int(p) for p in d.get("processes", ())),
         )
 
     def to_doc(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        doc = dict(self.__dict__)
+        doc["processes"] = list(self.processes)
+        return doc
 
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """An agent's inventory, as reported over its stream."""
+    """An agent's inventory, as reported over its stream (again whenever it changes)."""
 
     node: str
     hostname: str = ""
@@ -51,6 +99,12 @@ class NodeInfo:
     engines: tuple[str, ...] = ()
     fabric: str = ""
     version: str = ""
+    address: str = ""  # where this node's engines listen (the agent's engine host)
+    cpu_flags: tuple[str, ...] = ()  # of interest to engines: avx2, avx512f, ...
+    engine_versions: Mapping[str, str] = field(default_factory=dict)  # engine -> version ("" unknown)
+    probe: str = ""  # how GPUs were found: nvml | nvidia-smi | none ("" = not said)
+    warnings: tuple[str, ...] = ()  # states in which nothing can run, said by the probe
+    storage: tuple[Mapping[str, Any], ...] = ()  # one report per configured directory (S9)
 
     @classmethod
     def from_doc(cls, d: Mapping[str, Any]) -> NodeInfo:
@@ -63,6 +117,12 @@ class NodeInfo:
             engines=tuple(str(e) for e in d.get("engines", ())),
             fabric=str(d.get("fabric", "")),
             version=str(d.get("version", "")),
+            address=str(d.get("address", "")),
+            cpu_flags=tuple(str(f) for f in d.get("cpu_flags", ())),
+            engine_versions={str(k): str(v) for k, v in dict(d.get("engine_versions", {})).items()},
+            probe=str(d.get("probe", "")),
+            warnings=tuple(str(w) for w in d.get("warnings", ())),
+            storage=tuple(dict(s) for s in d.get("storage", ())),
         )
 
     def to_doc(self) -> dict[str, Any]:
@@ -75,6 +135,12 @@ class NodeInfo:
             "engines": list(self.engines),
             "fabric": self.fabric,
             "version": self.version,
+            "address": self.address,
+            "cpu_flags": list(self.cpu_flags),
+            "engine_versions": dict(self.engine_versions),
+            "probe": self.probe,
+            "warnings": list(self.warnings),
+            "storage": [dict(s) for s in self.storage],
         }
 
 

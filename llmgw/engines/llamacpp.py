@@ -1,5 +1,5 @@
 """The llama.cpp CPU engine: llama.cpp's native HTTP server from the prebuilt `xllamacpp` wheel.
-Owns turning launch flags into xllamacpp parameters and the process's life until SIGTERM/SIGINT.
+Owns its description (`KIND`), turning launch flags into xllamacpp parameters, and the process's life.
 
 The wheel has no command line: `xllamacpp.Server(params)` loads the model,
 starts the HTTP server in native threads and returns; this process then only
@@ -16,12 +16,16 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from llmgw.domain.model import ROLES
-from llmgw.engines import EngineError, engine_parser, parse_engine_args, self_command
+from llmgw.engines import EngineError, engine_parser, parse_engine_args
+from llmgw.engines.base import EngineKind, self_command
+from llmgw.engines.llama_server import FAILURES
+from llmgw.engines.sources import find_spec
 
-__all__ = ["LaunchArgs", "main", "run"]
+__all__ = ["KIND", "LaunchArgs", "main", "run"]
 
 logger = logging.getLogger("llmgw.engine.llamacpp")
 
@@ -34,9 +38,29 @@ _LOG_VERBOSITY = 2
 def not_installed(argv0: str | None = None) -> str:
     """What to do without xllamacpp, for the way this program runs (`self_command`): a
     zipapp carries its packages inside, so only a rebuild adds the engine."""
-    if self_command(argv0)[1:] == ["-m", "llmgw"]:
-        return "llama.cpp engine not installed: pip install 'llmgw[llamacpp]'"
-    return "llama.cpp engine not in this zipapp: rebuild it with `python build.py --with-llamacpp`"
+    if _is_zipapp(self_command(argv0)):
+        return "llama.cpp engine not in this zipapp: rebuild it with `python build.py --with-llamacpp`"
+    return "llama.cpp engine not installed: pip install 'llmgw[llamacpp]'"
+
+
+def _is_zipapp(command: list[str]) -> bool:
+    return command[1:2] == ["-I"] and len(command) == 3 and os.path.isfile(command[2])
+
+
+def _detect(_environ: Mapping[str, str]) -> str | None:
+    """xllamacpp's version when this interpreter has it (package metadata: nothing is imported)."""
+    if find_spec("xllamacpp") is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("xllamacpp")
+    except PackageNotFoundError:
+        return ""
+
+
+# Same llama.cpp core as the binary, so the same lines say why a start failed.
+KIND = EngineKind("xllamacpp", "llama.cpp", _detect, failures=FAILURES)
 
 
 @dataclass(frozen=True)
@@ -46,6 +70,9 @@ class LaunchArgs:
     ctx_size: int = 2048
     threads: int | None = None
     parallel: int | None = None
+    n_gpu_layers: int | None = None  # the CPU wheel has no GPU: accepted, and changes nothing
+    embedding: bool = False
+    pooling: str | None = None
 
 
 def run(*, host: str, port: int, model: str, role: str, weights: str, launch: LaunchArgs = LaunchArgs()) -> int:
@@ -124,8 +151,12 @@ def _params(
         params.cpuparams_batch.n_threads = launch.threads
     if launch.parallel is not None:
         params.n_parallel = launch.parallel
-    if role == "embedding":
+    if role == "embedding" or launch.embedding:
         params.embedding = True
+    if launch.pooling is not None:
+        params.pooling_type = getattr(xllamacpp.llama_pooling_type, f"LLAMA_POOLING_TYPE_{launch.pooling.upper()}")
+    if launch.n_gpu_layers is not None:
+        params.n_gpu_layers = launch.n_gpu_layers
     # An engine serves the gateway, not browsers: no web UI, and no CORS grant
     # that would let any web page a node's user opens read its answers.
     params.ui = False

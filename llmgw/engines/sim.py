@@ -41,6 +41,7 @@ from llmgw.asgi import (
 from llmgw.domain.model import ROLES
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.engines import EngineError, engine_parser, parse_engine_args
+from llmgw.engines.sim_group import GroupGate, GroupRole, run_group
 from llmgw.engines.sim_requests import (
     check_input,
     check_messages,
@@ -83,6 +84,7 @@ class SimOptions:
     startup_delay: float = 0.0
     fail_start: bool = False
     embedding_dim: int = 16
+    group: GroupRole | None = None  # a member of a multi-node replica (`sim_group`)
 
 
 @dataclass(frozen=True)
@@ -315,13 +317,14 @@ async def serve(
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    app: SimApp | GroupGate | None = None,
 ) -> None:
     """Serve until cancelled, or until `shutdown_trigger` returns (in-flight requests get a grace).
 
     Reports the base URL it listens on (`http://HOST:PORT`, the real port when
-    `opts.port` is 0) through `task_status`.
+    `opts.port` is 0) through `task_status`. `app` replaces the sim's own (a group's gate).
     """
-    app = make_app(opts)
+    served = app or make_app(opts)
     # A separate process: it reads the default table (the gateway's upstream_idle_s is set below its keep-alive).
     config = hypercorn_config(
         opts.host,
@@ -333,7 +336,7 @@ async def serve(
     )
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(
-            partial(hypercorn_serve, app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+            partial(hypercorn_serve, served, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
         )
         logger.info("sim engine %s (role %s) listening on %s", opts.model, opts.role, binds[0])
         task_status.started(binds[0])
@@ -353,6 +356,8 @@ async def _main(opts: SimOptions) -> int:
                     flush=True,
                 )
                 status = FAIL_START_STATUS
+            elif opts.group is not None:
+                status = await run_group(opts.group, opts.model, make_app(opts), partial(serve, opts), stop)
             else:
                 await serve(opts, shutdown_trigger=stop.wait)
             nursery.cancel_scope.cancel()
@@ -392,14 +397,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = engine_parser("sim", prog="llmgw engine sim",
                            description="the simulator: an OpenAI-compatible server with deterministic answers",
                            role_help="guard gives Llama Guard-style answers")
+    group = parser.add_argument_group("multi-node replicas (the sim plays each rank)")
+    group.add_argument("--group-rank", type=int, help="this process's rank; 0 leads and serves")
+    group.add_argument("--group-size", type=int, help="how many ranks the group has")
+    group.add_argument("--group-leader", help="HOST:PORT where rank 0 listens for the others")
     ns, extra = parser.parse_known_args(argv)
     try:
         tunables = parse_engine_args("sim", extra)
-    except EngineError as error:
-        print(f"llmgw sim: {error.message}", file=sys.stderr)
+        role = _group_role(ns.group_rank, ns.group_size, ns.group_leader)
+    except (EngineError, ValueError) as error:
+        print(f"llmgw sim: {getattr(error, 'message', error)}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return run(SimOptions(host=ns.host, port=ns.port, model=ns.model, role=ns.role, **tunables))
+    return run(SimOptions(host=ns.host, port=ns.port, model=ns.model, role=ns.role, group=role, **tunables))
+
+
+def _group_role(rank: int | None, size: int | None, leader: str | None) -> GroupRole | None:
+    if rank is None and size is None and leader is None:
+        return None
+    if rank is None or size is None or leader is None:
+        raise ValueError("--group-rank, --group-size and --group-leader go together")
+    return GroupRole.parse(rank, size, leader)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from llmgw.gateway.checks import (
     model_doc,
     role_words,
 )
+from llmgw.gateway import upstream
 from llmgw.gateway.router import NoEndpoint, Router
 from llmgw.interfaces import StateReader
 from llmgw.logs import request_id_var, role_var
@@ -276,7 +277,7 @@ class GatewayApp:
             ],
         )
         try:
-            response = await self.client.send(request, stream=True)
+            response = await upstream.send(self.client, request)  # once more on a dropped kept-alive connection
         except (httpx.ConnectError, httpx.ConnectTimeout) as error:
             _log.warning("replica %s of model %s cannot be reached: %s", endpoint.replica_id, ex.model, describe(error))
             raise OpenAIError(

@@ -3,12 +3,18 @@
 Level-triggered and pure: each call recomputes, from the whole snapshot and
 what agents report, the commands to commit, the start/stop messages for agents
 and the routing table. Rerunning it on the same input gives the same plan.
+
+A multi-node replica (a group) is one unit here: placed, scaled, failed and removed whole.
+Its members (rank >= 1) start first; rank 0 starts once every member reports starting or
+ready, and is the replica's only endpoint; stops go to rank 0 first. A member that fails
+fails the group: one start failure counted, every member stopped, the group placed again.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from llmgw.domain import commands
 from llmgw.domain.model import ModelDef
@@ -33,10 +39,18 @@ class AgentAction:
     replica_id: str
     model: dict[str, Any] = field(default_factory=dict)  # the definition, for "start"
     gpus: tuple[int, ...] = ()
+    # A group member's start: {"rank", "size", "leader": "host:port", "address": this member's
+    # "host:port" in the group (the leader's port, on its own node: where a llama.cpp rpc-server
+    # listens)}, and for rank 0 "members": the other ranks' addresses in rank order. None when alone.
+    group: dict[str, Any] | None = None
 
     def message(self) -> dict[str, Any]:
         if self.kind == "start":
-            return {"type": "start_replica", "replica_id": self.replica_id, "model": self.model, "gpus": list(self.gpus)}
+            doc = {"type": "start_replica", "replica_id": self.replica_id, "model": self.model,
+                   "gpus": list(self.gpus)}
+            if self.group is not None:
+                doc["group"] = dict(self.group)
+            return doc
         return {"type": "stop_replica", "replica_id": self.replica_id}
 
 
@@ -82,29 +96,48 @@ def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeou
             removed.add(p.replica_id)
             cmds.append(commands.remove_placement(p.replica_id, now, reason=why))
 
-    # 1. Placements that must go: their model went or changed, their node is lost,
-    #    their replica failed to start. Failures are all counted before any
-    #    "ready" is recorded, so the outcome never depends on replica id order.
+    # 1. Replicas that must go: their model went or changed, their node is lost,
+    #    they failed to start (a group: any member). Failures are all counted before
+    #    any "ready" is recorded, so the outcome never depends on replica id order.
     ready_models: set[str] = set()
     last_error: dict[str, str] = {}
-    for p in sorted(state.placements.values(), key=lambda p: p.replica_id):
-        model = state.models.get(p.model)
-        obs = observed.replicas.get(p.replica_id)
+    for unit in units(state.placements.values()):
+        head = unit[0]
+        model = state.models.get(head.model)
+        lost = [p.node for p in unit
+                if p.node not in observed.nodes and now - observed.gone_since(p.node) >= timeouts.lost_node_grace_s]
+        failed = sorted(((o.since, p.rank, p, o) for p in unit
+                         if (o := observed.replicas.get(p.replica_id)) is not None and o.state == "failed"),
+                        key=lambda f: (f[0], f[1]))
+        head_obs = observed.replicas.get(head.replica_id)
+        failure: dict[str, Any] | None = None
         if model is None:
-            remove(p, "model removed")
-        elif p.launch_hash != model.launch_hash():
-            remove(p, "definition changed")
-        elif p.node not in observed.nodes and now - observed.gone_since(p.node) >= timeouts.lost_node_grace_s:
-            remove(p, f"node {p.node} lost")
-        elif obs is not None and obs.state == "failed":
-            remove(p, "start failed")
-            if not state.model_health(p.model).parked:
-                error = obs.error or "engine exited"
-                cmds.append(commands.start_failed(p.model, p.replica_id, error, now))
-                failed_models[p.model] = failed_models.get(p.model, 0) + 1
-                last_error[p.model] = error
-        elif obs is not None and obs.state == "ready":
-            ready_models.add(p.model)
+            why = "model removed"
+        elif head.launch_hash != model.launch_hash():
+            why = "definition changed"
+        elif not complete(unit):
+            why = f"group {head.group} is incomplete"
+        elif lost:
+            why = f"node {lost[0]} lost"
+        elif failed:
+            # The first member to fail is the likely cause (the others follow it out).
+            _, rank, culprit, report = failed[0]
+            error = report.error or "engine exited"
+            if head.group:
+                error = f"rank {rank} of {head.group} (on {culprit.node}) failed: {error}"
+            why = "start failed"
+            if not state.model_health(head.model).parked:
+                failure = commands.start_failed(head.model, culprit.replica_id, error, now)
+                failed_models[head.model] = failed_models.get(head.model, 0) + 1
+                last_error[head.model] = error
+        else:
+            if head.serves and head_obs is not None and head_obs.state == "ready":
+                ready_models.add(head.model)
+            continue
+        for member in unit:
+            remove(member, why)
+        if failure is not None:
+            cmds.append(failure)
     for name in sorted(ready_models):
         health = state.model_health(name)
         if health.failures_in_row and not health.parked and name not in failed_models:
@@ -128,32 +161,42 @@ def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeou
         waiting = name in failed_models or (
             health.failures_in_row > 0 and now - health.last_failure_at < retry_backoff(health.failures_in_row, timeouts)
         )
-        mine = sorted((p for p in live if p.model == name), key=lambda p: (p.placed_at, p.replica_id))
+        mine = sorted(units(p for p in live if p.model == name), key=lambda u: (u[0].placed_at, u[0].replica_id))
         for extra in mine[want:][::-1]:
-            remove(extra, "scaled down")
-            live.remove(extra)
+            for p in extra:
+                remove(p, "scaled down")
+                live.remove(p)
         for _ in range(want - len(mine) if not waiting else 0):
             result = place(model, observed.nodes, live)
             if result.choice is None:
                 unplaceable[name] = result.reason()
                 break
-            pending = Placement(f"(pending-{name}-{len(live)})", name, result.choice.node, result.choice.gpus,
-                                model.launch_hash(), now)
-            live.append(pending)
-            cmds.append(commands.add_placement(name, result.choice.node, result.choice.gpus, model.launch_hash(), now))
+            choice, launch, pending = result.choice, model.launch_hash(), f"(pending-{name}-{len(live)})"
+            if choice.members:
+                members = [(m.node, m.gpus, m.host) for m in choice.members]
+                live.extend(Placement(f"{pending}-r{rank}", name, m.node, m.gpus, launch, now, group=pending,
+                                      rank=rank, group_size=len(members)) for rank, m in enumerate(choice.members))
+                cmds.append(commands.add_group(name, members, launch, now))
+            else:
+                live.append(Placement(pending, name, choice.node, choice.gpus, launch, now))
+                cmds.append(commands.add_placement(name, choice.node, choice.gpus, launch, now))
 
     # 3. Tell agents: start what is placed and not running, stop what runs unplaced.
     actions: list[AgentAction] = []
     kept = {rid: p for rid, p in state.placements.items() if rid not in removed}
-    for rid in sorted(kept):
-        p = kept[rid]
-        obs = observed.replicas.get(rid)
-        if p.node in observed.nodes and (obs is None or obs.state == "stopped"):
-            actions.append(AgentAction(p.node, "start", rid, state.models[p.model].to_doc(), p.gpus))
-    for rid in sorted(observed.replicas):
-        obs = observed.replicas[rid]
-        if rid not in kept and obs.state != "stopped" and obs.node in observed.nodes:
-            actions.append(AgentAction(obs.node, "stop", rid))
+    for unit in units(kept.values()):
+        for p in unit:
+            obs = observed.replicas.get(p.replica_id)
+            if p.node not in observed.nodes or (obs is not None and obs.state != "stopped"):
+                continue
+            if p.group and p.rank == 0 and not all(_running(observed, m) for m in unit[1:]):
+                continue  # rank 0 serves once every member has joined: it starts after them
+            actions.append(AgentAction(p.node, "start", p.replica_id, state.models[p.model].to_doc(), p.gpus,
+                                       _group_doc(p, unit)))
+    # Stops: every rank 0 (and lone replica) first, then the members, whose leader is gone by then.
+    stops = [(rank_of(rid, state), rid, obs.node) for rid, obs in observed.replicas.items()
+             if rid not in kept and obs.state != "stopped" and obs.node in observed.nodes]
+    actions.extend(AgentAction(node, "stop", rid) for _, rid, node in sorted(stops))
 
     views, routes = _views(state, observed, kept, desired, unplaceable, parking)
     return Plan(tuple(cmds), tuple(actions), routes, views, unplaceable)
@@ -171,7 +214,7 @@ def _views(
     views: dict[str, ModelView] = {}
     routes: dict[str, ModelRoute] = {}
     for name, model in sorted(state.models.items()):
-        mine = [p for p in kept.values() if p.model == name]
+        mine = [p for p in kept.values() if p.model == name and p.serves]  # a group counts once, as its rank 0
         obs: list[ReplicaObs] = [o for p in mine if (o := observed.replicas.get(p.replica_id)) is not None]
         ready = sorted((o for o in obs if o.state == "ready" and o.url), key=lambda o: o.replica_id)
         starting = sum(1 for p in mine if (o := observed.replicas.get(p.replica_id)) is None or o.state == "starting")
@@ -210,3 +253,46 @@ def _views(
             reason=reason,
         )
     return views, routes
+
+
+# --- multi-node replicas (groups) -------------------------------------------------------
+
+_MEMBER_ID = re.compile(r"-g\d+-r(\d+)\Z")
+
+
+def units(placements: Iterable[Placement]) -> list[tuple[Placement, ...]]:
+    """Placements as replicas: a lone placement, or a group's members in rank order; by first id."""
+    by_unit: dict[str, list[Placement]] = {}
+    for p in placements:
+        by_unit.setdefault(p.group or p.replica_id, []).append(p)
+    found = [tuple(sorted(ps, key=lambda p: (p.rank, p.replica_id))) for ps in by_unit.values()]
+    return sorted(found, key=lambda u: u[0].replica_id)
+
+
+def complete(unit: tuple[Placement, ...]) -> bool:
+    """A lone replica, or a group with each of its ranks placed once."""
+    return [p.rank for p in unit] == list(range(unit[0].group_size))
+
+
+def rank_of(replica_id: str, state: ClusterState) -> int:
+    """A replica's rank in its group (0 for a lone one), from its placement, else from its id
+    (`<model>-g<n>-r<rank>`, for a replica whose placement is already gone)."""
+    p = state.placements.get(replica_id)
+    if p is not None:
+        return p.rank
+    found = _MEMBER_ID.search(replica_id)
+    return int(found.group(1)) if found else 0
+
+
+def _running(observed: Observed, p: Placement) -> bool:
+    obs = observed.replicas.get(p.replica_id)
+    return obs is not None and obs.state in ("starting", "ready")
+
+
+def _group_doc(p: Placement, unit: tuple[Placement, ...]) -> dict[str, Any] | None:
+    if not p.group:
+        return None
+    doc: dict[str, Any] = {"rank": p.rank, "size": p.group_size, "leader": p.leader, "address": p.address}
+    if p.rank == 0:
+        doc["members"] = [m.address for m in unit[1:]]
+    return doc

@@ -94,6 +94,11 @@ class NodeBuilder:
         self._fabric = name
         return self
 
+    def memory_gib(self, gib: int) -> NodeBuilder:
+        """The machine's own memory (what CPU replicas are sized against); 0 = not said."""
+        self._memory_gib = gib
+        return self
+
     def build(self) -> NodeInfo:
         return NodeInfo(
             node=self._name,

@@ -16,7 +16,7 @@ from typing import Any
 
 from llmgw.net import free_port
 
-__all__ = ["UpProcess", "alive", "children_of", "free_port"]
+__all__ = ["UpProcess", "alive", "children_of", "free_port", "kill_engines_under", "running_under"]
 
 
 def children_of(pid: int) -> set[int]:
@@ -35,6 +35,34 @@ def children_of(pid: int) -> set[int]:
                     found.add(int(k))
                     todo.append(int(k))
     return found
+
+
+def running_under(root: Path) -> list[int]:
+    """Processes whose working directory lies under `root`: the engines a test's agents started
+    (each engine runs in its agent's `engines/` directory), found even once their agent is gone
+    (an agent that adopts leaves them running by design)."""
+    root = root.resolve()
+    found = []
+    for cwd in Path("/proc").glob("[0-9]*/cwd"):
+        try:
+            where = Path(os.readlink(cwd).removesuffix(" (deleted)"))
+        except OSError:
+            continue
+        if where == root or root in where.parents:
+            found.append(int(cwd.parent.name))
+    return [pid for pid in found if pid != os.getpid()]
+
+
+def kill_engines_under(root: Path) -> list[int]:
+    """SIGKILL what `running_under(root)` finds; returns the pids killed."""
+    killed = []
+    for pid in running_under(root):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
+    return killed
 
 
 def alive(pid: int) -> bool:

@@ -153,7 +153,7 @@ class Followers:
         env = {**os.environ, "LLMGW_KEY": cluster.admin_key}
         self.gateway_port = free_port()
         self.logs = (root / "agent.log").open("ab"), (root / "gateway.log").open("ab")
-        self.agent = subprocess.Popen([sys.executable, "-m", "llmgw", "agent", *urls, "--state-dir", str(root / "agent"),
+        self.agent = subprocess.Popen([sys.executable, "-m", "llmgw", "agent", "--stop-engines-on-exit", *urls, "--state-dir", str(root / "agent"),
                                        "--node", "bench-node"], stdout=self.logs[0], stderr=subprocess.STDOUT, env=env)
         self.gateway = subprocess.Popen([sys.executable, "-m", "llmgw", "gateway", *urls, "--listen",
                                          f"127.0.0.1:{self.gateway_port}"], stdout=self.logs[1],

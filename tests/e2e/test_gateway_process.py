@@ -34,7 +34,7 @@ def test_a_gateway_process_serves_through_the_leader(tmp_path: Path) -> None:
     control = start(["control", "--state-dir", str(tmp_path / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
                      "--admin-addr", f"127.0.0.1:{admin_port}"],
                     {"LLMGW_ADMIN_KEY": ADMIN}, logs["control"])
-    agent = start(["agent", "--control", admin_url, "--state-dir", str(tmp_path / "agent"), "--node", "worker-1"],
+    agent = start(["agent", "--stop-engines-on-exit", "--control", admin_url, "--state-dir", str(tmp_path / "agent"), "--node", "worker-1"],
                   {"LLMGW_KEY": ADMIN}, logs["agent"])
     # The first --control URL is dead: the gateway moves on to the one that answers.
     gateway = start(["gateway", "--control", f"http://127.0.0.1:{free_port()}", "--control", admin_url,

@@ -32,7 +32,7 @@ def test_control_and_agent_processes(tmp_path: Path) -> None:
     admin_url = f"http://127.0.0.1:{admin_port}"
     control = start(["control", "--state-dir", str(tmp_path / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
                      "--admin-addr", f"127.0.0.1:{admin_port}"], {"LLMGW_ADMIN_KEY": ADMIN}, tmp_path / "control.log")
-    agent = start(["agent", "--control", admin_url, "--state-dir", str(tmp_path / "agent"), "--node", "worker-1"],
+    agent = start(["agent", "--stop-engines-on-exit", "--control", admin_url, "--state-dir", str(tmp_path / "agent"), "--node", "worker-1"],
                   {"LLMGW_KEY": ADMIN}, tmp_path / "agent.log")
     engines: set[int] = set()
     try:

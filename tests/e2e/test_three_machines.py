@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmgw.testing.processes import free_port
+from llmgw.testing.processes import free_port, kill_engines_under
 
 pytestmark = pytest.mark.slow
 
@@ -116,11 +116,14 @@ def stop_group(pgid: int) -> None:
 
 
 @pytest.fixture
-def groups() -> Iterator[list[int]]:
+def groups(tmp_path: Path) -> Iterator[list[int]]:
     started: list[int] = []
     yield started
     for pgid in started:
         stop_group(pgid)
+    # The quickstart's agents keep their engines when they stop (the next agent adopts them):
+    # once the machines are gone, so are their engines.
+    kill_engines_under(tmp_path)
 
 
 def test_the_quickstart_three_machines_run_as_written(tmp_path: Path, groups: list[int]) -> None:

@@ -33,8 +33,8 @@ pytestmark = pytest.mark.slow
 
 ADMIN = "sk-admin-agent-follow"
 # Reconnects that take no backoff worth waiting for; a leader that goes quiet is left within 0.5 s.
-FAST = dataclasses.replace(TIMEOUTS, agent_reconnect_min_s=0.05, agent_reconnect_max_s=0.2, agent_silence_s=0.5,
-                           agent_heartbeat_s=0.1, agent_stream_silence_s=0.5, stream_heartbeat_s=0.1)
+FAST = dataclasses.replace(TIMEOUTS, agent_reconnect_min_s=0.05, agent_reconnect_max_s=0.2, agent_connect_s=0.5,
+                           stream_heartbeat_s=0.15)
 PROBE = FakeGpuProbe(NodeInfo("x", hostname="test-node", cpus=2, engines=("sim",)))
 
 
@@ -123,21 +123,21 @@ async def test_an_agent_leaves_a_leader_that_steps_down_or_goes_silent(tmp_path:
         assert sessions == ["steps down", "silent"]
         # The leader's heartbeats keep it there: no stream is dropped for silence while it lives.
         connected_at = leader.hub.connected_at["n1"]
-        await trio.sleep(FAST.agent_silence_s * 4)
+        await trio.sleep(FAST.stream_silence_s * 4)
         assert leader.hub.connected_at["n1"] == connected_at and "n1" in leader.hub.links
         nursery.cancel_scope.cancel()
 
 
 async def test_a_leader_drops_an_agent_that_goes_silent(leader: ControlHandle) -> None:
     """A machine that vanishes closes no connection: the leader drops the stream of an agent
-    that said nothing for `agent_stream_silence_s`, so its replicas leave the routes."""
+    that said nothing for `stream_silence_s`, so its replicas leave the routes."""
     url = leader.admin_url.replace("http://", "ws://") + protocol.STREAM_PATH
     async with open_websocket_url(url, extra_headers=[(b"authorization", f"Bearer {ADMIN}".encode())]) as ws:
         await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "node": "mute"}))
         await ws.send_message(protocol.dumps({"type": "inventory", "inventory": PROBE.inventory("mute").to_doc()}))
         assert protocol.loads(await ws.get_message())["type"] == "welcome"
         assert "mute" in leader.hub.links
-        with trio.fail_after(FAST.agent_stream_silence_s * 10):
+        with trio.fail_after(FAST.stream_silence_s * 10):
             while "mute" not in leader.hub.lost:
                 await trio.sleep(0.02)
         assert "mute" not in leader.hub.links

@@ -110,7 +110,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
                   "--admin-addr", m.url.removeprefix("http://"),
                   *[a for o in members if o is not m for a in ("--peer", o.raft_addr)]]
     gw_port = free_port()
-    agent = Proc("agent", ["agent", *urls, "--state-dir", str(tmp_path / "agent"), "--node", "worker-1"],
+    agent = Proc("agent", ["agent", "--stop-engines-on-exit", *urls, "--state-dir", str(tmp_path / "agent"), "--node", "worker-1"],
                  tmp_path / "agent.log", {"LLMGW_KEY": ADMIN})
     gateway = Proc("gateway", ["gateway", *urls, "--listen", f"127.0.0.1:{gw_port}", "--name", "gw-1"],
                    tmp_path / "gateway.log", {"LLMGW_KEY": ADMIN})

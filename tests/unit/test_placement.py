@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
 from hypothesis import given, settings
@@ -43,6 +44,19 @@ def test_cpu_profile_never_takes_a_gpu_even_when_all_are_free():
     llama = model("small").llamacpp().cpu().build()
     result = place(llama, fleet(node("g").gpus(2).engines("llama.cpp")), [])
     assert result.choice is not None and result.choice.gpus == ()
+
+
+def test_cpu_replica_is_sized_against_the_node_memory():
+    llama = model("small").llamacpp().cpu().memory(24).build()
+    small = node("small").memory_gib(16).engines("llama.cpp").build()
+    large = node("large").memory_gib(64).engines("llama.cpp").build()
+    result = place(llama, fleet(small, large), [])
+    assert result.choice is not None and result.choice.node == "large"
+    (refusal,) = result.refusals
+    assert (refusal.node, refusal.verdict, refusal.code) == ("small", NEVER, "cpu_memory")
+    assert refusal.message == "needs 24 GiB of memory, node has 16.0 GiB"
+    unknown = node("unknown").memory_gib(0).engines("llama.cpp").build()  # said nothing: not refused on a guess
+    assert place(llama, fleet(unknown), []).choice is not None
 
 
 def test_missing_engine_is_not_now_with_a_hint():
@@ -113,11 +127,14 @@ def test_gpus_busy_is_not_now_but_too_few_is_never():
     assert (few.verdict, few.code) == (NEVER, "gpu_count")
 
 
-def test_multi_node_replicas_are_refused_for_now():
+def test_multi_node_replicas_need_nodes_with_a_fabric():
+    # The rest of multi-node placement: tests/unit/test_group_placement.py.
     m = model("big").vllm().build()
     m = ModelDef.from_doc({**m.to_doc(), "profile": {"gpus": 2, "tp": 4, "nodes": 2}})
-    refusal = only_refusal(place(m, fleet(node("n").gpus(8).engines("vllm")), []))
-    assert (refusal.verdict, refusal.code) == (NEVER, "multi_node")
+    result = place(m, fleet(node("n").gpus(8).engines("vllm")), [])
+    refusal = only_refusal(result)
+    assert (refusal.verdict, refusal.code) == (NEVER, "no_fabric")
+    assert result.reason().startswith("no fabric with 2 free whole nodes: no node has a fabric configured")
 
 
 def test_unhealthy_gpus_are_neither_used_nor_free():
@@ -197,6 +214,77 @@ def test_planner_offers_one_mig_instance_or_none():
     assert result.choice is None
 
 
+def card(index: int, cls: str = "a100-80g", *, healthy: bool = True, placeable: bool = True, reason: str = "",
+         memory_gib: float = 80) -> Gpu:
+    return Gpu(index, f"GPU-{index}", cls.upper(), cls, int(memory_gib * GIB), 0, healthy, reason, placeable)
+
+
+def instance(card_index: int, n: int, profile: str = "3g.40gb", memory_gib: float = 40) -> Gpu:
+    return Gpu(1000 + 100 * card_index + n, f"MIG-{card_index}-{n}", f"A100 MIG {profile}",
+               f"a100-80g-mig-{profile}", int(memory_gib * GIB), 0, mig_profile=profile, parent_index=card_index)
+
+
+MIG_ON = "MIG mode is on: its instances are placed instead"
+
+
+def with_gpus(name: str, *gpus: Gpu, engines: tuple[str, ...] = ("vllm",)) -> NodeInfo:
+    return NodeInfo(name, hostname=name, gpus=gpus, engines=engines)
+
+
+def test_a_mig_card_with_nothing_carved_is_refused_with_the_probes_reason():
+    empty = with_gpus("m", card(0, placeable=False, reason="0: MIG mode is on but no instances are carved"))
+    refusal = only_refusal(place(GPU_MODEL.build(), fleet(empty), []))
+    # Not NEVER: carving instances (or turning MIG off) makes it fit.
+    assert (refusal.verdict, refusal.code) == (NOT_NOW, "gpus_unusable")
+    assert "0: MIG mode is on but no instances are carved" in refusal.message
+    assert "needs 1 usable GPUs, 0 usable now" in refusal.message
+
+
+def test_a_card_whose_mig_mode_change_is_pending_is_never_chosen():
+    pending = card(1, placeable=False, reason="a MIG mode change is pending: reset the GPU")
+    result = place(GPU_MODEL.build(), fleet(with_gpus("n", pending, card(2))), [])
+    assert result.choice is not None and result.choice.gpus == (2,)
+    refusal = only_refusal(place(GPU_MODEL.build(), fleet(with_gpus("n", pending, card(2))), [on("n", 2)]))
+    # The pending card is neither used nor free: one usable GPU, and it is busy.
+    assert (refusal.code, refusal.message) == ("gpus_busy", "needs 1 free GPUs, 0 free")
+
+
+def test_the_mig_parent_card_is_never_placed_its_instances_are():
+    node_ = with_gpus("m", card(0, placeable=False, reason=MIG_ON), instance(0, 0), instance(0, 1))
+    whole = model("big").vllm().gpus(1).classes("a100-80g").build()
+    refusal = only_refusal(place(whole, fleet(node_), []))
+    assert refusal.code == "gpus_unusable" and MIG_ON in refusal.message
+    any_device = place(GPU_MODEL.build(), fleet(node_), [])
+    assert any_device.choice is not None and any_device.choice.gpus == (1000,)
+
+
+def test_one_mig_instance_per_replica():
+    node_ = with_gpus("m", card(0, placeable=False, reason=MIG_ON), instance(0, 0), instance(0, 1))
+    m = model("small").vllm().gpus(1).classes("a100-80g-mig-3g.40gb").build()
+    placements: list[Placement] = []
+    for n in range(2):
+        choice = place(m, fleet(node_), placements).choice
+        assert choice is not None and len(choice.gpus) == 1
+        placements.append(Placement(f"small-r{n}", "small", "m", choice.gpus, "h", 0))
+    assert [p.gpus for p in placements] == [(1000,), (1001,)]
+    assert only_refusal(place(m, fleet(node_), placements)).code == "gpus_busy"
+
+
+def test_tensor_or_pipeline_parallel_on_a_mig_class_is_refused_here_too():
+    # Validation refuses it; a definition built around validation is refused by placement as well.
+    base = model("big").vllm().gpus(1).classes("a100-80g-mig-3g.40gb").build()
+    node_ = with_gpus("m", instance(0, 0), instance(0, 1))
+    for profile in (replace(base.profile, tp=2, gpus=2), replace(base.profile, pp=2, nodes=2, gpus=1)):
+        refusal = only_refusal(place(replace(base, profile=profile), fleet(node_), []))
+        assert (refusal.verdict, refusal.code) == (NEVER, "mig_single")
+
+
+def test_unhealthy_reason_reaches_the_refusal():
+    sick = card(0, healthy=False, reason="uncorrectable ECC errors (volatile: 2)")
+    refusal = only_refusal(place(GPU_MODEL.build(), fleet(with_gpus("n", sick)), []))
+    assert refusal.code == "gpus_unhealthy" and "0: uncorrectable ECC errors (volatile: 2)" in refusal.message
+
+
 def test_a_mig_instance_is_placed_like_a_gpu():
     mig = node("m").mig(0, "a100-80g", ("3g.40gb", 40), ("3g.40gb", 40)).engines("vllm")
     m = model("big").vllm().gpus(1).classes("a100-80g-mig-3g.40gb").build()
@@ -254,12 +342,24 @@ MEMORY = {"h100-80g": 80, "a100-40g": 40, "l4-24g": 24}
 
 @st.composite
 def gpu_nodes(draw: st.DrawFn, name: str) -> NodeInfo:
+    """Whole cards, some unhealthy or not placeable (a pending MIG mode change), and MIG cards
+    listed as an unplaceable parent plus their instances (some unhealthy)."""
     count = draw(st.integers(0, 8))
     gpus = []
     for index in range(count):
         cls = draw(st.sampled_from(CLASSES))
         healthy = draw(st.integers(0, 3)) > 0
-        gpus.append(Gpu(index, f"GPU-{name}-{index}", cls, cls, MEMORY[cls] * GIB, 0, healthy))
+        placeable = draw(st.integers(0, 5)) > 0
+        if draw(st.integers(0, 4)) == 0:  # a card in MIG mode: its instances are the devices
+            gpus.append(Gpu(index, f"GPU-{name}-{index}", cls, cls, MEMORY[cls] * GIB, 0, healthy,
+                            "MIG mode is on", False))
+            for n in range(draw(st.integers(0, 3))):
+                mig = f"{cls}-mig-1g.10gb"
+                gpus.append(Gpu(1000 + 100 * index + n, f"MIG-{name}-{index}-{n}", mig, mig, 10 * GIB, 0,
+                                draw(st.integers(0, 5)) > 0, mig_profile="1g.10gb", parent_index=index))
+            continue
+        gpus.append(Gpu(index, f"GPU-{name}-{index}", cls, cls, MEMORY[cls] * GIB, 0, healthy,
+                        "" if placeable else "a MIG mode change is pending", placeable))
     engines = draw(st.lists(st.sampled_from(["vllm", "llama.cpp", "sim"]), unique=True, min_size=1))
     return NodeInfo(name, gpus=tuple(gpus), engines=tuple(engines))
 
@@ -281,6 +381,8 @@ def gpu_models(draw: st.DrawFn, name: str = "m") -> ModelDef:
     b = b.gpus(gpus)
     if draw(st.booleans()):
         b = b.classes(*draw(st.lists(st.sampled_from(CLASSES), min_size=1, max_size=2, unique=True)))
+    elif gpus == 1 and draw(st.integers(0, 3)) == 0:
+        b = b.classes(draw(st.sampled_from(CLASSES)) + "-mig-1g.10gb")
     if draw(st.booleans()):
         b = b.memory(draw(st.sampled_from([10, 30, 50, 70, 100, 200])) * gpus / 2)
     if draw(st.integers(0, 9)) == 0:
@@ -293,8 +395,8 @@ def existing_placements(draw: st.DrawFn, nodes: Mapping[str, NodeInfo]) -> list[
     """Other models' placements that never overlap (the reconciler's invariant)."""
     out = []
     for name, info in sorted(nodes.items()):
-        healthy = [g.index for g in info.gpus if g.healthy]
-        taken = draw(st.lists(st.sampled_from(healthy), unique=True)) if healthy else []
+        usable = [g.index for g in info.gpus if g.usable]
+        taken = draw(st.lists(st.sampled_from(usable), unique=True)) if usable else []
         for n, index in enumerate(taken):
             out.append(Placement(f"other-r{name}{n}", "other", name, (index,), "h", 0))
     return out
@@ -313,6 +415,8 @@ def oracle_fits(m: ModelDef, info: NodeInfo, used: set[int]) -> bool:
     for combo in itertools.combinations(info.gpus, prof.gpus):
         if all(
             g.healthy
+            and g.placeable
+            and (prof.gpus == 1 or "-mig-" not in g.gpu_class)
             and g.index not in used
             and (not prof.classes or g.gpu_class in prof.classes)
             and g.memory_total >= int(need)
@@ -334,6 +438,8 @@ def check_choice(m: ModelDef, info: NodeInfo, used: set[int], choice: Choice) ->
     for index in choice.gpus:
         g = by_index[index]
         assert g.healthy, "never an unhealthy GPU"
+        assert g.placeable, "never a device that is not placeable (a MIG parent, a pending mode change)"
+        assert prof.gpus == 1 or "-mig-" not in g.gpu_class, "one MIG instance per replica, never more"
         assert index not in used, "never a GPU twice on a node"
         assert not prof.classes or g.gpu_class in prof.classes
         assert g.memory_total >= int(prof.memory_gib * GIB / prof.gpus)

@@ -132,6 +132,18 @@ def test_scaling_to_nothing_is_refused() -> None:
         TIMEOUTS.scaled(0)
 
 
+def test_overrides_for_processes_name_fields_and_seconds() -> None:
+    """LLMGW_TIMEOUTS, as `llmgw control` and `llmgw agent` read it."""
+    fast = TIMEOUTS.overridden(" stream_heartbeat_s=0.25, lost_node_grace_s=1 ,")
+    assert (fast.stream_heartbeat_s, fast.stream_silence_s, fast.lost_node_grace_s) == (0.25, 0.75, 1.0)
+    assert fast.start_resend_s == TIMEOUTS.start_resend_s
+    assert TIMEOUTS.stream_silence_s == 3 * TIMEOUTS.stream_heartbeat_s, "a silent peer is gone in three beats"
+    for bad, why in (("stream_heartbeat=1", "NAME=SECONDS"), ("stream_heartbeat_s", "NAME=SECONDS"),
+                     ("stream_heartbeat_s=soon", "not a number"), ("stream_heartbeat_s=0", "positive")):
+        with pytest.raises(ValueError, match=why):
+            TIMEOUTS.overridden(bad)
+
+
 # --- no timeout lives outside the table -------------------------------------------------------------
 
 

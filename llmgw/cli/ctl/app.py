@@ -20,6 +20,7 @@ from llmgw.cli.ctl.session import Io, Session
 COMMAND_GROUPS = (
     "members",
     "models",
+    "nodes",
     "settings",
     "status",
 )

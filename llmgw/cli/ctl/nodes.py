@@ -1,0 +1,139 @@
+"""The `nodes` commands: every node the leader knows (connected, disconnected within its grace
+period, or lost), with its GPUs, engines and storage; and forgetting a lost one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import cyclopts
+
+from llmgw.cli.ctl.errors import EXIT_OK
+from llmgw.cli.ctl.render import cell, clean, dig, table
+from llmgw.cli.ctl.session import SessionParam, api_path
+
+
+def register(app: cyclopts.App) -> None:
+    app.command(nodes_app)
+
+
+nodes_app = cyclopts.App(name="nodes", help="The nodes (agents) the leader knows; forget a lost one.")
+
+
+@nodes_app.default
+def nodes(*, session: SessionParam) -> int:
+    """Every node: state, address, fabric, GPUs (card/migN, class, health), engines, storage."""
+    return nodes_list(session=session)
+
+
+@nodes_app.command(name="list")
+def nodes_list(*, session: SessionParam) -> int:
+    """Every node: state, address, fabric, GPUs (card/migN, class, health), engines, storage."""
+    _, doc = session.request("GET", api_path("nodes"))
+    session.show(doc, render_nodes)
+    return EXIT_OK
+
+
+@nodes_app.command(name="forget")
+def nodes_forget(name: str, /, *, session: SessionParam) -> int:
+    """Forget a lost node (gone past its grace period); a connected one is refused. A forgotten
+    node whose agent connects again simply reappears.
+
+    Parameters
+    ----------
+    name
+        The node's name, as `llmgw ctl nodes` lists it.
+    """
+    _, doc = session.request("DELETE", api_path("nodes", name))
+    session.show(doc, lambda d: f"forgot node {cell(dig(d, 'forgotten'))}")
+    return EXIT_OK
+
+
+# --- rendering: pure functions of the JSON; unknown is `-`, never 0 --------------------------------
+
+
+def render_nodes(doc: Mapping[str, Any]) -> str:
+    nodes = dig(doc, "nodes")
+    if not isinstance(nodes, list) or not nodes:
+        return "no nodes known: start an agent (`llmgw agent --control URL ...`)"
+    out = [table(["NODE", "STATE", "SINCE", "ADDRESS", "FABRIC", "VERSION", "CPUS", "GPUS", "ENGINES"],
+                 [[n.get("node"), n.get("state"), _since(n), n.get("address"), n.get("fabric"), n.get("version"),
+                   n.get("cpus") or None, _gpu_count(n.get("gpus")), _engines(n)]
+                  for n in nodes if isinstance(n, Mapping)])]
+    for n in nodes:
+        if not isinstance(n, Mapping):
+            continue
+        gpus, storage, warnings = n.get("gpus"), n.get("storage"), n.get("warnings")
+        if isinstance(gpus, list) and gpus:
+            out += ["", f"{cell(n.get('node'))}: GPUs",
+                    _indent(table(["GPU", "CLASS", "MEMORY", "HEALTH", "PLACEABLE", "REASON"],
+                                  [[_label(g), g.get("gpu_class"), _gib(g.get("memory_total")), _health(g),
+                                    g.get("placeable"), g.get("reason")] for g in gpus if isinstance(g, Mapping)]))]
+        if isinstance(storage, list) and storage:
+            out += ["", f"{cell(n.get('node'))}: storage",
+                    _indent(table(["FABRIC", "PATH", "SHARED", "MODELS", "NOT WEIGHTS", "PROBLEM"],
+                                  [_storage_row(s) for s in sorted(storage, key=_fabric) if isinstance(s, Mapping)]))]
+        if isinstance(warnings, list) and warnings:
+            out += ["", *(f"warning: node {cell(n.get('node'))}: {clean(str(w))}" for w in warnings)]
+    lost = [n for n in nodes if isinstance(n, Mapping) and n.get("state") == "lost"]
+    if lost:
+        out += ["", "lost nodes stay listed until forgotten: `llmgw ctl nodes forget NAME`"]
+    return "\n".join(out)
+
+
+def _since(n: Mapping[str, Any]) -> str | None:
+    gone, grace = n.get("gone_for_s"), n.get("grace_s")
+    if n.get("state") == "connected" or not isinstance(gone, (int, float)):
+        return None
+    text = f"gone {gone:.0f} s"
+    if isinstance(grace, (int, float)):
+        text += f" (grace {grace:g} s)" if n.get("state") == "lost" else f" (lost in {max(grace - gone, 0):.0f} s)"
+    return text
+
+
+def _gpu_count(gpus: Any) -> str | None:
+    if not isinstance(gpus, list):
+        return None  # not reported (a node that is gone): unknown, not 0
+    usable = [g for g in gpus if isinstance(g, Mapping) and g.get("healthy") is not False and g.get("placeable")
+              is not False]
+    return f"{len(usable)}/{len(gpus)} usable" if gpus else "0 (CPU)"
+
+
+def _engines(n: Mapping[str, Any]) -> str | None:
+    versions = n.get("engine_versions")
+    if isinstance(versions, Mapping) and versions:
+        return ", ".join(f"{name} {version}" if version else str(name) for name, version in sorted(versions.items()))
+    engines = n.get("engines")
+    return ", ".join(str(e) for e in engines) if isinstance(engines, list) and engines else None
+
+
+def _label(g: Mapping[str, Any]) -> Any:
+    return g.get("label") if g.get("label") is not None else g.get("index")
+
+
+def _health(g: Mapping[str, Any]) -> str | None:
+    healthy = g.get("healthy")
+    return None if healthy is None else ("healthy" if healthy else "unhealthy")
+
+
+def _gib(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return f"{value / 2**30:.1f} GiB"
+
+
+def _fabric(s: Any) -> str:
+    return str(dig(s, "fabric") or "")
+
+
+def _storage_row(s: Mapping[str, Any]) -> list[Any]:
+    models, rejected = s.get("models"), s.get("not_weights")
+    count = len(models) if isinstance(models, list) else None
+    omitted = s.get("omitted")
+    omitted = omitted if isinstance(omitted, int) else 0
+    refused = len(rejected) + omitted if isinstance(rejected, list) else None
+    return [s.get("fabric"), s.get("path"), s.get("shared"), count, refused, s.get("error")]
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())

@@ -1,0 +1,167 @@
+"""The leader's end of each agent's stream (`protocol.STREAM_PATH`): hello and inventory, then
+reports in and commands out, with heartbeats both ways; and its WebSocket route.
+
+Every message is checked against its schema (`llmgw.protocol_agent`): a malformed one is logged
+and answered with `rejected`, and the stream goes on; an agent silent for `stream_silence_s`
+(three heartbeat intervals) is taken for gone, and its node's grace period starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
+
+import trio
+from quart import Response, websocket
+
+from llmgw import protocol
+from llmgw import protocol_agent as pa
+from llmgw.control.hub import AgentHub, AgentLink
+from llmgw.domain.observed import NodeInfo
+from llmgw.domain.keys import hash_key
+from llmgw.errors import AdminError
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from llmgw.control.admin import ControlDeps
+
+log = logging.getLogger("llmgw.control.agents")
+
+Receive = Callable[[], Awaitable[str | bytes]]
+Send = Callable[[str], Awaitable[None]]
+
+
+def register(app: QuartTrio, deps: ControlDeps) -> None:
+    """Add the agents' stream route to the admin app."""
+
+    @app.websocket(protocol.STREAM_PATH)
+    async def agent_stream() -> Any:
+        refusal = authenticate_stream(deps, websocket.headers)
+        if refusal is not None:
+            return Response(json.dumps(refusal.doc()), status=refusal.status, content_type="application/json")
+        await websocket.accept()
+
+        async def send(text: str) -> None:
+            await websocket.send(text)
+
+        await session(websocket.receive, send, deps.hub, is_leader=deps.store.is_leader,
+                      leader_info=deps.store_status, self_id=deps.self_id)
+        return None
+
+
+def authenticate_stream(deps: ControlDeps, headers: Any) -> AdminError | None:
+    """The one check for a stream to control (agents and gateways): an admin key for now;
+    per-role credentials come later."""
+    scheme, _, key = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key:
+        return AdminError(401, "unauthorized", "send the admin key as 'Authorization: Bearer <key>'")
+    if deps.store.snapshot().key_role(hash_key(key.strip())) != "admin":
+        return AdminError(401, "unauthorized", "this key is not an admin key of this cluster")
+    return None
+
+
+async def session(receive: Receive, send: Send, hub: AgentHub, *, is_leader: Callable[[], bool],
+                  leader_info: Callable[[], Mapping[str, Any]], self_id: str) -> None:
+    """One agent's stream, until it closes, goes silent, or the hub lets it go. Never raises for
+    what the agent sent: a bad opening is refused (with the reason), a bad report is rejected."""
+    opened = None
+    with trio.move_on_after(hub.silence_s):
+        opened = await _opening(receive, send, is_leader, leader_info)
+    if opened is None:
+        return
+    node, inventory = opened
+    send_channel, receive_channel = trio.open_memory_channel[dict[str, Any]](256)
+    link = hub.connect(node, send_channel)
+    try:
+        hub.report_inventory(link, inventory)
+        await send(protocol.dumps({"type": "welcome", "node": node, "leader": self_id}))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_outbound, send, receive_channel, hub.heartbeat_s, nursery.cancel_scope)
+            await _inbound(receive, hub, link)
+            nursery.cancel_scope.cancel()
+    finally:
+        hub.disconnect(link)
+
+
+async def _opening(receive: Receive, send: Send, is_leader: Callable[[], bool],
+                   leader_info: Callable[[], Mapping[str, Any]]) -> tuple[str, NodeInfo] | None:
+    """The hello and the first inventory: the node's name and inventory, or None once refused."""
+
+    async def refuse(reason: str, **extra: Any) -> None:
+        await send(protocol.dumps({"type": "refused", "reason": reason, **extra}))
+
+    try:
+        hello = pa.read_up(protocol.loads(await receive()), "")
+    except protocol.ProtocolError as e:
+        await refuse(f"a bad hello: {e}")
+        return None
+    if not isinstance(hello, pa.Hello) or hello.protocol != protocol.PROTOCOL_VERSION:
+        await refuse(f"unsupported protocol: this control speaks agent protocol {protocol.PROTOCOL_VERSION}, "
+                     f"and a stream opens with a hello")
+        return None
+    if not is_leader():
+        status = leader_info()  # `leader_url`: where the agent goes next, once the leader announced it
+        await refuse("not the leader", leader=status.get("leader"), leader_url=status.get("leader_url"))
+        return None
+    try:
+        first = pa.read_up(protocol.loads(await receive()), hello.node)
+    except protocol.ProtocolError as e:
+        log.warning("node %s opened its stream with a bad inventory: %s", hello.node, e)
+        await refuse(f"a bad inventory: {e}")
+        return None
+    if not isinstance(first, pa.Inventory):
+        await refuse("expected an inventory after the hello")
+        return None
+    return hello.node, first.inventory
+
+
+async def _outbound(send: Send, messages: trio.MemoryReceiveChannel[dict[str, Any]], heartbeat_s: float,
+                    done: trio.CancelScope) -> None:
+    async with messages:
+        while True:
+            # A heartbeat when there is nothing to say: the agent tells a quiet leader from a dead one.
+            message: dict[str, Any] = {"type": "heartbeat"}
+            with trio.move_on_after(heartbeat_s):
+                try:
+                    message = await messages.receive()
+                except trio.EndOfChannel:
+                    break
+            await send(protocol.dumps(message))
+    done.cancel()  # the hub closed this link (a newer stream, or this member stepped down)
+
+
+async def _inbound(receive: Receive, hub: AgentHub, link: AgentLink) -> None:
+    node = link.node
+    while True:
+        # An agent whose machine vanished (or stopped) closes nothing: its silence is how the leader learns.
+        with trio.move_on_after(hub.silence_s) as quiet:
+            raw = await receive()
+        if quiet.cancelled_caught:
+            log.warning("node %s said nothing for %g s (%d heartbeat intervals): closing its stream; its grace "
+                        "period starts", node, hub.silence_s, round(hub.silence_s / hub.heartbeat_s))
+            return
+        hub.heard(link)
+        kind = "?"
+        decoded: dict[str, Any] = {}
+        try:
+            decoded = protocol.loads(raw)
+            kind = str(decoded.get("type"))
+            message = pa.read_up(decoded, node)
+        except protocol.ProtocolError as e:
+            log.warning("node %s sent a malformed %s message, refused: %s", node, kind, e)
+            hub.send(node, pa.Rejected(kind, str(e), pa.replica_id_of(decoded)).to_doc())
+            continue
+        if isinstance(message, pa.Replicas):
+            hub.report_replicas(link, list(message.replicas))
+        elif isinstance(message, pa.Inventory):
+            hub.report_inventory(link, message.inventory)
+        elif isinstance(message, pa.Rejected):
+            log.warning("node %s refused a %s message%s: %s", node, message.message_type,
+                        f" for {message.replica_id}" if message.replica_id else "", message.reason)
+        elif isinstance(message, pa.Hello):
+            hub.send(node, pa.Rejected("hello", "hello is the first message of a stream only").to_doc())
+        elif isinstance(message, pa.Unknown):
+            log.debug("node %s sent a message of a type this control does not know: %r", node, message.type)
+        # A heartbeat records only the contact: traffic on the stream, so a dead connection shows.

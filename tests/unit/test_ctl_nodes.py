@@ -1,0 +1,88 @@
+"""`llmgw ctl nodes` (each node: state and since when, address, fabric, GPUs by card/migN with
+class and health, engines with versions, storage per fabric; unknown is `-`) and
+`ctl nodes forget NAME` (the request it sends, the refusal it shows)."""
+
+from __future__ import annotations
+
+import json
+
+from ctl_fakes import FakeApi, columns, ctl
+
+GIB = 2**30
+
+NODES = {"nodes": [
+    {"node": "gpu-01", "state": "connected", "connected": True, "hostname": "gpu-01.lab", "address": "10.0.0.11",
+     "fabric": "ib-a", "version": "0.4.0", "cpus": 64, "memory_total": 512 * GIB, "gone_for_s": None, "grace_s": 30.0,
+     "engines": ["sim", "vllm"], "engine_versions": {"sim": "0.4.0", "vllm": "0.6.3", "llama.cpp": ""},
+     "gpus": [
+         {"index": 0, "label": "0", "gpu_class": "h100-80g", "memory_total": 80 * GIB, "healthy": True,
+          "placeable": True, "reason": ""},
+         {"index": 1, "label": "1", "gpu_class": "a100-80g", "memory_total": 80 * GIB, "healthy": True,
+          "placeable": False, "reason": "MIG mode: its instances are placed"},
+         {"index": 1101, "label": "1/mig1", "gpu_class": "a100-80g-mig-3g.40gb", "memory_total": 40 * GIB,
+          "healthy": False, "placeable": True, "reason": "uncorrectable ECC errors: 3"},
+     ],
+     "storage": [
+         {"path": "/nfs/models", "fabric": "ib-a", "shared": True, "error": "",
+          "models": [{"name": "llama-8b", "path": "/nfs/models/llama-8b", "kind": "safetensors", "size": 1}],
+          "not_weights": [{"path": "/nfs/models/partial", "reason": "index lists a missing file"}]},
+         {"path": "/data", "fabric": "eth", "shared": False, "error": "the directory vanished mid-scan",
+          "models": [], "not_weights": []},
+     ],
+     "warnings": ["nvidia-smi is missing: the NVML path alone was tried"]},
+    # lost: nothing it said is known any more, but that it was there and since when
+    {"node": "gpu-02", "state": "lost", "connected": False, "hostname": None, "address": None, "fabric": None,
+     "version": None, "cpus": None, "gone_for_s": 95.4, "grace_s": 30.0, "engines": None, "engine_versions": None,
+     "gpus": None, "storage": None, "warnings": None},
+    {"node": "gpu-03", "state": "disconnected", "connected": False, "gone_for_s": 12.0, "grace_s": 30.0,
+     "gpus": None},
+]}
+
+
+def test_nodes_lists_each_node_with_its_gpus_engines_and_storage() -> None:
+    for argv in (["nodes"], ["nodes", "list"]):
+        r = ctl(argv, FakeApi().on("GET", "/api/v1/nodes", json_body=NODES))
+        assert r.rc == 0, r.err
+        rows = columns(r.out, "NODE ")
+        assert rows[0] == ["NODE", "STATE", "SINCE", "ADDRESS", "FABRIC", "VERSION", "CPUS", "GPUS", "ENGINES"]
+        assert rows[1] == ["gpu-01", "connected", "-", "10.0.0.11", "ib-a", "0.4.0", "64", "1/3 usable",
+                           "llama.cpp, sim 0.4.0, vllm 0.6.3"]
+        assert rows[2] == ["gpu-02", "lost", "gone 95 s (grace 30 s)", "-", "-", "-", "-", "-", "-"], \
+            "a lost node: unknown is '-', never 0"
+        assert rows[3][:3] == ["gpu-03", "disconnected", "gone 12 s (lost in 18 s)"]
+        gpus = columns(r.out, "  GPU ")
+        assert [row[:5] for row in gpus[1:]] == [
+            ["0", "h100-80g", "80.0 GiB", "healthy", "yes"],
+            ["1", "a100-80g", "80.0 GiB", "healthy", "no"],
+            ["1/mig1", "a100-80g-mig-3g.40gb", "40.0 GiB", "unhealthy", "yes"],
+        ]
+        assert gpus[3][5] == "uncorrectable ECC errors: 3"
+        storage = columns(r.out, "  FABRIC ")
+        assert storage[1:] == [["eth", "/data", "no", "0", "0", "the directory vanished mid-scan"],
+                               ["ib-a", "/nfs/models", "yes", "1", "1", "-"]]
+        assert "warning: node gpu-01: nvidia-smi is missing" in r.out
+        assert "llmgw ctl nodes forget NAME" in r.out
+
+
+def test_nodes_json_is_the_api_document_and_no_nodes_says_how_to_add_one() -> None:
+    r = ctl(["--json", "nodes"], FakeApi().on("GET", "/api/v1/nodes", json_body=NODES))
+    assert json.loads(r.out) == NODES
+    empty = ctl(["nodes"], FakeApi().on("GET", "/api/v1/nodes", json_body={"nodes": []}))
+    assert empty.rc == 0 and "llmgw agent --control" in empty.out
+
+
+def test_forget_sends_one_delete_with_a_key() -> None:
+    api = FakeApi().on("DELETE", "/api/v1/nodes/gpu-02", json_body={"forgotten": "gpu-02"})
+    r = ctl(["nodes", "forget", "gpu-02"], api)
+    assert r.rc == 0 and r.out.strip() == "forgot node gpu-02"
+    [request] = api.requests
+    assert request.headers["idempotency-key"]
+
+
+def test_forgetting_a_connected_node_is_one_error_line() -> None:
+    words = "node gpu-01 is connected: stop its agent first (a node is forgotten once lost)"
+    api = FakeApi().on("DELETE", "/api/v1/nodes/gpu-01", 409,
+                       json_body={"error": {"code": "node_not_lost", "message": words}})
+    r = ctl(["nodes", "forget", "gpu-01"], api)
+    assert r.rc == 1 and r.out == ""
+    assert r.err.strip() == f"error: node_not_lost: {words}"
