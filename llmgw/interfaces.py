@@ -5,10 +5,13 @@ In one process they are plain calls; across machines an adapter carries them.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
-from llmgw.domain.observed import ModelRoute, NodeInfo
+from llmgw.domain.observed import ModelRoute, NodeInfo, ReplicaObs
 from llmgw.domain.state import ClusterState
+
+if TYPE_CHECKING:
+    from llmgw.engines.base import Group
 
 
 class EndpointSink(Protocol):
@@ -26,6 +29,10 @@ class DemandReport(Protocol):
 
     def take_activation_asks(self) -> Mapping[str, float]:
         """Model -> time of the newest request that found no ready replica; cleared on read."""
+        ...
+
+    def outstanding(self) -> Mapping[str, int]:
+        """Model -> requests in flight to its replicas or waiting for one, now (absent: none)."""
         ...
 
 
@@ -100,6 +107,28 @@ class GpuProbe(Protocol):
     """Discovers this node's accelerators (NVML, nvidia-smi, or a fake)."""
 
     def inventory(self, node: str) -> NodeInfo: ...
+
+
+class ReplicaRunner(Protocol):
+    """Agent → the engines it runs: what its stream asks for, and what runs. The real one starts
+    engine processes (`agent.supervisor.Supervisor`); `llmgw sim-fleet` runs simulated engines
+    in-process (`simfleet.engines.SimRunner`). Every call returns at once; each change of a
+    replica's state is told through the `on_change` the runner was built with."""
+
+    def replicas(self) -> list[ReplicaObs]:
+        """Every replica it runs or ran (starting, ready or failed), as the stream reports them."""
+        ...
+
+    def start(self, replica_id: str, model_doc: dict[str, Any], gpus: Sequence[int],
+              group: Group | None = None) -> None:
+        """Start a replica (a no-op when the same launch is starting or ready); a refusal is a failed replica."""
+        ...
+
+    def stop(self, replica_id: str) -> None: ...
+
+    def close(self) -> None:
+        """The agent stops: its replicas stop, or keep running for the next agent (the runner's choice)."""
+        ...
 
 
 class NvmlApi(Protocol):

@@ -102,12 +102,9 @@ def _memory_total(meminfo: str) -> int:
 
 def engine_versions() -> dict[str, str]:
     """Engines this node can start -> version ("" unknown)."""
-    import llmgw.engines as engines
+    from llmgw.engines import detect_engines
 
-    detect = getattr(engines, "detect_engines", None)  # each engine's own finder, where there is one
-    if detect is not None:
-        return {str(k): str(v) for k, v in dict(detect()).items()}
-    return {name: "" for name in engines.available_engines()}
+    return detect_engines()
 
 
 class HostProbe:

@@ -30,11 +30,16 @@ from llmgw.domain.observed import NodeInfo
 from llmgw.domain.timeouts import SILENT_BEATS, TIMEOUTS, Timeouts
 from llmgw.engines import Group
 from llmgw.errors import describe, first_error
-from llmgw.interfaces import GpuProbe
+from llmgw.interfaces import GpuProbe, ReplicaRunner
 from llmgw.logs import role_var
 from llmgw.stream_client import open_stream
 
 log = logging.getLogger("llmgw.agent")
+
+# Builds the runner of this agent's replicas from (the nursery they run in, the callback for each
+# change, this node's latest inventory). The default runs engine processes (`Supervisor`);
+# `llmgw sim-fleet` passes one that runs simulated engines in-process.
+RunnerFactory = Callable[[trio.Nursery, Callable[[], None], Callable[[], NodeInfo]], ReplicaRunner]
 
 
 @dataclass
@@ -51,6 +56,7 @@ class AgentConfig:
     # Stop the engines when the agent stops (tests, `llmgw up`); False: they keep serving and the
     # next agent adopts them.
     stop_engines_on_exit: bool = True
+    runner: RunnerFactory | None = None  # None: engine processes, run by the Supervisor
 
 
 class _Link:
@@ -76,20 +82,29 @@ async def serve(config: AgentConfig, *, task_status: Any = trio.TASK_STATUS_IGNO
     scanner = StorageScanner(config.storage)
     link = _Link(await _observe_once(config, scanner))
     timeouts = config.timeouts
+    if config.runner is not None:
+        async with trio.open_nursery() as engines:
+            await _run(config, scanner, link, config.runner(engines, link.mark, lambda: link.inventory), task_status)
+        return
     # The client only probes engines' /health.
     async with httpx.AsyncClient(timeout=timeouts.engine_health_request_s) as http, trio.open_nursery() as engines:
         supervisor = Supervisor(engines, node=config.node, host=config.engine_host,
                                 engine_dir=config.state_dir / "engines", on_change=link.mark, http=http,
                                 timeouts=timeouts, stop_on_exit=config.stop_engines_on_exit,
                                 inventory=lambda: link.inventory, roots=[str(d.path) for d in config.storage])
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_observe, config, scanner, link)
-                nursery.start_soon(_connect_forever, config, supervisor, link)
-                await link.welcomed.wait()
-                task_status.started()
-        finally:
-            supervisor.close()  # engines stop as `engines` unwinds, or keep running for the next agent
+        await _run(config, scanner, link, supervisor, task_status)
+
+
+async def _run(config: AgentConfig, scanner: StorageScanner, link: _Link, supervisor: ReplicaRunner,
+               task_status: Any) -> None:
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_observe, config, scanner, link)
+            nursery.start_soon(_connect_forever, config, supervisor, link)
+            await link.welcomed.wait()
+            task_status.started()
+    finally:
+        supervisor.close()  # engines stop as `engines` unwinds, or keep running for the next agent
 
 
 class _Refused(Exception):
@@ -108,7 +123,7 @@ class _Silent(Exception):
     pass
 
 
-async def _connect_forever(config: AgentConfig, supervisor: Supervisor, link: _Link) -> None:
+async def _connect_forever(config: AgentConfig, supervisor: ReplicaRunner, link: _Link) -> None:
     """Find the leader among `controls` (or where a refusal points) and stay with it; again when it goes.
 
     Every member is tried in turn, at once; only after a whole round failed does the agent pause
@@ -177,7 +192,7 @@ async def _connect_forever(config: AgentConfig, supervisor: Supervisor, link: _L
             delay = min(delay * 2, longest)
 
 
-async def _connect_once(control: str, config: AgentConfig, supervisor: Supervisor, link: _Link,
+async def _connect_once(control: str, config: AgentConfig, supervisor: ReplicaRunner, link: _Link,
                         attached: trio.Event) -> None:
     t = config.timeouts
     async with open_stream(control, protocol.STREAM_PATH, config.key, connect_s=t.agent_connect_s,
@@ -195,7 +210,7 @@ async def _receive(receive: Receive, silence_s: float) -> str | bytes:
     raise _Silent()
 
 
-async def _session(receive: Receive, send: Send, control: str, config: AgentConfig, supervisor: Supervisor,
+async def _session(receive: Receive, send: Send, control: str, config: AgentConfig, supervisor: ReplicaRunner,
                    link: _Link, attached: trio.Event) -> None:
     """One stream: hello and inventory, welcome, then commands in and reports out until it ends.
     Raises `_Refused`, `_Silent` or `ProtocolError` (a bad opening) to `_connect_forever`;
@@ -240,7 +255,7 @@ def _read(raw: str | bytes, link: _Link) -> pa.DownMessage | None:
         return None
 
 
-def _act(message: pa.DownMessage, supervisor: Supervisor, link: _Link) -> None:
+def _act(message: pa.DownMessage, supervisor: ReplicaRunner, link: _Link) -> None:
     """Do what a checked message says. The supervisor failing on one replica must not end the
     stream (and with it every engine's report): the failure is logged and answered."""
     try:
@@ -260,7 +275,7 @@ def _act(message: pa.DownMessage, supervisor: Supervisor, link: _Link) -> None:
                                 rid).to_doc())
 
 
-def _start(supervisor: Supervisor, message: pa.StartReplica) -> None:
+def _start(supervisor: ReplicaRunner, message: pa.StartReplica) -> None:
     if message.group is None:
         supervisor.start(message.replica_id, message.model, list(message.gpus))
         return
@@ -269,7 +284,7 @@ def _start(supervisor: Supervisor, message: pa.StartReplica) -> None:
     supervisor.start(message.replica_id, message.model, list(message.gpus), group=group)
 
 
-async def _report(send: Send, supervisor: Supervisor, link: _Link, sent: NodeInfo, heartbeat_s: float) -> None:
+async def _report(send: Send, supervisor: ReplicaRunner, link: _Link, sent: NodeInfo, heartbeat_s: float) -> None:
     """Send the inventory when it changed, answers, and the full replica list on every change;
     a heartbeat when quiet."""
     while True:
@@ -297,8 +312,10 @@ async def _observe_once(config: AgentConfig, scanner: StorageScanner) -> NodeInf
 
     def observe() -> NodeInfo:
         info = config.probe.inventory(config.node)
+        # Told no --storage directory, the probe's own word on storage stands (sim-fleet's nodes).
+        storage = scanner.scan() if config.storage else info.storage
         return dataclasses.replace(info, address=config.engine_host, fabric=config.fabric or info.fabric,
-                                   storage=scanner.scan())
+                                   storage=storage)
 
     return await trio.to_thread.run_sync(observe)
 

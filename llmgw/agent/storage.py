@@ -37,6 +37,13 @@ logger = logging.getLogger("llmgw.agent.storage")
 MAX_DEPTH = 8  # a Hugging Face cache puts weights three levels down; eight is plenty
 MAX_NOT_WEIGHTS = 200  # per directory: the inventory travels on every change
 MAX_CONFIG_BYTES = 1 << 20
+# The facts each model entry may carry for the memory estimate (llmgw/domain/memory.py reads them).
+FACTS = ("layers", "context_length", "embedding_length", "head_count", "head_count_kv", "key_length",
+         "value_length", "tensor_bytes", "dtype")
+# config.json (Hugging Face) key -> our fact; text_config for the multimodal ones that nest it.
+_CONFIG_FACTS = {"num_hidden_layers": "layers", "max_position_embeddings": "context_length",
+                 "hidden_size": "embedding_length", "num_attention_heads": "head_count",
+                 "num_key_value_heads": "head_count_kv", "head_dim": "key_length"}
 PARTIAL_SUFFIXES = (".part", ".partial", ".incomplete", ".tmp", ".crdownload", ".download", ".aria2")
 _FABRIC = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SPLIT_GGUF = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
@@ -97,6 +104,9 @@ class ModelSeen:
     quantization: str | None = None
     parameters: int | None = None
     note: str = ""
+    # What a memory estimate needs, under one set of names for GGUF and safetensors (`FACTS`);
+    # a fact the files do not say is absent.
+    facts: tuple[tuple[str, int | str], ...] = ()
 
     def to_doc(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"name": self.name, "path": self.path, "kind": self.kind, "size": self.size}
@@ -105,13 +115,14 @@ class ModelSeen:
                 doc[key] = getattr(self, key)
         if self.note:
             doc["note"] = self.note
-        return doc
+        return doc | dict(self.facts)
 
     @classmethod
     def from_doc(cls, d: Mapping[str, Any]) -> ModelSeen:
         return cls(name=str(d["name"]), path=str(d["path"]), kind=str(d["kind"]), size=int(d["size"]),
                    architecture=d.get("architecture"), quantization=d.get("quantization"),
-                   parameters=d.get("parameters"), note=str(d.get("note", "")))
+                   parameters=d.get("parameters"), note=str(d.get("note", "")),
+                   facts=tuple((k, d[k]) for k in FACTS if k in d))
 
 
 @dataclass(frozen=True)
@@ -306,6 +317,7 @@ class StorageScanner:
             return ModelSeen(
                 name=p.name[:-5], path=str(p), kind="gguf", size=st.st_size, architecture=info.architecture,
                 quantization=info.quantization, parameters=info.parameter_count, note=info.size_note,
+                facts=tuple(info.memory_facts().items()),
             )
         result = self._cached("gguf", path, st, check)
         return result.reason if isinstance(result, _Refused) else result
@@ -327,6 +339,7 @@ class StorageScanner:
                 name=stem, path=str(first), kind="gguf", size=sum(s.size for s in seen),
                 architecture=head.architecture, quantization=head.quantization,
                 parameters=sum(s.parameters or 0 for s in seen), note=head.note,
+                facts=_split_facts(head, seen),
             ))
 
     # --- safetensors --------------------------------------------------------------------
@@ -358,19 +371,22 @@ class StorageScanner:
         except WeightsError as error:
             found.refuse(d, error.reason)
             return
+        architecture, facts = self._config(d, names)
         found.models.append(ModelSeen(
             name=_model_name(d), path=str(d), kind="safetensors", size=sum(s.size for s in shards.values()),
-            architecture=self._architecture(d, names), parameters=sum(s.parameters for s in shards.values()),
+            architecture=architecture, parameters=sum(s.parameters for s in shards.values()), facts=facts,
         ))
 
-    def _architecture(self, d: Path, names: set[str]) -> str | None:
+    def _config(self, d: Path, names: set[str]) -> tuple[str | None, tuple[tuple[str, int | str], ...]]:
+        """The architecture and the memory facts `config.json` beside the shards says, if any."""
         if "config.json" not in names:
-            return None
+            return None, ()
         try:
-            result: str | None = self._cached_or_raise("config", d / "config.json", _config_architecture)
+            result: tuple[str | None, tuple[tuple[str, int | str], ...]] = self._cached_or_raise(
+                "config", d / "config.json", _read_config)
             return result
         except WeightsError:
-            return None
+            return None, ()
 
     # --- the cache ----------------------------------------------------------------------
 
@@ -431,18 +447,43 @@ def _model_name(d: Path) -> str:
     return d.name
 
 
-def _config_architecture(path: Path) -> str | None:
+def _split_facts(head: ModelSeen, parts: list[ModelSeen]) -> tuple[tuple[str, int | str], ...]:
+    """The first part's facts (it holds the metadata), with the tensor bytes of all parts."""
+    facts = dict(head.facts)
+    sizes = [dict(p.facts).get("tensor_bytes") for p in parts]
+    facts.pop("tensor_bytes", None)
+    if all(isinstance(n, int) for n in sizes):
+        facts["tensor_bytes"] = sum(n for n in sizes if isinstance(n, int))
+    return tuple(facts.items())
+
+
+def _read_config(path: Path) -> tuple[str | None, tuple[tuple[str, int | str], ...]]:
+    """(architecture, memory facts) from a config.json read no further than `MAX_CONFIG_BYTES`;
+    one that is not JSON says nothing."""
     try:
         with path.open("rb") as f:
             doc = json.loads(f.read(MAX_CONFIG_BYTES + 1)[:MAX_CONFIG_BYTES])
     except OSError as error:
         raise WeightsError(f"cannot read {path}: {error.strerror or error}", transient=True) from None
-    except (ValueError, UnicodeDecodeError):
-        return None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None, ()
     if not isinstance(doc, dict):
-        return None
+        return None, ()
     archs = doc.get("architectures")
-    if isinstance(archs, list) and archs and isinstance(archs[0], str):
-        return archs[0]
     model_type = doc.get("model_type")
-    return model_type if isinstance(model_type, str) else None
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else (
+        model_type if isinstance(model_type, str) else None)
+    text = doc.get("text_config")
+    sources = [text, doc] if isinstance(text, dict) else [doc]  # the language model's own config first
+    facts: dict[str, int | str] = {}
+    for src in sources:
+        for key, fact in _CONFIG_FACTS.items():
+            value = src.get(key)
+            if fact not in facts and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                facts[fact] = value
+        dtype = src.get("torch_dtype", src.get("dtype"))
+        if "dtype" not in facts and isinstance(dtype, str) and dtype.isidentifier() and len(dtype) <= 32:
+            facts["dtype"] = dtype
+    if "key_length" in facts:
+        facts["value_length"] = facts["key_length"]
+    return arch, tuple(facts.items())

@@ -8,6 +8,7 @@ failing model is counted and parked there.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -263,9 +264,14 @@ class Supervisor:
                     devices = self._devices(gpus)
                     port = free_port(self.host)
                     self._records.dir.mkdir(parents=True, exist_ok=True)
-                    spec = launch_spec(model.engine, model=model.name, role=model.role, source=model.source,
-                                       host=self.host, port=port, args=model.args, devices=devices, group=group,
-                                       roots=self._roots, cwd=str(self._records.dir.resolve()))
+                    build = functools.partial(
+                        launch_spec, model.engine, model=model.name, role=model.role, source=model.source,
+                        host=self.host, port=port, args=model.args, devices=devices, group=group,
+                        roots=self._roots, cwd=str(self._records.dir.resolve()))
+                    # Off the loop where it reads and checks the weights' header (up to 64 MiB, maybe
+                    # on a network filer): the stream's heartbeats must not wait for it. The sim
+                    # reads no weights.
+                    spec = build() if model.engine == "sim" else await trio.to_thread.run_sync(build)
                 except EngineError as e:
                     self._fail(rep, e.message)
                     return
@@ -293,7 +299,7 @@ class Supervisor:
                 record = EngineRecord(rid, model.name, model.engine, proc.pid, ticks or 0, url, spec.probe,
                                       spec.health_path or "", rep.launch, time.time())
                 if ticks is not None:
-                    self._save(record)
+                    await self._save(record)
                 await self._supervise(rep, _Child(proc), record, deadline)
         except Exception as e:  # a bug here must not take the agent and every engine down
             log.exception("replica %s: supervision failed", rid)
@@ -306,9 +312,9 @@ class Supervisor:
                     await previous.done.wait()
             self._done(rep)
 
-    def _save(self, record: EngineRecord) -> None:
-        try:
-            self._records.write(record)
+    async def _save(self, record: EngineRecord) -> None:
+        try:  # fsyncs: off the loop
+            await trio.to_thread.run_sync(self._records.write, record)
         except OSError as e:  # the engine runs on; only its adoption by a later agent is lost
             log.warning("replica %s: its engine record could not be written (%s): a later agent will not "
                         "adopt its engine", record.replica_id, describe(e))
@@ -374,14 +380,13 @@ class Supervisor:
                 if not await self._probe(record, t.engine_health_request_s):
                     self._set(rep, "ready", url=record.url)
                     if record.start_ticks:
-                        self._save(replace(record, ready_since=rep.obs.since))
+                        await self._save(replace(record, ready_since=rep.obs.since))
                     log.info("replica %s ready at %s", rid, record.url)
                     break
                 if trio.current_time() > deadline:
                     self._fail(rep, f"not healthy within {t.engine_start_s:g} s")
                     return
-                if rep.log_path is not None:
-                    engine_log.rotate_if_large(rep.log_path)
+                await _rotate(rep.log_path)
                 await trio.sleep(t.engine_health_poll_s)
             else:
                 await proc.wait()
@@ -416,8 +421,7 @@ class Supervisor:
             failures = failures + 1 if problem else 0
             if failures >= LIVENESS_FAILURES:
                 return f"{failures} probes in a row failed, the last: {problem}"
-            if rep.log_path is not None:
-                engine_log.rotate_if_large(rep.log_path)
+            await _rotate(rep.log_path)
             await trio.sleep(t.engine_liveness_poll_s)
 
     async def _probe(self, record: EngineRecord, timeout_s: float) -> str:
@@ -463,3 +467,14 @@ async def _terminate(proc: _Process, grace_s: float) -> None:
     log.warning("engine process %d ignored SIGTERM for %g s: killing it", proc.pid, grace_s)
     proc.signal_group(signal.SIGKILL)
     await proc.wait()
+
+
+async def _rotate(path: Path | None) -> None:
+    """Rotate an engine's log once it passed its cap: the size is looked at here (cheap), the copy
+    of up to the cap is made off the loop."""
+    try:
+        large = path is not None and path.stat().st_size > engine_log.LOG_CAP_BYTES
+    except OSError:
+        return
+    if large and path is not None:
+        await trio.to_thread.run_sync(engine_log.rotate_if_large, path)

@@ -33,8 +33,20 @@ app.command("llmgw.cli.roles:gateway", name="gateway",
 app.command("llmgw.cli.engine:engine_app", name="engine",
             help="Run one inference engine process (the agent starts these).")
 app.command("llmgw.cli.ctl:ctl_app", name="ctl", help="The operator's command line over the admin API.")
+app.command("llmgw.cli.system:stop", name="stop", help="""\
+Stop serving cluster-wide, live: every model wants 0 replicas and every GPU is freed; definitions stay.""")
+app.command("llmgw.cli.system:start", name="start",
+            help="Serve again after `llmgw stop`: every model is placed again as it asks.")
+app.command("llmgw.cli.system:status", name="status",
+            help="The cluster summary (as `llmgw ctl status`), saying when serving is stopped.")
 app.command("llmgw.cli.doctor:doctor", name="doctor",
             help="Check this machine: GPUs by each discovery path, MIG, engines, state dir, ports, clock.")
+app.command("llmgw.simfleet.command:sim_fleet", name="sim-fleet", help="""\
+Simulate a fleet for tests and benchmarks: N nodes in one process, each a real agent on its own stream.
+
+Every node reports GPUs of one class (whole or MIG), a fabric and the models its storage holds;
+its replicas are in-process sim engines (their --startup-delay, --fail-start, --tokens-per-s
+honoured) on one HTTP server. The key is LLMGW_KEY (an admin key).""")
 
 
 def main() -> None:

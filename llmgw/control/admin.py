@@ -22,13 +22,14 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from llmgw import __version__
-from llmgw.control import admin_nodes, agent_stream, gateway_stream
+from llmgw.control import admin_nodes, admin_plan, admin_system, agent_stream, gateway_stream
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands, summary
 from llmgw.domain.commands import CommandError
 from llmgw.domain.keys import hash_key
+from llmgw.domain.memory import estimate_for
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.observed import Observed
 from llmgw.domain.state import ClusterState
@@ -268,7 +269,7 @@ def make_app(deps: ControlDeps) -> QuartTrio:
     @route("/api/v1/status", ["GET"])
     async def status() -> Response:
         cluster = await cluster_info()
-        return _ok(summary.build(deps.store.snapshot(), deps.hub.observed(), views(), cluster))
+        return _ok(summary.build(deps.store.snapshot(), deps.hub.observed(), views(), cluster, deps.clock()))
 
     @route("/api/v1/models", ["GET"])
     async def list_models() -> Response:
@@ -290,7 +291,10 @@ def make_app(deps: ControlDeps) -> QuartTrio:
 
     @route("/api/v1/models/<path:name>", ["GET"])
     async def show_model(name: str) -> Response:
-        return _ok({"model": one_model(name)})
+        state, observed = deps.store.snapshot(), deps.hub.observed()
+        doc = model_doc(name, state, observed, views())
+        # The memory one replica needs, as placement counts it (docs/placement.md, "Memory estimate").
+        return _ok({"model": {**doc, "estimate": estimate_for(state.models[name], observed.nodes).to_doc()}})
 
     @route("/api/v1/models/<path:name>", ["DELETE"])
     async def remove_model(name: str) -> Response:
@@ -332,6 +336,8 @@ def make_app(deps: ControlDeps) -> QuartTrio:
         return _ok({"key": key, "value": value})
 
     admin_nodes.register(route, deps)  # GET /api/v1/nodes, DELETE /api/v1/nodes/NAME
+    admin_plan.register(route, deps, body_json)  # POST /api/v1/plan: a what-if placement
+    admin_system.register(route, deps, commit)  # POST /api/v1/system/stop|start
 
     # Answered by the member asked, from its own view (so it also answers while there is no leader).
     @route("/api/v1/cluster/members", ["GET"], local=True)

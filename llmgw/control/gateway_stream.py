@@ -1,5 +1,5 @@
 """The leader's side of remote gateways: `GatewayHub` (the table they follow; an `EndpointSink`
-and a `DemandReport` to the reconciler) and their WebSocket route, `GATEWAY_STREAM_PATH`.
+and a `DemandReport` to the reconciler: uses, asks, requests in flight) and their WebSocket route, `GATEWAY_STREAM_PATH`.
 
 Level-triggered: a gateway gets the whole table on connect and again on every change,
 numbered by `version`; nothing it holds depends on a message it might have missed.
@@ -40,6 +40,7 @@ class GatewayLink:
     connected_at: float  # the control plane's clock (wall time)
     last_contact: float
     connected: bool = True
+    outstanding: dict[str, int] = field(default_factory=dict)  # model -> requests in flight (its last word)
 
 
 @dataclass
@@ -90,6 +91,15 @@ class GatewayHub:
     def take_activation_asks(self) -> Mapping[str, float]:
         asks, self._asks = self._asks, {}
         return asks
+
+    def outstanding(self) -> Mapping[str, int]:
+        """Model -> requests in flight or waiting, summed over the connected gateways."""
+        load: dict[str, int] = {}
+        for link in self.links.values():
+            if link.connected:
+                for model, n in link.outstanding.items():
+                    load[model] = load.get(model, 0) + n
+        return load
 
     # --- the table ------------------------------------------------------------------------
 
@@ -143,12 +153,14 @@ class GatewayHub:
 
     def disconnect(self, link: GatewayLink) -> None:
         link.connected = False
+        link.outstanding = {}
         if self.links.get(link.name) is link:
             log.info("gateway %s disconnected", link.name)
 
     def report_demand(self, link: GatewayLink, message: Mapping[str, Any]) -> None:
         """A gateway's report: ages in seconds (its clock is not ours), for the replicas used and
-        the models asked for since its previous report on this stream."""
+        the models asked for since its previous report on this stream; and, when it changed, its
+        requests in flight per model (the whole map: what it leaves out has none)."""
         now = trio.current_time()
         asked = False
         for rid, age in _ages(message.get("last_used_age")):
@@ -158,6 +170,10 @@ class GatewayHub:
         for model, age in _ages(message.get("asks_age")):
             self._asks[model] = max(self._asks.get(model, -math.inf), now - age)
             asked = True
+        load = message.get("outstanding")
+        if isinstance(load, dict):
+            link.outstanding = {str(m): int(n) for m, n in load.items()
+                                if isinstance(n, int) and not isinstance(n, bool) and n > 0}
         link.last_contact = self.clock()
         if asked:
             self.wake()  # a request waits for this activation: plan now, not on the next tick

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal, Mapping
 
 import trio
 
@@ -42,6 +42,13 @@ class AgentHub:
         self.links: dict[str, AgentLink] = {}
         self.lost: dict[str, float] = {}
         self.demand: dict[str, float] = {}
+        # Load: model -> requests in flight or waiting now (every router's, summed), and the
+        # window's peaks as (time, count), the counts falling: the first is the peak of the last
+        # `scale_down_delay_s`. Evictions: model -> (when, why), this term's.
+        self.outstanding: dict[str, int] = {}
+        self._peaks: dict[str, list[tuple[float, int]]] = {}
+        self._peak_window_s = timeouts.scale_down_delay_s
+        self.evicted: dict[str, tuple[float, str]] = {}
         self.connected_at: dict[str, float] = {}  # node -> when its current (or last) stream opened
         self.last_contact: dict[str, float] = {}  # node -> when it last said anything (clock time)
         self._changed = trio.Event()
@@ -95,10 +102,38 @@ class AgentHub:
     def observed(self) -> Observed:
         replicas = {rid: r for per_node in self.replicas.values() for rid, r in per_node.items()}
         return Observed(nodes=dict(self.nodes), replicas=replicas, demand=dict(self.demand),
-                        lost=dict(self.lost), since=self.since)
+                        lost=dict(self.lost), since=self.since, outstanding=dict(self.outstanding),
+                        peak=self.peaks(), evicted=dict(self.evicted))
 
     def note_demand(self, model: str) -> None:
         self.demand[model] = self._clock()
+        self.evicted.pop(model, None)  # asked for again: an eviction no longer speaks for it
+
+    def note_load(self, load: Mapping[str, int]) -> None:
+        """The requests in flight or waiting per model now, summed over every router: replaces
+        the last word, and feeds each model's peak over the last `scale_down_delay_s`."""
+        now = self._clock()
+        self.outstanding = {m: n for m, n in load.items() if n > 0}
+        for model, n in self.outstanding.items():
+            peaks = self._peaks.setdefault(model, [])
+            while peaks and peaks[-1][1] <= n:
+                peaks.pop()  # a later, higher count outlives it in the window
+            peaks.append((now, n))
+        for model in list(self._peaks):
+            peaks = self._peaks[model]
+            while peaks and now - peaks[0][0] > self._peak_window_s:
+                peaks.pop(0)
+            if not peaks:
+                del self._peaks[model]
+
+    def peaks(self) -> dict[str, int]:
+        """Model -> the most requests in flight at once over the last `scale_down_delay_s`."""
+        return {m: peaks[0][1] for m, peaks in self._peaks.items()}
+
+    def note_eviction(self, model: str, why: str) -> None:
+        """The leader stopped an idle replica of `model` to make room: the model wants nothing
+        until a request newer than this asks for it (`Observed.evicted`)."""
+        self.evicted[model] = (self._clock(), why)
 
     def send(self, node: str, message: dict[str, Any]) -> bool:
         """Queue a message for a node; False when it is not connected or its queue is full."""
@@ -128,6 +163,9 @@ class AgentHub:
         self.since = self._clock()
         self.lost = {node: self.since for node in {*self.lost, *known} if node not in self.links}
         self.demand.clear()
+        self.outstanding.clear()
+        self._peaks.clear()
+        self.evicted.clear()
         self.changed()
 
     def release(self, reason: str) -> None:

@@ -38,7 +38,8 @@ class Reconciler:
     timeouts: Timeouts = TIMEOUTS
     last_plan: Plan | None = None
     _routes: Mapping[str, ModelRoute] | None = None
-    _warned: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # model -> (the reason last logged, when, passes since that found no placement unlogged)
+    _warned: dict[str, tuple[str, float, int]] = field(default_factory=dict)
     _last_used: dict[str, float] = field(default_factory=dict)
     _leading: bool = False
     _inherited: dict[str, str] = field(default_factory=dict)  # replica id -> model, placed before this term
@@ -136,6 +137,9 @@ class Reconciler:
             except (StoreUnavailable, NotLeader) as e:
                 log.warning("cannot commit the plan now (%s); retrying on the next pass", e)
                 return plan
+        for eviction in plan.evictions:
+            log.warning("replica %s of %s %s", eviction.replica_id, eviction.model, eviction.why)
+            self.hub.note_eviction(eviction.model, eviction.why)  # it wants nothing until asked again
         for action in plan.actions:
             if action.replica_id in self._held:
                 continue  # its node has not said yet whether it runs it: no start on a guess
@@ -154,6 +158,7 @@ class Reconciler:
         is known by its placement (in Raft), not by the last routes: a new leader's first routes
         name no replica yet, and a use reported then must still count."""
         placements = self.store.snapshot().placements
+        load: dict[str, int] = {}  # requests in flight per model, every router's summed (scaling reads it)
         for report in self.demand:
             for asked in report.take_activation_asks():
                 self.hub.note_demand(asked)
@@ -162,6 +167,9 @@ class Reconciler:
                 if placement is not None and self._last_used.get(rid) != used:
                     self._last_used[rid] = used
                     self.hub.note_demand(placement.model)
+            for model, n in report.outstanding().items():
+                load[model] = load.get(model, 0) + n
+        self.hub.note_load(load)
 
     def _publish(self, routes: Mapping[str, ModelRoute]) -> None:
         if routes == self._routes:
@@ -171,16 +179,23 @@ class Reconciler:
             sink.update_routes(routes)
 
     def _warn(self, plan: Plan, now: float, state: ClusterState) -> None:
-        """Log 'no placement' when its reason changes or every warn interval, not every pass."""
+        """Log 'no placement' once per model when its reason changes, then at most once per
+        `placement.warn_interval_s`, saying how many passes found no placement in between."""
         interval = float(effective(state.settings, "placement.warn_interval_s"))
         # Agents need a moment to connect after control starts.
         if not self.hub.nodes and now - self.hub.since < self.timeouts.reconcile_startup_quiet_s:
             return
         for model, reason in plan.unplaceable.items():
             last = self._warned.get(model)
-            if last is None or last[0] != reason or now - last[1] >= interval:
+            if last is None or last[0] != reason:
                 log.warning("no placement for %s: %s", model, reason)
-                self._warned[model] = (reason, now)
+                self._warned[model] = (reason, now, 0)
+            elif now - last[1] >= interval:
+                log.warning("no placement for %s: %s (still; %d more passes found none in the last %.0f s)",
+                            model, reason, last[2], now - last[1])
+                self._warned[model] = (reason, now, 0)
+            else:
+                self._warned[model] = (reason, last[1], last[2] + 1)
         for model in list(self._warned):
             if model not in plan.unplaceable:
                 del self._warned[model]

@@ -15,12 +15,12 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Callable, Sequence, TypeVar
 
-from llmgw.domain import groups
+from llmgw.domain import groups, health
 from llmgw.domain.frozen import freeze
 from llmgw.domain.keys import KEY_ROLES
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.settings import SettingError, effective, validate
-from llmgw.domain.state import ApiKey, ClusterState, Member, ModelHealth, Outcome, Placement, Refusal
+from llmgw.domain.state import ApiKey, ClusterState, Member, Outcome, Placement, Refusal
 
 VERSION = 1
 CID_MAX_CHARS = 200
@@ -107,28 +107,42 @@ def add_key(key_hash: str, name: str, role: str, at: float) -> dict[str, Any]:
     return make("key.add", at, key_hash=key_hash, name=name, role=role)
 
 
-def add_placement(model: str, node: str, gpus: tuple[int, ...], launch_hash: str, at: float) -> dict[str, Any]:
-    return make("placement.add", at, model=model, node=node, gpus=list(gpus), launch_hash=launch_hash)
+def _slot(slot: int | None) -> dict[str, Any]:
+    return {} if slot is None else {"slot": slot}
+
+
+def add_placement(model: str, node: str, gpus: tuple[int, ...], launch_hash: str, at: float,
+                  *, slot: int | None = None) -> dict[str, Any]:
+    return make("placement.add", at, model=model, node=node, gpus=list(gpus), launch_hash=launch_hash,
+                **_slot(slot))
 
 
 def add_group(
-    model: str, members: Sequence[tuple[str, tuple[int, ...], str]], launch_hash: str, at: float
+    model: str, members: Sequence[tuple[str, tuple[int, ...], str]], launch_hash: str, at: float,
+    *, slot: int | None = None,
 ) -> dict[str, Any]:
     """Place one multi-node replica: members (node, gpus, host) in rank order, all or none."""
     docs = [{"node": node, "gpus": list(gpus), "host": host} for node, gpus, host in members]
-    return make("placement.add_group", at, model=model, members=docs, launch_hash=launch_hash)
+    return make("placement.add_group", at, model=model, members=docs, launch_hash=launch_hash, **_slot(slot))
 
 
 def remove_placement(replica_id: str, at: float, *, reason: str = "") -> dict[str, Any]:
     return make("placement.remove", at, replica_id=replica_id, reason=reason)
 
 
-def start_failed(model: str, replica_id: str, error: str, at: float) -> dict[str, Any]:
-    return make("health.start_failed", at, model=model, replica_id=replica_id, error=error)
+def start_failed(model: str, replica_id: str, error: str, at: float,
+                 *, slot: int | None = None, node: str = "") -> dict[str, Any]:
+    """A replica failed to start: counted against the model, and its slot and node when given."""
+    where = {**_slot(slot), **({"node": node} if node else {})}
+    return make("health.start_failed", at, model=model, replica_id=replica_id, error=error, **where)
 
 
-def became_ready(model: str, at: float) -> dict[str, Any]:
-    return make("health.ready", at, model=model)
+def became_ready(model: str, at: float, *, slot: int | None = None, node: str = "",
+                 placed_at: float | None = None) -> dict[str, Any]:
+    """A replica serves: with its slot (node, placement time) it clears what `health.ready_clears` says."""
+    if slot is None:
+        return make("health.ready", at, model=model)
+    return make("health.ready", at, model=model, slot=slot, node=node, placed_at=placed_at or 0.0)
 
 
 def announce_member(raft_addr: str, admin_url: str, version: str, at: float) -> dict[str, Any]:
@@ -347,8 +361,15 @@ def _key_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterStat
     return replace(s, keys=_readonly(keys)), {"added": True}
 
 
+def _check_slot(c: dict[str, Any]) -> None:
+    complaint = health.slot_problem(c)
+    if complaint:
+        raise CommandError("bad_command", complaint)
+
+
 def _check_placement_add(c: dict[str, Any]) -> None:
     _name(c, "model")
+    _check_slot(c)
     _name(c, "node")
     gpus = c.get("gpus")
     if not isinstance(gpus, list) or not all(type(g) is int and g >= 0 for g in gpus) or len(set(gpus)) != len(gpus):
@@ -364,7 +385,8 @@ def _placement_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Clust
         # A plan made on a stale snapshot: refused, so the reconciler replans (never double-books).
         raise CommandError("gpu_taken", f"GPU(s) {sorted(taken)} on {node} are already placed")
     replica_id = f"{model}-r{s.next_replica}"
-    placement = Placement(replica_id, model, node, tuple(gpus), str(c.get("launch_hash", "")), at)
+    placement = Placement(replica_id, model, node, tuple(gpus), str(c.get("launch_hash", "")), at,
+                          slot=int(c.get("slot", 0)))
     return (
         replace(s, placements=_readonly(s.placements | {replica_id: placement}), next_replica=s.next_replica + 1),
         {"replica_id": replica_id},
@@ -373,6 +395,7 @@ def _placement_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Clust
 
 def _check_placement_add_group(c: dict[str, Any]) -> None:
     _name(c, "model")
+    _check_slot(c)
     problem = groups.members_problem(c.get("members"))
     if problem:
         raise CommandError("bad_command", problem)
@@ -390,6 +413,8 @@ def _placement_add_group(s: ClusterState, c: dict[str, Any], at: float) -> tuple
     first, last = effective(s.settings, "groups.ports")
     port = groups.group_port(group, int(first), int(last))
     added = groups.group_placements(group, model, members, str(c.get("launch_hash", "")), at, port)
+    if c.get("slot"):
+        added = {rid: replace(p, slot=c["slot"]) for rid, p in added.items()}
     result = {"group": group, "replica_ids": list(added), "leader": added[f"{group}-r0"].leader}
     return replace(s, placements=_readonly(s.placements | added), next_replica=s.next_replica + 1), result
 
@@ -406,27 +431,11 @@ def _placement_remove(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Cl
     return replace(s, placements=_readonly(placements)), {"removed": True}
 
 
-def _check_model_name(c: dict[str, Any]) -> None:
+def _check_health(c: dict[str, Any]) -> None:
     _name(c, "model")
-
-
-def _start_failed(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    model, error = c["model"], str(c.get("error", ""))[:2000]
-    if model not in s.models:
-        return s, {"parked": False}
-    old = s.model_health(model)
-    failures = old.failures_in_row + 1
-    parked = old.parked or failures >= int(effective(s.settings, "health.park_after_failures"))
-    health = s.health | {model: ModelHealth(failures, parked, error, at)}
-    return replace(s, health=_readonly(health)), {"parked": parked, "failures_in_row": failures}
-
-
-def _ready(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    model = c["model"]
-    old = s.health.get(model)
-    if old is None or old.parked:
-        return s, {}
-    return replace(s, health=_readonly({k: v for k, v in s.health.items() if k != model})), {}
+    complaint = health.fields_problem(c)
+    if complaint:
+        raise CommandError("bad_command", complaint)
 
 
 def _check_raft_addr(c: dict[str, Any]) -> None:
@@ -471,8 +480,8 @@ _OPS: dict[str, tuple[_Check, _Change]] = {
     "placement.add": (_check_placement_add, _placement_add),
     "placement.add_group": (_check_placement_add_group, _placement_add_group),
     "placement.remove": (_check_replica_id, _placement_remove),
-    "health.start_failed": (_check_model_name, _start_failed),
-    "health.ready": (_check_model_name, _ready),
+    "health.start_failed": (_check_health, health.start_failed),
+    "health.ready": (_check_health, health.ready),
     "member.announce": (_check_member_announce, _member_announce),
     "member.forget": (_check_raft_addr, _member_forget),
 }

@@ -120,8 +120,9 @@ class ModelDef:
         # No problem was found, so every check returned its value.
         assert name and engine and role and source and mode and replicas and idle and window and profile
         assert args is not None
-        if engine == "sim" and not profile.cpu:
-            # The simulator needs no GPU; saying so keeps placement honest.
+        if engine == "sim" and not profile.cpu and not _asks_for_gpus(doc.get("profile", {})):
+            # A sim model whose profile says nothing of GPUs runs on CPU (it needs none); one that
+            # names gpus/tp/pp/nodes/classes or says `cpu = false` takes GPUs like a real engine.
             profile = replace(profile, cpu=True)
         return cls(
             name=name,
@@ -136,6 +137,14 @@ class ModelDef:
             args=args,
             profile=profile,
         )
+
+
+_GPU_KEYS = ("gpus", "tp", "pp", "nodes", "classes", "cpu")
+
+
+def _asks_for_gpus(profile: Mapping[str, Any]) -> bool:
+    """A sim profile that is a GPU profile: it names a GPU key (or `cpu`, which is false here)."""
+    return any(key in profile for key in _GPU_KEYS)
 
 
 def is_mig_class(gpu_class: str) -> bool:

@@ -177,11 +177,22 @@ class ReplicaObs:
 
 @dataclass(frozen=True)
 class Observed:
+    """The leader's view now. `since` is when it took office: nodes never seen count as gone since
+    then, and demand is heard only since then, so a model absent from `demand` is unknown (not
+    idle) until a whole idle timeout has passed after `since` (see `llmgw.reconcile.demand`)."""
+
     nodes: dict[str, NodeInfo] = field(default_factory=dict)  # connected agents only
     replicas: dict[str, ReplicaObs] = field(default_factory=dict)
     demand: dict[str, float] = field(default_factory=dict)  # model -> last time a request asked for it
     lost: dict[str, float] = field(default_factory=dict)  # node -> when its stream closed
-    since: float = 0.0  # when this observer started: nodes never seen count as gone since then
+    since: float = 0.0  # when this observer started (took office)
+    # Load, summed over every router that reports: requests in flight to a model's replicas or
+    # waiting for one, now; and the most at once over the last `scale_down_delay_s`. Absent = none.
+    outstanding: dict[str, int] = field(default_factory=dict)
+    peak: dict[str, int] = field(default_factory=dict)
+    # Models this leader evicted to make room for another: model -> (when, why). Such a model
+    # wants nothing until a request newer than its eviction asks for it again.
+    evicted: dict[str, tuple[float, str]] = field(default_factory=dict)
 
     def gone_since(self, node: str) -> float:
         return self.lost.get(node, self.since)

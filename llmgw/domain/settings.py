@@ -70,6 +70,12 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
                     _positive_number),
         SettingSpec("health.park_after_failures", 5, "start failures in a row before a model is parked",
                     _whole_1_to_1000),
+        SettingSpec("health.avoid_node_after_failures", 2, "start failures of a model in a row on one node before "
+                    "placement avoids that node for that model (for node_avoid_s)", _whole_1_to_1000),
+        SettingSpec("scaling.outstanding_per_replica", 8, "requests in flight per replica above which a model gets "
+                    "another replica (up to replicas.max)", _whole_1_to_1000),
+        SettingSpec("scaling.evict_after_idle_s", 300, "an on-demand replica with nothing in flight and no request "
+                    "for this long may be stopped to make room for a model that is asked for", _positive_number),
         SettingSpec("groups.ports", [29500, 29999], "the ports a multi-node replica's rank 0 may listen on for its "
                     "members (one picked from the group id; the same port on every member's node)", _port_range),
     )

@@ -42,6 +42,10 @@ class Placement:
     group_size: int = 1
     leader: str = ""
     address: str = ""
+    # Which of the model's replicas this is (0 .. replicas - 1): a failed replica's replacement
+    # takes the same slot, so failures and backoff are counted per slot (see `domain.health`).
+    # Placements written before slots existed read as slot 0.
+    slot: int = 0
 
     @property
     def serves(self) -> bool:
@@ -50,11 +54,40 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Strikes:
+    """Failed starts in a row of one replica slot (`key` "0", "1", ...) or on one node (`key` its
+    name), and the last one's error and time."""
+
+    key: str
+    failures_in_row: int
+    last_error: str = ""
+    last_failure_at: float = 0.0
+
+
+@dataclass(frozen=True)
 class ModelHealth:
+    """A model's failed starts in a row, across its replicas (parks it at the limit), and the same
+    per replica slot (backoff) and per node (a node that keeps failing it is avoided), by key."""
+
     failures_in_row: int = 0
     parked: bool = False
     last_error: str = ""
     last_failure_at: float = 0.0
+    slots: tuple[Strikes, ...] = ()  # sorted by key; a snapshot written before these reads ()
+    nodes: tuple[Strikes, ...] = ()
+
+    def slot(self, slot: int) -> Strikes | None:
+        return _find(self.slots, str(slot))
+
+    def node(self, node: str) -> Strikes | None:
+        return _find(self.nodes, node)
+
+
+def _find(strikes: tuple[Strikes, ...], key: str) -> Strikes | None:
+    for s in strikes:
+        if s.key == key:
+            return s
+    return None
 
 
 @dataclass(frozen=True)

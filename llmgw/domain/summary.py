@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from llmgw.domain import summary_fleet as fleet
 from llmgw.domain.observed import Gpu, Observed
 from llmgw.domain.settings import effective
-from llmgw.domain.state import ClusterState
+from llmgw.domain.state import ClusterState, Placement
 
 
 def model_status(state: ClusterState, observed: Observed, name: str, view: Any | None) -> dict[str, Any]:
@@ -242,36 +243,95 @@ def build(
     observed: Observed,
     views: Mapping[str, Any] | None,
     cluster: Mapping[str, Any],
+    now: float | None = None,
 ) -> dict[str, Any]:
+    """The whole summary. `views`: the reconciler's ModelView per model (None: it has not run);
+    `now`: the clock demand times are on (None: every idle time is unknown)."""
     views = views or {}
     node_docs = nodes(state, observed)
+    by_model: dict[str, list[Placement]] = {}
+    for p in state.placements.values():
+        by_model.setdefault(p.model, []).append(p)
+    failed: dict[str, int] = {}
+    for r in observed.replicas.values():
+        if r.state == "failed":
+            failed[r.model] = failed.get(r.model, 0) + 1
     models = []
     warnings: list[str] = []
     for name, m in sorted(state.models.items()):
-        st = model_status(state, observed, name, views.get(name))
-        st.pop("replicas")
-        models.append({"name": name, "engine": m.engine, "role": m.role, "mode": m.mode, **st})
-        if st["parked"]:
-            warnings.append(f"model {name} is parked: {st['reason']}")
-        elif st["state"] == "unplaceable":
-            warnings.append(f"model {name} cannot be placed: {st['reason']}")
+        row = model_row(state, name, views.get(name), failed.get(name, 0))
+        models.append({"name": name, "engine": m.engine, "role": m.role, "mode": m.mode, **row})
+        if row["parked"]:
+            warnings.append(f"model {name} is parked: {row['reason']}")
+        elif row["state"] == "unplaceable":
+            warnings.append(f"model {name} cannot be placed: {row['reason']}")
+        elif row["failures_in_row"] and row["state"] not in ("stopped", "absent"):
+            # "ready 1/3" and nothing more is how a crash loop hides behind one good replica.
+            warnings.append(f"model {name}: {row['failures_in_row']} failed start(s) in a row, "
+                            f"{row['ready']}/{row['desired']} ready: {row['last_error'] or 'no error text'}")
     stopped = bool(effective(state.settings, "serving.stopped"))
     if stopped:
-        warnings.append("serving is stopped: every model wants 0 replicas (`llmgw ctl settings serving.stopped false` resumes)")
+        warnings.append("serving is stopped: every model wants 0 replicas (`llmgw start` resumes)")
     hooks = effective(state.settings, "notify.webhooks")
     if not hooks:
         warnings.append("no notify.webhooks set: lost nodes and parked models reach nobody "
                         "(llmgw ctl settings notify.webhooks '[\"https://...\"]')")
-    for n in node_docs:
-        if not n["connected"]:
-            warnings.append(f"node {n['node']} is not connected")
-        warnings += [f"node {n['node']}: {w}" for w in n["warnings"] or ()]  # its GPUs' states, said by its probe
+    used, grouped = fleet.used_devices(state.placements.values())
+    capacity = fleet.capacity(observed, used)
+    fabric_docs = fleet.fabrics(observed, used, grouped)
+    warnings += fleet.fleet_warnings(fabric_docs, capacity, [n["node"] for n in node_docs if not n["connected"]])
+    warnings += _probe_warnings(node_docs)
     members = cluster.get("members")
     warnings += member_warnings(members if isinstance(members, list) else [])
     return {
         "cluster": {**cluster, "revision": state.revision, "stopped": stopped},
         "nodes": node_docs,
+        "node_counts": {"known": len(node_docs), "connected": len(observed.nodes),
+                        "not_connected": sum(1 for n in node_docs if not n["connected"])},
+        "capacity": capacity,
+        "fabrics": fabric_docs,
+        "weights": fleet.weights(fabric_docs),
         "models": models,
+        "totals": fleet.totals(models),
+        "idle": fleet.idle(state, observed, now, by_model),
         "warnings": warnings,
         "notify": {"webhooks": len(hooks)},
     }
+
+
+def model_row(state: ClusterState, name: str, view: Any | None, failed: int) -> dict[str, Any]:
+    """One model as the summary counts it, from the reconciler's view (never re-derived here):
+    desired is what it should have now, so a parked model that should run reads `0/1 parked`.
+    `failed`: its replicas whose agents report a failed start."""
+    health = state.model_health(name)
+    return {
+        "desired": view.desired if view else None,
+        "ready": view.ready if view else None,
+        "starting": view.starting if view else None,
+        "placed": view.placed if view else None,
+        "failed": getattr(view, "failed", failed) if view else None,
+        "state": view.state if view else "unknown",
+        "reason": view.reason if view else "the reconciler has not run yet",
+        "parked": health.parked,
+        "unplaceable": view.state == "unplaceable" if view else None,
+        "satisfied": fleet.satisfied(view, health.parked),
+        # The view's, when it says: failed starts counted across the model's replicas.
+        "failures_in_row": getattr(view, "failures_in_row", health.failures_in_row),
+        "last_error": getattr(view, "last_error", "") or health.last_error,
+    }
+
+
+def _probe_warnings(node_docs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The probes' words on GPU states, the same words on many nodes said once with how many."""
+    said: dict[str, list[str]] = {}
+    for n in node_docs:
+        for w in n["warnings"] or ():
+            said.setdefault(str(w), []).append(str(n["node"]))
+    out = []
+    for text, where in said.items():
+        if len(where) == 1:
+            out.append(f"node {where[0]}: {text}")
+        else:
+            more = f" and {len(where) - 3} more" if len(where) > 3 else ""
+            out.append(f"{len(where)} nodes ({', '.join(where[:3])}{more}): {text}")
+    return out

@@ -11,6 +11,7 @@ engine's own code or a weights package: `importlib.util.find_spec` only locates 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import signal
@@ -120,10 +121,13 @@ def detect_engines(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Engines this node can start now -> version ("" when unknown). Cheap: no engine is imported,
     binaries' `--version` run once per file (cached); llama.cpp's version names its form(s)."""
     env = os.environ if environ is None else environ
+    # Not cached as a whole: an engine installed or upgraded while the agent runs shows at the next
+    # inventory (binaries' versions are cached per file, so this stays cheap). The import system
+    # caches directory listings: forget them, or a package installed since start stays unseen.
+    importlib.invalidate_caches()
     return dict(_detect(env.get("PATH", ""), env.get("LLMGW_LLAMA_SERVER", ""), env.get("LLMGW_VLLM", "")))
 
 
-@cache
 def _detect(path: str, llama_server: str, vllm: str) -> tuple[tuple[str, str], ...]:
     environ = {"PATH": path, "LLMGW_LLAMA_SERVER": llama_server, "LLMGW_VLLM": vllm}
     found: dict[str, list[str]] = {}

@@ -208,7 +208,7 @@ class GatewayApp:
         self._authenticate(scope, snap)
         if effective(snap.settings, "serving.stopped"):
             raise OpenAIError(503, "system_stopped", "the system is stopped: no model is served until an operator "
-                                                     "resumes it (`llmgw ctl settings serving.stopped false`)")
+                                                     "resumes it (`llmgw start`)")
         raw = await read_body(scope, receive, ex, self.deps.max_body_bytes)
         body = parse_object(raw)
         name, stream = check_request(kind, body)

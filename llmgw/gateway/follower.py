@@ -242,8 +242,10 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
 async def _report(ws: WebSocketConnection, router: Router, t: Timeouts) -> None:
     """The router's demand, as ages (the leader's clock is not ours): the replicas used since the
     last report (all of them in the first), the models asked for, and, every time, the models
-    that have requests waiting (a new leader must learn of them too). A heartbeat when quiet."""
+    that have requests waiting (a new leader must learn of them too), and the requests in flight
+    per model when they changed (all of them in the first). A heartbeat when quiet."""
     sent: dict[str, float] = {}
+    sent_load: dict[str, int] | None = None
     last_sent = trio.current_time()
     while True:
         now = trio.current_time()
@@ -252,13 +254,18 @@ async def _report(ws: WebSocketConnection, router: Router, t: Timeouts) -> None:
         asks = dict(router.take_activation_asks())
         for model in router.statistics().waiting:
             asks[model] = now
-        if fresh or asks:
-            await ws.send_message(protocol.dumps({
+        load = router.outstanding()
+        if fresh or asks or load != sent_load:
+            report: dict[str, object] = {
                 "type": "demand",
                 "last_used_age": {rid: round(now - u, 3) for rid, u in fresh.items()},
                 "asks_age": {m: round(now - a, 3) for m, a in asks.items()},
-            }))
+            }
+            if load != sent_load:
+                report["outstanding"] = load
+            await ws.send_message(protocol.dumps(report))
             sent.update(fresh)
+            sent_load = load
             last_sent = now
         elif now - last_sent >= t.gateway_heartbeat_s:
             await ws.send_message(protocol.dumps({"type": "heartbeat"}))

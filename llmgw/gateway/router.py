@@ -1,6 +1,7 @@
 """The gateway's routing table: least-outstanding pick among a model's ready endpoints.
 
-Implements `EndpointSink` (control pushes routes in) and `DemandReport` (last-used times and activation asks out).
+Implements `EndpointSink` (control pushes routes in) and `DemandReport` (last-used times, activation asks
+and requests in flight out).
 """
 
 from __future__ import annotations
@@ -119,6 +120,13 @@ class Router:
     def take_activation_asks(self) -> dict[str, float]:
         asks, self._asks = self._asks, {}
         return asks
+
+    def outstanding(self) -> dict[str, int]:
+        """Model -> requests in flight to its replicas or waiting for one (the load scaling reads)."""
+        load = {m: n for m, slots in self._by_model.items() if (n := sum(s.outstanding for s in slots))}
+        for m, n in self._waiting.items():
+            load[m] = load.get(m, 0) + n
+        return load
 
     # --- the request path -----------------------------------------------------
 

@@ -1,18 +1,22 @@
-"""What placement decides with: refusals and choices, and the per-node device filters shared by
-one-node and multi-node replicas (MIG rules, classes, memory, usable devices, engines).
+"""What placement decides with: refusals and choices, what one replica needs (`Need`), and the
+per-node filters shared by one-node and multi-node replicas (MIG, classes, memory, devices, engines).
 
 Pure, like the rest of `placement`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
+from llmgw.domain.memory import MemoryEstimate
 from llmgw.domain.model import ModelDef, is_mig_class
 from llmgw.domain.observed import Gpu, NodeInfo
 
+FITS = "fits"  # a verdict (`FleetView.verdicts`): the node can take the replica now
 NOT_NOW = "not_now"  # could fit once something changes (a GPU frees, an engine installs)
 NEVER = "never"  # this node cannot run it as defined
+GIB = 1 << 30
 
 ENGINE_HINTS = {
     "llama.cpp": ("install the engine on the node: pip install 'llmgw[llamacpp]' "
@@ -21,13 +25,70 @@ ENGINE_HINTS = {
 }
 _UNSET_HOSTS = ("", "0.0.0.0", "::")
 
+# Every refusal code, its verdict and what it means (docs/placement.md has the same table;
+# a test keeps them equal).
+REASONS: dict[str, tuple[str, str]] = {
+    "mig_single": (NEVER, "a MIG class with gpus, tp, pp or nodes above 1, or a multi-GPU replica on a node of MIG instances only"),
+    "no_gpu": (NEVER, "a GPU profile on a node with no GPU"),
+    "node_not_ready": (NOT_NOW, "GPU discovery failed on the node: GPU replicas wait, CPU replicas run"),
+    "class": (NEVER, "no GPU of an allowed class"),
+    "memory": (NEVER, "no GPU of an allowed class has the memory per GPU the estimate says"),
+    "gpu_count": (NEVER, "fewer GPUs that meet the profile than it takes"),
+    "gpus_unhealthy": (NOT_NOW, "enough GPUs, but some are unhealthy now"),
+    "gpus_unusable": (NOT_NOW, "enough GPUs, but some are not placeable now (MIG mode pending, nothing carved)"),
+    "engine_missing": (NOT_NOW, "the model's engine is not installed on the node"),
+    "gpus_busy": (NOT_NOW, "not enough free GPUs on the node now"),
+    "cpu_memory": (NEVER, "a CPU replica needs more memory than the node has"),
+    "cpu_memory_busy": (NOT_NOW, "the node's CPU replicas leave too little memory now"),
+    "no_fabric": (NEVER, "a multi-node replica on a node with no fabric configured"),
+    "node_busy": (NOT_NOW, "a multi-node replica needs a whole free node"),
+}
+
 
 @dataclass(frozen=True)
 class Refusal:
+    """Why one node cannot take the replica: a verdict, a code (docs/placement.md lists them),
+    words for the operator, and the figures behind the words (bytes, counts) for programs."""
+
     node: str
     verdict: str  # NOT_NOW | NEVER
     code: str
     message: str
+    numbers: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Need:
+    """What one replica of a model asks of a node: the model's profile and engine, with the
+    memory estimate resolved (None = unknown: no memory check, never a guess of 0)."""
+
+    engine: str
+    cpu: bool
+    gpus: int  # per node
+    nodes: int
+    classes: tuple[str, ...]
+    per_device: int | None  # bytes each GPU must have (GPU profiles)
+    total: int | None  # bytes the whole replica needs (CPU profiles: the node's memory)
+    mig_single: bool  # a MIG class with gpus/tp/pp/nodes > 1: refused everywhere
+    share: float | None = None  # the engine takes this share of each GPU (vLLM); None: all of it
+
+    @classmethod
+    def of(cls, model: ModelDef, estimate: MemoryEstimate) -> Need:
+        prof = model.profile
+        mig = any(is_mig_class(c) for c in prof.classes) and max(prof.gpus, prof.tp, prof.pp, prof.nodes) > 1
+        share = getattr(estimate, "device_share", None)
+        return cls(model.engine, prof.cpu, prof.gpus, prof.nodes, prof.classes,
+                   estimate.per_device(prof.gpus * prof.nodes), estimate.total_bytes, mig,
+                   None if prof.cpu else share)
+
+    def room(self, gpu: Gpu) -> int:
+        """What of a GPU's memory the engine will use: all of it, or its share (vLLM)."""
+        return gpu.memory_total if self.share is None else int(gpu.memory_total * self.share)
+
+
+def gib(n: float) -> str:
+    """Bytes as GiB for messages: "90", "79.6"."""
+    return f"{n / GIB:.1f}".removesuffix(".0")
 
 
 @dataclass(frozen=True)
@@ -53,6 +114,7 @@ class PlacementResult:
     choice: Choice | None
     refusals: tuple[Refusal, ...]
     summary: str = ""  # why no set of nodes fits, beyond each node's refusal (multi-node replicas)
+    short_by: str = ""  # nothing can ever fit for want of memory: by how much (`fleet.short_by`)
 
     def reason(self) -> str:
         """One line for the operator and the client: why nothing fits."""
@@ -63,28 +125,46 @@ class PlacementResult:
         groups: dict[str, list[str]] = {}
         for r in self.refusals:
             groups.setdefault(r.message, []).append(r.node)
-        parts = [f"{', '.join(sorted(nodes))}: {msg}" for msg, nodes in sorted(groups.items())]
+        parts = [f"{_names(nodes)}: {msg}" for msg, nodes in sorted(groups.items())]
         if self.summary:
             return self.summary + (" — " + "; ".join(parts) if parts else "")
-        return "no node fits — " + "; ".join(parts)
+        return (self.short_by or "no node fits") + " — " + "; ".join(parts)
 
 
-def mig_refusal(model: ModelDef, node: str) -> Refusal | None:
+NAMES_SHOWN = 6  # per reason: a fleet of 1,000 nodes refused alike reads as six names and a count
+
+
+def _names(nodes: list[str]) -> str:
+    names = sorted(nodes)
+    if len(names) <= NAMES_SHOWN:
+        return ", ".join(names)
+    return f"{', '.join(names[:NAMES_SHOWN])} and {len(names) - NAMES_SHOWN} more"
+
+
+def mig_refusal(need: Need, node: str) -> Refusal | None:
     """A replica on a MIG class runs on one instance: one process opens one MIG device, and
     instances share no NVLink. Validation refuses such definitions too; this holds for any."""
-    prof = model.profile
-    if any(is_mig_class(c) for c in prof.classes) and max(prof.gpus, prof.tp, prof.pp, prof.nodes) > 1:
+    if need.mig_single:
         return Refusal(node, NEVER, "mig_single",
                        "a replica on MIG runs on exactly one instance (gpus, tp, pp and nodes must be 1)")
     return None
 
 
-def devices(model: ModelDef, node: NodeInfo) -> list[Gpu] | Refusal:
+def not_ready(node: NodeInfo) -> Refusal | None:
+    """A node whose GPU discovery failed lists no GPU but is not a CPU node: GPU replicas wait
+    for it (NOT_NOW, with the probe's words); CPU replicas run there as usual."""
+    if node.gpus or node.probe != "none" or not node.warnings:
+        return None
+    return Refusal(node.node, NOT_NOW, "node_not_ready", "GPU discovery failed: " + "; ".join(node.warnings))
+
+
+def devices(need: Need, node: NodeInfo) -> list[Gpu] | Refusal:
     """The node's usable devices that meet the profile (class, memory, MIG rules), at least
-    `profile.gpus` of them, or why not. Hardware first (NEVER), then usability (NOT_NOW)."""
-    prof = model.profile
+    `need.gpus` of them, or why not. Hardware first (NEVER), then usability (NOT_NOW)."""
+    prof = need  # the profile, as resolved
     if not node.gpus:
-        return Refusal(node.node, NEVER, "no_gpu", "node has no GPU and the model's profile does not allow CPU")
+        return not_ready(node) or Refusal(node.node, NEVER, "no_gpu",
+                                          "node has no GPU and the model's profile does not allow CPU")
     candidates = list(node.gpus)
     if prof.gpus > 1 or prof.nodes > 1:
         # One process opens one MIG device and instances share no NVLink: one instance or none.
@@ -95,28 +175,34 @@ def devices(model: ModelDef, node: NodeInfo) -> list[Gpu] | Refusal:
         candidates = [g for g in candidates if g.gpu_class in prof.classes]
         if not candidates:
             return Refusal(node.node, NEVER, "class", f"no GPU of class {', '.join(prof.classes)}")
-    if prof.memory_gib > 0:
-        need = int(prof.memory_gib * (1 << 30) / prof.gpus)
-        candidates = [g for g in candidates if g.memory_total >= need]
+    if prof.per_device is not None:
+        per_device = prof.per_device
+        largest = max(prof.room(g) for g in candidates)
+        candidates = [g for g in candidates if prof.room(g) >= per_device]
         if not candidates:
-            return Refusal(node.node, NEVER, "memory", f"no GPU has {prof.memory_gib / prof.gpus:g} GiB")
+            of = f" (the {prof.share:.0%} of a GPU {prof.engine} takes)" if prof.share is not None else ""
+            return Refusal(node.node, NEVER, "memory",
+                           f"needs {gib(per_device)} GiB per GPU, the largest here has {gib(largest)} GiB{of}",
+                           {"need_bytes": per_device, "largest_bytes": largest})
     if len(candidates) < prof.gpus:
-        return Refusal(node.node, NEVER, "gpu_count", f"needs {prof.gpus} GPUs, node has {len(candidates)} that fit")
+        return Refusal(node.node, NEVER, "gpu_count", f"needs {prof.gpus} GPUs, node has {len(candidates)} that fit",
+                       {"need": prof.gpus, "fit": len(candidates)})
     usable = [g for g in candidates if g.usable]
     if len(usable) < prof.gpus:
         # Unhealthy or unplaceable devices count as neither used nor free; they may come back
         # (a reset, MIG instances carved), so not NEVER. Each says why, in the probe's words.
         out = [g for g in candidates if not g.usable]
         why = "; ".join(f"{g.label}: {g.reason or 'unhealthy'}" for g in out)
+        numbers = {"need": prof.gpus, "usable": len(usable)}
         if all(g.placeable for g in out):
             return Refusal(node.node, NOT_NOW, "gpus_unhealthy",
-                           f"needs {prof.gpus} healthy GPUs, {len(usable)} healthy now ({why})")
+                           f"needs {prof.gpus} healthy GPUs, {len(usable)} healthy now ({why})", numbers)
         return Refusal(node.node, NOT_NOW, "gpus_unusable",
-                       f"needs {prof.gpus} usable GPUs, {len(usable)} usable now ({why})")
+                       f"needs {prof.gpus} usable GPUs, {len(usable)} usable now ({why})", numbers)
     return usable
 
 
-def engine_refusal(model: ModelDef, node: NodeInfo) -> Refusal | None:
+def engine_refusal(model: ModelDef | Need, node: NodeInfo) -> Refusal | None:
     if model.engine in node.engines:
         return None
     hint = ENGINE_HINTS.get(model.engine, "")

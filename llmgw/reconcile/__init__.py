@@ -8,6 +8,10 @@ A multi-node replica (a group) is one unit here: placed, scaled, failed and remo
 Its members (rank >= 1) start first; rank 0 starts once every member reports starting or
 ready, and is the replica's only endpoint; stops go to rank 0 first. A member that fails
 fails the group: one start failure counted, every member stopped, the group placed again.
+
+Failures count per model, replica slot and node (`domain.health` has the rule; `failures` the
+first step). A changed definition is rolled: the new replica starts before the old one stops
+when there is room for both, else the old one makes room.
 """
 
 from __future__ import annotations
@@ -17,19 +21,29 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from llmgw.domain import commands
+from llmgw.domain.health import avoided_nodes, retry_backoff, slot_wait
 from llmgw.domain.model import ModelDef
-from llmgw.domain.observed import Endpoint, ModelRoute, Observed, ReplicaObs
+from llmgw.domain.observed import Endpoint, ModelRoute, NodeInfo, Observed, ReplicaObs
 from llmgw.domain.settings import effective
-from llmgw.domain.state import ClusterState, Placement
+from llmgw.domain.state import ClusterState, Placement, Strikes
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
-from llmgw.placement import place
+from llmgw.placement import FleetView, PlacementResult, place
+from llmgw.reconcile import demand
+from llmgw.reconcile.failures import (
+    Scan,
+    Unit,
+    complete,
+    failing_note,
+    free_slots,
+    launch_of,
+    oldest_first,
+    parked_reason,
+    ready_commands,
+    scan,
+)
 
-
-def retry_backoff(failures_in_row: int, timeouts: Timeouts = TIMEOUTS) -> float:
-    """Seconds to wait after the n-th failed start before placing again: 1, 2, 4, ... 30 by default."""
-    if failures_in_row <= 0:
-        return 0.0
-    return min(timeouts.start_backoff_first_s * 2.0 ** (failures_in_row - 1), timeouts.start_backoff_max_s)
+__all__ = ["AgentAction", "ModelView", "Plan", "complete", "decide", "desired_replicas", "rank_of", "retry_backoff",
+           "should_have", "units"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,10 @@ class ModelView:
     starting: int
     state: str  # a ROUTE_STATES value
     reason: str
+    # The model's failed starts in a row (across its replicas) and the last one's error, also
+    # while some replica is ready: "ready 1/3" says why the other two are missing.
+    failures_in_row: int = 0
+    last_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,116 +92,112 @@ class Plan:
     routes: dict[str, ModelRoute]
     views: dict[str, ModelView]
     unplaceable: dict[str, str]  # model -> why no node fits
+    evictions: tuple[demand.Eviction, ...] = ()  # idle replicas removed to make room (logged by the loop)
+
+
+def should_have(state: ClusterState, model: ModelDef, observed: Observed, now: float) -> int:
+    """How many replicas the model should have now, parking aside (a parked model shows what it
+    should have: `0/1 parked`, never `0/0`). The rule: `reconcile.demand.desired`."""
+    return demand.desired(state, model, observed, now).count
 
 
 def desired_replicas(state: ClusterState, model: ModelDef, observed: Observed, now: float) -> int:
-    if effective(state.settings, "serving.stopped") or state.model_health(model.name).parked:
+    """How many replicas to place now: what it should have, none while it is parked."""
+    if state.model_health(model.name).parked:
         return 0
-    if model.mode == "always":
-        return model.replicas_min
-    asked = observed.demand.get(model.name)
-    wanted = asked is not None and now - asked < model.idle_timeout_s
-    return max(model.replicas_min, 1 if wanted else 0)
+    return should_have(state, model, observed, now)
+
+
+@dataclass
+class _Pass:
+    """One `decide` call's working set: the commands so far and the placements as they will be."""
+
+    state: ClusterState
+    observed: Observed
+    now: float
+    timeouts: Timeouts
+    cmds: list[dict[str, Any]] = field(default_factory=list)
+    removed: set[str] = field(default_factory=set)
+    live: dict[str, Placement] = field(default_factory=dict)  # replica id -> placement, pending ones too
+    # Placement's index of the fleet as `live` has it: built at the first placement of the pass
+    # (a quiet pass builds none), then kept in step with each removal and addition.
+    view: FleetView | None = None
+    evicted: list[demand.Eviction] = field(default_factory=list)
+
+    def remove(self, unit: Unit, why: str) -> None:
+        for p in unit:
+            if p.replica_id not in self.removed:
+                self.removed.add(p.replica_id)
+                if self.live.pop(p.replica_id, None) is not None and self.view is not None:
+                    self.view.remove(p.replica_id)
+                self.cmds.append(commands.remove_placement(p.replica_id, self.now, reason=why))
+
+    def place(self, model: ModelDef, avoided: dict[str, Strikes]) -> PlacementResult:
+        """Placement for one more replica, off the nodes avoided for this model when another fits."""
+        nodes: dict[str, NodeInfo] = self.observed.nodes
+        if avoided:  # rare: a one-off plan without them
+            elsewhere = place(model, {n: i for n, i in nodes.items() if n not in avoided}, self.live.values(),
+                              models=self.state.models)
+            if elsewhere.choice is not None:
+                return elsewhere
+        if self.view is None:
+            self.view = FleetView(nodes, self.live.values(), self.state.models)
+        return self.view.place(model)  # every refusal comes when nothing fits
+
+    def _added(self, p: Placement) -> None:
+        self.live[p.replica_id] = p
+        if self.view is not None:
+            self.view.add(p)
+
+    def add(self, model: ModelDef, result: PlacementResult, slot: int) -> None:
+        assert result.choice is not None
+        name, choice, launch = model.name, result.choice, launch_of(model)
+        pending = f"(pending-{name}-{len(self.cmds)})"
+        if choice.members:
+            members = [(m.node, m.gpus, m.host) for m in choice.members]
+            for rank, m in enumerate(choice.members):
+                self._added(Placement(f"{pending}-r{rank}", name, m.node, m.gpus, launch, self.now, pending, rank,
+                                      len(members), slot=slot))
+            self.cmds.append(commands.add_group(name, members, launch, self.now, slot=slot))
+        else:
+            self._added(Placement(pending, name, choice.node, choice.gpus, launch, self.now, slot=slot))
+            self.cmds.append(commands.add_placement(name, choice.node, choice.gpus, launch, self.now, slot=slot))
 
 
 def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeouts = TIMEOUTS) -> Plan:
-    cmds: list[dict[str, Any]] = []
-    removed: set[str] = set()
-    failed_models: dict[str, int] = {}
-
-    def remove(p: Placement, why: str) -> None:
-        if p.replica_id not in removed:
-            removed.add(p.replica_id)
-            cmds.append(commands.remove_placement(p.replica_id, now, reason=why))
-
-    # 1. Replicas that must go: their model went or changed, their node is lost,
-    #    they failed to start (a group: any member). Failures are all counted before
-    #    any "ready" is recorded, so the outcome never depends on replica id order.
-    ready_models: set[str] = set()
-    last_error: dict[str, str] = {}
-    for unit in units(state.placements.values()):
-        head = unit[0]
-        model = state.models.get(head.model)
-        lost = [p.node for p in unit
-                if p.node not in observed.nodes and now - observed.gone_since(p.node) >= timeouts.lost_node_grace_s]
-        failed = sorted(((o.since, p.rank, p, o) for p in unit
-                         if (o := observed.replicas.get(p.replica_id)) is not None and o.state == "failed"),
-                        key=lambda f: (f[0], f[1]))
-        head_obs = observed.replicas.get(head.replica_id)
-        failure: dict[str, Any] | None = None
-        if model is None:
-            why = "model removed"
-        elif head.launch_hash != model.launch_hash():
-            why = "definition changed"
-        elif not complete(unit):
-            why = f"group {head.group} is incomplete"
-        elif lost:
-            why = f"node {lost[0]} lost"
-        elif failed:
-            # The first member to fail is the likely cause (the others follow it out).
-            _, rank, culprit, report = failed[0]
-            error = report.error or "engine exited"
-            if head.group:
-                error = f"rank {rank} of {head.group} (on {culprit.node}) failed: {error}"
-            why = "start failed"
-            if not state.model_health(head.model).parked:
-                failure = commands.start_failed(head.model, culprit.replica_id, error, now)
-                failed_models[head.model] = failed_models.get(head.model, 0) + 1
-                last_error[head.model] = error
-        else:
-            if head.serves and head_obs is not None and head_obs.state == "ready":
-                ready_models.add(head.model)
-            continue
-        for member in unit:
-            remove(member, why)
-        if failure is not None:
-            cmds.append(failure)
-    for name in sorted(ready_models):
-        health = state.model_health(name)
-        if health.failures_in_row and not health.parked and name not in failed_models:
-            cmds.append(commands.became_ready(name, now))
+    run = _Pass(state, observed, now, timeouts, live=dict(state.placements))
+    # 1. Replicas that must go: their model went, their node is lost, they failed to start (a
+    #    group: any member), an old definition's that does not serve. Failures are all counted
+    #    before any "ready" is recorded, so the outcome never depends on replica id order.
+    found = scan(state, observed, now, timeouts, units(state.placements.values()))
+    failed_units = {u[0].replica_id for u, _ in found.failures}
+    failure_of = {u[0].replica_id: cmd for u, cmd in found.failures}
+    for unit, why in found.gone:
+        run.remove(unit, why)
+        if unit[0].replica_id in failed_units:
+            run.cmds.append(failure_of[unit[0].replica_id])
+    run.cmds.extend(ready_commands(state, found, now))
 
     # 2. Scale each model toward what it should have now.
-    live = [p for p in state.placements.values() if p.replica_id not in removed]
     unplaceable: dict[str, str] = {}
     desired: dict[str, int] = {}
     parking: dict[str, tuple[int, str]] = {}  # parked by this very pass: failures, last error
+    park_after = int(effective(state.settings, "health.park_after_failures"))
     for name in sorted(state.models):
         model = state.models[name]
-        want = desired_replicas(state, model, observed, now)
-        if name in failed_models:
-            park_after = int(effective(state.settings, "health.park_after_failures"))
-            if state.model_health(name).failures_in_row + failed_models[name] >= park_after:
-                want = 0  # this pass parks it; do not place it again
-                parking[name] = (state.model_health(name).failures_in_row + failed_models[name], last_error[name])
-        desired[name] = want
         health = state.model_health(name)
-        waiting = name in failed_models or (
-            health.failures_in_row > 0 and now - health.last_failure_at < retry_backoff(health.failures_in_row, timeouts)
-        )
-        mine = sorted(units(p for p in live if p.model == name), key=lambda u: (u[0].placed_at, u[0].replica_id))
-        for extra in mine[want:][::-1]:
-            for p in extra:
-                remove(p, "scaled down")
-                live.remove(p)
-        for _ in range(want - len(mine) if not waiting else 0):
-            result = place(model, observed.nodes, live)
-            if result.choice is None:
-                unplaceable[name] = result.reason()
-                break
-            choice, launch, pending = result.choice, model.launch_hash(), f"(pending-{name}-{len(live)})"
-            if choice.members:
-                members = [(m.node, m.gpus, m.host) for m in choice.members]
-                live.extend(Placement(f"{pending}-r{rank}", name, m.node, m.gpus, launch, now, group=pending,
-                                      rank=rank, group_size=len(members)) for rank, m in enumerate(choice.members))
-                cmds.append(commands.add_group(name, members, launch, now))
-            else:
-                live.append(Placement(pending, name, choice.node, choice.gpus, launch, now))
-                cmds.append(commands.add_placement(name, choice.node, choice.gpus, launch, now))
+        desired[name] = should_have(state, model, observed, now)
+        want = 0 if health.parked else desired[name]
+        if name in found.failed and health.failures_in_row + found.failed[name] >= park_after:
+            want = 0  # this pass parks it; do not place it again
+            parking[name] = (health.failures_in_row + found.failed[name], found.last_error[name])
+        why = _scale(run, model, want, found)
+        if why:
+            unplaceable[name] = why
 
     # 3. Tell agents: start what is placed and not running, stop what runs unplaced.
     actions: list[AgentAction] = []
-    kept = {rid: p for rid, p in state.placements.items() if rid not in removed}
+    kept = {rid: p for rid, p in state.placements.items() if rid not in run.removed}
     for unit in units(kept.values()):
         for p in unit:
             obs = observed.replicas.get(p.replica_id)
@@ -198,36 +212,88 @@ def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeou
              if rid not in kept and obs.state != "stopped" and obs.node in observed.nodes]
     actions.extend(AgentAction(node, "stop", rid) for _, rid, node in sorted(stops))
 
-    views, routes = _views(state, observed, kept, desired, unplaceable, parking)
-    return Plan(tuple(cmds), tuple(actions), routes, views, unplaceable)
+    views, routes = _views(state, observed, now, timeouts, kept, desired, unplaceable, parking)
+    return Plan(tuple(run.cmds), tuple(actions), routes, views, unplaceable, tuple(run.evicted))
+
+
+def _scale(run: _Pass, model: ModelDef, want: int, found: Scan) -> str:
+    """Remove and place this model's replicas toward `want`; the reason nothing fits, if so.
+
+    Replicas of an older definition that serve are kept while the new ones are not yet ready
+    (rolling: start the new before stopping the old); one makes room when the new one fits
+    nowhere else."""
+    name, launch = model.name, launch_of(model)
+    mine = [u for u in found.kept.get(name, []) if u[0].replica_id not in run.removed]
+    fresh = oldest_first([u for u in mine if u[0].launch_hash == launch])
+    stale = oldest_first([u for u in mine if u[0].launch_hash != launch])
+    for extra in fresh[want:][::-1]:
+        run.remove(extra, "scaled down")
+    fresh = fresh[:want]
+    ready = {u[0].replica_id for u in found.ready.get(name, [])}
+    still_needed = max(0, want - sum(1 for u in fresh if u[0].replica_id in ready))
+    for old in stale[: max(0, len(stale) - still_needed)]:
+        run.remove(old, "definition changed")
+    stale = stale[max(0, len(stale) - still_needed):]
+    health = run.state.model_health(name)
+    avoided = avoided_nodes(run.state, health, run.now, run.timeouts) if health.nodes else {}
+    failed_now = found.failed_slots.get(name, set())
+    for slot in free_slots({u[0].slot for u in fresh}, want - len(fresh)):
+        if slot in failed_now or slot_wait(health, slot, run.now, run.timeouts) > 0:
+            continue  # this slot backs off; the others are not held back by it
+        if any(e.model == name for e in run.evicted):
+            break  # evicted by this pass to make room: not placed again elsewhere
+        result = run.place(model, avoided)
+        while result.choice is None and stale:
+            run.remove(stale.pop(0), "definition changed (no room to start the new replica first)")
+            result = run.place(model, avoided)
+        victims = [] if result.choice else demand.evictions(run.state, run.observed, run.now, model,
+                                                            run.live.values(), result)
+        if victims:  # idle replicas of other on-demand models make room (demand.evictions' policy)
+            for e in victims:
+                run.remove((run.live[e.replica_id],), e.why)
+            run.evicted.extend(victims)
+            result = run.place(model, avoided)
+        if result.choice is None:
+            return result.reason()
+        run.add(model, result, slot)
+    return ""
 
 
 def _views(
     state: ClusterState,
     observed: Observed,
+    now: float,
+    timeouts: Timeouts,
     kept: dict[str, Placement],
     desired: dict[str, int],
     unplaceable: dict[str, str],
     parking: dict[str, tuple[int, str]],
 ) -> tuple[dict[str, ModelView], dict[str, ModelRoute]]:
     stopped = bool(effective(state.settings, "serving.stopped"))
+    serving: dict[str, list[Placement]] = {}
+    for p in kept.values():
+        if p.serves:  # a group counts once, as its rank 0
+            serving.setdefault(p.model, []).append(p)
     views: dict[str, ModelView] = {}
     routes: dict[str, ModelRoute] = {}
     for name, model in sorted(state.models.items()):
-        mine = [p for p in kept.values() if p.model == name and p.serves]  # a group counts once, as its rank 0
+        mine = serving.get(name, [])
         obs: list[ReplicaObs] = [o for p in mine if (o := observed.replicas.get(p.replica_id)) is not None]
         ready = sorted((o for o in obs if o.state == "ready" and o.url), key=lambda o: o.replica_id)
         starting = sum(1 for p in mine if (o := observed.replicas.get(p.replica_id)) is None or o.state == "starting")
         health = state.model_health(name)
+        failures, error = parking.get(name, (health.failures_in_row, health.last_error))
+        route_reason = ""
         if stopped:
-            route_state, reason = "stopped", "serving is stopped; `llmgw ctl settings serving.stopped false` resumes it"
+            route_state, reason = "stopped", "serving is stopped; `llmgw start` resumes it"
         elif health.parked or name in parking:
-            failures, error = parking.get(name, (health.failures_in_row, health.last_error))
-            route_state = "parked"
-            reason = (f"parked after {failures} failed starts in a row: {error or 'no error text'}"
-                      f" — fix the definition or run `llmgw ctl model retry {name}`")
+            route_state, reason = "parked", parked_reason(name, failures, error)
         elif ready:
             route_state, reason = "ready", ""
+            avoided = avoided_nodes(state, health, now, timeouts) if health.nodes else {}
+            if len(ready) < desired.get(name, 0) or avoided:
+                note = failing_note(health, avoided) or unplaceable.get(name, "")
+                reason = f"{len(ready)} of {desired[name]} ready" + (f": {note}" if note else "")
         elif name in unplaceable:
             route_state, reason = "unplaceable", unplaceable[name]
         elif mine and all(p.node not in observed.nodes for p in mine):
@@ -240,20 +306,24 @@ def _views(
             reason = f"retrying after {health.failures_in_row} failed start(s): {health.last_error or 'no error text'}"
         elif desired.get(name, 0) > 0:
             route_state, reason = "starting", "waiting for a placement"
+        elif model.mode == "on-demand" and name in observed.evicted:
+            route_state, reason = "absent", f"{observed.evicted[name][1]}; a request starts it again"
         elif model.mode == "on-demand":
             route_state, reason = "absent", "no replica is wanted yet (on-demand: a request starts one)"
         else:
             route_state, reason = "absent", "the model asks for 0 replicas (replicas.min = 0)"
-        views[name] = ModelView(name, desired.get(name, 0), len(mine), len(ready), starting, route_state, reason)
+        if route_state != "ready":
+            route_reason = reason
+        views[name] = ModelView(name, desired.get(name, 0), len(mine), len(ready), starting, route_state, reason,
+                                failures, error)
         routes[name] = ModelRoute(
             model=name,
             role=model.role,
             state=route_state,
             endpoints=tuple(Endpoint(o.replica_id, o.url) for o in ready) if not stopped else (),
-            reason=reason,
+            reason=route_reason,
         )
     return views, routes
-
 
 # --- multi-node replicas (groups) -------------------------------------------------------
 
@@ -267,11 +337,6 @@ def units(placements: Iterable[Placement]) -> list[tuple[Placement, ...]]:
         by_unit.setdefault(p.group or p.replica_id, []).append(p)
     found = [tuple(sorted(ps, key=lambda p: (p.rank, p.replica_id))) for ps in by_unit.values()]
     return sorted(found, key=lambda u: u[0].replica_id)
-
-
-def complete(unit: tuple[Placement, ...]) -> bool:
-    """A lone replica, or a group with each of its ranks placed once."""
-    return [p.rank for p in unit] == list(range(unit[0].group_size))
 
 
 def rank_of(replica_id: str, state: ClusterState) -> int:

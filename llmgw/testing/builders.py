@@ -382,6 +382,11 @@ def quiet(plan: Plan) -> bool:
     """Nothing to commit, nothing to tell agents, and no model still on its way.
 
     A pass that waits out a retry backoff also issues nothing, so "no commands" alone
-    is not a fixed point: a model whose view is "starting" has somewhere to go.
+    is not a fixed point: a model whose view is "starting" has somewhere to go, and so has a
+    ready model short of what it wants (a slot waiting out its own backoff, beside ready ones).
     """
-    return not plan.commands and not plan.actions and all(v.state != "starting" for v in plan.views.values())
+    def settled(v: Any) -> bool:
+        return v.state != "starting" and (v.ready >= v.desired or v.name in plan.unplaceable
+                                          or v.state in ("parked", "unplaceable", "stopped"))
+
+    return not plan.commands and not plan.actions and all(settled(v) for v in plan.views.values())

@@ -154,10 +154,43 @@ class GgufInfo:
     def layer_count(self) -> int | None:
         return self._arch_int("block_count")
 
+    @property
+    def tensor_bytes(self) -> int | None:
+        """Bytes of tensor data the header describes (what is loaded), None when a type is unknown."""
+        sizes = [t.nbytes for t in self.tensors]
+        return None if any(n is None for n in sizes) else sum(n or 0 for n in sizes)
+
+    def memory_facts(self) -> dict[str, int]:
+        """What a memory estimate needs (llmgw/domain/memory.py), under the names the storage
+        report uses for every kind of weights; a fact the header lacks is left out, never 0.
+        `head_count_kv` may be a per-layer array (some architectures vary it): then its total
+        over the layers divided by them, rounded up, when every item was kept."""
+        facts = {
+            "layers": self.layer_count,
+            "context_length": self.context_length,
+            "embedding_length": self._arch_int("embedding_length"),
+            "head_count": self._arch_int("attention.head_count"),
+            "head_count_kv": self._arch_int("attention.head_count_kv") or self._per_layer("attention.head_count_kv"),
+            "key_length": self._arch_int("attention.key_length"),
+            "value_length": self._arch_int("attention.value_length"),
+            "tensor_bytes": self.tensor_bytes,
+        }
+        return {k: v for k, v in facts.items() if v is not None and v > 0}
+
     def _arch_int(self, key: str) -> int | None:
         arch = self.architecture
         value = self.metadata.get(f"{arch}.{key}") if arch else None
         return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def _per_layer(self, key: str) -> int | None:
+        arch = self.architecture
+        value = self.metadata.get(f"{arch}.{key}") if arch else None
+        if not isinstance(value, GgufArray) or not value.count or len(value.items) != value.count:
+            return None
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value.items):
+            return None
+        total: int = sum(value.items)
+        return -(-total // value.count)
 
 
 def _text(value: Any) -> str | None:

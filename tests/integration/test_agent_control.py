@@ -5,6 +5,7 @@ control plane that comes back adopts them instead of restarting them."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,14 @@ async def test_engines_survive_a_control_restart(tmp_path: Path) -> None:
             await wait_for(lambda: control.store.snapshot().model_health("broken").parked, timeout=40)
             health = control.store.snapshot().model_health("broken")
             assert health.failures_in_row == 5 and "fail" in health.last_error.lower()
+            # The engine's own last lines travel agent -> control -> the model's health (what `ctl model
+            # show` and the API print), with its exit status.
+            assert "simulated start failure of model broken (--fail-start)" in health.last_error, health.last_error
+            assert "status 3" in health.last_error, health.last_error
+            async with httpx.AsyncClient(base_url=control.admin_url,
+                                         headers={"authorization": f"Bearer {ADMIN}"}) as admin:
+                shown = (await admin.get("/api/v1/models/broken")).json()
+            assert "simulated start failure of model broken" in json.dumps(shown), shown
 
             control_scope.cancel()  # the control plane goes away...
             await trio.sleep(1.0)

@@ -27,6 +27,7 @@ from llmgw.engines import sim
 from llmgw.gateway.app import GatewayDeps, parse_bind, serve
 from llmgw.gateway.router import Router
 from llmgw.testing import MemoryStore
+from llmgw.testing.flaky_engine import Engine, serving
 
 KEY = "sk-test-client"
 ADMIN_KEY = "sk-test-admin"
@@ -551,3 +552,16 @@ async def test_serve_stops_gracefully_on_its_trigger() -> None:
 def test_parse_bind() -> None:
     assert parse_bind("http://127.0.0.1:8080") == ("127.0.0.1", 8080)
     assert parse_bind("http://[::1]:41234") == ("::1", 41234)
+
+
+async def test_the_gateway_retries_once_when_an_engine_drops_a_kept_alive_connection(
+        gw: Gateway, nursery: trio.Nursery) -> None:
+    """Through the whole gateway: the second request reuses the kept-alive connection, the engine
+    closes it without a byte, and the client still gets its answer (one retry on a new connection)."""
+    engine = Engine()
+    url = (await serving(nursery, engine)).removesuffix("/v1/chat/completions")
+    gw.set_route(ModelRoute("demo", "chat", "ready", (Endpoint("flaky-r1", url),)))
+    for _ in range(2):
+        response = await gw.http.post("/v1/chat/completions", json=chat())
+        assert response.status_code == 200, response.text
+    assert (engine.requests, engine.connections) == (3, 2), "one drop, one retry on a new connection"

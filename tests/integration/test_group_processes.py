@@ -209,7 +209,7 @@ def engine_pid(rank: int, model: str) -> int | None:
 async def test_three_agents_run_a_group_and_one_dead_member_replaces_it_whole(tmp_path: Path) -> None:
     router = Router()
     seed = Seed(admin_key=ADMIN, models=[ModelDef.from_doc(
-        {"name": "g", "engine": "sim", "source": "sim://g", "profile": {"nodes": 3, "tp": 3}})])
+        {"name": "g", "engine": "sim", "source": "sim://g", "profile": {"nodes": 3, "tp": 3, "cpu": True}})])
     timeouts = dataclasses.replace(TIMEOUTS, start_backoff_first_s=0.1, start_backoff_max_s=0.4)
     config = ControlConfig(state_dir=tmp_path / "control", raft_addr=f"127.0.0.1:{free_port()}",
                            admin_host="127.0.0.1", admin_port=free_port(), seed=seed, sinks=[router],

@@ -178,6 +178,9 @@ async def test_a_gateways_report_counts_before_the_new_leader_routed_anything(cl
         def take_activation_asks(self) -> Mapping[str, float]:
             return {}
 
+        def outstanding(self) -> Mapping[str, int]:
+            return {}
+
     store, hub, gateway = Member(), AgentHub(trio.current_time), Gateway()
     store.leading = True
     lazy = placed(store, sim("lazy", mode="on-demand"), "n1")

@@ -283,7 +283,12 @@ async def test_the_agent_observes_its_node_again_every_rescan(clock: Clock, tmp_
         await trio.sleep(T.storage_rescan_s * 1.5)
         assert link.inventory is first and not link.dirty.is_set(), "nothing changed: nothing to send"
         models.rmdir()  # the directory vanished: the report says so
-        await trio.sleep(T.storage_rescan_s)
+        # The scan runs in a worker thread, which the mock clock cannot see: it may jump past the
+        # next rescan while the thread still reads. So wait for the word, in bounded steps.
+        for _ in range(200_000):  # each step costs microseconds of real time
+            if link.dirty.is_set():
+                break
+            await trio.sleep(T.storage_rescan_s / 10)
         assert link.inventory.storage[0]["error"] and link.dirty.is_set()
         nursery.cancel_scope.cancel()
 

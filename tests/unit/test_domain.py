@@ -40,8 +40,16 @@ def test_minimal_sim_definition_takes_defaults():
     assert m.profile.cpu, "the simulator needs no GPU, so its profile says so"
 
 
-def test_sim_profile_is_cpu_even_when_the_document_says_otherwise():
-    assert ModelDef.from_doc({**SIM, "profile": {"cpu": False}}).profile.cpu
+def test_a_sim_profile_that_asks_for_gpus_takes_gpus_like_a_real_engine():
+    # Only a profile silent on GPUs (or `cpu = true`) puts a sim model on CPU.
+    assert not ModelDef.from_doc({**SIM, "profile": {"cpu": False}}).profile.cpu
+    assert not ModelDef.from_doc({**SIM, "profile": {"gpus": 2, "tp": 2}}).profile.cpu
+    assert not ModelDef.from_doc({**SIM, "profile": {"classes": ["h100-80g"]}}).profile.cpu
+    assert ModelDef.from_doc({**SIM, "profile": {"gpus": 2, "tp": 2, "cpu": True}}).profile.cpu
+    assert ModelDef.from_doc({**SIM, "profile": {"memory_gib": 2}}).profile.cpu
+    for doc in ({**SIM, "profile": {"gpus": 2, "tp": 2}}, SIM):  # the stored form reads back the same
+        m = ModelDef.from_doc(doc)
+        assert ModelDef.from_doc(m.to_doc()) == m
 
 
 def test_on_demand_defaults_to_zero_minimum_and_one_maximum():
@@ -62,7 +70,8 @@ def test_full_definition_from_the_spec_example():
         "args": [],
         "profile": {"gpus": 1, "tp": 1, "pp": 1, "nodes": 1, "classes": [], "memory_gib": 0, "cpu": False},
     }
-    assert ModelDef.from_doc(doc) == ModelDef.from_doc(SIM)
+    # Every default spelled out, `cpu = false` included: a sim model on one GPU.
+    assert ModelDef.from_doc(doc) == replace(ModelDef.from_doc(SIM), profile=Profile())
 
 
 @pytest.mark.parametrize(

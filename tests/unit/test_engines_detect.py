@@ -48,6 +48,15 @@ def test_binaries_on_path_are_found_with_their_versions(tmp_path: Path) -> None:
     assert calls.read_text() == "run\n"  # cached: --version ran once
 
 
+def test_an_engine_installed_or_upgraded_later_is_seen_at_the_next_inventory(tmp_path: Path) -> None:
+    env = {"PATH": str(tmp_path / "bin")}
+    assert "vllm" not in detect_engines(env)
+    vllm = script(tmp_path / "bin", "vllm", "echo 0.11.1")
+    assert detect_engines(env)["vllm"] == "0.11.1", "installed after the agent started"
+    vllm.write_text("#!/bin/sh\necho 0.12.0 # upgraded in place, a longer file\n")
+    assert detect_engines(env)["vllm"] == "0.12.0"
+
+
 def test_a_version_it_cannot_read_is_unknown_not_absent(tmp_path: Path) -> None:
     script(tmp_path / "bin", "vllm", "echo Traceback; exit 1")
     assert detect_engines({"PATH": str(tmp_path / "bin")})["vllm"] == ""

@@ -158,6 +158,29 @@ def test_an_unknown_tensor_type_leaves_the_size_unknown(tmp_path: Path) -> None:
     info = check_gguf(write(tmp_path, crafted(tensors=[("a", [8], 0, 0), ("b", [8], 77, 32)], data=64)))
     assert info.expected_size is None
     assert "type 77" in info.size_note and "not checked" in info.size_note
+    assert info.tensor_bytes is None and "tensor_bytes" not in info.memory_facts()  # unknown, not a guess
+
+
+def test_the_memory_facts_are_what_gguf_py_reads(tiny: Path) -> None:
+    info = check_gguf(tiny)
+    reader = gguf.GGUFReader(str(tiny))
+    assert info.tensor_bytes == sum(int(t.n_bytes) for t in reader.tensors)
+    assert info.memory_facts() == {
+        "layers": 2, "context_length": 2048, "embedding_length": 64, "head_count": 4, "head_count_kv": 2,
+        "tensor_bytes": info.tensor_bytes}
+
+
+def test_per_layer_head_counts_and_key_lengths_are_read(tmp_path: Path) -> None:
+    p = tmp_path / "varied.gguf"
+    w = gguf.GGUFWriter(str(p), "openelm")
+    w.add_block_count(3), w.add_head_count(12)
+    w.add_array("openelm.attention.head_count_kv", [3, 4, 6])  # varies by layer: 13 in all
+    w.add_key_length(192), w.add_value_length(128)
+    w.add_tensor("t", gguf.np.zeros(8, dtype=gguf.np.float16))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    facts = check_gguf(p).memory_facts()
+    assert facts == {"layers": 3, "head_count": 12, "head_count_kv": 5, "key_length": 192, "value_length": 128,
+                     "tensor_bytes": 16}
 
 
 class CountingFile(io.BytesIO):

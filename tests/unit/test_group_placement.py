@@ -181,8 +181,13 @@ def eligible(m: ModelDef, info: NodeInfo, used: set[int]) -> bool:
         return False
     fits = [g for g in info.gpus if g.usable and "-mig-" not in g.gpu_class
             and (not prof.classes or g.gpu_class in prof.classes)
-            and g.memory_total >= int(prof.memory_gib * GIB / prof.gpus)]
+            and room(m, g) >= prof.memory_gib * GIB / (prof.gpus * prof.nodes)]
     return len(fits) >= prof.gpus
+
+
+def room(m: ModelDef, g: Gpu) -> float:
+    """What of a GPU's memory the engine uses: vLLM takes 90% (memory_gib covers the whole replica)."""
+    return g.memory_total * (0.9 if m.engine == "vllm" else 1.0)
 
 
 def used_by(placements: list[Placement]) -> dict[str, set[int]]:
@@ -221,7 +226,7 @@ def test_groups_placed_one_by_one_never_over_commit_nor_span_fabrics(data: Any):
             for index in x.gpus:
                 g = by_index[index]
                 assert g.usable and "-mig-" not in g.gpu_class and index not in used.get(x.node, set())
-                assert g.memory_total >= int(m.profile.memory_gib * GIB / m.profile.gpus)
+                assert room(m, g) >= m.profile.memory_gib * GIB / (m.profile.gpus * m.profile.nodes)
         placements += [Placement(f"m-g{n}-r{r}", "m", x.node, x.gpus, "h", n, group=f"m-g{n}", rank=r,
                                  group_size=len(members)) for r, x in enumerate(members)]
     seen: set[tuple[str, int]] = set()
@@ -315,7 +320,7 @@ def starts(plan: Plan) -> dict[str, AgentAction]:
 def test_decide_places_one_group_with_one_command():
     m = sim_group()
     plan = decide(state_with([m]), observed(LO), NOW)
-    assert plan.commands == (C.add_group("g", [(n, (), "127.0.0.1") for n in "abc"], m.launch_hash(), NOW),)
+    assert plan.commands == (C.add_group("g", [(n, (), "127.0.0.1") for n in "abc"], m.launch_hash(), NOW, slot=0),)
 
 
 def test_members_start_first_and_rank_0_once_every_member_runs():
@@ -398,7 +403,9 @@ def test_a_group_is_scaled_down_and_replaced_whole():
     s, _ = C.apply(s, C.put_model(changed, 1.0))
     plan = decide(s, running(), NOW)
     reasons = [(c.get("replica_id"), c.get("reason")) for c in plan.commands if c["op"] == "placement.remove"]
-    assert reasons == [(f"g-g1-r{k}", "definition changed") for k in range(3)]
+    # No room for a second group beside it: the old one makes room (a rolling change needs room).
+    assert reasons == [(f"g-g1-r{k}", "definition changed (no room to start the new replica first)")
+                       for k in range(3)]
     assert plan.commands[-1]["op"] == "placement.add_group", "placed again at once, on the nodes just freed"
 
 
@@ -420,7 +427,7 @@ def test_an_incomplete_group_is_removed():
 
 def test_ready_members_do_not_clear_failures_only_rank_0_does():
     s = grouped_state()
-    s, _ = C.apply(s, C.start_failed("g", "g-g0-r1", "earlier", 1.0))
+    s, _ = C.apply(s, C.start_failed("g", "g-g0-r1", "earlier", 1.0, slot=0, node="b"))
     members = observed(LO, [replica(f"g-g1-r{k}", n, "ready", model="g") for k, n in ((1, "b"), (2, "c"))])
     assert not any(c["op"] == "health.ready" for c in decide(s, members, NOW).commands)
     assert any(c["op"] == "health.ready" for c in decide(s, running(), NOW).commands)

@@ -79,3 +79,26 @@ def test_a_misnamed_probe_path_is_said_and_auto_is_used(monkeypatch, tmp_path: P
     probe = NvmlProbe(nvml_api=FakeNvml(Machine([])), proc=fake_proc(tmp_path))
     assert probe.choice == "auto"
     assert "LLMGW_GPU_PROBE='cuda'" in probe.inventory("n").warnings[0]
+
+
+def test_llmgw_gpu_probe_forces_the_path_the_agent_reads(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """NVML works on this (fake) machine; LLMGW_GPU_PROBE=nvidia-smi still makes the agent's own
+    probe read nvidia-smi, and auto reads NVML first."""
+    from gpu_fakes import render_smi
+
+    machine = a100_fleet_box()
+    listing, xml = render_smi(machine)
+    ran: list[list[str]] = []
+
+    def smi(argv: list[str]) -> str:
+        ran.append(argv)
+        return listing if "-L" in argv else xml
+
+    monkeypatch.setenv("LLMGW_GPU_PROBE", "nvidia-smi")  # the environment is the world's edge
+    forced = HostProbe(nvml_api=FakeNvml(machine), smi_run=smi, proc=fake_proc(tmp_path)).inventory("n1")
+    assert forced.probe == "nvidia-smi" and ran, "nvidia-smi was run"
+    monkeypatch.setenv("LLMGW_GPU_PROBE", "auto")
+    ran.clear()
+    auto = HostProbe(nvml_api=FakeNvml(machine), smi_run=smi, proc=fake_proc(tmp_path)).inventory("n1")
+    assert auto.probe == "nvml" and not ran
+    assert [g.to_doc() for g in forced.gpus] == [g.to_doc() for g in auto.gpus], "both paths: one inventory"

@@ -35,9 +35,10 @@ GPU_MODEL = model("big").vllm().gpus(1)
 
 def test_cpu_profile_fits_any_node_with_the_engine():
     sim = model("demo").sim().build()
-    for info in [cpu_node("local"), node("g").gpus(8).engines("sim").build()]:
+    # Spread 100 (× 0.5) everywhere; pack 100 (× 0.2) on a node with no GPU: CPU work keeps off GPU nodes.
+    for info, score in [(cpu_node("local"), 70.0), (node("g").gpus(8).engines("sim").build(), 50.0)]:
         result = place(sim, fleet(info), [])
-        assert result.choice == Choice(info.node, (), 100.0) and result.refusals == ()
+        assert result.choice == Choice(info.node, (), score) and result.refusals == ()
 
 
 def test_cpu_profile_never_takes_a_gpu_even_when_all_are_free():
@@ -85,7 +86,7 @@ def test_class_filter():
     nodes = fleet(node("a").gpus(4, "a100-40g", memory_gib=40).engines("vllm"),
                   node("h").gpus(1, "h100-80g").engines("vllm"))
     result = place(m, nodes, [])
-    assert result.choice == Choice("h", (0,), 100.0)
+    assert result.choice == Choice("h", (0,), 70.0)  # spread 100 × 0.5 + pack 100 × 0.2; no weights
     (refusal,) = result.refusals
     assert (refusal.node, refusal.verdict, refusal.code) == ("a", NEVER, "class")
     assert "h100-80g" in refusal.message
@@ -156,7 +157,7 @@ def test_a_node_of_unhealthy_gpus_takes_nothing():
 
 def test_placements_on_other_nodes_do_not_count():
     nodes = fleet(node("a").gpus(1).engines("vllm"))
-    assert place(GPU_MODEL.build(), nodes, [on("b", 0)]).choice == Choice("a", (0,), 100.0)
+    assert place(GPU_MODEL.build(), nodes, [on("b", 0)]).choice == Choice("a", (0,), 70.0)
 
 
 def test_lowest_free_indexes_are_chosen():
@@ -186,7 +187,7 @@ def test_spread_prefers_a_node_without_a_replica_of_the_same_model():
     first = place(sim, nodes, [])
     assert first.choice is not None and first.choice.node == "a"
     second = place(sim, nodes, [Placement("demo-r1", "demo", "a", (), "h", 0)])
-    assert second.choice == Choice("b", (), 100.0)
+    assert second.choice == Choice("b", (), 70.0)
 
 
 def test_spread_among_equally_full_gpu_nodes():
@@ -412,6 +413,7 @@ def oracle_fits(m: ModelDef, info: NodeInfo, used: set[int]) -> bool:
     if prof.nodes > 1:
         return False
     need = prof.memory_gib * GIB / prof.gpus
+    share = 0.9 if m.engine == "vllm" else 1.0  # vLLM takes 90% of each GPU
     for combo in itertools.combinations(info.gpus, prof.gpus):
         if all(
             g.healthy
@@ -419,7 +421,7 @@ def oracle_fits(m: ModelDef, info: NodeInfo, used: set[int]) -> bool:
             and (prof.gpus == 1 or "-mig-" not in g.gpu_class)
             and g.index not in used
             and (not prof.classes or g.gpu_class in prof.classes)
-            and g.memory_total >= int(need)
+            and g.memory_total * share >= need
             for g in combo
         ):
             return True
@@ -442,7 +444,7 @@ def check_choice(m: ModelDef, info: NodeInfo, used: set[int], choice: Choice) ->
         assert prof.gpus == 1 or "-mig-" not in g.gpu_class, "one MIG instance per replica, never more"
         assert index not in used, "never a GPU twice on a node"
         assert not prof.classes or g.gpu_class in prof.classes
-        assert g.memory_total >= int(prof.memory_gib * GIB / prof.gpus)
+        assert g.memory_total * (0.9 if m.engine == "vllm" else 1.0) >= prof.memory_gib * GIB / prof.gpus
 
 
 def used_by_node(placements: Iterable[Placement]) -> dict[str, set[int]]:

@@ -66,7 +66,7 @@ def commit(state: ClusterState, plan: Plan) -> ClusterState:
 
 def fail(state: ClusterState, name: str, times: int, at: float) -> ClusterState:
     for n in range(times):
-        state, _ = C.apply(state, C.start_failed(name, f"{name}-r{n}", f"error {n + 1}", at))
+        state, _ = C.apply(state, C.start_failed(name, f"{name}-r{n}", f"error {n + 1}", at, slot=0))
     return state
 
 
@@ -77,7 +77,7 @@ def test_from_empty_places_always_models_only():
     s = state_with([model("demo"), model("lazy").on_demand()])
     plan = decide(s, observed([cpu_node("local")]), NOW)
     m = s.models["demo"]
-    assert plan.commands == (C.add_placement("demo", "local", (), m.launch_hash(), NOW),)
+    assert plan.commands == (C.add_placement("demo", "local", (), m.launch_hash(), NOW, slot=0),)
     assert plan.actions == ()
     assert plan.routes["demo"].state == "starting" and plan.routes["demo"].reason == "waiting for a placement"
     assert plan.routes["lazy"].state == "absent"
@@ -195,13 +195,20 @@ def test_stray_replica_on_a_lost_node_is_not_stopped_until_it_returns():
 
 
 def test_definition_change_replaces_the_replica():
+    """Rolling, with room: the new replica first; the old one goes once the new one serves
+    (more in test_reconcile_rolling.py)."""
     s = state_with([model("small").llamacpp().cpu()], [placed("small", "local")])
     new = model("small").llamacpp("/models/smollm2-v2.gguf").cpu().build()
     s = commit(s, Plan((C.put_model(new, NOW),), (), {}, {}, {}))
     seen = observed([cpu_node("local")], [replica("small-r1", "local")])
     plan = decide(s, seen, NOW)
-    assert ops(plan) == [("remove", "small-r1", "definition changed"), ("add", "small", "local", ())]
-    assert plan.commands[1]["launch_hash"] == new.launch_hash()
+    assert ops(plan) == [("add", "small", "local", ())]
+    assert plan.commands[0]["launch_hash"] == new.launch_hash()
+    assert plan.routes["small"].endpoints == (Endpoint("small-r1", seen.replicas["small-r1"].url),)
+    s = commit(s, plan)
+    both = observed([cpu_node("local")], [replica("small-r1", "local"), replica("small-r2", "local")])
+    plan = decide(s, both, NOW + 1)
+    assert ops(plan) == [("remove", "small-r1", "definition changed")]
     assert acts(plan) == [("stop", "local", "small-r1")]
 
 
@@ -262,8 +269,9 @@ def test_no_replacement_in_the_pass_that_saw_the_failure():
     assert not [o for o in ops(plan) if o[0] == "add"]
 
 
-def test_a_ready_replica_resets_the_failure_count():
-    s = fail(state_with([model("demo").replicas(2)], [placed("demo", "a"), placed("demo", "a")]), "demo", 2, NOW)
+def test_a_ready_replica_placed_after_the_failures_resets_the_failure_count():
+    s = fail(state_with([model("demo").replicas(2)], [placed("demo", "a", at=NOW), placed("demo", "a", at=NOW)]),
+             "demo", 2, NOW)
     plan = decide(s, observed([cpu_node("a")], [replica("demo-r1", "a"), replica("demo-r2", "a", "starting")]), NOW)
     assert ops(plan) == [("ready", "demo")]
     assert commit(s, plan).model_health("demo").failures_in_row == 0
@@ -273,7 +281,7 @@ def test_five_failures_in_a_row_park_the_model():
     s = fail(state_with([model("demo")], [placed("demo", "local")]), "demo", 4, NOW - 100)
     failed = replica("demo-r1", "local", "failed", error="unknown architecture 'mamba3'")
     plan = decide(s, observed([cpu_node("local")], [failed]), NOW)
-    assert plan.views["demo"].desired == 0
+    assert plan.views["demo"].desired == 1 and plan.views["demo"].state == "parked"
     assert not [o for o in ops(plan) if o[0] == "add"]
     s = commit(s, plan)
     health = s.model_health("demo")
@@ -284,7 +292,8 @@ def test_five_failures_in_a_row_park_the_model():
     assert route.state == "parked" and route.endpoints == ()
     assert "unknown architecture 'mamba3'" in route.reason and "5 failed starts" in route.reason
     assert "llmgw ctl model retry demo" in route.reason
-    assert after.views["demo"].desired == 0 and desired_replicas(s, s.models["demo"], Observed(), NOW) == 0
+    assert after.views["demo"].desired == 1, "a parked model shows what it should have: 0/1, not 0/0"
+    assert desired_replicas(s, s.models["demo"], Observed(), NOW) == 0, "and places none"
 
 
 def test_the_route_says_parked_in_the_pass_that_parks():
@@ -352,7 +361,7 @@ def test_serving_stopped_removes_every_placement_and_routes_stopped():
     assert sorted(acts(plan)) == [("stop", "a", "demo-r1"), ("stop", "a", "lazy-r2")]
     for name in ("demo", "lazy"):
         assert plan.routes[name].state == "stopped" and plan.routes[name].endpoints == ()
-        assert "serving.stopped false" in plan.routes[name].reason
+        assert "llmgw start" in plan.routes[name].reason
         assert plan.views[name].desired == 0
     assert commit(s, plan).models == s.models, "stopping changes no definition"
 

@@ -3,6 +3,7 @@ why; configured, never guessed; rescans that re-read nothing unchanged; scans th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.agent.storage import (
-    MAX_NOT_WEIGHTS, StorageDir, StorageReport, StorageScanner, parse_storage_flag, parse_storage_flags,
+    MAX_CONFIG_BYTES, MAX_NOT_WEIGHTS, StorageDir, StorageReport, StorageScanner, parse_storage_flag, parse_storage_flags,
 )
 from llmgw.testing.tiny_gguf import minimal_gguf, truncate
 from llmgw.testing.weights_tree import write_safetensors, write_safetensors_model
@@ -50,7 +51,7 @@ def test_weights_are_reported_with_fabric_and_sharing_as_configured(tmp_path: Pa
          "size": sum(p.stat().st_size for p in (tmp_path / "local" / "hf").glob("*.safetensors")),
          "architecture": "LlamaForCausalLM", "parameters": 16},
         {"name": "m", "path": str(tmp_path / "local" / "m.gguf"), "kind": "gguf", "size": GGUF_SIZE,
-         "architecture": "llama", "parameters": 32},
+         "architecture": "llama", "parameters": 32, "tensor_bytes": 128},
     ]
     assert docs[0]["not_weights"] == []
     assert StorageReport.from_doc(docs[1]).to_doc() == docs[1]
@@ -133,6 +134,54 @@ def test_a_split_gguf_is_one_model_when_every_part_is_there(tmp_path: Path) -> N
     assert [(m.name, m.path, m.size) for m in report.models] == [
         ("big", str(tmp_path / "full" / "big-00001-of-00003.gguf"), 3 * GGUF_SIZE)]
     assert refused(report) == {"gap/big-00001-of-00003.gguf": "split GGUF: part 2 of 3 is not there"}
+    assert report.models[0].to_doc()["tensor_bytes"] == 3 * 128  # every part's data, not the first's
+
+
+def test_a_gguf_entry_carries_the_facts_a_memory_estimate_needs(tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    from llmgw.testing.tiny_gguf import write_tiny_llama
+
+    write_tiny_llama(tmp_path / "tiny.gguf")
+    (entry,) = StorageScanner([StorageDir(tmp_path, "ib-a")]).scan()[0]["models"]
+    assert {k: entry[k] for k in ("layers", "context_length", "embedding_length", "head_count",
+                                  "head_count_kv", "quantization")} == {
+        "layers": 2, "context_length": 2048, "embedding_length": 64, "head_count": 4, "head_count_kv": 2,
+        "quantization": "F32"}
+    assert "key_length" not in entry and "value_length" not in entry  # not in this header: absent, not 0
+    # 21 F32 tensors: 2 x (512 x 64) embeddings, and per layer 4 x 64 x 64 attention (k, v: 32 rows),
+    # 3 x 128 x 64 feed-forward and two norms of 64; the output norm.
+    per_layer = 4 * (64 * 64 + 32 * 64 + 32 * 64 + 64 * 64 + 3 * 128 * 64 + 2 * 64)
+    assert entry["tensor_bytes"] == 4 * 2 * 512 * 64 + 2 * per_layer + 4 * 64
+    assert StorageReport.from_doc({"path": "/m", "fabric": "f", "shared": False, "models": [entry]}).models[0] \
+        .to_doc() == entry
+
+
+def test_a_safetensors_entry_carries_what_config_json_says(tmp_path: Path) -> None:
+    d = write_safetensors_model(tmp_path / "qwen", shards=2)
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 28, "num_key_value_heads": 4,
+        "hidden_size": 3584, "num_attention_heads": 28, "max_position_embeddings": 32768,
+        "torch_dtype": "bfloat16", "head_dim": True, "vocab_size": 152064}))
+    # A multimodal model nests its language model's config: that one counts.
+    v = write_safetensors_model(tmp_path / "vl", shards=1)
+    (v / "config.json").write_text(json.dumps({
+        "architectures": ["LlavaForConditionalGeneration"], "num_hidden_layers": 99,
+        "text_config": {"num_hidden_layers": 32, "num_attention_heads": 32, "head_dim": 128, "dtype": "float16"}}))
+    models = {m["name"]: m for m in StorageScanner([StorageDir(tmp_path, "ib-a")]).scan()[0]["models"]}
+    facts = {k: v for k, v in models["qwen"].items() if k not in ("name", "path", "kind", "size", "parameters")}
+    assert facts == {"architecture": "Qwen2ForCausalLM", "layers": 28, "head_count_kv": 4, "embedding_length": 3584,
+                     "head_count": 28, "context_length": 32768, "dtype": "bfloat16"}  # head_dim True: not a number
+    assert (models["vl"]["layers"], models["vl"]["key_length"], models["vl"]["value_length"]) == (32, 128, 128)
+    assert models["vl"]["dtype"] == "float16" and "tensor_bytes" not in models["vl"]
+
+
+def test_a_config_json_is_read_bounded_and_a_bad_one_says_nothing(tmp_path: Path) -> None:
+    big = write_safetensors_model(tmp_path / "big", shards=1)
+    (big / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "pad": "x" * MAX_CONFIG_BYTES}))
+    bad = write_safetensors_model(tmp_path / "bad", shards=1)
+    (bad / "config.json").write_text("[" * 100_000)
+    models = {m.name: m for m in scan_one(tmp_path).models}
+    assert models["big"].facts == () and models["bad"].facts == () and models["bad"].architecture is None
 
 
 def test_a_gguf_of_unknown_tensor_types_is_weights_with_a_note(tmp_path: Path) -> None:

@@ -233,3 +233,22 @@ async def test_an_agent_that_stops_its_engines_removes_their_records_and_logs(
         assert only(supervisor).state == "ready"
     assert await ended(sleeper) in (-signal.SIGTERM, -signal.SIGKILL)
     assert sorted(os.listdir(records.dir)) == [], f"{file_stem('demo-r1')} files are gone with the engine"
+
+
+async def test_a_source_outside_the_storage_dirs_fails_the_start_and_starts_nothing(tmp_path: Path) -> None:
+    """An agent given `--storage` dirs (its supervisor's `roots`) refuses weights elsewhere, with the
+    reason, before any process starts. Real clock: the header check runs in a worker thread."""
+    models, elsewhere = tmp_path / "models", tmp_path / "elsewhere"
+    models.mkdir()
+    elsewhere.mkdir()
+    weights = elsewhere / "m.gguf"
+    weights.write_bytes(b"GGUF")
+    doc = {"name": "outside", "engine": "llama.cpp", "source": str(weights), "profile": {"cpu": True}}
+    async with agent(tmp_path, Engine(), roots=(str(models),)) as supervisor:
+        supervisor.start("outside-r1", doc, [])
+        with trio.fail_after(10):
+            while only(supervisor).state == "starting":
+                await trio.sleep(0.01)
+        obs = only(supervisor)
+        assert obs.state == "failed" and "outside" in obs.error and str(models) in obs.error, obs.error
+        assert list((tmp_path / "engines").glob("*.json")) == [], "no engine was started"

@@ -21,6 +21,7 @@ COMMAND_GROUPS = (
     "members",
     "models",
     "nodes",
+    "plan",
     "settings",
     "status",
 )

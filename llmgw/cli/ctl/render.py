@@ -1,5 +1,6 @@
-"""What ctl prints for the API's answers: cells, tables, the status page, the models
-table, one model, the settings. Pure functions of the JSON; unknown is `-`, never 0."""
+"""What ctl prints for the API's answers: cells, tables, the control planes, the models table,
+one model, the settings (the status and plan pages: `render_fleet`). Pure functions of the JSON;
+unknown is `-`, never 0."""
 
 from __future__ import annotations
 
@@ -100,27 +101,7 @@ def _short(value: Any, width: int = REASON_WIDTH) -> Any:
     return value
 
 
-# --- the status page ------------------------------------------------------------------
-
-
-def _gpus(value: Any) -> str | None:
-    if not isinstance(value, list):
-        return None
-    if not value:
-        return "0"
-    classes: dict[str, int] = {}
-    for gpu in value:
-        name = dig(gpu, "gpu_class") or dig(gpu, "name") or "?"
-        classes[str(name)] = classes.get(str(name), 0) + 1
-    return ", ".join(f"{n}x {c}" for c, n in classes.items())
-
-
-def _names(value: Any) -> str | None:
-    if not isinstance(value, list):
-        return None
-    if not value:
-        return "none"
-    return ",".join(str(dig(v, "name") or v) if isinstance(v, Mapping) else str(v) for v in value)
+# --- a model's state, as every page shows it ---------------------------------------------
 
 
 def _state(status: Mapping[str, Any] | None) -> Any:
@@ -135,96 +116,6 @@ def _reason(status: Mapping[str, Any] | None) -> Any:
     if not reason and dig(status, "parked") is True:
         reason = dig(status, "last_error")
     return reason
-
-
-def render_status(doc: Mapping[str, Any]) -> str:
-    cluster = dig(doc, "cluster") or {}
-    stopped = dig(cluster, "stopped")
-    serving = {
-        True: "STOPPED (serving.stopped is set; `llmgw ctl settings serving.stopped false` serves again)",
-        False: "serving",
-    }
-    parts = [
-        f"leader: {cell(dig(cluster, 'leader'))}",
-        f"revision: {cell(dig(cluster, 'revision'))}",
-        serving.get(stopped, "serving: -") if isinstance(stopped, bool) else "serving: -",
-    ]
-    out = ["   ".join(parts)]
-
-    if isinstance(dig(cluster, "floating_address"), Mapping):
-        out.append(_floating_line(dig(cluster, "floating_address")))
-    members = dig(cluster, "members")
-    if isinstance(members, list) and members:
-        out += ["", "CONTROL PLANES"]
-        rows = ([dig(m, "id"), dig(m, "role"), dig(m, "state"), _known_count(dig(m, "lag")),
-                 _ago(dig(m, "last_contact_age_s")), _short(dig(m, "reason"))] for m in members)
-        out.append(table(["MEMBER", "ROLE", "STATE", "LAG", "LAST CONTACT", "REASON"], rows))
-
-    nodes = dig(doc, "nodes")
-    # The agents' last contact, when the leader listed them: one more column.
-    agents = dig(cluster, "agents")
-    contact = {dig(a, "node"): dig(a, "last_contact_age_s") for a in agents} if isinstance(agents, list) else None
-    out += ["", "NODES"]
-    if isinstance(nodes, list) and nodes:
-        out.append(
-            table(
-                ["NODE", "HOSTNAME", "CONNECTED", "CPUS", "MEMORY", "GPUS", "ENGINES",
-                 *(["LAST CONTACT"] if contact is not None else [])],
-                (
-                    [
-                        dig(n, "node"),
-                        dig(n, "hostname"),
-                        dig(n, "connected"),
-                        _reported(dig(n, "cpus")),
-                        _gib(dig(n, "memory_total")),
-                        _gpus(dig(n, "gpus")),
-                        _names(dig(n, "engines")),
-                        *([_ago(contact.get(dig(n, "node")))] if contact is not None else []),
-                    ]
-                    for n in nodes
-                ),
-            )
-        )
-    else:
-        out.append("no nodes have reported")
-    if "gateways" in cluster:
-        out += ["", "GATEWAYS"] + _gateways(cluster)
-
-    models = dig(doc, "models")
-    out += ["", "MODELS"]
-    if isinstance(models, list) and models:
-        out.append(
-            table(
-                ["NAME", "ENGINE", "ROLE", "READY/DESIRED", "STATE", "REASON"],
-                (
-                    [
-                        dig(m, "name"),
-                        dig(m, "engine"),
-                        dig(m, "role"),
-                        _ratio(dig(m, "ready"), dig(m, "desired")),
-                        _state(m),
-                        _short(_reason(m)),
-                    ]
-                    for m in models
-                ),
-            )
-        )
-    else:
-        out.append(NO_MODELS)
-
-    warnings = dig(doc, "warnings")
-    if isinstance(warnings, list) and warnings:
-        out += ["", "WARNINGS"]
-        out += [f"  ! {clean(str(w))}" for w in warnings]
-    webhooks = dig(doc, "notify", "webhooks")
-    said = isinstance(warnings, list) and any("webhook" in str(w) for w in warnings)
-    if webhooks == 0 and not said:  # S10: say so, and how to set one
-        out += [
-            "",
-            "notifications: no webhook set; lost nodes and parked models reach nobody."
-            " Set one: llmgw ctl settings notify.webhooks '[\"https://...\"]'",
-        ]
-    return "\n".join(out)
 
 
 # --- the control planes ---------------------------------------------------------------
@@ -341,6 +232,7 @@ def render_model(model: Mapping[str, Any]) -> str:
         ("activation window", _seconds(dig(model, "activation_window_s"))),
         ("args", _args(dig(model, "args"))),
         ("profile", _profile(dig(model, "profile") or {}, dig(model, "engine"))),
+        ("memory", _memory(dig(model, "estimate"))),
         ("state", _state(status)),
         ("ready/desired", _ratio(dig(status, "ready"), dig(status, "desired"))),
         ("starting", _known_count(dig(status, "starting"))),
@@ -368,6 +260,17 @@ def render_model(model: Mapping[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _memory(estimate: Any) -> str | None:
+    """'14.2 GiB (gguf: weights …)', 'at least 4.1 GiB (…)' or 'unknown (why)'; None when not sent."""
+    if not isinstance(estimate, Mapping):
+        return None
+    size, detail = dig(estimate, "bytes"), clean(str(dig(estimate, "detail") or ""))
+    if not isinstance(size, int) or isinstance(size, bool):
+        return f"unknown ({detail})" if detail else "unknown"
+    words = ("" if dig(estimate, "complete") is not False else "at least ") + f"{size / (1 << 30):.1f} GiB"
+    return f"{words} ({detail})" if detail else words
+
+
 def _args(args: Any) -> str | None:
     if not isinstance(args, list):
         return None
@@ -377,9 +280,10 @@ def _args(args: Any) -> str | None:
 
 
 def _profile(p: Mapping[str, Any], engine: Any) -> str | None:
-    if engine == "sim":
-        # The simulator is a small process that placement gives nothing: its stored
-        # profile (gpus=1 ... cpu=true) would read as if it took a GPU.
+    if engine == "sim" and isinstance(p, Mapping) and p.get("cpu") is True:
+        # A sim model on CPU is a small process that placement gives nothing: its stored
+        # profile (gpus=1 ... cpu=true) would read as if it took a GPU. One with a GPU profile
+        # takes GPUs like any engine, and reads like one.
         return "simulated (no GPU, CPU or memory reserved)"
     if not isinstance(p, Mapping) or not p:
         return None

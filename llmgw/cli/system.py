@@ -1,0 +1,108 @@
+"""`llmgw stop`, `llmgw start`, `llmgw status`: the whole cluster, through the admin API, found as
+`ctl` finds it (flags, LLMGW_URL/LLMGW_KEY, DIR/credentials.json); ctl's session, errors and rendering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Callable
+
+from cyclopts import Parameter
+
+from llmgw.cli.ctl.errors import EXIT_OK, CtlError
+from llmgw.cli.ctl.session import Io, Session, api_path
+from llmgw.cli.ctl.status import status as ctl_status
+
+Url = Annotated[str | None, Parameter(name="--url")]
+Key = Annotated[str | None, Parameter(name="--key")]
+StateDir = Annotated[Path, Parameter(name="--state-dir")]
+Json = Annotated[bool, Parameter(name="--json", negative="", show_default=False)]
+IoParam = Annotated[Io | None, Parameter(parse=False)]
+
+
+def stop(*, url: Url = None, key: Key = None, state_dir: StateDir = Path(".llmgw"), as_json: Json = False,
+         io: IoParam = None) -> int:
+    """Stop serving, cluster-wide and live: every model wants 0 replicas, every GPU is freed, the
+    gateway answers POSTs under /v1/ with 503 system_stopped. Control planes and agents keep running;
+    no model definition changes.
+
+    Parameters
+    ----------
+    url
+        Admin API base URL (else LLMGW_URL, else DIR/credentials.json).
+    key
+        Admin key (else LLMGW_KEY, else DIR/credentials.json).
+    state_dir
+        Directory holding credentials.json, as written by `llmgw up`.
+    as_json
+        Print the API's JSON as it came, for scripts.
+    """
+    return _run(url, key, state_dir, as_json, io, lambda s: _switch(s, "stop"))
+
+
+def start(*, url: Url = None, key: Key = None, state_dir: StateDir = Path(".llmgw"), as_json: Json = False,
+          io: IoParam = None) -> int:
+    """Serve again after `llmgw stop`: every model is placed again as it asks.
+
+    Parameters
+    ----------
+    url
+        Admin API base URL (else LLMGW_URL, else DIR/credentials.json).
+    key
+        Admin key (else LLMGW_KEY, else DIR/credentials.json).
+    state_dir
+        Directory holding credentials.json, as written by `llmgw up`.
+    as_json
+        Print the API's JSON as it came, for scripts.
+    """
+    return _run(url, key, state_dir, as_json, io, lambda s: _switch(s, "start"))
+
+
+def status(*, url: Url = None, key: Key = None, state_dir: StateDir = Path(".llmgw"), as_json: Json = False,
+           io: IoParam = None) -> int:
+    """The cluster summary (the same page as `llmgw ctl status`), saying when serving is stopped.
+
+    Parameters
+    ----------
+    url
+        Admin API base URL (else LLMGW_URL, else DIR/credentials.json).
+    key
+        Admin key (else LLMGW_KEY, else DIR/credentials.json).
+    state_dir
+        Directory holding credentials.json, as written by `llmgw up`.
+    as_json
+        Print the API's JSON as it came, for scripts.
+    """
+    return _run(url, key, state_dir, as_json, io, lambda s: ctl_status(session=s))
+
+
+def _run(url: str | None, key: str | None, state_dir: Path, as_json: bool, io: Io | None,
+         command: Callable[[Session], int]) -> int:
+    session = Session(url=url, key=key, state_dir=state_dir, as_json=as_json, io=io or Io())
+    try:
+        return command(session)
+    except CtlError as e:
+        session.note(f"error: {e.message}")
+        return e.exit_code
+    finally:
+        session.close()
+
+
+def _switch(session: Session, verb: str) -> int:
+    _, doc = session.request("POST", api_path("system", verb))
+    session.show(doc, render_switch)
+    return EXIT_OK
+
+
+def render_switch(doc: Any) -> str:
+    """What `stop`/`start` did, in words."""
+    if not isinstance(doc, dict):
+        return str(doc)
+    replicas, gpus = doc.get("replicas_placed"), doc.get("gpus_placed")
+    held = f"{replicas} replica(s) on {gpus} GPU(s)" if replicas is not None else "the replicas"
+    if doc.get("stopped"):
+        head = "serving stopped" if doc.get("changed") else "serving was already stopped"
+        tail = (f"; {held} are being stopped" if replicas else "; nothing is placed") + \
+            " — `llmgw status` shows them go; `llmgw start` serves again"
+        return head + tail
+    head = "serving started" if doc.get("changed") else "serving was not stopped"
+    return f"{head}: every model is placed again as it asks — `llmgw status` shows them come up"

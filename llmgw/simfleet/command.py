@@ -1,0 +1,88 @@
+"""`llmgw sim-fleet`: the command line of the fleet simulator (flags -> `FleetConfig`), run until
+SIGINT/SIGTERM like every role."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Annotated
+
+from cyclopts import Parameter
+
+
+def sim_fleet(
+    *,
+    control: list[str],
+    nodes: int,
+    gpus_per_node: int = 8,
+    gpu_class: Annotated[str, Parameter(name="--class")] = "h100-80g",
+    fabric: list[str] | None = None,
+    mig: list[str] | None = None,
+    storage_holds: list[str] | None = None,
+    storage_shared: bool = False,
+    prefix: str = "sim",
+    first: int = 1,
+    engine_host: str = "127.0.0.1",
+    engine_port: int = 0,
+    log_json: bool = False,
+    log_level: str = "warning",
+) -> None:
+    """Simulate a fleet: N nodes in one process, each a real agent on its own stream to control.
+
+    Parameters
+    ----------
+    control
+        Admin URL of a control plane (repeat the flag for each); every node finds the leader.
+    nodes
+        How many nodes to simulate.
+    gpus_per_node
+        GPUs on each node (0: CPU-only nodes).
+    gpu_class
+        The class of every GPU (as discovery names them: h100-80g, a100-40g, rtx-4090-24g).
+    fabric
+        The fabric nodes are on (default ib-a); repeat it to split the nodes into equal blocks, one per fabric.
+    mig
+        A MIG profile (3g.40gb, 1g.10gb) carved on every card; repeat it for each instance of a card.
+    storage_holds
+        MODEL or MODEL=GiB: a model every node's storage reports holding (repeat the flag for each).
+    storage_shared
+        The held models lie on storage the whole fabric shares (default: each node's own disk).
+    prefix
+        Nodes are named PREFIX-0001, PREFIX-0002, ...
+    first
+        The number of the first node (run two fleets side by side with --first 1 and --first 1001).
+    engine_host
+        Address the engines' one HTTP server listens on; gateways must reach it.
+    engine_port
+        Its port (default: any free one).
+    log_json
+        One JSON object per log line instead of text.
+    log_level
+        debug, info, warning or error (default warning: a thousand agents say a lot at info).
+    """
+    import trio
+
+    from llmgw import logs
+    from llmgw.cli._lifecycle import serve_until_signal
+    from llmgw.simfleet.fleet import FleetConfig, serve
+    from llmgw.simfleet.nodes import HeldModel, NodeShape
+
+    key = os.environ.get("LLMGW_KEY")
+    if not key:
+        raise SystemExit("error: set LLMGW_KEY (an admin key of the cluster): every simulated agent uses it")
+    if nodes < 1:
+        raise SystemExit(f"error: --nodes must be 1 or more, not {nodes}")
+    try:
+        shape = NodeShape(gpus=gpus_per_node, gpu_class=gpu_class, fabrics=tuple(fabric or ("ib-a",)),
+                          mig=tuple(mig or ()), holds=tuple(HeldModel.parse(m) for m in storage_holds or ()),
+                          shared_storage=storage_shared)
+        shape.check()
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    logs.setup(json_lines=log_json, level=log_level)
+    if logging.getLogger().level > logging.INFO:  # the fleet's own few lines (ready, counts) still show
+        logging.getLogger("llmgw.simfleet").setLevel(logging.INFO)
+    config = FleetConfig(controls=control, key=key, nodes=nodes, shape=shape, prefix=prefix, first=first,
+                         engine_host=engine_host, engine_port=engine_port)
+    sys.exit(trio.run(serve_until_signal, serve, config))

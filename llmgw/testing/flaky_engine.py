@@ -1,0 +1,53 @@
+"""An engine that drops kept-alive connections: it answers the first request of each connection
+and closes on the next one without a byte (what llama.cpp's server does now and then), or answers
+nothing at all (`answer_none`). A real tiny HTTP/1.1 server on loopback, for the gateway's retry tests."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import trio
+
+__all__ = ["Engine", "serving"]
+
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}"
+
+
+class Engine:
+    """Answers the first request of each connection (keeping it alive); on a later request of the same
+    connection, or on every request when `answer_none`, it closes without a byte."""
+
+    def __init__(self, answer_none: bool = False) -> None:
+        self.answer_none = answer_none
+        self.requests = 0
+        self.connections = 0
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        served = 0
+        buffer = b""
+        async with stream:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(buffer) < length:
+                    buffer += await stream.receive_some(65536)
+                buffer = buffer[length:]
+                self.requests += 1
+                if self.answer_none or served >= 1:
+                    return  # close, not a byte of answer
+                served += 1
+                await stream.send_all(OK)
+
+
+async def serving(nursery: trio.Nursery, engine: Engine) -> str:
+    """Serve `engine` on a free loopback port; its chat-completions URL."""
+    listeners = await nursery.start(partial(trio.serve_tcp, engine.handle, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1/chat/completions"

@@ -1,0 +1,177 @@
+"""Placement at fleet scale: a full plan, and one placement into a full fleet, each beside a naive
+baseline measured in the same run, with the ratio and the goal.
+
+Run: `.venv/bin/python tests/bench/placement.py [--repeat 3] [--quick]`. Cases:
+- plan 500 models on 1,024 GPUs (128 nodes of 8) — goal 50 ms;
+- plan 2,000 models on 8,000 GPUs (1,000 nodes of 8) — goal 250 ms;
+- one incremental placement (place + add) into the 1,000-node fleet after its plan — goal 1 ms.
+A plan: one `FleetView`, then for each model (by name) `place` and `take` per replica. The
+baseline: `place(model, nodes, placements)` per replica, rebuilding everything each call (what a
+caller without the view does). The fleet: 4 fabrics; one node in 16 has a sick GPU, one in 32
+is a node of MIG instances; local and shared storage hold some models. Models: 1, 2, 4 or 8 GPUs,
+some with classes or memory, 1 to 3 replicas; deterministic (seeded). Each time is the best of
+`--repeat`. Exits 1 when a goal is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from llmgw.domain.model import ModelDef  # noqa: E402
+from llmgw.domain.observed import NodeInfo  # noqa: E402
+from llmgw.domain.state import Placement  # noqa: E402
+from llmgw.placement import FleetView, place  # noqa: E402
+from llmgw.testing.builders import model, node  # noqa: E402
+
+FABRICS = ("ib-a", "ib-b", "ib-c", "ib-d")
+
+
+def fleet(count: int, gpus: int = 8, seed: int = 1) -> dict[str, NodeInfo]:
+    rng = random.Random(seed)
+    out = {}
+    for i in range(count):
+        name = f"n{i:04d}"
+        fabric = FABRICS[i % len(FABRICS)]
+        b = node(name).engines("vllm", "llama.cpp", "sim").fabric(fabric)
+        if i % 32 == 31:
+            for card in range(gpus // 2):
+                b = b.mig(card, "a100-80g", ("3g.40gb", 40), ("3g.40gb", 40))
+        else:
+            b = b.gpus(gpus, "h100-80g" if i % 3 else "a100-80g", unhealthy=[rng.randrange(gpus)] if i % 16 == 7 else ())
+        info = b.build()
+        storage = []
+        if i % 10 == 0:  # a local disk holding a few models
+            storage.append({"path": "/local", "fabric": fabric, "shared": False, "error": "", "not_weights": [],
+                            "models": [{"name": f"m{k:04d}", "path": f"/local/m{k:04d}", "kind": "safetensors",
+                                        "size": 1} for k in rng.sample(range(2000), 5)]})
+        if i % 50 == 1:  # a shared filer on this fabric
+            storage.append({"path": "/filer", "fabric": fabric, "shared": True, "error": "", "not_weights": [],
+                            "models": [{"name": f"m{k:04d}", "path": f"/filer/m{k:04d}", "kind": "safetensors",
+                                        "size": 1} for k in rng.sample(range(2000), 20)]})
+        out[name] = replace(info, storage=tuple(storage))
+    return out
+
+
+def models(count: int, seed: int = 2) -> list[tuple[ModelDef, int]]:
+    """(model, replicas), by name."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(count):
+        name = f"m{k:04d}"
+        gpus = rng.choices([1, 2, 4, 8], weights=[60, 25, 12, 3])[0]
+        b = model(name).vllm(f"/filer/{name}" if k % 2 else f"/local/{name}").gpus(gpus)
+        roll = rng.random()
+        if roll < 0.1:
+            b = b.classes("a100-80g")
+        elif roll < 0.15 and gpus == 1:
+            b = b.classes("a100-80g-mig-3g.40gb")
+        if rng.random() < 0.3:
+            b = b.memory(rng.choice([20, 40, 70]) * gpus)
+        out.append((b.build(), rng.choices([1, 2, 3], weights=[70, 20, 10])[0]))
+    return out
+
+
+def plan_with_view(nodes: dict[str, NodeInfo], wanted: list[tuple[ModelDef, int]]) -> FleetView:
+    view = FleetView(nodes, (), {m.name: m for m, _ in wanted})
+    for m, count in wanted:
+        for r in range(count):
+            result = view.place(m)
+            if result.choice is None:
+                break
+            view.take(m, result.choice, f"{m.name}-r{r}")
+    return view
+
+
+def plan_naive(nodes: dict[str, NodeInfo], wanted: list[tuple[ModelDef, int]]) -> list[Placement]:
+    placements: list[Placement] = []
+    for m, count in wanted:
+        for r in range(count):
+            choice = place(m, nodes, placements).choice
+            if choice is None:
+                break
+            placements.append(Placement(f"{m.name}-r{r}", m.name, choice.node, choice.gpus, "h", 0.0))
+    return placements
+
+
+def best_of(repeat: int, fn: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+@dataclass
+class Row:
+    case: str
+    ours_s: float
+    naive_s: float
+    goal_s: float
+
+    def line(self) -> str:
+        ratio = self.naive_s / self.ours_s if self.ours_s else float("inf")
+        verdict = "PASS" if self.ours_s <= self.goal_s else "FAIL"
+        return (f"{self.case:<44} {self.ours_s * 1000:>9.2f} {self.naive_s * 1000:>11.2f} {ratio:>7.1f}x "
+                f"{self.goal_s * 1000:>7.1f} {verdict}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="the naive baseline once, on a tenth of the models "
+                                                              "(its time scaled up); for CI")
+    args = parser.parse_args()
+    rows: list[Row] = []
+    for label, n_nodes, n_models, goal in (("plan: 500 models on 1,024 GPUs", 128, 500, 0.050),
+                                           ("plan: 2,000 models on 8,000 GPUs", 1000, 2000, 0.250)):
+        nodes, wanted = fleet(n_nodes), models(n_models)
+        ours = best_of(args.repeat, lambda: plan_with_view(nodes, wanted))
+        view = plan_with_view(nodes, wanted)
+        if args.quick:
+            part = wanted[: max(1, len(wanted) // 10)]
+            naive = best_of(1, lambda: plan_naive(nodes, part)) * len(wanted) / len(part)
+        else:
+            naive = best_of(1, lambda: plan_naive(nodes, wanted))
+            check = plan_naive(nodes, wanted)
+            same = sorted((p.replica_id, p.node, p.gpus) for p in check)
+            if same != sorted((p.replica_id, p.node, p.gpus) for p in view.placements.values()):
+                print(f"{label}: the view and the naive baseline disagree", file=sys.stderr)
+                return 1
+        placed = len(view.placements)
+        rows.append(Row(f"{label} ({placed} placed)", ours, naive, goal))
+    # One more placement into the full 1,000-node fleet: place + take, then remove (so each try
+    # sees the same fleet); the baseline rebuilds from the placements.
+    nodes, wanted = fleet(1000), models(2000)
+    view = plan_with_view(nodes, wanted)
+    extra = [m for m, _ in models(200, seed=3)]
+    extra = [replace(m, name="x" + m.name) for m in extra]
+
+    def one_each() -> None:
+        for m in extra:
+            result = view.place(m)
+            if result.choice is not None:
+                for p in view.take(m, result.choice, m.name + "-r0"):
+                    view.remove(p.replica_id)
+
+    per = best_of(args.repeat, one_each) / len(extra)
+    current = list(view.placements.values())
+    sample = extra[:10] if args.quick else extra[:50]
+    naive = best_of(1, lambda: [place(m, nodes, current) for m in sample]) / len(sample)
+    rows.append(Row("one placement into 1,000 nodes (full plan)", per, naive, 0.001))
+    print(f"{'case':<44} {'ours ms':>9} {'naive ms':>11} {'ratio':>8} {'goal ms':>7} result")
+    for row in rows:
+        print(row.line())
+    return 0 if all(r.ours_s <= r.goal_s for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
