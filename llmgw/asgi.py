@@ -91,12 +91,20 @@ def _too_large(cap: int) -> OpenAIError:
     return OpenAIError(413, "request_too_large", f"the request body is larger than {cap} bytes")
 
 
+def _not_json(word: str) -> Any:
+    # Python reads NaN and Infinity, which are not JSON; an engine would choke on them (or worse).
+    raise ValueError(f"{word} is not JSON")
+
+
 def parse_object(raw: bytes) -> dict[str, Any]:
-    """A request body that must be one JSON object."""
+    """A request body that must be one JSON object: standard JSON only, nested as deep as the parser's
+    own stack allows (a deeper one, say 100,000 `[`, is refused, not a `RecursionError` and a 500)."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_not_json)
     except (ValueError, UnicodeDecodeError):
         raise OpenAIError(400, "invalid_json", "the request body is not valid JSON") from None
+    except RecursionError:
+        raise OpenAIError(400, "invalid_json", "the request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise OpenAIError(400, "invalid_json", "the request body must be a JSON object")
     return body
@@ -137,6 +145,9 @@ def hypercorn_config(
     config = Config()
     config.bind = [f"{url_host(host)}:{port}"]
     config.keep_alive_timeout = keep_alive_s
+    # Hypercorn's default backlog (100) drops the SYNs of a burst of new clients (1,000 connecting at
+    # once retry after 1 s, 3 s, ...: client timeouts); the kernel caps this at net.core.somaxconn.
+    config.backlog = 2048
     config.graceful_timeout = graceful_s
     # Hypercorn has no response timeout and read_timeout stays None, so long streams are never cut.
     config.read_timeout = None

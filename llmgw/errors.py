@@ -17,9 +17,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-__all__ = ["AdminError", "ApiError", "OpenAIError", "describe", "first_error", "openai_error_type"]
+__all__ = ["NOT_RETRYABLE", "AdminError", "ApiError", "OpenAIError", "describe", "first_error", "openai_error_type"]
 
 Headers = list[tuple[bytes, bytes]]
+
+# `/v1` answers that the same request, sent again soon, cannot change: they carry
+# `x-should-retry: false`, which the official OpenAI SDKs obey over their own status
+# rule (they retry every 5xx), so a client hears "parked" at once, not after its retries.
+NOT_RETRYABLE = frozenset({"model_parked", "model_unplaceable", "system_stopped", "guard_refused"})
 
 
 class ApiError(Exception, ABC):
@@ -38,7 +43,10 @@ class ApiError(Exception, ABC):
 
 
 class OpenAIError(ApiError):
-    """A `/v1` refusal in OpenAI's shape; `param` names the offending request field."""
+    """A `/v1` refusal in OpenAI's shape; `param` names the offending request field.
+
+    `should_retry` becomes the `x-should-retry` header (None: no header, the client's
+    own rule); it defaults to False for the codes in `NOT_RETRYABLE`."""
 
     def __init__(
         self,
@@ -48,9 +56,15 @@ class OpenAIError(ApiError):
         *,
         param: str | None = None,
         headers: Headers | None = None,
+        should_retry: bool | None = None,
     ) -> None:
         super().__init__(status, code, message, headers=headers)
         self.param = param
+        if should_retry is None and code in NOT_RETRYABLE:
+            should_retry = False
+        self.should_retry = should_retry
+        if should_retry is not None:
+            self.headers = [*self.headers, (b"x-should-retry", b"true" if should_retry else b"false")]
 
     def doc(self) -> dict[str, Any]:
         kind = openai_error_type(self.status)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from llmgw.domain.observed import ModelRoute, NodeInfo, ReplicaObs
-from llmgw.domain.state import ClusterState
+from llmgw.domain.state import ApiKey, ClusterState
 
 if TYPE_CHECKING:
     from llmgw.engines.base import Group
@@ -156,3 +156,17 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> Any: ...
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> Any: ...
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> Any: ...
+
+
+class RequestFacts(Protocol):
+    """Gateway app → request log: what the app knows of one request when it ends (its exchange)."""
+
+    request_id: str
+    key: ApiKey | None  # the client key admitted; None: none was
+    model: str  # "-": none
+    replica: str  # "-": none
+    node: str
+    error: str  # the error code answered, "" if none
+    tokens_in: int | None
+    tokens_out: int | None
+    ttft: float | None  # trio time of the first streamed chunk; None: not streamed

@@ -5,8 +5,9 @@ change), heartbeat. Down (control → agent): welcome, start_replica,
 stop_replica, refused. Each message is an object with a "type".
 
 The gateway ↔ control stream (a gateway follows the leader's table) is below
-`GATEWAY_STREAM_PATH`: up hello, demand, heartbeat; down welcome, table (the
-full table, on connect and on every change), heartbeat, refused.
+`GATEWAY_STREAM_PATH`: up hello (with the URL its request log answers at), demand,
+usage (a batch of rollups), heartbeat; down welcome, table (the full table, on connect
+and on every change), usage_ack, heartbeat, refused.
 """
 
 from __future__ import annotations
@@ -57,14 +58,15 @@ GATEWAY_PROTOCOL_VERSION = 1
 
 def route_doc(route: ModelRoute) -> dict[str, Any]:
     return {"model": route.model, "role": route.role, "state": route.state, "reason": route.reason,
-            "endpoints": [{"replica_id": e.replica_id, "url": e.url} for e in route.endpoints]}
+            "endpoints": [{"replica_id": e.replica_id, "url": e.url, "node": e.node}
+                          for e in route.endpoints]}
 
 
 def route_from_doc(doc: Mapping[str, Any]) -> ModelRoute:
     state = str(doc["state"])
     if state not in ROUTE_STATES:
         raise ProtocolError(f"unknown route state {state!r}")
-    endpoints = tuple(Endpoint(str(e["replica_id"]), str(e["url"])) for e in doc.get("endpoints", ()))
+    endpoints = tuple(Endpoint(str(e["replica_id"]), str(e["url"]), str(e.get("node", ""))) for e in doc.get("endpoints", ()))
     return ModelRoute(str(doc["model"]), str(doc.get("role", "")), state, endpoints, str(doc.get("reason", "")))
 
 
@@ -78,10 +80,27 @@ def table_message(version: int, leader: str, state: ClusterState,
         "leader": leader,
         "revision": state.revision,
         "models": [m.to_doc() for _, m in sorted(state.models.items())],
-        "keys": [{"hash": k.key_hash, "name": k.name, "role": k.role} for _, k in sorted(state.keys.items())],
+        "keys": [key_doc(k) for _, k in sorted(state.keys.items())],
         "settings": thaw(state.settings),
         "routes": None if routes is None else [route_doc(r) for _, r in sorted(routes.items())],
     }
+
+
+def key_doc(k: ApiKey) -> dict[str, Any]:
+    """A key as a gateway needs it: hash, id, role, scope, expiry, limits (never the key)."""
+    return {"hash": k.key_hash, "id": k.id, "name": k.name, "role": k.role, "models": list(k.models),
+            "expires_at": k.expires_at, "requests_per_min": k.requests_per_min, "tokens_per_min": k.tokens_per_min}
+
+
+def key_from_doc(k: Mapping[str, Any]) -> ApiKey:
+    """The fields after `role` are optional: an older leader sends none (no scope, no limits)."""
+    def number(name: str, kind: type) -> Any:
+        value = k.get(name)
+        return None if value is None else kind(value)
+
+    return ApiKey(str(k["hash"]), str(k.get("name", "")), str(k["role"]), 0.0, key_id=str(k.get("id", "")),
+                  models=tuple(str(m) for m in k.get("models") or ()), expires_at=number("expires_at", float),
+                  requests_per_min=number("requests_per_min", int), tokens_per_min=number("tokens_per_min", int))
 
 
 @dataclass(frozen=True)
@@ -109,8 +128,7 @@ def read_table(message: Mapping[str, Any]) -> GatewayTable:
                 skipped.append(f"{doc.get('name', '?') if isinstance(doc, dict) else '?'}: {e}")
                 continue
             models[model.name] = model
-        keys = {str(k["hash"]): ApiKey(str(k["hash"]), str(k.get("name", "")), str(k["role"]), 0.0)
-                for k in message["keys"]}
+        keys = {str(k["hash"]): key_from_doc(k) for k in message["keys"]}
         settings = message["settings"]
         if not isinstance(settings, dict):
             raise ProtocolError("the table's settings are not an object")

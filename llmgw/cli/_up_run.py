@@ -23,6 +23,7 @@ from llmgw.control.service import ControlConfig, Seed
 from llmgw.control.service import serve as control_serve
 from llmgw.gateway.app import GatewayDeps
 from llmgw.gateway.app import serve as gateway_serve
+from llmgw.gateway.requestlog import RequestLog, push_usage
 from llmgw.gateway.router import Router
 from llmgw.net import free_port, url_host
 
@@ -118,8 +119,11 @@ async def _serve_all(opts: UpOptions, router: Router, control_cfg: ControlConfig
         with _ports.naming("admin API", opts.host, opts.admin_port, "--admin-port"):
             control = await nursery.start(control_serve, control_cfg)
         with _ports.naming("gateway", opts.host, opts.gateway_port, "--gateway-port"):
+            rlog = RequestLog(state_dir / "requests", "local", settings=lambda: control.store.snapshot().settings,
+                              timeouts=control_cfg.timeouts)
             _, gw_port = await nursery.start(gateway_serve, opts.host, opts.gateway_port,
-                                             GatewayDeps(router=router, state=control.store))
+                                             GatewayDeps(router=router, state=control.store, requestlog=rlog))
+        nursery.start_soon(push_usage, rlog, control.store.submit)  # rollups straight to the store
         gateway_url = f"http://{url_host(opts.host)}:{gw_port}/v1"
         admin_url = control.admin_url
         write_credentials(cred_path, {"gateway_url": gateway_url, "admin_url": admin_url, **keys})

@@ -257,7 +257,8 @@ def gateway(
     listen
         HOST:PORT the /v1 API listens on.
     state_dir
-        Where the gateway's log goes (locked: one process per dir); without it, stderr only.
+        Where the gateway's log and its request log go (locked: one process per dir); without it,
+        stderr only and no request log (usage is still counted).
     name
         How control lists this gateway (default: the host name).
     key
@@ -292,7 +293,7 @@ def gateway(
         logs.setup(json_lines=log_json, level=log_level,
                    log_file=state_dir / "logs" / "gateway.log" if state_dir is not None else None)
         cfg = GatewayConfig(controls=control, key=secret, listen_host=host, listen_port=port,
-                            name=name or socket.gethostname(), timeouts=_timeouts())
+                            name=name or socket.gethostname(), timeouts=_timeouts(), state_dir=state_dir)
 
         async def serve_naming_port(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             async with trio.open_nursery() as nursery:

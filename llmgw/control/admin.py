@@ -22,7 +22,8 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from llmgw import __version__
-from llmgw.control import admin_nodes, admin_plan, admin_system, agent_stream, gateway_stream
+from llmgw.control import (admin_errors, admin_keys, admin_nodes, admin_plan, admin_requests, admin_system,
+                           agent_stream, gateway_stream)
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members
 from llmgw.control.reconciler import Reconciler
@@ -156,6 +157,8 @@ def make_app(deps: ControlDeps) -> QuartTrio:
             return json.loads(data)
         except (ValueError, UnicodeDecodeError) as e:
             raise AdminError(400, "invalid_json", f"the request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise AdminError(400, "invalid_json", "the request body is nested too deeply") from None
 
     def replay_kept(digest: str) -> None:
         """Note what this write asks (`digest`); a keyed write this member already answered is
@@ -338,6 +341,8 @@ def make_app(deps: ControlDeps) -> QuartTrio:
     admin_nodes.register(route, deps)  # GET /api/v1/nodes, DELETE /api/v1/nodes/NAME
     admin_plan.register(route, deps, body_json)  # POST /api/v1/plan: a what-if placement
     admin_system.register(route, deps, commit)  # POST /api/v1/system/stop|start
+    admin_requests.register(route, deps)  # GET /api/v1/requests[/ID] (fanned out to gateways), /api/v1/usage
+    admin_keys.register(route, deps, commit, body_json)  # GET|POST /api/v1/keys, DELETE /api/v1/keys/ID
 
     # Answered by the member asked, from its own view (so it also answers while there is no leader).
     @route("/api/v1/cluster/members", ["GET"], local=True)
@@ -370,22 +375,7 @@ def make_app(deps: ControlDeps) -> QuartTrio:
         log.info("member %s removed from the group", member)
         return _ok(result)
 
-    @app.errorhandler(404)
-    async def not_found(_: Any) -> Response:
-        return _error(AdminError(404, "not_found", f"no such endpoint: {request.method} {request.path}"))
-
-    @app.errorhandler(405)
-    async def bad_method(_: Any) -> Response:
-        return _error(AdminError(405, "method_not_allowed", f"{request.method} is not allowed on {request.path}"))
-
-    @app.errorhandler(413)
-    async def too_large(_: Any) -> Response:
-        return _error(AdminError(413, "request_too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes"))
-
-    @app.errorhandler(500)
-    async def internal(_: Any) -> Response:
-        # Anything the routes did not answer themselves: still the admin error shape, never HTML.
-        return _error(AdminError(500, "internal_error", "this member failed on the request; it is logged"))
+    admin_errors.register(app, MAX_BODY_BYTES)  # what no route answered (404, 405, 413, 500...): JSON, never HTML
 
     agent_stream.register(app, deps)  # the agents' stream
     gateway_stream.register(app, deps)  # remote gateways follow the leader's table

@@ -21,9 +21,12 @@ from quart_trio import QuartTrio
 from llmgw import protocol
 from llmgw.control.agent_stream import authenticate_stream
 from llmgw.control.hub import AgentHub
+from llmgw.domain import usage
+from llmgw.domain.commands import CommandError
 from llmgw.domain.observed import ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import StateReader
+from llmgw.net import url_host
 
 if TYPE_CHECKING:
     from llmgw.control.admin import ControlDeps
@@ -41,6 +44,7 @@ class GatewayLink:
     last_contact: float
     connected: bool = True
     outstanding: dict[str, int] = field(default_factory=dict)  # model -> requests in flight (its last word)
+    query_url: str = ""  # where it answers queries of its request log (its hello)
 
 
 @dataclass
@@ -197,7 +201,7 @@ class GatewayHub:
     def gateways(self) -> list[dict[str, Any]]:
         """Every gateway this leader has seen: connected or not, with its last contact."""
         return [{"name": g.name, "address": g.address, "connected": g.connected,
-                 "connected_at": g.connected_at, "last_contact": g.last_contact}
+                 "connected_at": g.connected_at, "last_contact": g.last_contact, "query_url": g.query_url}
                 for _, g in sorted(self.links.items())]
 
 
@@ -254,6 +258,7 @@ async def _session(deps: ControlDeps, hub: GatewayHub | None) -> None:
     name = str(hello.get("gateway") or "") or "unnamed"
     remote = websocket.remote_addr
     link = hub.connect(name, str(remote) if remote else "?")
+    link.query_url = reachable_url(hello.get("query_url"), link.address)
     timeouts = hub.timeouts
     try:
         await websocket.send(protocol.dumps({"type": "welcome", "leader": hub.leader}))
@@ -268,12 +273,40 @@ async def _session(deps: ControlDeps, hub: GatewayHub | None) -> None:
                 link.last_contact = hub.clock()
                 if message["type"] == "demand":
                     hub.report_demand(link, message)
+                elif message["type"] == "usage":
+                    nursery.start_soon(_commit_usage, deps, link, message)
                 # A "heartbeat" records only the contact: it keeps traffic on the stream, so a dead one shows.
             nursery.cancel_scope.cancel()
     except protocol.ProtocolError as e:
         log.warning("gateway %s sent a bad message: %s", name, e)
     finally:
         hub.disconnect(link)
+
+
+def reachable_url(url: Any, address: str) -> str:
+    """A gateway's announced URL, its wildcard host (0.0.0.0, ::) replaced by the address it connected from."""
+    if not isinstance(url, str) or not url.startswith("http://") or len(url) > 300:
+        return ""
+    host, _, port = url[len("http://"):].rpartition(":")
+    if host.strip("[]") in ("0.0.0.0", "::", "") and address not in ("", "?"):
+        return f"http://{url_host(address)}:{port}"
+    return url
+
+
+async def _commit_usage(deps: ControlDeps, link: GatewayLink, message: Mapping[str, Any]) -> None:
+    """Commit one batch of a gateway's usage rollups, then acknowledge it (a refused batch too: sending
+    it again cannot help). Not committed: no answer; the gateway sends the same batch again."""
+    boot, seq = message.get("boot"), message.get("seq")
+    command = usage.add_usage(link.name, str(boot), seq if isinstance(seq, int) else 0,
+                              message.get("rows") or [], link.query_url, deps.clock())
+    try:
+        await deps.store.submit(command)
+    except CommandError as e:
+        log.warning("gateway %s: usage batch %s refused: %s", link.name, seq, e.message)
+    except Exception as e:  # not committed now (no leader, store busy): the gateway sends it again
+        log.info("gateway %s: usage batch %s not committed: %s", link.name, seq, e)
+        return
+    await websocket.send(protocol.dumps({"type": "usage_ack", "boot": boot, "seq": seq}))
 
 
 async def _push(deps: ControlDeps, hub: GatewayHub, scope: trio.CancelScope) -> None:

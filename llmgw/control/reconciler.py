@@ -51,7 +51,10 @@ class Reconciler:
             hub_event = self.hub.change_event()  # taken before the pass: no change is missed
             revision = self.store.snapshot().revision
             if self._leads():
-                await self.run_once()
+                try:
+                    await self.run_once()
+                except Exception:  # a bug in one pass must not end reconciling; the next pass retries
+                    log.exception("reconcile pass failed; trying again at the next tick")
             with trio.move_on_after(self.timeouts.reconcile_tick_s):
                 await self._next_change(revision, hub_event)
 
@@ -127,9 +130,12 @@ class Reconciler:
         observed = self._adopt(state, now)
         plan = decide(state, observed, now, self.timeouts)
         self.last_plan = plan
+        committed: set[str] = set()  # replicas whose removal is in the log: evictions that happened
         for command in plan.commands:
             try:
                 await self.store.submit(command)
+                if command.get("op") == "placement.remove":
+                    committed.add(str(command.get("replica_id")))
             except CommandError as e:
                 # The state moved under the plan; the next pass replans from the new one.
                 log.info("plan step refused (%s): %s", e.code, e.message)
@@ -138,6 +144,8 @@ class Reconciler:
                 log.warning("cannot commit the plan now (%s); retrying on the next pass", e)
                 return plan
         for eviction in plan.evictions:
+            if eviction.replica_id not in committed:
+                continue  # the plan stopped before it: nothing was evicted, nothing to say
             log.warning("replica %s of %s %s", eviction.replica_id, eviction.model, eviction.why)
             self.hub.note_eviction(eviction.model, eviction.why)  # it wants nothing until asked again
         for action in plan.actions:

@@ -15,12 +15,11 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Callable, Sequence, TypeVar
 
-from llmgw.domain import groups, health
+from llmgw.domain import groups, health, keys_commands, usage
 from llmgw.domain.frozen import freeze
-from llmgw.domain.keys import KEY_ROLES
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.settings import SettingError, effective, validate
-from llmgw.domain.state import ApiKey, ClusterState, Member, Outcome, Placement, Refusal
+from llmgw.domain.state import ClusterState, Member, Outcome, Placement, Refusal
 
 VERSION = 1
 CID_MAX_CHARS = 200
@@ -80,7 +79,8 @@ def with_cid(command: dict[str, Any], cid: str) -> dict[str, Any]:
 
 def digest(command: dict[str, Any]) -> str:
     """A fingerprint of what a command asks, without its time and id: a retry has the same one."""
-    asked = {k: v for k, v in command.items() if k not in ("at", "cid")}
+    fresh = keys_commands.FRESH_FIELDS if command.get("op") == "key.add" else ()
+    asked = {k: v for k, v in command.items() if k not in ("at", "cid") and k not in fresh}
     return hashlib.sha256(encode(asked)).hexdigest()[:32]
 
 
@@ -103,8 +103,8 @@ def put_setting(key: str, value: Any, at: float) -> dict[str, Any]:
     return make("setting.put", at, key=key, value=value)
 
 
-def add_key(key_hash: str, name: str, role: str, at: float) -> dict[str, Any]:
-    return make("key.add", at, key_hash=key_hash, name=name, role=role)
+add_key = keys_commands.add_key  # and its siblings: the key commands live in `keys_commands`
+revoke_key = keys_commands.revoke_key
 
 
 def _slot(slot: int | None) -> dict[str, Any]:
@@ -343,22 +343,19 @@ def _setting_put(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Cluster
     return replace(s, settings=_readonly(s.settings | {key: freeze(value)})), {"key": key, "value": value}
 
 
-def _check_key_add(c: dict[str, Any]) -> None:
-    key_hash, name, role = c.get("key_hash"), c.get("name"), c.get("role")
-    if not isinstance(key_hash, str) or not key_hash.startswith("sha256:"):
-        raise CommandError("invalid_key", "key_hash must be a sha256: hash")
-    if not isinstance(name, str):
-        raise CommandError("invalid_key", "a key's name must be a string")
-    if role not in KEY_ROLES:
-        raise CommandError("invalid_key", f"role must be one of {', '.join(KEY_ROLES)}")
+def _refuse_if(problem: tuple[str, str] | None) -> None:
+    if problem is not None:
+        raise CommandError(*problem)
 
 
 def _key_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    key_hash = c["key_hash"]
-    if key_hash in s.keys:
-        return s, {"added": False}
-    keys = s.keys | {key_hash: ApiKey(key_hash, c["name"], c["role"], at)}
-    return replace(s, keys=_readonly(keys)), {"added": True}
+    _refuse_if(keys_commands.add_conflict(s, c))
+    return keys_commands.add(s, c, at)
+
+
+def _key_revoke(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    _refuse_if(keys_commands.revoke_conflict(s, c["key_id"]))
+    return keys_commands.revoke(s, c, at)
 
 
 def _check_slot(c: dict[str, Any]) -> None:
@@ -467,6 +464,13 @@ def _member_forget(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Clust
     return replace(s, members=_readonly({k: v for k, v in s.members.items() if k != addr})), {"forgotten": True}
 
 
+def _usage_check(c: dict[str, Any]) -> None:
+    try:
+        usage.check_add(c)
+    except usage.UsageError as e:
+        raise CommandError("bad_command", str(e)) from None
+
+
 # Each operation: (stateless check, change). `check` runs the first before a command is
 # logged and again before the change is applied, so the change may trust the fields' shape.
 _Check = Callable[[dict[str, Any]], None]
@@ -476,7 +480,8 @@ _OPS: dict[str, tuple[_Check, _Change]] = {
     "model.remove": (_check_name, _model_remove),
     "model.retry": (_check_name, _model_retry),
     "setting.put": (_check_setting_put, _setting_put),
-    "key.add": (_check_key_add, _key_add),
+    "key.add": (lambda c: _refuse_if(keys_commands.check_add(c)), _key_add),
+    "key.revoke": (lambda c: _refuse_if(keys_commands.check_revoke(c)), _key_revoke),
     "placement.add": (_check_placement_add, _placement_add),
     "placement.add_group": (_check_placement_add_group, _placement_add_group),
     "placement.remove": (_check_replica_id, _placement_remove),
@@ -484,4 +489,5 @@ _OPS: dict[str, tuple[_Check, _Change]] = {
     "health.ready": (_check_health, health.ready),
     "member.announce": (_check_member_announce, _member_announce),
     "member.forget": (_check_raft_addr, _member_forget),
+    "usage.add": (_usage_check, usage.apply_add),  # a gateway's rollups (domain/usage.py)
 }

@@ -207,6 +207,7 @@ ROUTE_STATES = ("ready", "starting", "unplaceable", "parked", "stopped", "absent
 class Endpoint:
     replica_id: str
     url: str  # engine base URL, no trailing slash
+    node: str = ""  # the node it runs on (for the request log)
 
 
 @dataclass(frozen=True)

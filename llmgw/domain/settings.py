@@ -53,6 +53,18 @@ def _whole_1_to_1000(v: Any) -> str | None:
     return None
 
 
+def _whole_min_mib(v: Any) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, int) or not (1 << 20) <= v <= (1 << 50):
+        return "must be a whole number of bytes from 1048576 (1 MiB) to 2**50"
+    return None
+
+
+def _whole_1_to_100000(v: Any) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 100_000:
+        return "must be a whole number from 1 to 100000"
+    return None
+
+
 def _port_range(v: Any) -> str | None:
     if (not isinstance(v, list) or len(v) != 2 or any(isinstance(p, bool) or not isinstance(p, int) for p in v)
             or not 1024 <= v[0] <= v[1] <= 65535):
@@ -76,8 +88,19 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
                     "another replica (up to replicas.max)", _whole_1_to_1000),
         SettingSpec("scaling.evict_after_idle_s", 300, "an on-demand replica with nothing in flight and no request "
                     "for this long may be stopped to make room for a model that is asked for", _positive_number),
+        SettingSpec("gateway.upstream_connections_per_replica", 256, "each gateway opens at most this many "
+                    "connections to one replica (requests in flight to it); more wait in its queue", _whole_1_to_100000),
+        SettingSpec("gateway.upstream_queue_per_replica", 1024, "requests that may wait, in each gateway, for a "
+                    "connection to one replica at its limit; past that they get 503 overloaded at once",
+                    _whole_1_to_100000),
         SettingSpec("groups.ports", [29500, 29999], "the ports a multi-node replica's rank 0 may listen on for its "
                     "members (one picked from the group id; the same port on every member's node)", _port_range),
+        SettingSpec("requestlog.max_bytes", 1 << 30, "each gateway keeps at most this many bytes of request log "
+                    "segments in its state dir (the oldest go first)", _whole_min_mib),
+        SettingSpec("requestlog.max_age_days", 30, "each gateway removes request log segments whose newest record "
+                    "is older than this", _positive_number),
+        SettingSpec("usage.retention_days", 90, "hourly usage rollups in the replicated state older than this are "
+                    "dropped", _positive_number),
     )
 })
 

@@ -9,19 +9,40 @@ by second is not here (see `domain.observed`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
 from llmgw.domain.frozen import freeze, thaw
+from llmgw.domain.keys import legacy_key_id
 from llmgw.domain.model import ModelDef
+from llmgw.domain.usage import UsageHour, UsageMark
 
 
 @dataclass(frozen=True)
 class ApiKey:
+    """A key as stored: its hash, never the key (docs/api.md, "Keys"). The fields after
+    `created_at` came with scopes and limits; a key stored before reads as unscoped,
+    unlimited, never expiring, with an id derived from its hash."""
+
     key_hash: str
     name: str
     role: str  # "admin" | "client"
     created_at: float
+    key_id: str = ""  # the public id (`key_...`); "" for a key stored before ids: see `id`
+    models: tuple[str, ...] = ()  # the model names it may use; () = every model
+    expires_at: float | None = None  # unix time; None = never
+    requests_per_min: int | None = None  # None = no limit
+    tokens_per_min: int | None = None
+
+    @property
+    def id(self) -> str:
+        return self.key_id or legacy_key_id(self.key_hash)
+
+    @cached_property
+    def scope(self) -> frozenset[str] | None:
+        """`models` as a set (None: every model), so the gateway's check costs the same for any scope."""
+        return frozenset(self.models) if self.models else None
 
 
 @dataclass(frozen=True)
@@ -148,7 +169,7 @@ class Member:
 
 
 # The mappings whose values are frozen dataclasses; `settings` holds JSON values, frozen deeply.
-_MAPPINGS = ("models", "keys", "placements", "health", "members")
+_MAPPINGS = ("models", "keys", "placements", "health", "members", "usage", "usage_marks")
 
 
 def _empty() -> MappingProxyType[str, Any]:
@@ -176,6 +197,10 @@ class ClusterState:
     # Control planes by Raft address, as each announced itself. Who is in the Raft group is Raft's
     # own configuration; this maps its addresses to admin URLs (a removed member is forgotten).
     members: MappingProxyType[str, Member] = field(default_factory=_empty)
+    # Usage rollups by hour (`str(start)`), and the newest batch applied per gateway process
+    # ("gateway/boot"): see `domain.usage`. Bounded by `usage.retention_days`.
+    usage: MappingProxyType[str, UsageHour] = field(default_factory=_empty)
+    usage_marks: MappingProxyType[str, UsageMark] = field(default_factory=_empty)
 
     def __post_init__(self) -> None:
         # A read-only mapping is kept as is: `replace` passes the unchanged fields on, and

@@ -10,14 +10,12 @@ Never logs a prompt, a completion or a key.
 from __future__ import annotations
 
 import logging
-import math
-import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import httpx
 import trio
 from hypercorn.trio import serve as hypercorn_serve
 
@@ -35,31 +33,34 @@ from llmgw.asgi import (
     read_body,
     send_json,
 )
-from llmgw.domain.keys import hash_key
 from llmgw.domain.observed import Endpoint
 from llmgw.domain.settings import effective
-from llmgw.domain.state import ClusterState
+from llmgw.domain.state import ApiKey, ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError, describe
 from llmgw.gateway.checks import (
     POST_PATHS,
     ROLES_FOR,
     allow,
-    bearer,
     check_request,
     model_doc,
     role_words,
 )
 from llmgw.gateway import upstream
-from llmgw.gateway.router import NoEndpoint, Router
+from llmgw.gateway.auth import KeyCheck
+from llmgw.gateway.answers import HiddenUsage, StreamUsage, asking_usage, engine_error, usage_of
+from llmgw.gateway.pool import Limits, LimitsReader, Pool, raise_fd_limit
+from llmgw.gateway.router import Lease, NoEndpoint, Router
+from llmgw.gateway import requestlog_query
+from llmgw.gateway.requestlog import RequestLog
 from llmgw.interfaces import StateReader
 from llmgw.logs import request_id_var, role_var
+from llmgw.net import url_host
 
 __all__ = [
     "GatewayApp",
     "GatewayDeps",
     "make_app",
-    "make_client",
     "parse_bind",
     "serve",
 ]
@@ -91,6 +92,9 @@ _DROP_UPSTREAM = frozenset(
 )
 
 
+_UNLOGGED = ("/health", requestlog_query.PATH)  # probes and control's queries are not requests to log
+
+
 def _no_endpoint_status(code: str) -> int:
     return 504 if code == "activation_timeout" else 503
 
@@ -99,21 +103,13 @@ def _no_endpoint_status(code: str) -> int:
 class GatewayDeps:
     router: Router
     state: StateReader
-    client: httpx.AsyncClient | None = None  # built (and closed by `serve`) when None
+    pool: Pool | None = None  # upstream connections (pool.py); built (and closed by `serve`) when None
     max_body_bytes: int = MAX_BODY_BYTES
     timeouts: Timeouts = TIMEOUTS
     # What GET /health adds to {"status": "ok"} (a remote gateway: its table's age and leader).
     health: Callable[[], dict[str, Any]] | None = None
-
-
-def make_client(timeouts: Timeouts = TIMEOUTS) -> httpx.AsyncClient:
-    """The upstream client: no read timeout (generations take what they take)."""
-    t = timeouts
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(connect=t.upstream_connect_s, read=None, write=t.upstream_write_s, pool=t.upstream_pool_s),
-        # Expire idle connections before the engines' server closes them.
-        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=t.upstream_idle_s),
-    )
+    requestlog: RequestLog | None = None  # None: records only counted (no files); `serve` runs its writer
+    keys: KeyCheck | None = None  # client keys and their limits (auth.py); the app makes one when None
 
 
 def make_app(deps: GatewayDeps) -> GatewayApp:
@@ -124,7 +120,8 @@ def make_app(deps: GatewayDeps) -> GatewayApp:
 class _Exchange(Exchange):
     """One request's progress: what its log line reports and how far its answer got."""
 
-    __slots__ = ("request_id", "model", "replica", "status", "started")
+    __slots__ = ("request_id", "model", "replica", "status", "started", "tokens_in", "tokens_out", "key",
+                 "node", "error", "ttft")  # the last three: for the request log
 
     def __init__(self, request_id: str) -> None:
         super().__init__()
@@ -133,20 +130,31 @@ class _Exchange(Exchange):
         self.replica = "-"
         self.status = 0
         self.started = False
+        self.node = self.error = ""
+        self.ttft: float | None = None  # trio time of the first streamed chunk
+        # From the engine's `usage` (answers.py); None: not known (no usage chunk asked for, a failure).
+        self.tokens_in: int | None = None
+        self.tokens_out: int | None = None
+        self.key: ApiKey | None = None  # the client key admitted (auth.py); None until then
 
 
 class GatewayApp:
-    """Raw ASGI app; `make_app` builds it. `aclose()` closes an upstream client it built."""
+    """Raw ASGI app; `make_app` builds it. `aclose()` closes an upstream pool it built."""
 
     def __init__(self, deps: GatewayDeps) -> None:
         self.deps = deps
-        self._owns_client = deps.client is None
-        self.client = deps.client if deps.client is not None else make_client(deps.timeouts)
+        self._owns_pool = deps.pool is None
+        if deps.pool is None:
+            raise_fd_limit()  # two sockets per request in flight
+        self.pool = deps.pool if deps.pool is not None else Pool(deps.timeouts)
+        self._limits = LimitsReader()
         self._drain_s = deps.timeouts.gateway_drain_body_s  # read once, not per refusal
+        self.log = deps.requestlog or RequestLog(None, "local")
+        self.keys = deps.keys if deps.keys is not None else KeyCheck()
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self.client.aclose()
+        if self._owns_pool:
+            self.pool.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -156,7 +164,8 @@ class GatewayApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = trio.current_time()
-        ex = _Exchange("req-" + os.urandom(8).hex())
+        ex = _Exchange(self.log.new_id())
+        wall = time.time()
         token = request_id_var.set(ex.request_id)
         method: str = scope["method"]
         # The raw target for the log: h11 refused control characters in it, the decoded path may have some.
@@ -173,6 +182,8 @@ class GatewayApp:
                     failure = OpenAIError(500, "internal_error", "the gateway failed; see its log")
                     await self._refuse(ex, scope, receive, send, failure)
         finally:
+            if ex.key is not None:
+                self.keys.charge(ex.key, ex.tokens_in, ex.tokens_out)  # tokens/min: after the answer
             status = 499 if ex.disconnected else ex.status
             # Load balancers probe /health every few seconds; those lines would bury the requests.
             _access.log(
@@ -185,6 +196,8 @@ class GatewayApp:
                 status,
                 (trio.current_time() - started) * 1000,
             )
+            if not path.startswith(_UNLOGGED):
+                self.log.finish(ex, path, status, wall, started)
             request_id_var.reset(token)
 
     async def _dispatch(self, ex: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
@@ -197,24 +210,29 @@ class GatewayApp:
             return
         kind = POST_PATHS.get(path)
         if kind is None:
+            if path.startswith(requestlog_query.PATH):  # control asks this gateway's log (admin key)
+                await self._send(ex, send, *await requestlog_query.answer(scope, self.deps.state, self.log))
+                return
             if path == "/v1/models" or path.startswith("/v1/models/"):
                 allow(method, "GET")
-                self._authenticate(scope, self.deps.state.snapshot())
-                await self._send(ex, send, 200, dumps(self._models(path[len("/v1/models/") :])))
+                snap = self.deps.state.snapshot()
+                ex.key = self.keys.admit(scope["headers"], snap)
+                await self._send(ex, send, 200, dumps(self._models(path[len("/v1/models/") :], ex.key, snap)))
                 return
             raise OpenAIError(404, "not_found", f"unknown path {method} {path}")
         allow(method, "POST")
         snap = self.deps.state.snapshot()
-        self._authenticate(scope, snap)
+        ex.key = self.keys.admit(scope["headers"], snap)  # from the headers alone: before the body is read
         if effective(snap.settings, "serving.stopped"):
             raise OpenAIError(503, "system_stopped", "the system is stopped: no model is served until an operator "
                                                      "resumes it (`llmgw start`)")
         raw = await read_body(scope, receive, ex, self.deps.max_body_bytes)
         body = parse_object(raw)
         name, stream = check_request(kind, body)
-        model = snap.models.get(name)
-        if model is None:
-            raise OpenAIError(404, "model_not_found", f"the model {name!r} does not exist", param="model")
+        hide_usage = False
+        if stream:  # every stream is counted: ask for its usage (kept from a client that did not ask)
+            raw, hide_usage = asking_usage(body, raw)
+        model = self.keys.model(ex.key, snap, name)  # 404 alike for a missing model and one out of scope
         ex.model = name  # only catalog names reach the log: they are validated, a client's are not
         if model.role not in ROLES_FOR[kind]:
             raise OpenAIError(400, "model_not_supported", role_words(name, model.role, path), param="model")
@@ -225,9 +243,11 @@ class GatewayApp:
             # or the upstream call (which frees the replica).
             nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope, ex)
             try:
-                async with self.deps.router.acquire(name, deadline=deadline) as endpoint:
-                    ex.replica = endpoint.replica_id
-                    await self._exchange(ex, endpoint, path, raw, stream, send)
+                lease = self.deps.router.acquire(name, deadline=deadline)
+                async with lease as endpoint:
+                    ex.replica, ex.node = endpoint.replica_id, endpoint.node
+                    await self._exchange(ex, lease, endpoint, path, raw, stream, send, self._limits(snap.settings),
+                                         hide_usage)
             except NoEndpoint as no_endpoint:
                 refusal = OpenAIError(_no_endpoint_status(no_endpoint.code), no_endpoint.code, no_endpoint.message)
             except OpenAIError as error:
@@ -238,88 +258,78 @@ class GatewayApp:
 
     # --- checks -----------------------------------------------------------------
 
-    def _authenticate(self, scope: Scope, snap: ClusterState) -> None:
-        key = bearer(scope["headers"])
-        if not key:
-            raise OpenAIError(
-                401,
-                "invalid_api_key",
-                "no API key: send it as 'Authorization: Bearer KEY'",
-                headers=[(b"www-authenticate", b"Bearer")],
-            )
-        api_key = snap.keys.get(hash_key(key))
-        if api_key is None or api_key.role not in ("client", "admin"):
-            raise OpenAIError(401, "invalid_api_key", "incorrect API key", headers=[(b"www-authenticate", b"Bearer")])
-
-    def _models(self, one: str) -> dict[str, Any]:
-        models = self.deps.state.snapshot().models
+    def _models(self, one: str, key: ApiKey, snap: ClusterState) -> dict[str, Any]:
         if one:
-            if one not in models:
-                raise OpenAIError(404, "model_not_found", f"the model {one!r} does not exist", param="model")
-            return model_doc(one)
-        return {"object": "list", "data": [model_doc(name) for name in sorted(models)]}
+            return model_doc(self.keys.model(key, snap, one).name)
+        return {"object": "list", "data": [model_doc(name) for name in self.keys.visible(key, snap.models)]}
 
     # --- the proxy --------------------------------------------------------------
 
     async def _exchange(
-        self, ex: _Exchange, endpoint: Endpoint, path: str, raw: bytes, stream: bool, send: Send
+        self, ex: _Exchange, lease: Lease, endpoint: Endpoint, path: str, raw: bytes, stream: bool, send: Send,
+        limits: Limits, hide_usage: bool = False,
     ) -> None:
-        """Send the body unchanged to the replica and relay its answer (streamed as it comes, or whole)."""
-        request = self.client.build_request(
-            "POST",
-            endpoint.url + path,
-            content=raw,
-            headers=[
-                (b"content-type", b"application/json"),
-                # Raw bytes are relayed as they come, so nothing may be compressed.
-                (b"accept-encoding", b"identity"),
-                (b"x-request-id", ex.request_id.encode()),
-            ],
-        )
+        """Send the body unchanged to the replica and relay its answer (streamed chunk for chunk, or whole)."""
+        # Once more on a dropped kept-alive connection; on another replica when this one refuses connections.
+        response, endpoint = await upstream.answer(self.pool, lease, endpoint, ex.model, path, raw, ex.request_id,
+                                                   limits)
+        ex.replica, ex.node = endpoint.replica_id, endpoint.node
         try:
-            response = await upstream.send(self.client, request)  # once more on a dropped kept-alive connection
-        except (httpx.ConnectError, httpx.ConnectTimeout) as error:
-            _log.warning("replica %s of model %s cannot be reached: %s", endpoint.replica_id, ex.model, describe(error))
-            raise OpenAIError(
-                502, "upstream_unavailable", f"replica {endpoint.replica_id} of model {ex.model!r} cannot be reached"
-            ) from None
-        except httpx.PoolTimeout:
-            raise OpenAIError(503, "overloaded", "the gateway has too many requests in flight; retry later") from None
-        except httpx.TransportError as error:
-            _log.warning("replica %s of model %s failed: %s", endpoint.replica_id, ex.model, describe(error))
-            raise _upstream_failed(endpoint, ex) from None
-        try:
-            headers = _response_headers(response.headers.raw, ex.request_id)
-            if not stream:
+            headers = _response_headers(response.headers, ex.request_id)
+            if not stream or response.status >= 400:
                 try:
-                    # Every checkpoint of this loop is inside httpx's generators, so a
-                    # cancellation unwinds them all (none is left to the garbage collector).
-                    body = b"".join([chunk async for chunk in response.aiter_raw()])
-                except httpx.TransportError as error:
-                    _log.warning("replica %s of model %s failed: %s", endpoint.replica_id, ex.model, describe(error))
-                    raise _upstream_failed(endpoint, ex) from None
+                    body = await response.read()
+                except upstream.UpstreamFailed as error:
+                    raise upstream.failure(endpoint, ex.model, error) from None
+                if response.status >= 400:  # the engine's own refusal, in OpenAI's shape
+                    raise engine_error(response.status, body, f"replica {endpoint.replica_id}")
+                ex.tokens_in, ex.tokens_out = usage_of(body)
                 headers.append((b"content-length", str(len(body)).encode()))
                 ex.started = True
-                ex.status = response.status_code
-                await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+                ex.status = response.status
+                await send({"type": "http.response.start", "status": response.status, "headers": headers})
                 ex.finished = True
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return
             ex.started = True
-            ex.status = response.status_code
-            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-            # The upstream is read by its own task: a cancelled `send` would otherwise
-            # leave httpx's nested generators suspended. The buffer is unbounded, but a
-            # response is bounded by its token limit, as a buffered one is.
-            into, out = trio.open_memory_channel[bytes](math.inf)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_pump, response, into, endpoint, ex)
-                async for chunk in out:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            ex.status = response.status
+            await send({"type": "http.response.start", "status": response.status, "headers": headers})
+            usage = StreamUsage()
+            hidden = HiddenUsage() if hide_usage else None
+            # Read, then send: the engine is read no faster than the client takes the answer (no buffer).
+            while True:
+                try:
+                    chunk = await response.next_chunk()
+                    if chunk is None:
+                        break
+                    if ex.ttft is None:
+                        ex.ttft = trio.current_time()
+                    usage.feed(chunk)
+                except Exception as error:
+                    # The status is already sent: say so in the stream, where OpenAI's SDKs look for it, and end
+                    # it (a stream left open, or cut without its last chunk, is a client's hang or a protocol error).
+                    if isinstance(error, upstream.UpstreamFailed):
+                        err = upstream.failure(endpoint, ex.model, error, mid_stream=True)
+                    else:
+                        _log.exception("relaying replica %s of model %s failed mid-stream", endpoint.replica_id,
+                                       ex.model)
+                        err = OpenAIError(502, "upstream_error", f"replica {endpoint.replica_id} failed mid-stream")
+                    ex.error = err.code or ""
+                    await send({"type": "http.response.body", "body": b"data: " + dumps(err.doc()) + b"\n\n",
+                                "more_body": True})
+                    break
+                if hidden is not None:
+                    chunk = hidden.feed(chunk)
+                    if not chunk:
+                        continue
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if hidden is not None and (rest := hidden.flush()):
+                await send({"type": "http.response.body", "body": rest, "more_body": True})
+            ex.tokens_in, ex.tokens_out = usage.tokens()
             ex.finished = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            await response.aclose()
+            response.close()
 
     # --- responses --------------------------------------------------------------
 
@@ -331,10 +341,23 @@ class GatewayApp:
         await send_json(send, status, body, [(b"x-request-id", ex.request_id.encode()), *(extra or ())])
 
     async def _refuse(self, ex: _Exchange, scope: Scope, receive: Receive, send: Send, error: OpenAIError) -> None:
-        if not ex.body_done:
-            await self._discard_body(ex, scope, receive)
+        ex.error = error.code or ""
+        if ex.body_done:
+            if not ex.disconnected:
+                await self._send(ex, send, error.status, dumps(error.doc()), error.headers)
+            return
+        # The whole answer goes out at once, from the headers alone (an invalid key costs no body
+        # read); the unread body is discarded after it, before the message ends, so a client still
+        # sending reads its answer and the connection is kept or closed cleanly.
+        body = dumps(error.doc())
+        ex.started, ex.status = True, error.status
+        head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"x-request-id", ex.request_id.encode()), *error.headers]
+        await send({"type": "http.response.start", "status": error.status, "headers": head})
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        await self._discard_body(ex, scope, receive)
         if not ex.disconnected:
-            await self._send(ex, send, error.status, dumps(error.doc()), error.headers)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _discard_body(self, ex: _Exchange, scope: Scope, receive: Receive) -> None:
         """Read (a bounded amount of) the unread body before refusing: HTTP/1.1 clients
@@ -374,25 +397,6 @@ def _response_headers(raw: list[tuple[bytes, bytes]], request_id: str) -> list[t
     return headers
 
 
-def _upstream_failed(endpoint: Endpoint, ex: _Exchange) -> OpenAIError:
-    return OpenAIError(502, "upstream_error", f"replica {endpoint.replica_id} of model {ex.model!r} failed")
-
-
-async def _pump(
-    response: httpx.Response, into: trio.MemorySendChannel[bytes], endpoint: Endpoint, ex: _Exchange
-) -> None:
-    try:
-        async for chunk in response.aiter_raw():
-            into.send_nowait(chunk)  # no checkpoint outside the generator (see `_exchange`)
-    except httpx.TransportError as error:
-        # The status is already sent: say so in the stream, where OpenAI's SDKs look for it.
-        _log.warning("replica %s of model %s failed mid-stream: %s", endpoint.replica_id, ex.model, describe(error))
-        err = OpenAIError(502, "upstream_error", f"replica {endpoint.replica_id} failed mid-stream")
-        into.send_nowait(b"data: " + dumps(err.doc()) + b"\n\n")
-    finally:
-        into.close()
-
-
 # --- server -------------------------------------------------------------------------
 
 
@@ -401,6 +405,12 @@ def parse_bind(bind: str) -> tuple[str, int]:
     hostport = bind.split("://", 1)[-1]
     host, _, port = hostport.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+async def _serve_then_stop(app: GatewayApp, config: Any, trigger: Callable[[], Awaitable[None]] | None,
+                           done: trio.CancelScope, *, task_status: trio.TaskStatus[list[str]]) -> None:
+    await hypercorn_serve(app, config, shutdown_trigger=trigger, task_status=task_status)  # type: ignore[arg-type]
+    done.cancel()  # the server stopped (its trigger fired): so does the request log's writer, after a last write
 
 
 async def serve(
@@ -429,9 +439,11 @@ async def serve(
     try:
         async with trio.open_nursery() as nursery:
             binds: list[str] = await nursery.start(
-                partial(hypercorn_serve, app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+                partial(_serve_then_stop, app, config, shutdown_trigger, nursery.cancel_scope)
             )
             bound = parse_bind(binds[0])
+            app.log.query_url = f"http://{url_host(bound[0])}:{bound[1]}"
+            nursery.start_soon(app.log.run)  # the request log's writer: off the request path
             _log.info("gateway listening on %s", binds[0])
             task_status.started(bound)
     finally:

@@ -1,9 +1,11 @@
 """What a `/v1` request must be before it reaches an engine: its path and method, its key's
-place in the headers, the fields each endpoint needs, and which model roles serve it.
-Pure checks; every refusal is an `OpenAIError` with the field it is about."""
+place in the headers, each endpoint's allowlist of OpenAI fields with their JSON types, and which
+model roles serve it. Pure checks; every refusal is an `OpenAIError` naming the field it is about."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 from llmgw.errors import OpenAIError
@@ -11,6 +13,100 @@ from llmgw.errors import OpenAIError
 # Path -> kind of request; kind -> the model roles that may serve it.
 POST_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding"}
 ROLES_FOR = {"chat": ("chat", "guard"), "completion": ("chat", "guard"), "embedding": ("embedding",)}
+
+# A field's JSON type: a test of the value and the words a refusal uses. The gateway checks
+# types (an engine given a string for a number may fail with a 500, or worse, guess); values
+# and ranges are the engine's to judge, and its refusal reaches the client as it said it.
+_Type = tuple[Callable[[Any], bool], str]
+
+
+def _int(value: Any) -> bool:
+    # bool is an int in Python, a JSON true is not a count; engines keep integers in 64 bits.
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+
+
+def _number(value: Any) -> bool:
+    # `1e999` is valid JSON and infinite in Python: no sampling setting is.
+    return (isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63) or (
+        isinstance(value, float) and math.isfinite(value)
+    )
+
+
+INTEGER: _Type = (_int, "an integer")
+NUMBER: _Type = (_number, "a finite number")
+BOOLEAN: _Type = (lambda v: isinstance(v, bool), "true or false")
+STRING: _Type = (lambda v: isinstance(v, str), "a string")
+OBJECT: _Type = (lambda v: isinstance(v, dict), "an object")
+ARRAY: _Type = (lambda v: isinstance(v, list), "an array")
+STRING_OR_ARRAY: _Type = (lambda v: isinstance(v, (str, list)), "a string or an array")
+STRING_OR_OBJECT: _Type = (lambda v: isinstance(v, (str, dict)), "a string or an object")
+
+# Each endpoint's fields, as OpenAI's API reference lists them (chat: current, including the
+# newer reasoning, tool and storage fields; completions: the legacy endpoint; embeddings). A
+# field outside its list is refused by name: engines take private knobs in the same body
+# (llama.cpp's `n_keep`, `slot_id`, `grammar`, `cache_prompt`; a proxy's `api_base`), and a
+# client must not steer a shared replica, or another tenant's cache, with them.
+_COMMON: dict[str, _Type] = {"model": STRING, "user": STRING}
+_SAMPLING: dict[str, _Type] = {
+    "stream": BOOLEAN,
+    "stream_options": OBJECT,
+    "max_tokens": INTEGER,
+    "n": INTEGER,
+    "temperature": NUMBER,
+    "top_p": NUMBER,
+    "frequency_penalty": NUMBER,
+    "presence_penalty": NUMBER,
+    "seed": INTEGER,
+    "stop": STRING_OR_ARRAY,
+    "logit_bias": OBJECT,
+}
+FIELDS: dict[str, dict[str, _Type]] = {
+    "chat": {
+        **_COMMON,
+        **_SAMPLING,
+        "messages": ARRAY,
+        "max_completion_tokens": INTEGER,
+        "logprobs": BOOLEAN,
+        "top_logprobs": INTEGER,
+        "response_format": OBJECT,
+        "tools": ARRAY,
+        "tool_choice": STRING_OR_OBJECT,
+        "parallel_tool_calls": BOOLEAN,
+        "functions": ARRAY,
+        "function_call": STRING_OR_OBJECT,
+        "metadata": OBJECT,
+        "store": BOOLEAN,
+        "modalities": ARRAY,
+        "audio": OBJECT,
+        "prediction": OBJECT,
+        "reasoning_effort": STRING,
+        "verbosity": STRING,
+        "service_tier": STRING,
+        "web_search_options": OBJECT,
+        "safety_identifier": STRING,
+        "prompt_cache_key": STRING,
+    },
+    "completion": {
+        **_COMMON,
+        **_SAMPLING,
+        "prompt": STRING_OR_ARRAY,
+        "suffix": STRING,
+        "echo": BOOLEAN,
+        "best_of": INTEGER,
+        "logprobs": INTEGER,  # the legacy endpoint's logprobs is a count (0..5), not a switch
+    },
+    "embedding": {**_COMMON, "input": STRING_OR_ARRAY, "encoding_format": STRING, "dimensions": INTEGER},
+}
+STREAM_OPTIONS: dict[str, _Type] = {"include_usage": BOOLEAN, "include_obfuscation": BOOLEAN}
+
+# Known engine and proxy knobs, for a refusal that says what they are rather than "unknown".
+ENGINE_PRIVATE = frozenset(
+    {
+        "n_keep", "n_discard", "slot_id", "id_slot", "cache_prompt", "grammar", "grammar_file", "json_schema",
+        "n_probs", "n_predict", "samplers", "lora", "ignore_eos", "min_keep", "t_max_predict_ms", "dry_multiplier",
+        "api_base", "base_url", "api_key", "api_version", "custom_llm_provider", "extra_headers", "timeout",
+    }
+)
 
 
 def allow(method: str, allowed: str) -> None:
@@ -34,30 +130,57 @@ def check_request(kind: str, body: dict[str, Any]) -> tuple[str, bool]:
         raise OpenAIError(400, "missing_required_parameter", "'model' is required", param="model")
     if not isinstance(name, str) or not name:
         raise OpenAIError(400, "invalid_type", "'model' must be a non-empty string", param="model")
+    check_fields(kind, body)
     if kind == "chat":
         messages = body.get("messages")
         if messages is None:
             raise OpenAIError(400, "missing_required_parameter", "'messages' is required", param="messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        if not messages or not all(isinstance(m, dict) for m in messages):
             raise OpenAIError(400, "invalid_type", "'messages' must be a non-empty array of objects", param="messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message.get("role"), str):
+                where = f"messages[{i}].role"
+                raise OpenAIError(400, "invalid_type", f"'{where}' must be a string", param=where)
     elif kind == "completion":
-        string_or_list(body, "prompt")
+        required(body, "prompt")
     else:
-        string_or_list(body, "input")
+        required(body, "input")
     stream = body.get("stream")
-    if stream is None:
-        return name, False
-    if not isinstance(stream, bool):
-        raise OpenAIError(400, "invalid_type", "'stream' must be true or false", param="stream")
-    return name, stream
+    return name, stream is True
 
 
-def string_or_list(body: dict[str, Any], key: str) -> None:
-    value = body.get(key)
-    if value is None:
+def check_fields(kind: str, body: dict[str, Any]) -> None:
+    """Every field is one of the endpoint's OpenAI fields, of its JSON type (null: not given)."""
+    fields = FIELDS[kind]
+    for key, value in body.items():
+        spec = fields.get(key)
+        if spec is None:
+            raise _unknown(key, kind)
+        if value is not None and not spec[0](value):
+            raise OpenAIError(400, "invalid_type", f"'{key}' must be {spec[1]}", param=key)
+    options = body.get("stream_options")
+    if options:
+        for key, value in options.items():
+            where = f"stream_options.{key}"
+            spec = STREAM_OPTIONS.get(key)
+            if spec is None:
+                raise OpenAIError(400, "unknown_parameter", f"unknown parameter '{where}'", param=where)
+            if value is not None and not spec[0](value):
+                raise OpenAIError(400, "invalid_type", f"'{where}' must be {spec[1]}", param=where)
+
+
+def _unknown(key: str, kind: str) -> OpenAIError:
+    path = next(p for p, k in POST_PATHS.items() if k == kind)
+    if key in ENGINE_PRIVATE:
+        words = f"'{key}' is an engine or proxy setting that clients may not set; {path} takes OpenAI's fields only"
+    else:
+        words = f"unknown parameter '{key}': {path} takes OpenAI's fields only"
+    return OpenAIError(400, "unknown_parameter", words, param=key)
+
+
+def required(body: dict[str, Any], key: str) -> None:
+    if body.get(key) is None:
         raise OpenAIError(400, "missing_required_parameter", f"'{key}' is required", param=key)
-    if not isinstance(value, (str, list)):
-        raise OpenAIError(400, "invalid_type", f"'{key}' must be a string or an array", param=key)
 
 
 def role_words(name: str, role: str, path: str) -> str:

@@ -13,6 +13,7 @@ import logging
 import random
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -23,6 +24,7 @@ from llmgw.domain.state import ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError, describe, first_error
 from llmgw.gateway import app as gateway_app
+from llmgw.gateway.requestlog import RequestLog
 from llmgw.gateway.router import Router
 from llmgw.logs import role_var
 from llmgw.stream_client import open_stream
@@ -38,6 +40,7 @@ class GatewayConfig:
     listen_host: str = "127.0.0.1"
     listen_port: int = 8080
     name: str = field(default_factory=socket.gethostname)  # how the leader lists this gateway
+    state_dir: Path | None = None  # its request log goes to STATE_DIR/requests; None: no log kept
     timeouts: Timeouts = TIMEOUTS
 
 
@@ -48,6 +51,7 @@ class GatewayHandle:
     url: str  # http://host:port (the API is under /v1)
     state: FollowedState
     router: Router
+    requestlog: RequestLog
 
 
 class FollowedState:
@@ -119,15 +123,18 @@ async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IG
         raise ValueError("a gateway needs at least one control URL")
     state = FollowedState(config.controls)
     router = Router()
-    deps = gateway_app.GatewayDeps(router=router, state=state, timeouts=config.timeouts, health=state.health)
+    rlog = RequestLog(config.state_dir / "requests" if config.state_dir is not None else None, config.name,
+                      settings=lambda: state.snapshot().settings, timeouts=config.timeouts)
+    deps = gateway_app.GatewayDeps(router=router, state=state, timeouts=config.timeouts, health=state.health,
+                                   requestlog=rlog)
     async with trio.open_nursery() as nursery:
         host, port = await nursery.start(gateway_app.serve, config.listen_host, config.listen_port, deps)
-        nursery.start_soon(_follow, config, state, router)
+        nursery.start_soon(_follow, config, state, router, rlog)
         nursery.start_soon(_warn_while_stale, config, state)
-        task_status.started(GatewayHandle(f"http://{url_host(host)}:{port}", state, router))
+        task_status.started(GatewayHandle(f"http://{url_host(host)}:{port}", state, router, rlog))
 
 
-async def _follow(config: GatewayConfig, state: FollowedState, router: Router) -> None:
+async def _follow(config: GatewayConfig, state: FollowedState, router: Router, rlog: RequestLog) -> None:
     """Find the leader among `controls` (or where a refusal points) and follow it; again when it goes.
 
     Every member is tried in turn; only after a whole round failed does the gateway pause (with
@@ -150,7 +157,7 @@ async def _follow(config: GatewayConfig, state: FollowedState, router: Router) -
         attached = trio.Event()
         why, level = "", logging.WARNING
         try:
-            await _follow_once(control, config, state, router, attached)
+            await _follow_once(control, config, state, router, rlog, attached)
         # Nurseries wrap errors in groups (strict exception groups), hence except*.
         except* _Refused as group:
             refused = first_error(group)
@@ -188,11 +195,11 @@ async def _follow(config: GatewayConfig, state: FollowedState, router: Router) -
 
 
 async def _follow_once(control: str, config: GatewayConfig, state: FollowedState, router: Router,
-                       attached: trio.Event) -> None:
+                       rlog: RequestLog, attached: trio.Event) -> None:
     t = config.timeouts
     async with open_stream(control, protocol.GATEWAY_STREAM_PATH, config.key, connect_s=t.gateway_silence_s,
                            close_s=t.gateway_stream_close_s) as ws:
-        await _session(ws, control, config, state, router, attached)
+        await _session(ws, control, config, state, router, rlog, attached)
 
 
 async def _receive(ws: WebSocketConnection, silence_s: float) -> dict[str, Any]:
@@ -202,10 +209,11 @@ async def _receive(ws: WebSocketConnection, silence_s: float) -> dict[str, Any]:
 
 
 async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig, state: FollowedState,
-                   router: Router, attached: trio.Event) -> None:
+                   router: Router, rlog: RequestLog, attached: trio.Event) -> None:
     t = config.timeouts
     await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.GATEWAY_PROTOCOL_VERSION,
-                                          "gateway": config.name, "version": __version__}))
+                                          "gateway": config.name, "version": __version__,
+                                          "query_url": rlog.query_url}))  # where control asks its log
     first = await _receive(ws, t.gateway_silence_s)
     if first["type"] == "refused":
         raise _Refused(control, str(first.get("reason", "")), first.get("leader"), first.get("leader_url"))
@@ -218,6 +226,7 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
              "" if old is None else f"; the table held was {old:.1f} s old")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_report, ws, router, t)
+        nursery.start_soon(_send_usage, ws, rlog, t)
         while True:
             message = await _receive(ws, t.gateway_silence_s)
             kind = message["type"]
@@ -232,6 +241,9 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
                 log.debug("table version %d (revision %d) from %s", table.version, table.state.revision, control)
             elif kind == "heartbeat":
                 state.confirm(now)
+            elif kind == "usage_ack":
+                if isinstance(message.get("seq"), int):
+                    rlog.rollups.acked(str(message.get("boot")), message["seq"])
             elif kind == "refused":
                 raise _Refused(control, str(message.get("reason", "")), message.get("leader"),
                                message.get("leader_url"))
@@ -271,6 +283,20 @@ async def _report(ws: WebSocketConnection, router: Router, t: Timeouts) -> None:
             await ws.send_message(protocol.dumps({"type": "heartbeat"}))
             last_sent = now
         await trio.sleep(t.gateway_demand_report_s)
+
+
+async def _send_usage(ws: WebSocketConnection, rlog: RequestLog, t: Timeouts) -> None:
+    """The usage rollups, one batch at a time: the unacknowledged batch is sent again (same seq) on
+    each new stream and after `gateway_silence_s` without its `usage_ack`; the leader counts it once."""
+    sent: tuple[int, float] | None = None  # (seq, when) of the batch last sent on this stream
+    while True:
+        await trio.sleep(t.usage_report_s)
+        batch = rlog.rollups.batch()
+        now = trio.current_time()
+        if batch is None or (sent is not None and sent[0] == batch["seq"] and now - sent[1] < t.gateway_silence_s):
+            continue
+        await ws.send_message(protocol.dumps({"type": "usage", **batch}))
+        sent = (batch["seq"], now)
 
 
 async def _warn_while_stale(config: GatewayConfig, state: FollowedState) -> None:

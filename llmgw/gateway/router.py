@@ -1,7 +1,9 @@
-"""The gateway's routing table: least-outstanding pick among a model's ready endpoints.
+"""The gateway's routing table: least-outstanding pick among a model's ready endpoints in rotation.
 
 Implements `EndpointSink` (control pushes routes in) and `DemandReport` (last-used times, activation asks
-and requests in flight out).
+and requests in flight out). A replica that refused a connection leaves the rotation (its fast failures
+would otherwise keep its count lowest and draw every request) until a probe reaches it: every
+`upstream_refused_probe_s` one request tries it again, or control's table gives it a new address.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Mapping
 import trio
 
 from llmgw.domain.observed import Endpoint, ModelRoute
+from llmgw.domain.timeouts import TIMEOUTS
 
 _log = logging.getLogger("llmgw.gateway.router")
 
@@ -42,12 +45,13 @@ class _Slot:
     """One replica's live counters. Holders keep a reference, so a release after the
     replica vanished (or came back as a new slot) can never skew the current count."""
 
-    __slots__ = ("endpoint", "outstanding", "last_used")
+    __slots__ = ("endpoint", "outstanding", "last_used", "probe_at")
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.outstanding = 0
         self.last_used: float | None = None
+        self.probe_at: float | None = None  # out of rotation (it refused a connection) until a probe at this time
 
 
 class Lease:
@@ -73,11 +77,35 @@ class Lease:
         if slot is not None:
             slot.outstanding -= 1
 
+    def refused(self, move: bool = True) -> Endpoint | None:
+        """The held replica refused a connection (nothing was sent): take it out of rotation and, when
+        `move`, hold another ready replica of the model instead, if there is one (None: this lease
+        holds nothing)."""
+        slot, self._slot = self._slot, None
+        if slot is None:
+            return None
+        slot.outstanding -= 1
+        router = self._router
+        slot.probe_at = trio.current_time() + router.probe_s
+        _log.warning("replica %s of model %s refuses connections: out of rotation", slot.endpoint.replica_id,
+                     self._model)
+        self._slot = router._pick_nowait(self._model, exclude=slot) if move else None
+        return self._slot.endpoint if self._slot is not None else None
+
+    def reached(self) -> None:
+        """The held replica accepted a connection: back in rotation if it was out."""
+        slot = self._slot
+        if slot is not None and slot.probe_at is not None:
+            slot.probe_at = None
+            _log.info("replica %s of model %s answers again: back in rotation", slot.endpoint.replica_id,
+                      self._model)
+
 
 class Router:
     """In-memory routing table of one gateway process; every method runs in the trio thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, probe_s: float = TIMEOUTS.upstream_refused_probe_s) -> None:
+        self.probe_s = probe_s
         self._routes: dict[str, ModelRoute] = {}
         self._slots: dict[str, _Slot] = {}  # replica id -> slot
         self._by_model: dict[str, list[_Slot]] = {}
@@ -99,6 +127,8 @@ class Router:
                 if slot is None:
                     slot = _Slot(endpoint)
                 else:
+                    if slot.endpoint.url != endpoint.url:
+                        slot.probe_at = None  # a new address (a restart): worth trying at once
                     slot.endpoint = endpoint  # a restarted replica may listen on a new port
                 slots[endpoint.replica_id] = slot
                 model_slots.append(slot)
@@ -151,22 +181,38 @@ class Router:
             waiting={m: n for m, n in self._waiting.items() if n},
         )
 
-    def _pick_nowait(self, model: str) -> _Slot | None:
-        """Pick, count and timestamp in one synchronous step (trio's single thread is the lock)."""
+    def _pick_nowait(self, model: str, exclude: _Slot | None = None) -> _Slot | None:
+        """Pick, count and timestamp in one synchronous step (trio's single thread is the lock).
+
+        Least outstanding among the replicas in rotation; one out of rotation whose probe is due counts as
+        in rotation (and its next probe moves on, so one request probes it, not a burst); with none in
+        rotation, the least outstanding of the others (its request fails fast or finds it back)."""
         slots = self._by_model.get(model)
         if not slots:
             return None
+        now = trio.current_time()
         n = len(slots)
         start = self._rotation.get(model, 0) % n
         # Scanning from a rotating start spreads ties round-robin.
-        best = slots[start]
-        for i in range(1, n):
+        best: _Slot | None = None
+        fallback: _Slot | None = None
+        for i in range(n):
             slot = slots[(start + i) % n]
-            if slot.outstanding < best.outstanding:
+            if slot is exclude:
+                continue
+            if slot.probe_at is not None and slot.probe_at > now:
+                if fallback is None or slot.outstanding < fallback.outstanding:
+                    fallback = slot
+            elif best is None or slot.outstanding < best.outstanding:
                 best = slot
+        best = best or fallback
+        if best is None:
+            return None
+        if best.probe_at is not None:
+            best.probe_at = now + self.probe_s
         self._rotation[model] = start + 1
         best.outstanding += 1
-        best.last_used = trio.current_time()
+        best.last_used = now
         return best
 
     def _route_state(self, model: str) -> str | None:

@@ -1,55 +1,217 @@
-"""The gateway's call to an engine: the request sent, and sent once more when an engine dropped a reused
-kept-alive connection before answering. Owns that one retry rule.
+"""The gateway's call to an engine over one pooled HTTP/1.1 connection (h11): the request sent, the answer
+read as it comes, under explicit timeouts; and sent once more when an engine dropped a reused connection.
 
-llama.cpp's server closes an idle kept-alive connection on its own schedule; a request that
-arrives on it just then gets no answer at all (seen in ~0.8% of requests at concurrency >= 2).
-Sending it again is safe exactly then: the connection was reused (not opened for this request,
-so the engine is up), no byte of an answer came back, and nothing has reached the client yet
-(`send` returns before the gateway relays anything).
+The retry: llama.cpp's server closes an idle kept-alive connection on its own schedule; a request that
+arrives on it just then gets no answer at all (seen in ~0.8% of requests at concurrency >= 2). Sending it
+again is safe exactly then: the connection was reused (not opened for this request, so the engine is up),
+no byte of an answer came back, and nothing has reached the client yet (`send` returns before the
+gateway relays anything). The retry opens a new connection in the same pool slot.
+
+Timeouts (llmgw/domain/timeouts.py): `upstream_connect_s` per connect, `upstream_write_s` for the request,
+`upstream_first_byte_s` until the answer's head, `upstream_chunk_s` between two reads of its body.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-import httpx
+import h11
+import trio
 
-__all__ = ["send"]
+from llmgw.domain.observed import Endpoint
+from llmgw.errors import OpenAIError
+from llmgw.gateway.pool import ConnectFailed, Connection, Limits, Overloaded, Pool
+from llmgw.gateway.router import Lease
+
+__all__ = ["Dropped", "Response", "UpstreamFailed", "UpstreamTimeout", "answer", "failure", "send"]
 
 _log = logging.getLogger("llmgw.gateway.upstream")
-
-# What a connection closed under a request looks like: EOF before the status line, or a reset.
-_DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
-_NO_ANSWER = "without sending a response"  # httpcore's words for EOF before any byte of the answer
+_READ = 65536
 
 
-class _Trace:
-    """httpcore's `trace` extension for one send: did it open a connection, did an answer start?"""
-
-    def __init__(self) -> None:
-        self.opened = False
-        self.answered = False
-
-    async def __call__(self, event: str, info: dict[str, Any]) -> None:
-        if event.startswith(("connection.connect_tcp", "connection.connect_unix")):
-            self.opened = True
-        elif event.endswith("receive_response_headers.complete"):
-            self.answered = True
+class UpstreamFailed(Exception):
+    """The engine failed the request after the connection was made (502 `upstream_error`)."""
 
 
-async def send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    """`client.send(request, stream=True)`, once more if the first went out on a reused connection
-    that the engine closed before answering. Every other failure is the caller's, as it was."""
-    trace = _Trace()
-    request.extensions["trace"] = trace
-    try:
-        return await client.send(request, stream=True)
-    except _DROPPED as error:
-        if trace.opened or trace.answered or (isinstance(error, httpx.RemoteProtocolError)
-                                              and _NO_ANSWER not in str(error)):
+class Dropped(UpstreamFailed):
+    """The connection was closed or reset under the request; `retryable` when it was a reused one and no
+    byte of an answer had come back."""
+
+    def __init__(self, message: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class UpstreamTimeout(UpstreamFailed):
+    """The engine did not answer (or went silent mid-answer) within its timeout (504 `upstream_timeout`)."""
+
+
+class Response:
+    """An engine's answer: `status` and `headers` (names lower-case) now, the body read with `next_chunk`
+    (or `read`). `close()` hands the connection back: kept alive when the answer was read to its end."""
+
+    __slots__ = ("status", "headers", "_pool", "_conn", "_open")
+
+    def __init__(self, pool: Pool, conn: Connection, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        self.headers = headers
+        self._pool = pool
+        self._conn = conn
+        self._open = True
+
+    async def next_chunk(self) -> bytes | None:
+        """The next piece of the body as the engine sent it; None at its end. Raises UpstreamFailed."""
+        if not self._open:
+            return None
+        conn = self._conn
+        h = conn.h11
+        stream = conn.stream
+        assert stream is not None
+        try:
+            while True:
+                event = h.next_event()
+                if event is h11.NEED_DATA:
+                    with trio.move_on_after(self._pool.timeouts.upstream_chunk_s) as waited:
+                        data = await stream.receive_some(_READ)
+                    if waited.cancelled_caught:
+                        raise UpstreamTimeout(
+                            f"the engine sent nothing for {self._pool.timeouts.upstream_chunk_s:g} s mid-answer")
+                    h.receive_data(data)  # b"" is the end of the stream: h11 says what it means
+                    continue
+                kind = type(event)
+                if kind is h11.Data:
+                    data = event.data  # type: ignore[union-attr]
+                    return data if type(data) is bytes else bytes(data)
+                if kind is h11.EndOfMessage or kind is h11.ConnectionClosed:
+                    self.close(keep=True)
+                    return None
+        except h11.RemoteProtocolError as error:
+            self.close()
+            raise UpstreamFailed(f"the engine's answer broke off: {error}") from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self.close()
+            raise Dropped(f"the connection broke mid-answer: {error or type(error).__name__}", False) from None
+        except BaseException:
+            self.close()  # cancelled (the client went away) or timed out: this connection is done
             raise
-        _log.info("engine at %s closed a kept-alive connection before answering; sending once more",
-                  request.url.netloc.decode("ascii", "replace"))
-    request.extensions.pop("trace", None)
-    return await client.send(request, stream=True)
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        chunks = []
+        while (chunk := await self.next_chunk()) is not None:
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def close(self, keep: bool = False) -> None:
+        """Hand the connection back (idempotent); kept alive only when `keep` and the exchange is complete."""
+        if self._open:
+            self._open = False
+            self._pool.release(self._conn, keep)
+
+
+async def send(
+    pool: Pool, base_url: str, path: str, body: bytes, request_id: str, *, limit: int, queue: int
+) -> Response:
+    """POST `body` to `base_url + path` over a pooled connection and return the answer's head (the body
+    is the caller's to read, then `close()`). Once more on a fresh connection when a reused one was
+    dropped before answering. Raises Overloaded, ConnectFailed (pool.py), or UpstreamFailed."""
+    # An endpoint URL may carry a path (one server for many replicas, as `llmgw sim-fleet` runs):
+    # the connection is the host's, the request goes under that path.
+    prefix = base_url.split("://", 1)[-1].partition("/")[2].rstrip("/")
+    path = f"/{prefix}{path}" if prefix else path
+    conn = await pool.acquire(base_url, limit, queue)
+    try:
+        if conn.stream is None:
+            await conn.connect(pool.timeouts.upstream_connect_s)
+        try:
+            return await _exchange(pool, conn, path, body, request_id)
+        except Dropped as error:
+            if not error.retryable:
+                raise
+            _log.info("engine at %s closed a kept-alive connection before answering; sending once more",
+                      base_url.split("://", 1)[-1])
+        await conn.connect(pool.timeouts.upstream_connect_s)
+        return await _exchange(pool, conn, path, body, request_id)
+    except BaseException:
+        pool.release(conn, keep=False)
+        raise
+
+
+async def _exchange(pool: Pool, conn: Connection, path: str, body: bytes, request_id: str) -> Response:
+    t = pool.timeouts
+    h = conn.h11
+    stream = conn.stream
+    assert stream is not None
+    reused = conn.reused
+    head = h11.Request(method=b"POST", target=path.encode(), headers=[
+        (b"host", conn.host_header),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        # Raw bytes are relayed as they come, so nothing may be compressed.
+        (b"accept-encoding", b"identity"),
+        (b"x-request-id", request_id.encode()),
+    ])
+    wire = h.send(head) + h.send(h11.Data(data=body)) + h.send(h11.EndOfMessage())
+    received = False
+    try:
+        with trio.move_on_after(t.upstream_write_s) as writing:
+            await stream.send_all(wire)
+        if writing.cancelled_caught:
+            raise UpstreamTimeout(f"the engine took no request within {t.upstream_write_s:g} s")
+        with trio.move_on_after(t.upstream_first_byte_s) as waiting:
+            while True:
+                event = h.next_event()
+                if event is h11.NEED_DATA:
+                    data = await stream.receive_some(_READ)
+                    if not data:
+                        raise Dropped("the engine closed the connection without sending a response",
+                                      reused and not received)
+                    received = True
+                    h.receive_data(data)
+                elif type(event) is h11.Response:
+                    return Response(pool, conn, event.status_code, list(event.headers))
+                elif type(event) is not h11.InformationalResponse:
+                    raise UpstreamFailed(f"unexpected {type(event).__name__} from the engine before its answer")
+        raise UpstreamTimeout(f"the engine sent no answer within {t.upstream_first_byte_s:g} s")
+    except h11.RemoteProtocolError as error:
+        raise UpstreamFailed(f"the engine's answer is not valid HTTP/1.1: {error}") from None
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+        raise Dropped(f"the connection broke: {error or type(error).__name__}", reused and not received) from None
+
+
+async def answer(
+    pool: Pool, lease: Lease, endpoint: Endpoint, model: str, path: str, body: bytes, request_id: str, limits: Limits
+) -> tuple[Response, Endpoint]:
+    """The head of the answer of the replica `lease` holds, and that replica: when it refuses connections
+    it leaves the rotation and the request goes once to another one (nothing was sent). Failures become
+    the client's `OpenAIError`: 503 `overloaded`, 502 `upstream_unavailable` or `upstream_error`, 504
+    `upstream_timeout`."""
+    for last in (False, True):
+        try:
+            response = await send(pool, endpoint.url, path, body, request_id, limit=limits.connections,
+                                  queue=limits.queue)
+        except Overloaded as error:
+            raise OpenAIError(503, "overloaded", f"replica {endpoint.replica_id} of model {model!r} is at its limit "
+                                                 f"({error}); retry later") from None
+        except ConnectFailed as error:
+            _log.warning("replica %s of model %s cannot be reached: %s", endpoint.replica_id, model, error)
+            other = lease.refused(move=not last)
+            if other is None:
+                raise OpenAIError(502, "upstream_unavailable",
+                                  f"replica {endpoint.replica_id} of model {model!r} cannot be reached") from None
+            endpoint = other
+            continue
+        except UpstreamFailed as error:
+            raise failure(endpoint, model, error) from None
+        lease.reached()
+        return response, endpoint
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def failure(endpoint: Endpoint, model: str, error: UpstreamFailed, mid_stream: bool = False) -> OpenAIError:
+    """An engine's failure in the client's words (502 `upstream_error`, 504 `upstream_timeout`), logged."""
+    when = " mid-stream" if mid_stream else ""
+    _log.warning("replica %s of model %s failed%s: %s", endpoint.replica_id, model, when, error)
+    if isinstance(error, UpstreamTimeout):
+        return OpenAIError(504, "upstream_timeout", f"replica {endpoint.replica_id} of model {model!r}: {error}")
+    return OpenAIError(502, "upstream_error", f"replica {endpoint.replica_id} of model {model!r} failed{when}")

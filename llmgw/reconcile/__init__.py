@@ -45,6 +45,12 @@ from llmgw.reconcile.failures import (
 __all__ = ["AgentAction", "ModelView", "Plan", "complete", "decide", "desired_replicas", "rank_of", "retry_backoff",
            "should_have", "units"]
 
+# At most this many models that fit nowhere look for idle replicas to evict in one pass: each
+# search places the model against many nodes, and a fleet short of GPUs would repeat every search
+# at every tick. The rest look at a later pass (models in name order; a model that found room
+# is placed and stops asking).
+EVICTION_SEARCHES_PER_PASS = 8
+
 
 @dataclass(frozen=True)
 class AgentAction:
@@ -123,6 +129,7 @@ class _Pass:
     # (a quiet pass builds none), then kept in step with each removal and addition.
     view: FleetView | None = None
     evicted: list[demand.Eviction] = field(default_factory=list)
+    eviction_searches: int = 0  # how many unplaceable models looked for idle replicas to evict
 
     def remove(self, unit: Unit, why: str) -> None:
         for p in unit:
@@ -246,8 +253,10 @@ def _scale(run: _Pass, model: ModelDef, want: int, found: Scan) -> str:
         while result.choice is None and stale:
             run.remove(stale.pop(0), "definition changed (no room to start the new replica first)")
             result = run.place(model, avoided)
-        victims = [] if result.choice else demand.evictions(run.state, run.observed, run.now, model,
-                                                            run.live.values(), result)
+        victims: list[demand.Eviction] = []
+        if result.choice is None and run.eviction_searches < EVICTION_SEARCHES_PER_PASS:
+            run.eviction_searches += 1
+            victims = demand.evictions(run.state, run.observed, run.now, model, run.live.values(), result)
         if victims:  # idle replicas of other on-demand models make room (demand.evictions' policy)
             for e in victims:
                 run.remove((run.live[e.replica_id],), e.why)
@@ -320,7 +329,7 @@ def _views(
             model=name,
             role=model.role,
             state=route_state,
-            endpoints=tuple(Endpoint(o.replica_id, o.url) for o in ready) if not stopped else (),
+            endpoints=tuple(Endpoint(o.replica_id, o.url, o.node) for o in ready) if not stopped else (),
             reason=route_reason,
         )
     return views, routes

@@ -20,6 +20,7 @@ from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState, Placement
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.placement import NOT_NOW, PlacementResult, place
+from llmgw.reconcile.failures import launch_of
 
 UNKNOWN = -1.0  # an unknown idle time in JSON; tables show "-"
 
@@ -166,7 +167,7 @@ def _running(
     mine = _by_model(state).get(model.name, ()) if placed is None else placed
     count = 0
     for p in mine:
-        if p.model != model.name or not p.serves or p.launch_hash != model.launch_hash():
+        if p.model != model.name or not p.serves or p.launch_hash != launch_of(model):
             continue
         obs = observed.replicas.get(p.replica_id)
         if obs is not None:
@@ -294,6 +295,8 @@ def _one_node(
         if best is not None and -mine[0][0] > best[0][0]:
             break
         info = nodes.get(node)
+        if info is not None and not _could_fit(need, info, on_node[node], mine):
+            continue  # counted first (cheap): too few GPUs there even with every victim gone
         if info is None or place(need, {node: info}, _without(on_node[node], mine)).choice is None:
             continue  # not even with all of them gone: no victim here helps
         taken: list[_Victim] = []
@@ -305,6 +308,17 @@ def _one_node(
                     best = (rank, list(taken))
                 break
     return [] if best is None else best[1]
+
+
+def _could_fit(need: ModelDef, info: NodeInfo, on_node: list[Placement], mine: list[_Victim]) -> bool:
+    """A necessary condition, by counting: the node's usable GPUs not held once `mine` is gone are
+    at least what one replica of `need` takes. Saves a placement per node that cannot help."""
+    if need.profile.cpu:
+        return True
+    gone = {p.replica_id for _, unit in mine for p in unit}
+    held = {g for p in on_node if p.replica_id not in gone for g in p.gpus}
+    free = sum(1 for g in info.gpus if g.usable and g.index not in held)
+    return free >= need.profile.gpus
 
 
 def _multi_node(

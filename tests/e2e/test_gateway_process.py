@@ -18,7 +18,8 @@ from llmgw.testing.processes import free_port
 
 pytestmark = pytest.mark.slow
 
-ADMIN = "sk-gwproc-admin"  # /v1 takes admin keys too
+ADMIN = "sk-gwproc-admin"
+CLIENT = "sk-gwproc-client"  # /v1 takes client keys only
 
 
 def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -33,7 +34,7 @@ def test_a_gateway_process_serves_through_the_leader(tmp_path: Path) -> None:
     logs = {name: tmp_path / f"{name}.log" for name in ("control", "agent", "gateway")}
     control = start(["control", "--state-dir", str(tmp_path / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
                      "--admin-addr", f"127.0.0.1:{admin_port}"],
-                    {"LLMGW_ADMIN_KEY": ADMIN}, logs["control"])
+                    {"LLMGW_ADMIN_KEY": ADMIN, "LLMGW_CLIENT_KEY": CLIENT}, logs["control"])
     agent = start(["agent", "--stop-engines-on-exit", "--control", admin_url, "--state-dir", str(tmp_path / "agent"), "--node", "worker-1"],
                   {"LLMGW_KEY": ADMIN}, logs["agent"])
     # The first --control URL is dead: the gateway moves on to the one that answers.
@@ -47,7 +48,7 @@ def test_a_gateway_process_serves_through_the_leader(tmp_path: Path) -> None:
 
     try:
         with httpx.Client(base_url=admin_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=5) as api, \
-                httpx.Client(base_url=gw_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10) as gw:
+                httpx.Client(base_url=gw_url, headers={"Authorization": f"Bearer {CLIENT}"}, timeout=10) as gw:
             deadline = time.monotonic() + 30
             while True:
                 assert all(p.poll() is None for p in procs), said()

@@ -28,6 +28,8 @@ from llmgw.gateway.app import GatewayDeps, parse_bind, serve
 from llmgw.gateway.router import Router
 from llmgw.testing import MemoryStore
 from llmgw.testing.flaky_engine import Engine, serving
+from llmgw.testing.scripted_engine import ScriptedEngine
+from llmgw.testing.scripted_engine import serving as scripted
 
 KEY = "sk-test-client"
 ADMIN_KEY = "sk-test-admin"
@@ -134,9 +136,10 @@ def assert_error(response: httpx.Response, status: int, code: str, param: str | 
     assert error["code"] == code
     assert error["param"] == param
     assert isinstance(error["message"], str) and error["message"]
-    types = {401: "authentication_error", 502: "server_error", 503: "service_unavailable", 504: "service_unavailable"}
+    types = {401: "authentication_error", 500: "server_error", 502: "server_error", 503: "service_unavailable",
+             504: "service_unavailable"}
     assert error["type"] == types.get(status, "invalid_request_error")
-    assert re.fullmatch(r"req-[0-9a-f]{16}", response.headers["x-request-id"])
+    assert re.fullmatch(r"req-[a-z0-9]{1,24}-[0-9a-f]{16}", response.headers["x-request-id"])
     return dict(error)
 
 
@@ -217,7 +220,7 @@ async def test_headers_request_id_and_one_date(gw: Gateway) -> None:
     second = await gw.http.post("/v1/chat/completions", json=chat())
     for response in (first, second):
         assert response.status_code == 200
-        assert re.fullmatch(r"req-[0-9a-f]{16}", response.headers["x-request-id"])
+        assert re.fullmatch(r"req-[a-z0-9]{1,24}-[0-9a-f]{16}", response.headers["x-request-id"])
         assert len(response.headers.get_list("date")) == 1
         assert len(response.headers.get_list("server")) <= 1
         assert len(response.headers.get_list("content-length")) == 1
@@ -225,9 +228,10 @@ async def test_headers_request_id_and_one_date(gw: Gateway) -> None:
     assert first.headers["x-request-id"] != second.headers["x-request-id"]
 
 
-async def test_admin_key_is_accepted(gw: Gateway) -> None:
+async def test_admin_key_is_refused_on_v1(gw: Gateway) -> None:
+    # Admin keys administer the cluster; they never serve traffic (docs/api.md, "Keys").
     response = await gw.http.post("/v1/chat/completions", json=chat(), headers={"authorization": f"Bearer {ADMIN_KEY}"})
-    assert response.status_code == 200
+    assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
 
 
 async def test_upstream_errors_pass_through(gw: Gateway) -> None:
@@ -294,7 +298,7 @@ async def test_sdk_raises_typed_errors(gw: Gateway) -> None:
         ("/v1/completions", {"model": "demo"}, "missing_required_parameter", "prompt"),
         ("/v1/completions", {"model": "demo", "prompt": 5}, "invalid_type", "prompt"),
         ("/v1/embeddings", {"model": "demo-embed", "input": {"a": 1}}, "invalid_type", "input"),
-        ("/v1/embeddings", {"model": "demo-embed", "input": "x", "stream": 1}, "invalid_type", "stream"),
+        ("/v1/embeddings", {"model": "demo-embed", "input": "x", "stream": 1}, "unknown_parameter", "stream"),
     ],
 )
 async def test_malformed_requests_are_400(gw: Gateway, path: str, body: Any, code: str, param: str | None) -> None:
@@ -469,14 +473,18 @@ async def test_client_disconnect_mid_stream_cancels_upstream(gw: Gateway) -> Non
             await trio.sleep(0.01)
 
 
-async def test_client_disconnect_while_waiting_for_non_streamed_reply(gw: Gateway) -> None:
-    async def call() -> None:
-        async with httpx.AsyncClient(base_url=gw.url, headers={"authorization": f"Bearer {KEY}"}) as client:
-            await client.post("/v1/chat/completions", json=chat("a b c d e f g h", model="slow"))
-
-    with trio.move_on_after(0.3):
-        await call()
-    with trio.fail_after(2):
+async def test_client_disconnect_while_waiting_for_non_streamed_reply(gw: Gateway, nursery: trio.Nursery) -> None:
+    # An engine that never answers: only the gateway hanging up on it (the cancel) ends the call.
+    # Without the cancel, `hung_up` is never set and the replica stays outstanding.
+    engine = ScriptedEngine(lambda request, reply: trio.sleep_forever())
+    gw.set_route(ModelRoute("slow", "chat", "ready", (Endpoint("silent-r1", await scripted(nursery, engine)),)))
+    stream = await open_raw(gw, "/v1/chat/completions", chat(model="slow"))
+    async with stream:
+        with trio.fail_after(5):
+            await engine.arrived.wait()
+        assert gw.router.statistics().outstanding["slow"] == 1
+    with trio.fail_after(5):
+        await engine.hung_up.wait()
         while gw.router.statistics().outstanding["slow"]:
             await trio.sleep(0.01)
 
@@ -492,46 +500,45 @@ async def test_client_disconnect_while_waiting_for_activation_stops_the_wait(gw:
             await trio.sleep(0.01)
 
 
-# --- an injected upstream client (httpx's MockTransport): failures real engines rarely show ---
+# --- an engine that breaks off: failures real engines rarely show ---------------------------------
+
+_BREAKS_MIDWAY = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ndate: Thu, 01 Jan 1970 00:00:00 GMT\r\n"
+                  b"server: engine\r\ntransfer-encoding: chunked\r\n\r\n"
+                  b"17\r\ndata: {\"choices\": []}\n\n\r\n")  # one chunk of the body, then the engine hangs up
 
 
-class _BreaksMidway(httpx.AsyncByteStream):
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield b'data: {"choices": []}\n\n'
-        raise httpx.ReadError("connection reset by peer")
-
-    async def aclose(self) -> None:
-        pass
-
-
-async def _failing_upstream(request: httpx.Request) -> httpx.Response:
-    headers = {"content-type": "text/event-stream", "date": "Thu, 01 Jan 1970 00:00:00 GMT", "server": "engine"}
-    return httpx.Response(200, headers=headers, stream=_BreaksMidway())
+async def _breaks_midway(stream: trio.SocketStream) -> None:
+    async with stream:
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += await stream.receive_some()
+        await stream.send_all(_BREAKS_MIDWAY)
 
 
 async def test_upstream_failure_midway(nursery: trio.Nursery) -> None:
     store = MemoryStore()
     store.submit_nowait(commands.put_model(_model("demo"), at=0.0))
     store.submit_nowait(commands.add_key(hash_key(KEY), "test", "client", 0.0))
+    listeners = await nursery.start(partial(trio.serve_tcp, _breaks_midway, 0, host="127.0.0.1"))
+    engine = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
     router = Router()
-    router.update_routes({"demo": ModelRoute("demo", "chat", "ready", (Endpoint("demo-r9", "http://engine.test"),))})
-    async with httpx.AsyncClient(transport=httpx.MockTransport(_failing_upstream)) as upstream:
-        deps = GatewayDeps(router=router, state=store, client=upstream)
-        host, port = await nursery.start(partial(serve, "127.0.0.1", 0, deps))
-        auth = {"authorization": f"Bearer {KEY}"}
-        async with httpx.AsyncClient(base_url=f"http://{host}:{port}", headers=auth) as http:
-            # Streaming: the status is out already, so the failure is told in the stream.
-            streamed = await http.post("/v1/chat/completions", json=chat(stream=True))
-            assert streamed.status_code == 200
-            assert streamed.headers.get_list("server") == ["hypercorn-h11"]
-            assert len(streamed.headers.get_list("date")) == 1
-            assert "1970" not in streamed.headers["date"]
-            frames = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
-            assert frames[0] == 'data: {"choices": []}'
-            assert json.loads(frames[-1].removeprefix("data: "))["error"]["code"] == "upstream_error"
-            # Whole answers are read before the status is sent: a clean 502.
-            assert_error(await http.post("/v1/chat/completions", json=chat()), 502, "upstream_error")
-        nursery.cancel_scope.cancel()
+    router.update_routes({"demo": ModelRoute("demo", "chat", "ready", (Endpoint("demo-r9", engine),))})
+    deps = GatewayDeps(router=router, state=store)
+    host, port = await nursery.start(partial(serve, "127.0.0.1", 0, deps))
+    auth = {"authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(base_url=f"http://{host}:{port}", headers=auth) as http:
+        # Streaming: the status is out already, so the failure is told in the stream.
+        streamed = await http.post("/v1/chat/completions", json=chat(stream=True))
+        assert streamed.status_code == 200
+        assert streamed.headers.get_list("server") == ["hypercorn-h11"]
+        assert len(streamed.headers.get_list("date")) == 1
+        assert "1970" not in streamed.headers["date"]
+        frames = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert frames[0] == 'data: {"choices": []}'
+        assert json.loads(frames[-1].removeprefix("data: "))["error"]["code"] == "upstream_error"
+        # Whole answers are read before the status is sent: a clean 502.
+        assert_error(await http.post("/v1/chat/completions", json=chat()), 502, "upstream_error")
+    nursery.cancel_scope.cancel()
     assert router.statistics().outstanding == {"demo": 0}
 
 
@@ -565,3 +572,243 @@ async def test_the_gateway_retries_once_when_an_engine_drops_a_kept_alive_connec
         response = await gw.http.post("/v1/chat/completions", json=chat())
         assert response.status_code == 200, response.text
     assert (engine.requests, engine.connections) == (3, 2), "one drop, one retry on a new connection"
+
+
+# --- the OpenAI surface: fields, engine errors, retry advice, streaming (issue 9, points 1 and 2) ---
+
+
+async def _scripted_demo(gw: Gateway, nursery: trio.Nursery, script: Any) -> ScriptedEngine:
+    """Serve `demo` from a scripted engine: the test says what the engine answers, and when."""
+    engine = ScriptedEngine(script)
+    gw.set_route(ModelRoute("demo", "chat", "ready", (Endpoint("scripted-r1", await scripted(nursery, engine)),)))
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/v1/chat/completions", "n_keep"),
+        ("/v1/chat/completions", "n_discard"),
+        ("/v1/chat/completions", "slot_id"),
+        ("/v1/chat/completions", "grammar"),
+        ("/v1/chat/completions", "cache_prompt"),
+        ("/v1/chat/completions", "api_base"),
+        ("/v1/completions", "base_url"),
+        ("/v1/completions", "grammar_file"),
+        ("/v1/embeddings", "temperature"),
+        ("/v1/chat/completions", "no_such_field"),
+    ],
+)
+async def test_fields_outside_the_openai_allowlist_are_refused_by_name(
+        gw: Gateway, nursery: trio.Nursery, path: str, field: str) -> None:
+    engine = await _scripted_demo(gw, nursery, lambda request, reply: reply.whole(200, b"{}"))
+    body = {"/v1/chat/completions": chat(), "/v1/completions": {"model": "demo", "prompt": "x"},
+            "/v1/embeddings": {"model": "demo-embed", "input": "x"}}[path]
+    error = assert_error(await gw.http.post(path, json={**body, field: 1}), 400, "unknown_parameter", field)
+    assert field in error["message"]
+    assert engine.requests == []
+
+
+async def test_newer_openai_fields_reach_the_engine_unchanged(gw: Gateway, nursery: trio.Nursery) -> None:
+    answer = json.dumps({"id": "x", "object": "chat.completion", "created": 1, "model": "demo", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
+    engine = await _scripted_demo(gw, nursery, lambda request, reply: reply.whole(200, answer))
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    async with openai.DefaultAsyncHttpxClient() as http_client:
+        reply = await gw.sdk(http_client).chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=5,
+            response_format={"type": "json_object"}, tools=[tool], tool_choice="auto",  # type: ignore[list-item]
+            parallel_tool_calls=False, seed=7, logprobs=True, top_logprobs=2, user="u1",
+            metadata={"team": "a"}, store=False, temperature=0.5, stop=["\n"],
+        )
+    assert reply.choices[0].message.content == "ok"
+    sent = json.loads(engine.requests[0].body)
+    assert sent["max_completion_tokens"] == 5 and sent["tools"] == [tool] and sent["metadata"] == {"team": "a"}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "message", "code"),
+    [
+        # llama.cpp's server today, and its older builds.
+        (400, b'{"error":{"code":400,"message":"the request exceeds the available context size","type":'
+              b'"exceed_context_size_error"}}', "the request exceeds the available context size", "engine_error"),
+        (400, b'{"code":400,"message":"grammar parse error"}', "grammar parse error", "engine_error"),
+        (503, b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}', "Loading model",
+         "engine_error"),
+        (500, b"Internal Server Error: boom", "boom", "engine_error"),
+        (422, b'{"detail":"field required"}', "field required", "engine_error"),
+        # OpenAI's own shape (vLLM): its code and param kept.
+        (400, b'{"error":{"message":"bad n","type":"invalid_request_error","param":"n","code":"invalid_value"}}',
+         "bad n", "invalid_value"),
+    ],
+)
+async def test_an_engines_own_error_reaches_the_client_in_openai_shape(
+        gw: Gateway, nursery: trio.Nursery, status: int, body: bytes, message: str, code: str) -> None:
+    content_type = "text/plain" if body.startswith(b"Internal") else "application/json"
+    await _scripted_demo(gw, nursery, lambda request, reply: reply.whole(status, body, content_type))
+    for request in (chat(), chat(stream=True)):  # a streamed request refused before its stream: the same
+        response = await gw.http.post("/v1/chat/completions", json=request)
+        assert response.headers["content-type"] == "application/json"
+        error = assert_error(response, status, code, "n" if code == "invalid_value" else None)
+        assert message in error["message"]
+
+
+async def test_an_engines_refusal_raises_the_sdks_typed_error(gw: Gateway, nursery: trio.Nursery) -> None:
+    body = b'{"error":{"code":400,"message":"the request exceeds the available context size","type":"x"}}'
+    await _scripted_demo(gw, nursery, lambda request, reply: reply.whole(400, body))
+    async with openai.DefaultAsyncHttpxClient() as http_client:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await gw.sdk(http_client).chat.completions.create(model="demo", messages=[{"role": "user", "content": "x"}])
+    assert "exceeds the available context size" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("model", "code", "stopped"),
+    [("parked-one", "model_parked", False), ("nowhere", "model_unplaceable", False), ("demo", "system_stopped", True)],
+)
+async def test_answers_a_retry_cannot_fix_are_not_retried_by_the_sdk(
+        gw: Gateway, model: str, code: str, stopped: bool) -> None:
+    if stopped:
+        gw.store.submit_nowait(commands.put_setting("serving.stopped", True, at=1.0))
+    sent: list[str] = []
+
+    async def count(request: Any) -> None:
+        sent.append(request.url.path)
+
+    # The SDK's default: 2 retries of every 5xx, unless the answer says `x-should-retry: false`.
+    async with openai.DefaultAsyncHttpxClient(event_hooks={"request": [count]}) as http_client:
+        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEY, http_client=http_client, max_retries=2)
+        with pytest.raises(openai.InternalServerError) as caught:
+            await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
+    assert caught.value.status_code == 503 and caught.value.code == code
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    assert sent == ["/v1/chat/completions"], "one request at the gateway: no retry"
+
+
+async def test_retryable_answers_leave_the_sdk_its_own_rule(gw: Gateway) -> None:
+    response = await gw.http.post("/v1/chat/completions", json=chat(model="dead"))
+    assert_error(response, 502, "upstream_unavailable")
+    assert "x-should-retry" not in response.headers
+
+
+async def test_streaming_forwards_each_chunk_before_the_next_exists(gw: Gateway, nursery: trio.Nursery) -> None:
+    """The engine sends its second chunk only once the client has the first: a gateway that buffered
+    (a whole answer, or chunks until some size) would never deliver the first, and this would time out."""
+    first_seen = trio.Event()
+    frames = [b'data: {"choices":[{"index":0,"delta":{"content":"one"}}]}\n\n',
+              b'data: {"choices":[{"index":0,"delta":{"content":"two"}}]}\n\n', b"data: [DONE]\n\n"]
+
+    async def script(request: Any, reply: Any) -> None:
+        await reply.start()
+        await reply.chunk(frames[0])
+        await first_seen.wait()
+        for frame in frames[1:]:
+            await reply.chunk(frame)
+        await reply.end()
+
+    await _scripted_demo(gw, nursery, script)
+    stream = await open_raw(gw, "/v1/chat/completions", chat(stream=True))
+    received = b""
+    async with stream:
+        with trio.fail_after(10):  # a bound on a hang, not a measurement
+            while b'"one"' not in received:
+                received += await stream.receive_some()
+            assert b'"two"' not in received
+            first_seen.set()
+            while not received.endswith(b"0\r\n\r\n"):
+                received += await stream.receive_some()
+    assert b'"two"' in received and b"data: [DONE]" in received
+    assert re.search(rb"\r\nx-request-id: req-[a-z0-9]{1,24}-[0-9a-f]{16}\r\n", received)
+
+
+@sdk_stream_warnings
+async def test_a_stream_cut_midway_ends_with_an_error_event(gw: Gateway, nursery: trio.Nursery) -> None:
+    async def script(request: Any, reply: Any) -> None:
+        await reply.start()
+        await reply.chunk(b'data: {"choices":[{"index":0,"delta":{"content":"one"}}]}\n\n')
+        # Then the engine dies: the connection closes with the chunked body unfinished.
+
+    await _scripted_demo(gw, nursery, script)
+    with trio.fail_after(10):
+        async with gw.http.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as response:
+            body = (await response.aread()).decode()
+    data = [line.removeprefix("data: ") for line in body.splitlines() if line.startswith("data: ")]
+    assert json.loads(data[0])["choices"][0]["delta"]["content"] == "one"
+    assert json.loads(data[-1])["error"]["code"] == "upstream_error"
+    async with openai.DefaultAsyncHttpxClient() as http_client:
+        stream = await gw.sdk(http_client).chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "x"}], stream=True)
+        with pytest.raises(openai.APIError, match="failed mid-stream"):
+            async for _ in stream:
+                pass
+        await stream.close()
+
+
+async def test_a_replica_that_refuses_connections_leaves_the_rotation_and_its_request_goes_to_another(
+        gw: Gateway, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="llmgw.gateway")
+    live = gw.routes["demo"].endpoints[0]
+    refusing = Endpoint("refusing-r2", f"http://127.0.0.1:{_closed_port()}")
+    gw.set_route(ModelRoute("demo", "chat", "ready", (refusing, live)))
+    for _ in range(4):
+        response = await gw.http.post("/v1/chat/completions", json=chat())
+        assert response.status_code == 200, response.text  # the refused one was sent to the live replica
+    # Tried once, then out of rotation (its fast failures would otherwise make it the least loaded).
+    assert caplog.text.count("refusing-r2 of model demo refuses connections") == 1
+
+
+async def test_past_a_replicas_connections_and_queue_the_answer_is_overloaded_at_once(gw: Gateway) -> None:
+    gw.store.submit_nowait(commands.put_setting("gateway.upstream_connections_per_replica", 1, at=0.0))
+    gw.store.submit_nowait(commands.put_setting("gateway.upstream_queue_per_replica", 1, at=0.0))
+    statuses: list[int] = []
+
+    async def slow_call() -> None:  # ~1 s at the slow replica's 5 tokens/s
+        statuses.append((await gw.http.post("/v1/chat/completions", json=chat("a b c", model="slow"))).status_code)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(slow_call)  # holds the one connection
+        nursery.start_soon(slow_call)  # waits in the queue
+        with trio.fail_after(5):
+            while not statuses and gw.router.statistics().outstanding.get("slow", 0) < 2:
+                await trio.sleep(0.01)
+        assert_error(await gw.http.post("/v1/chat/completions", json=chat(model="slow")), 503, "overloaded")
+        assert statuses == []  # at once: answered while the other two are still in flight
+    assert statuses == [200, 200]  # the queued one was served, not refused
+
+
+def _sse(*docs: dict[str, Any]) -> list[bytes]:
+    return [b"data: " + json.dumps(d).encode() + b"\n\n" for d in docs] + [b"data: [DONE]\n\n"]
+
+
+USAGE_CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "demo", "choices": [],
+               "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+TEXT_CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "demo",
+              "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+
+
+async def _usage_engine(request: Any, reply: Any) -> None:
+    """Answers a stream as engines do: the usage chunk only when the request asked for it."""
+    asked = json.loads(request.body).get("stream_options", {}).get("include_usage") is True
+    await reply.start()
+    chunks = _sse(TEXT_CHUNK, USAGE_CHUNK) if asked else _sse(TEXT_CHUNK)
+    # The usage event split across two writes: the gateway must hold it until it is whole.
+    for chunk in chunks:
+        await reply.chunk(chunk[:20])
+        await reply.chunk(chunk[20:])
+    await reply.end()
+
+
+@pytest.mark.parametrize("client_asks", [False, True])
+async def test_every_stream_asks_for_usage_and_the_client_gets_only_what_it_asked_for(
+        gw: Gateway, nursery: trio.Nursery, client_asks: bool) -> None:
+    engine = await _scripted_demo(gw, nursery, _usage_engine)
+    body = chat(stream=True, **({"stream_options": {"include_usage": True}} if client_asks else {}))
+    async with gw.http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        text = b"".join([part async for part in response.aiter_bytes()])
+    sent = json.loads(engine.requests[0].body)
+    assert sent["stream_options"]["include_usage"] is True, "the gateway counts every stream's tokens"
+    events = [e for e in text.split(b"\n\n") if e]
+    assert events[0] == b"data: " + json.dumps(TEXT_CHUNK).encode() and events[-1] == b"data: [DONE]"
+    assert (b'"usage"' in text) == client_asks, text

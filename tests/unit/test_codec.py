@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.domain import codec, commands
+from llmgw.domain import codec, commands, usage
 from llmgw.domain.codec import CodecError, state_from_json, state_to_json
 from llmgw.domain.frozen import freeze
 from llmgw.domain.state import ClusterState
@@ -95,6 +95,7 @@ def test_the_generated_states_are_not_trivial() -> None:
         (commands.put_setting("notify.webhooks", ["https://a.example/h"], 5.0), None),
         (commands.remove_model("ghost", 6.0), "c3"),
         (commands.announce_member("10.0.0.1:7000", "http://10.0.0.1:8081", "0.1", 7.0), None),
+        (usage.add_usage("gw1", "b1", 1, [usage.row_doc(3600, "key_a", "a", 2, 10, 20, 0, 1)], "", 8.0), None),
     ])
     for f in dataclasses.fields(ClusterState):
         assert getattr(state, f.name) != getattr(ClusterState(), f.name), f"{f.name} stays at its default"

@@ -571,7 +571,7 @@ def test_key_add_is_idempotent():
     h = hash_key("sk-1")
     s1, r1 = C.apply(ClusterState(), C.add_key(h, "first", "admin", 10))
     s2, r2 = C.apply(s1, C.add_key(h, "again", "client", 20))
-    assert r1 == {"added": True} and r2 == {"added": False}
+    assert r1 == {"added": True, "id": s1.keys[h].id} and r2 == {"added": False, "id": s1.keys[h].id}
     assert s2.keys == s1.keys and s2.keys[h].name == "first" and s2.keys[h].created_at == 10
     assert s2.key_role(h) == "admin" and s2.key_role(hash_key("sk-2")) is None
     assert s2.revision == s1.revision + 1

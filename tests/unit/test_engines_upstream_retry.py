@@ -4,51 +4,64 @@ on loopback plays the engine."""
 
 from __future__ import annotations
 
-import httpx
+from collections.abc import AsyncIterator
+
 import pytest
 import trio
 
-from llmgw.gateway.upstream import send
+from llmgw.gateway.pool import Pool
+from llmgw.gateway.upstream import Dropped, Response, send
 from llmgw.testing.flaky_engine import Engine, serving
 
-
-def post(client: httpx.AsyncClient, url: str) -> httpx.Request:
-    return client.build_request("POST", url, content=b'{"model":"m"}', headers={"content-type": "application/json"})
+PATH = "/v1/chat/completions"
 
 
-async def test_a_dropped_kept_alive_connection_is_retried_once() -> None:
+@pytest.fixture
+async def pool() -> AsyncIterator[Pool]:
+    pool = Pool()
+    yield pool
+    pool.close()
+
+
+async def post(pool: Pool, url: str) -> Response:
+    return await send(pool, url.removesuffix(PATH), PATH, b'{"model":"m"}', "req-1", limit=4, queue=4)
+
+
+async def test_a_dropped_kept_alive_connection_is_retried_once(pool: Pool) -> None:
     engine = Engine()
-    async with trio.open_nursery() as nursery, httpx.AsyncClient() as client:
+    async with trio.open_nursery() as nursery:
         url = await serving(nursery, engine)
-        first = await send(client, post(client, url))
-        assert (first.status_code, await first.aread()) == (200, b'{"ok":true}')
-        await first.aclose()
-        second = await send(client, post(client, url))  # reuses the kept-alive connection: dropped
-        assert (second.status_code, await second.aread()) == (200, b'{"ok":true}')
-        await second.aclose()
+        first = await post(pool, url)
+        assert (first.status, await first.read()) == (200, b'{"ok":true}')
+        first.close()
+        second = await post(pool, url)  # reuses the kept-alive connection: dropped
+        assert (second.status, await second.read()) == (200, b'{"ok":true}')
+        second.close()
         assert (engine.requests, engine.connections) == (3, 2)
+        assert pool.stats.reused == 1
         nursery.cancel_scope.cancel()
 
 
-async def test_a_fresh_connection_that_answers_nothing_is_not_retried() -> None:
+async def test_a_fresh_connection_that_answers_nothing_is_not_retried(pool: Pool) -> None:
     engine = Engine(answer_none=True)
-    async with trio.open_nursery() as nursery, httpx.AsyncClient() as client:
+    async with trio.open_nursery() as nursery:
         url = await serving(nursery, engine)
-        with pytest.raises(httpx.RemoteProtocolError):
-            await send(client, post(client, url))
+        with pytest.raises(Dropped):
+            await post(pool, url)
         assert engine.requests == 1  # the engine may be failing on this very request: not twice
         nursery.cancel_scope.cancel()
 
 
-async def test_retried_only_once() -> None:
+async def test_retried_only_once(pool: Pool) -> None:
     engine = Engine()
-    async with trio.open_nursery() as nursery, httpx.AsyncClient() as client:
+    async with trio.open_nursery() as nursery:
         url = await serving(nursery, engine)
-        kept = await send(client, post(client, url))
-        await kept.aread()
-        await kept.aclose()  # one kept-alive connection in the pool
+        kept = await post(pool, url)
+        await kept.read()
+        kept.close()  # one kept-alive connection in the pool
         engine.answer_none = True  # now every connection, old or new, closes without an answer
-        with pytest.raises(httpx.RemoteProtocolError):
-            await send(client, post(client, url))
+        with pytest.raises(Dropped):
+            await post(pool, url)
         assert (engine.requests, engine.connections) == (3, 2)  # the first, the dropped one, one retry
+        assert pool.in_use(url.removesuffix(PATH)) == 0  # the failed slot was given back
         nursery.cancel_scope.cancel()

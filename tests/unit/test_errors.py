@@ -56,3 +56,16 @@ def test_first_error_is_the_first_leaf_of_nested_groups() -> None:
 def test_describe_names_the_type_of_a_silent_error() -> None:
     assert describe(TimeoutError()) == "TimeoutError"
     assert describe(OSError("refused")) == "refused"
+
+
+@pytest.mark.parametrize("code", ["model_parked", "model_unplaceable", "system_stopped", "guard_refused"])
+def test_answers_a_retry_cannot_fix_say_so_to_the_sdk(code: str) -> None:
+    error = OpenAIError(503, code, "words", headers=[(b"www-authenticate", b"Bearer")])
+    assert error.should_retry is False
+    assert error.headers == [(b"www-authenticate", b"Bearer"), (b"x-should-retry", b"false")]
+
+
+def test_other_answers_leave_the_sdk_its_own_rule_unless_told() -> None:
+    assert OpenAIError(503, "overloaded", "words").headers == []
+    assert OpenAIError(502, "upstream_error", "words", should_retry=True).headers == [(b"x-should-retry", b"true")]
+    assert OpenAIError(503, "model_parked", "words", should_retry=True).headers == [(b"x-should-retry", b"true")]

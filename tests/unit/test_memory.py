@@ -219,3 +219,24 @@ def test_the_documented_constants_are_the_code_s() -> None:
                  f"{memory.LLAMA_CPP_CONTEXT_CPU} on CPU", f"{memory.LLAMA_CPP_CONTEXT_GPU} on GPUs",
                  f"(default {memory.VLLM_DEFAULT_SHARE:g})"):
         assert said in section, said
+
+
+def test_placement_sizes_a_replica_from_what_storage_says(tiny: Path) -> None:
+    """No memory_gib in the profile: the estimate made from the scanned GGUF decides where the
+    replica fits, and where it fits nowhere the refusal says by how much."""
+    from dataclasses import replace
+
+    from llmgw.domain.observed import Gpu
+    from llmgw.placement import place
+
+    need = estimate_for(model(str(tiny), gpus=1), {"n": node("n", tiny.parent)}).total_bytes
+    assert need is not None and need > 256 << 20
+    seen = node("small", tiny.parent)
+    gpu = Gpu(0, "GPU-0", "tiny card", "tiny-0g", 256 << 20, 0)  # a quarter GiB: less than weights + overhead
+    small = replace(seen, gpus=(gpu,), engines=("llama.cpp",))
+    big = replace(seen, node="big", gpus=(replace(gpu, uuid="GPU-1", memory_total=4 << 30),), engines=("llama.cpp",))
+    m = model(str(tiny), gpus=1)
+    result = place(m, {"small": small, "big": big}, [])
+    assert result.choice is not None and result.choice.node == "big"
+    alone = place(m, {"small": small}, [])
+    assert alone.choice is None and "short by" in alone.short_by, alone.short_by

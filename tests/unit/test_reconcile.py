@@ -133,7 +133,7 @@ def test_ready_replica_routes_to_its_endpoint():
     assert plan.commands == () and plan.actions == ()
     route = plan.routes["demo"]
     assert (route.state, route.role, route.reason) == ("ready", "chat", "")
-    assert route.endpoints == (Endpoint("demo-r1", "http://10.0.0.5:40123"),)
+    assert route.endpoints == (Endpoint("demo-r1", "http://10.0.0.5:40123", "local"),)
     view = plan.views["demo"]
     assert (view.desired, view.placed, view.ready, view.starting) == (1, 1, 1, 0)
 
@@ -144,7 +144,7 @@ def test_only_ready_replicas_with_a_url_are_endpoints():
     reps = [replica("demo-r1", "a", "ready", url="http://a:1"), replica("demo-r2", "a", "ready", url=""),
             replica("demo-r3", "a", "starting")]
     plan = decide(s, observed([cpu_node("a")], reps), NOW)
-    assert plan.routes["demo"].endpoints == (Endpoint("demo-r1", "http://a:1"),)
+    assert plan.routes["demo"].endpoints == (Endpoint("demo-r1", "http://a:1", "a"),)
     assert plan.views["demo"].starting == 1
 
 
@@ -167,7 +167,7 @@ def test_scale_down_removes_the_newest():
     plan = decide(s, observed([cpu_node("a"), cpu_node("b")], reps), NOW)
     assert ops(plan) == [("remove", "demo-r1", "scaled down"), ("remove", "demo-r3", "scaled down")]
     assert acts(plan) == [("stop", "a", "demo-r1"), ("stop", "a", "demo-r3")]
-    assert plan.routes["demo"].endpoints == (Endpoint("demo-r2", reps[1].url),)
+    assert plan.routes["demo"].endpoints == (Endpoint("demo-r2", reps[1].url, "b"),)
 
 
 def test_removed_model_loses_its_placement_then_its_replica_is_stopped():
@@ -204,7 +204,7 @@ def test_definition_change_replaces_the_replica():
     plan = decide(s, seen, NOW)
     assert ops(plan) == [("add", "small", "local", ())]
     assert plan.commands[0]["launch_hash"] == new.launch_hash()
-    assert plan.routes["small"].endpoints == (Endpoint("small-r1", seen.replicas["small-r1"].url),)
+    assert plan.routes["small"].endpoints == (Endpoint("small-r1", seen.replicas["small-r1"].url, "local"),)
     s = commit(s, plan)
     both = observed([cpu_node("local")], [replica("small-r1", "local"), replica("small-r2", "local")])
     plan = decide(s, both, NOW + 1)

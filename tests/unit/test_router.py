@@ -331,3 +331,95 @@ def test_outstanding_counts_match_held_acquisitions(ops: list[tuple[str, object]
         assert all(n == 0 for n in router.statistics().replicas.values())
 
     trio.run(scenario)
+
+
+# --- replicas that refuse connections ------------------------------------------------------
+
+
+async def test_a_replica_that_refused_leaves_the_rotation_and_the_lease_moves(
+        autojump_clock: trio.testing.MockClock) -> None:
+    router = Router(probe_s=2.0)
+    router.update_routes({"m": ready("m", "a", "b")})
+    lease = router.acquire("m", deadline=far())
+    async with lease as endpoint:
+        assert endpoint.replica_id == "a"
+        moved = lease.refused()
+        assert moved is not None and moved.replica_id == "b"
+        assert router.statistics().replicas == {"a": 0, "b": 1}
+    # Its failures are fast, so its count stays lowest: least-outstanding alone would send it everything.
+    for _ in range(5):
+        async with router.acquire("m", deadline=far()) as endpoint:
+            assert endpoint.replica_id == "b"
+    assert router.statistics().replicas == {"a": 0, "b": 0}
+
+
+async def test_a_probe_after_the_interval_puts_it_back(autojump_clock: trio.testing.MockClock) -> None:
+    router = Router(probe_s=2.0)
+    router.update_routes({"m": ready("m", "a", "b")})
+    lease = router.acquire("m", deadline=far())
+    async with lease:
+        lease.refused()
+    await trio.sleep(2.0)
+    probe = router.acquire("m", deadline=far())
+    async with probe as endpoint:
+        assert endpoint.replica_id == "a"  # one request tries it again...
+        async with router.acquire("m", deadline=far()) as other:
+            assert other.replica_id == "b"  # ...not every request: the next probe is one interval on
+        probe.reached()  # it accepted the connection
+    seen = set()
+    for _ in range(4):
+        async with router.acquire("m", deadline=far()) as endpoint:
+            seen.add(endpoint.replica_id)
+    assert seen == {"a", "b"}
+
+
+async def test_a_failed_probe_keeps_it_out(autojump_clock: trio.testing.MockClock) -> None:
+    router = Router(probe_s=2.0)
+    router.update_routes({"m": ready("m", "a", "b")})
+    lease = router.acquire("m", deadline=far())
+    async with lease:
+        lease.refused()
+    await trio.sleep(2.0)
+    probe = router.acquire("m", deadline=far())
+    async with probe as endpoint:
+        assert endpoint.replica_id == "a"
+        assert probe.refused() is not None  # still refusing: the request moves to b
+    for _ in range(3):
+        async with router.acquire("m", deadline=far()) as endpoint:
+            assert endpoint.replica_id == "b"
+
+
+async def test_a_new_address_in_controls_table_puts_it_back(autojump_clock: trio.testing.MockClock) -> None:
+    router = Router(probe_s=60.0)
+    router.update_routes({"m": ready("m", "a", "b")})
+    lease = router.acquire("m", deadline=far())
+    async with lease:
+        lease.refused()
+    router.update_routes({"m": ready("m", "a", "b")})  # the same table again: still out
+    async with router.acquire("m", deadline=far()) as endpoint:
+        async with router.acquire("m", deadline=far()) as second:
+            assert (endpoint.replica_id, second.replica_id) == ("b", "b")
+    restarted = ModelRoute("m", "chat", "ready", (Endpoint("a", "http://a.test:9"), Endpoint("b", "http://b.test")))
+    router.update_routes({"m": restarted})
+    async with router.acquire("m", deadline=far()) as endpoint:
+        async with router.acquire("m", deadline=far()) as second:
+            assert {endpoint.replica_id, second.replica_id} == {"a", "b"}
+
+
+async def test_with_every_replica_out_a_request_still_tries_one_and_no_third() -> None:
+    router = Router()
+    router.update_routes({"m": ready("m", "a", "b")})
+    lease = router.acquire("m", deadline=far())
+    async with lease as endpoint:
+        assert endpoint.replica_id == "a"
+        assert lease.refused() is not None
+        assert lease.refused(move=False) is None  # the retry refused too: no third try
+    assert router.statistics().replicas == {"a": 0, "b": 0}
+    async with router.acquire("m", deadline=far()) as endpoint:  # out of rotation, but not unroutable
+        assert endpoint.replica_id in ("a", "b")
+    single = Router()
+    single.update_routes({"m": ready("m", "a")})
+    lease = single.acquire("m", deadline=far())
+    async with lease:
+        assert lease.refused() is None  # no other replica to move to
+    assert single.statistics().replicas == {"a": 0}

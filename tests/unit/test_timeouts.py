@@ -244,13 +244,23 @@ def test_the_doc_check_sees_a_changed_default() -> None:
 # --- a role reads the table it is given --------------------------------------------------------------
 
 
-async def test_the_gateways_upstream_client_takes_its_timeouts_from_the_table_it_is_given() -> None:
-    from llmgw.gateway.app import make_client
+async def test_the_gateways_upstream_pool_takes_its_timeouts_from_the_table_it_is_given() -> None:
+    import functools
 
-    given = dataclasses.replace(TIMEOUTS, upstream_connect_s=1.5, upstream_write_s=2.5, upstream_pool_s=3.5)
-    client = make_client(given)
-    try:
-        assert (client.timeout.connect, client.timeout.read, client.timeout.write, client.timeout.pool) == (
-            1.5, None, 2.5, 3.5)
-    finally:
-        await client.aclose()
+    import trio
+
+    from llmgw.gateway.pool import Pool
+    from llmgw.gateway.upstream import UpstreamTimeout, send
+
+    async def silent(stream: trio.SocketStream) -> None:  # takes the request, never answers
+        await trio.sleep_forever()
+
+    given = dataclasses.replace(TIMEOUTS, upstream_first_byte_s=0.25)
+    pool = Pool(given)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        with pytest.raises(UpstreamTimeout, match="within 0.25 s"), trio.fail_after(5):
+            await send(pool, url, "/v1/chat/completions", b"{}", "req-1", limit=1, queue=1)
+        nursery.cancel_scope.cancel()
+    assert pool.in_use(url) == 0  # the timed-out connection was closed, its slot freed

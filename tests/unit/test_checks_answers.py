@@ -1,0 +1,99 @@
+"""What the gateway reads from an engine's answer: usage tokens (whole, or a stream's final chunk)
+and an engine's own error in OpenAI's shape, words and status kept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmgw.gateway.answers import ENGINE_ERROR, HiddenUsage, StreamUsage, asking_usage, engine_error, usage_of
+
+
+def test_usage_of_a_whole_answer() -> None:
+    body = json.dumps({"choices": [{"message": {"content": 'say "usage": {"prompt_tokens": 99}'}}],
+                       "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}}).encode()
+    assert usage_of(body) == (12, 5)
+
+
+def test_usage_key_inside_the_text_is_not_the_usage() -> None:
+    # usage first, then a text that quotes a usage object: the key, not the text, is read.
+    body = (b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4}, "choices": [{"text": '
+            b'"\\"usage\\": {\\"prompt_tokens\\": 99}"}]}')
+    assert usage_of(body) == (3, 4)
+
+
+def test_embeddings_have_no_completion_tokens_and_say_so_by_their_total() -> None:
+    body = b'{"data": [{"embedding": [0.1, 0.2]}], "usage": {"prompt_tokens": 7, "total_tokens": 7}}'
+    assert usage_of(body) == (7, 0)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"choices": []}', b'{"usage": null}', b'{"usage": {"prompt_tokens": "3"}}', b'{"usage": {',
+     b'{"usage": {"prompt_tokens": -1, "completion_tokens": true}}', b"", b"\xff\xfe"],
+)
+def test_unknown_usage_is_none_never_zero(body: bytes) -> None:
+    assert usage_of(body) == (None, None)
+
+
+def test_stream_usage_comes_from_the_final_chunk_however_it_was_cut() -> None:
+    frames = [b'data: {"choices":[{"delta":{"content":"a"}}],"usage":null}\n\n'] * 50 + [
+        b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":50,"total_tokens":59},'
+        b'"timings":{"predicted_ms":12.5}}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+    stream = b"".join(frames)
+    for size in (1, 7, 64, len(stream)):
+        usage = StreamUsage()
+        for i in range(0, len(stream), size):
+            usage.feed(stream[i : i + size])
+        assert usage.tokens() == (9, 50)
+
+
+def test_a_stream_without_a_usage_chunk_has_unknown_tokens() -> None:
+    usage = StreamUsage()
+    usage.feed(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\ndata: [DONE]\n\n')
+    assert usage.tokens() == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "code", "message", "param"),
+    [
+        (400, b'{"error":{"code":400,"message":"context too long","type":"exceed_context_size_error"}}',
+         ENGINE_ERROR, "context too long", None),
+        (400, b'{"code":400,"message":"bad grammar"}', ENGINE_ERROR, "bad grammar", None),
+        (400, b'{"object":"error","message":"bad n","type":"BadRequestError","param":"n","code":400}',
+         ENGINE_ERROR, "bad n", "n"),
+        (400, b'{"error":{"message":"m","type":"invalid_request_error","param":"n","code":"invalid_value"}}',
+         "invalid_value", "m", "n"),
+        (422, b'{"detail":"field required"}', ENGINE_ERROR, "field required", None),
+        (404, b'{"error":"model not found"}', ENGINE_ERROR, "model not found", None),
+        (500, b"Internal Server Error", ENGINE_ERROR, "replica r1 answered 500: Internal Server Error", None),
+        (502, b"", ENGINE_ERROR, "replica r1 answered 502", None),
+        (400, b'{"error":{"code":400}}', ENGINE_ERROR, "replica r1 answered 400", None),
+        (400, b"[" * 100_000, ENGINE_ERROR, "replica r1 answered 400: [[[", None),
+    ],
+)
+def test_engine_errors_in_openai_shape(status: int, body: bytes, code: str, message: str, param: str | None) -> None:
+    error = engine_error(status, body, "replica r1")
+    assert (error.status, error.code, error.param) == (status, code, param)
+    assert error.message.startswith(message)
+    assert set(error.doc()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_stream_asks_for_usage_and_keeps_the_body_when_the_client_did() -> None:
+    raw = b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}'
+    assert asking_usage(json.loads(raw), raw) == (raw, False)
+    raw = b'{"model":"m","stream":true,"stream_options":{"include_obfuscation":false}}'
+    sent, hide = asking_usage(json.loads(raw), raw)
+    assert hide and json.loads(sent)["stream_options"] == {"include_obfuscation": False, "include_usage": True}
+
+
+def test_hidden_usage_drops_only_the_usage_chunk_and_holds_split_events() -> None:
+    text = b'data: {"choices":[{"delta":{"content":"usage"}}],"usage":null}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\n'
+    stream = text + usage + b"data: [DONE]\n\n"
+    hider = HiddenUsage()
+    out = b"".join(hider.feed(stream[i:i + 7]) for i in range(0, len(stream), 7)) + hider.flush()
+    assert out == text + b"data: [DONE]\n\n", "a text chunk naming usage stays; the usage-only chunk goes"
