@@ -57,6 +57,17 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What one request may ask of the model, checked by the gateway; None = no limit."""
+
+    max_tokens: int | None = None  # caps max_tokens and max_completion_tokens
+    max_n: int | None = None  # caps n (choices per request)
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"max_tokens": self.max_tokens, "max_n": self.max_n}
+
+
+@dataclass(frozen=True)
 class ModelDef:
     name: str
     engine: str
@@ -69,6 +80,7 @@ class ModelDef:
     activation_window_s: float = 120.0
     args: tuple[str, ...] = ()
     profile: Profile = field(default_factory=Profile)
+    limits: Limits = field(default_factory=Limits)
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -82,6 +94,7 @@ class ModelDef:
             "activation_window_s": self.activation_window_s,
             "args": list(self.args),
             "profile": self.profile.to_doc(),
+            "limits": self.limits.to_doc(),
         }
 
     def launch_hash(self) -> str:
@@ -116,9 +129,10 @@ class ModelDef:
         window = p.check(_positive_num, doc, "activation_window_s", 120.0)
         args = p.check(_args, doc.get("args", []))
         profile = _profile(doc.get("profile", {}), p)
+        limits = _limits(doc.get("limits", {}), p)
         p.raise_if_any()
         # No problem was found, so every check returned its value.
-        assert name and engine and role and source and mode and replicas and idle and window and profile
+        assert name and engine and role and source and mode and replicas and idle and window and profile and limits
         assert args is not None
         if engine == "sim" and not profile.cpu and not _asks_for_gpus(doc.get("profile", {})):
             # A sim model whose profile says nothing of GPUs runs on CPU (it needs none); one that
@@ -136,6 +150,7 @@ class ModelDef:
             activation_window_s=window,
             args=args,
             profile=profile,
+            limits=limits,
         )
 
 
@@ -187,7 +202,7 @@ def _check_source_text(source: str) -> None:
 
 _KEYS = frozenset({
     "name", "engine", "role", "source", "mode", "replicas",
-    "idle_timeout_s", "activation_window_s", "args", "profile",
+    "idle_timeout_s", "activation_window_s", "args", "profile", "limits",
 })
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -308,6 +323,28 @@ def _profile(doc: Any, p: _Problems) -> Profile | None:
         return None
     assert gpus and tp and pp and nodes and mem is not None
     return Profile(gpus=gpus, tp=tp, pp=pp, nodes=nodes, classes=tuple(classes), memory_gib=mem, cpu=cpu)
+
+
+MAX_LIMIT = 2**31 - 1  # beyond any engine's context or choice count; keeps the number an engine's int
+
+
+def _limits(doc: Any, p: _Problems) -> Limits | None:
+    """The request limits (null or absent: no limit), or None with the problems added to `p`."""
+    if not isinstance(doc, Mapping):
+        p.add("limits", "must be an object like {max_tokens = 4096, max_n = 4}")
+        return None
+    for key in doc:
+        if key not in ("max_tokens", "max_n"):
+            p.add(f"limits.{key}", "unknown key; known: max_tokens, max_n")
+    before = len(p.found)
+    # None (JSON null, or absent) is "no limit": `to_doc` writes it so, and TOML leaves the key out.
+    values = {
+        key: None if doc.get(key) is None else p.check(_int, doc, key, 1, low=1, high=MAX_LIMIT, prefix="limits.")
+        for key in ("max_tokens", "max_n")
+    }
+    if len(p.found) > before:
+        return None
+    return Limits(max_tokens=values["max_tokens"], max_n=values["max_n"])
 
 
 # --- one field each: raise DefinitionError naming it -----------------------------------

@@ -42,6 +42,7 @@ from llmgw.gateway.checks import (
     POST_PATHS,
     ROLES_FOR,
     allow,
+    check_limits,
     check_request,
     model_doc,
     role_words,
@@ -236,6 +237,7 @@ class GatewayApp:
         ex.model = name  # only catalog names reach the log: they are validated, a client's are not
         if model.role not in ROLES_FOR[kind]:
             raise OpenAIError(400, "model_not_supported", role_words(name, model.role, path), param="model")
+        check_limits(body, model.limits, name)  # the definition's max_tokens / max_n
         deadline = trio.current_time() + model.activation_window_s
         refusal: OpenAIError | None = None
         async with trio.open_nursery() as nursery:

@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from llmgw.domain.model import Limits
 from llmgw.errors import OpenAIError
 
 # Path -> kind of request; kind -> the model roles that may serve it.
@@ -167,6 +168,21 @@ def check_fields(kind: str, body: dict[str, Any]) -> None:
                 raise OpenAIError(400, "unknown_parameter", f"unknown parameter '{where}'", param=where)
             if value is not None and not spec[0](value):
                 raise OpenAIError(400, "invalid_type", f"'{where}' must be {spec[1]}", param=where)
+
+
+def check_limits(body: dict[str, Any], limits: Limits, name: str) -> None:
+    """Refuse what asks more than the model's definition allows (`limits`). An omitted
+    max_tokens is not refused, nor filled in: the engine's own default applies."""
+    if limits.max_tokens is not None:
+        for key in ("max_tokens", "max_completion_tokens"):
+            value: Any = body.get(key)
+            if _int(value) and value > limits.max_tokens:  # check_fields has refused other types
+                words = f"'{key}' is {value}; model {name!r} allows at most {limits.max_tokens}"
+                raise OpenAIError(400, "max_tokens_too_large", words, param=key)
+    n: Any = body.get("n")
+    if limits.max_n is not None and _int(n) and n > limits.max_n:
+        words = f"'n' is {n}; model {name!r} allows at most {limits.max_n} choices per request"
+        raise OpenAIError(400, "n_too_large", words, param="n")
 
 
 def _unknown(key: str, kind: str) -> OpenAIError:

@@ -812,3 +812,29 @@ async def test_every_stream_asks_for_usage_and_the_client_gets_only_what_it_aske
     events = [e for e in text.split(b"\n\n") if e]
     assert events[0] == b"data: " + json.dumps(TEXT_CHUNK).encode() and events[-1] == b"data: [DONE]"
     assert (b'"usage"' in text) == client_asks, text
+
+
+# --- per-model request limits (issue 9, point 7) -------------------------------------
+
+
+async def test_a_request_over_the_models_limits_is_refused_before_the_engine(
+        gw: Gateway, nursery: trio.Nursery) -> None:
+    answer = json.dumps({"id": "x", "object": "chat.completion", "created": 1, "model": "capped", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
+    engine = ScriptedEngine(lambda request, reply: reply.whole(200, answer))
+    gw.store.submit_nowait(commands.put_model(_model("capped", limits={"max_tokens": 64, "max_n": 2}), at=0.0))
+    gw.set_route(ModelRoute("capped", "chat", "ready", (Endpoint("capped-r1", await scripted(nursery, engine)),)))
+    post = partial(gw.http.post, "/v1/chat/completions")
+    error = assert_error(await post(json=chat(model="capped", max_tokens=65)), 400, "max_tokens_too_large",
+                         "max_tokens")
+    assert "at most 64" in error["message"]
+    assert_error(await post(json=chat(model="capped", max_completion_tokens=1000)), 400, "max_tokens_too_large",
+                 "max_completion_tokens")
+    assert "at most 2" in assert_error(await post(json=chat(model="capped", n=3)), 400, "n_too_large", "n")["message"]
+    assert engine.requests == []
+    # At the limits, or with max_tokens left out (the engine's default), the request is served unchanged.
+    for body in (chat(model="capped", max_tokens=64, n=2), chat(model="capped")):
+        assert (await post(json=body)).status_code == 200
+    assert [json.loads(r.body).get("max_tokens") for r in engine.requests] == [64, None]
+    assert (await post(json=chat(max_tokens=65, n=3))).status_code == 200  # demo has no limits

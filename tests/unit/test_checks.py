@@ -9,7 +9,8 @@ import pytest
 
 from llmgw.asgi import parse_object
 from llmgw.errors import OpenAIError
-from llmgw.gateway.checks import ENGINE_PRIVATE, FIELDS, check_request
+from llmgw.domain.model import Limits
+from llmgw.gateway.checks import ENGINE_PRIVATE, FIELDS, check_limits, check_request
 
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 BASE = {"chat": CHAT, "completion": {"model": "m", "prompt": "hi"}, "embedding": {"model": "m", "input": "hi"}}
@@ -142,3 +143,37 @@ def test_nesting_the_parser_takes_is_kept() -> None:
     for _ in range(199):
         deep = deep[0]
     assert deep == []
+
+
+# --- the model's limits -------------------------------------------------------
+
+LIMITS = Limits(max_tokens=100, max_n=2)
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param", "words"),
+    [
+        ({"max_tokens": 101}, "max_tokens_too_large", "max_tokens", "'max_tokens' is 101; model 'm' allows at most 100"),
+        ({"max_completion_tokens": 10**9}, "max_tokens_too_large", "max_completion_tokens", "allows at most 100"),
+        ({"max_tokens": 5, "n": 3}, "n_too_large", "n", "'n' is 3; model 'm' allows at most 2 choices"),
+    ],
+)
+def test_asking_more_than_the_model_allows_is_refused(body: dict[str, Any], code: str, param: str,
+                                                      words: str) -> None:
+    with pytest.raises(OpenAIError) as info:
+        check_limits(body, LIMITS, "m")
+    e = info.value
+    assert (e.status, e.code, e.param, e.doc()["error"]["type"]) == (400, code, param, "invalid_request_error")
+    assert words in e.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{}, {"max_tokens": 100, "n": 2}, {"max_completion_tokens": 1, "n": 1}, {"max_tokens": None, "n": None}],
+)
+def test_within_the_limits_or_omitted_passes(body: dict[str, Any]) -> None:
+    check_limits(body, LIMITS, "m")  # an omitted max_tokens is the engine's default, not refused
+
+
+def test_no_limits_means_no_limit() -> None:
+    check_limits({"max_tokens": 2**62, "n": 10**6}, Limits(), "m")

@@ -170,6 +170,17 @@ def test_a_field_an_older_writer_lacked_takes_its_default() -> None:
     assert again.outcomes == () and again.next_replica == 1 and again.keys == state.keys
 
 
+def test_a_model_written_before_limits_existed_has_none() -> None:
+    model = model_doc("a", "always", 1, 1, [], 0) | {"limits": {"max_tokens": 64}}
+    state = build([(commands.make("model.put", 1.0, model=model), None)])
+    doc = state_to_json(state)
+    assert doc["state"]["models"]["a"]["limits"] == {"max_tokens": 64, "max_n": None}
+    assert round_trip(state) == state
+    del doc["state"]["models"]["a"]["limits"]
+    again = state_from_json(doc)
+    assert again.models["a"].limits.max_tokens is None and again.models["a"].limits.max_n is None
+
+
 @pytest.mark.parametrize(("path", "value", "words"), [
     (("next_replica",), True, "state.next_replica: must be an integer"),
     (("next_replica",), 1.0, "state.next_replica: must be an integer"),

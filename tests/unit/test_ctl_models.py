@@ -189,6 +189,15 @@ def test_serve_flags_build_one_definition() -> None:
     assert api.bodies() == [{"name": "c", "engine": "sim", "source": "sim://c", "profile": {"cpu": True}}]
 
 
+def test_serve_flags_set_request_limits() -> None:
+    api = FakeApi().on("POST", "/api/v1/models", 201, json_body={"model": {"name": "c"}})
+    argv = ["model", "serve", "--name", "c", "--engine", "sim", "--source", "sim://c", "--max-tokens", "512",
+            "--max-n", "2"]
+    assert ctl(argv, api).rc == 0
+    assert api.bodies() == [{"name": "c", "engine": "sim", "source": "sim://c",
+                             "limits": {"max_tokens": 512, "max_n": 2}}]
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [

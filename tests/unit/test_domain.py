@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from llmgw.domain import commands as C
 from llmgw.domain.keys import hash_key
-from llmgw.domain.model import MAX_REPLICAS, DefinitionError, ModelDef, Profile
+from llmgw.domain.model import MAX_REPLICAS, DefinitionError, Limits, ModelDef, Profile
 from llmgw.domain.settings import SETTINGS, SettingError, effective, validate
 from llmgw.domain.state import ClusterState, ModelHealth
 from llmgw.testing import MemoryStore
@@ -300,6 +300,38 @@ def test_a_check_that_depends_on_a_wrong_field_is_left_out(patch, fields):
     assert [field for field, _ in refused({**SIM, **patch}).errors] == fields
 
 
+def test_limits_default_to_none_and_are_read():
+    assert ModelDef.from_doc(SIM).limits == Limits()
+    assert ModelDef.from_doc({**SIM, "limits": {}}).limits == Limits(None, None)
+    m = ModelDef.from_doc({**SIM, "limits": {"max_tokens": 4096, "max_n": 4}})
+    assert m.limits == Limits(max_tokens=4096, max_n=4)
+    assert m.to_doc()["limits"] == {"max_tokens": 4096, "max_n": 4}
+    assert ModelDef.from_doc({**SIM, "limits": {"max_tokens": None, "max_n": 2}}).limits == Limits(None, 2)
+
+
+@pytest.mark.parametrize(
+    ("limits", "problems"),
+    [
+        ([], [("limits", "must be an object like {max_tokens = 4096, max_n = 4}")]),
+        ({"max_tokens": 0}, [("limits.max_tokens", "must be between 1 and 2147483647")]),
+        ({"max_n": -1}, [("limits.max_n", "must be between 1 and 2147483647")]),
+        ({"max_n": 1.5}, [("limits.max_n", "must be an integer")]),
+        ({"max_tokens": True}, [("limits.max_tokens", "must be an integer")]),
+        ({"max_tokens": 2**40}, [("limits.max_tokens", "must be between 1 and 2147483647")]),
+        ({"max_tokens": "8"}, [("limits.max_tokens", "must be an integer")]),
+        ({"max_token": 8, "max_n": 0}, [("limits.max_token", "unknown key; known: max_tokens, max_n"),
+                                        ("limits.max_n", "must be between 1 and 2147483647")]),
+    ],
+)
+def test_bad_limits_are_refused_with_the_field(limits, problems):
+    assert list(refused({**SIM, "limits": limits}).errors) == problems
+
+
+def test_limits_do_not_change_the_launch_hash():
+    assert ModelDef.from_doc({**LLAMA, "limits": {"max_tokens": 8}}).launch_hash() == ModelDef.from_doc(
+        LLAMA).launch_hash()
+
+
 # --- definitions: round trip and launch hash -----------------------------------
 
 
@@ -339,9 +371,14 @@ def definitions(draw: st.DrawFn) -> dict[str, Any]:
             "memory_gib": draw(st.one_of(st.just(0), st.floats(0, 640))),
             "cpu": draw(st.booleans()),
         },
+        "limits": {
+            "max_tokens": draw(st.one_of(st.none(), st.integers(1, 2**31 - 1))),
+            "max_n": draw(st.one_of(st.none(), st.integers(1, 128))),
+        },
     }
     # Any key may be left to its default.
-    for key in draw(st.lists(st.sampled_from(["role", "mode", "replicas", "args", "profile"]), unique=True)):
+    for key in draw(st.lists(st.sampled_from(["role", "mode", "replicas", "args", "profile", "limits"]),
+                             unique=True)):
         del doc[key]
     return doc
 

@@ -50,6 +50,8 @@ def definition_from_flags(
     gpus: int | None,
     cpu: bool,
     args: Sequence[str] | None,
+    max_tokens: int | None = None,
+    max_n: int | None = None,
 ) -> dict[str, Any]:
     given = dict(zip(REQUIRED_FLAGS, (name, engine, source), strict=True))
     missing = [flag for flag, value in given.items() if not value]
@@ -75,6 +77,9 @@ def definition_from_flags(
         doc["profile"] = profile
     if args:
         doc["args"] = list(args)
+    limits = {k: v for k, v in (("max_tokens", max_tokens), ("max_n", max_n)) if v is not None}
+    if limits:
+        doc["limits"] = limits  # checked by the API, as every other field
     return doc
 
 

@@ -57,6 +57,8 @@ def model_serve(
     max_: Annotated[int | None, Parameter(name="--max")] = None,
     gpus: Annotated[int | None, Parameter(name="--gpus")] = None,
     cpu: Annotated[bool, Parameter(name="--cpu", negative="", show_default=False)] = False,
+    max_tokens: Annotated[int | None, Parameter(name="--max-tokens")] = None,
+    max_n: Annotated[int | None, Parameter(name="--max-n")] = None,
     arg: Annotated[list[str] | None, Parameter(name="--arg", allow_leading_hyphen=True, negative_iterable="")] = None,
     session: SessionParam,
 ) -> int:
@@ -84,10 +86,14 @@ def model_serve(
         GPUs per replica, tensor-parallel across them (tp = gpus).
     cpu
         May run with no GPU.
+    max_tokens
+        Most max_tokens (or max_completion_tokens) one request may ask for; the gateway refuses more.
+    max_n
+        Most choices (n) one request may ask for.
     arg
         An extra engine argument; repeat for more (--arg=--ctx-size --arg=4096).
     """
-    flags_given = any(v is not None for v in (name, engine, source, role, mode, min_, max_, gpus, arg)) or cpu
+    flags_given = any(v is not None for v in (name, engine, source, role, mode, min_, max_, gpus, arg, max_tokens, max_n)) or cpu
     if file is not None:
         if flags_given:
             raise UsageError("model serve takes --file FILE or the model flags, not both")
@@ -106,6 +112,8 @@ def model_serve(
                 gpus=gpus,
                 cpu=cpu,
                 args=arg,
+                max_tokens=max_tokens,
+                max_n=max_n,
             )
         ]
     answers: list[Any] = []
