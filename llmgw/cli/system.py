@@ -12,10 +12,14 @@ from llmgw.cli.ctl.errors import EXIT_OK, CtlError
 from llmgw.cli.ctl.session import Io, Session, api_path
 from llmgw.cli.ctl.status import status as ctl_status
 
-Url = Annotated[str | None, Parameter(name="--url")]
-Key = Annotated[str | None, Parameter(name="--key")]
-StateDir = Annotated[Path, Parameter(name="--state-dir")]
-Json = Annotated[bool, Parameter(name="--json", negative="", show_default=False)]
+# The help of each option is said once, here, for the three commands.
+Url = Annotated[str | None, Parameter(name="--url",
+                                      help="Admin API base URL (else LLMGW_URL, else DIR/credentials.json).")]
+Key = Annotated[str | None, Parameter(name="--key", help="Admin key (else LLMGW_KEY, else DIR/credentials.json).")]
+StateDir = Annotated[Path, Parameter(name="--state-dir",
+                                     help="Directory holding credentials.json, as written by `llmgw up`.")]
+Json = Annotated[bool, Parameter(name="--json", negative="", show_default=False,
+                                 help="Print the API's JSON as it came, for scripts.")]
 IoParam = Annotated[Io | None, Parameter(parse=False)]
 
 
@@ -23,55 +27,19 @@ def stop(*, url: Url = None, key: Key = None, state_dir: StateDir = Path(".llmgw
          io: IoParam = None) -> int:
     """Stop serving, cluster-wide and live: every model wants 0 replicas, every GPU is freed, the
     gateway answers POSTs under /v1/ with 503 system_stopped. Control planes and agents keep running;
-    no model definition changes.
-
-    Parameters
-    ----------
-    url
-        Admin API base URL (else LLMGW_URL, else DIR/credentials.json).
-    key
-        Admin key (else LLMGW_KEY, else DIR/credentials.json).
-    state_dir
-        Directory holding credentials.json, as written by `llmgw up`.
-    as_json
-        Print the API's JSON as it came, for scripts.
-    """
+    no model definition changes."""
     return _run(url, key, state_dir, as_json, io, lambda s: _switch(s, "stop"))
 
 
 def start(*, url: Url = None, key: Key = None, state_dir: StateDir = Path(".llmgw"), as_json: Json = False,
           io: IoParam = None) -> int:
-    """Serve again after `llmgw stop`: every model is placed again as it asks.
-
-    Parameters
-    ----------
-    url
-        Admin API base URL (else LLMGW_URL, else DIR/credentials.json).
-    key
-        Admin key (else LLMGW_KEY, else DIR/credentials.json).
-    state_dir
-        Directory holding credentials.json, as written by `llmgw up`.
-    as_json
-        Print the API's JSON as it came, for scripts.
-    """
+    """Serve again after `llmgw stop`: every model is placed again as it asks."""
     return _run(url, key, state_dir, as_json, io, lambda s: _switch(s, "start"))
 
 
 def status(*, url: Url = None, key: Key = None, state_dir: StateDir = Path(".llmgw"), as_json: Json = False,
            io: IoParam = None) -> int:
-    """The cluster summary (the same page as `llmgw ctl status`), saying when serving is stopped.
-
-    Parameters
-    ----------
-    url
-        Admin API base URL (else LLMGW_URL, else DIR/credentials.json).
-    key
-        Admin key (else LLMGW_KEY, else DIR/credentials.json).
-    state_dir
-        Directory holding credentials.json, as written by `llmgw up`.
-    as_json
-        Print the API's JSON as it came, for scripts.
-    """
+    """The cluster summary (the same page as `llmgw ctl status`), saying when serving is stopped."""
     return _run(url, key, state_dir, as_json, io, lambda s: ctl_status(session=s))
 
 

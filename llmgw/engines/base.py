@@ -8,6 +8,7 @@ Standard library only, and nothing here imports an engine: the engine modules (`
 from __future__ import annotations
 
 import importlib.machinery
+import logging
 import os
 import re
 import site
@@ -37,6 +38,8 @@ __all__ = [
 
 HEALTH_PATH = "/health"
 Probe = Literal["http", "tcp", "process"]
+
+_log = logging.getLogger("llmgw.engines")
 
 
 class EngineError(Exception):
@@ -229,7 +232,8 @@ def _isolated_finds(root: str) -> bool:
             continue
         try:
             spec = finder.find_spec("llmgw", None)
-        except Exception:  # a third-party finder's own failure says nothing about ours
+        except Exception as e:  # a third-party finder's own failure says nothing about ours
+            _log.debug("import finder %r failed looking for llmgw (%s): ignored", finder, e)
             continue
         if spec is not None and spec.origin and os.path.abspath(spec.origin) == wanted:
             return True
