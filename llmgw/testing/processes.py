@@ -88,6 +88,12 @@ class UpProcess:
     ready_line: str = ""
     _pump: threading.Thread | None = None
 
+    def __post_init__(self) -> None:
+        # Two free ports asked one after the other can be the same port (the first was free again):
+        # `up` would then refuse its own gateway port.
+        while self.admin_port == self.gateway_port:
+            self.admin_port = free_port()
+
     def start(self, timeout: float = 60.0) -> UpProcess:
         argv = [sys.executable, "-m", "llmgw", "up", "--state-dir", str(self.state_dir),
                 "--gateway-port", str(self.gateway_port), "--admin-port", str(self.admin_port), *self.extra_args]
