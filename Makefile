@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv system-packages up test bench zipapp clean
+.PHONY: venv system-packages up test bench bench-litellm zipapp clean
 
 venv: $(VENV)/.stamp
 
@@ -33,8 +33,14 @@ system-packages:
 test: venv system-packages
 	LLMGW_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q
 
+# The gateway benchmark (needs wrk: apt-get install -y wrk). `bench` is the quick run (about half a
+# minute, without LiteLLM); `bench-litellm` the full one beside LiteLLM's proxy, which it installs
+# once into .bench/litellm-venv (never into the project's venv). Flags go in ARGS.
 bench: venv
-	$(BIN)/python tests/bench/gateway.py
+	$(BIN)/python tests/bench/gateway.py --quick --no-litellm $(ARGS)
+
+bench-litellm: venv
+	$(BIN)/python tests/bench/gateway.py --litellm $(ARGS)
 
 zipapp: venv
 	$(BIN)/python build.py

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from cyclopts import Parameter
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from llmgw.agent.storage import StorageDir
     from llmgw.control.floating import IpFloatingAddress
     from llmgw.domain.timeouts import Timeouts
@@ -245,6 +250,8 @@ def gateway(
     state_dir: Path | None = None,
     name: str | None = None,
     key: str | None = None,
+    workers: int = 1,
+    worker_of: Annotated[int | None, Parameter(show=False)] = None,
     log_json: bool = False,
     log_level: str = "info",
 ) -> None:
@@ -263,6 +270,12 @@ def gateway(
         How control lists this gateway (default: the host name).
     key
         The key to authenticate to control (default: LLMGW_KEY).
+    workers
+        Gateway processes sharing the --listen port (SO_REUSEPORT), up to one per core: each
+        follows the leader itself, is listed as NAME-wI and keeps its request log in
+        STATE_DIR/workers/wI; one that dies is started again.
+    worker_of
+        Internal: this process is a worker of that parent gateway's pid.
     log_json
         One JSON object per log line instead of text.
     log_level
@@ -276,6 +289,7 @@ def gateway(
     from llmgw import logs, statedir
     from llmgw.cli import _ports
     from llmgw.cli._lifecycle import serve_until_signal
+    from llmgw.gateway import workers as gateway_workers
     from llmgw.gateway.follower import GatewayConfig, serve
 
     host, port = _split_addr(listen)
@@ -284,22 +298,39 @@ def gateway(
     for url in control:
         if not url.startswith("http://"):
             raise SystemExit(f"error: --control {url!r} is not an http:// URL (TLS to control is not supported yet)")
+    if workers < 1 or (worker_of is not None and workers != 1):
+        raise SystemExit(f"error: --workers {workers}: give a number of processes, 1 (the default) or more")
     secret = key or os.environ.get("LLMGW_KEY")
     if not secret:
         raise SystemExit("error: give --key or set LLMGW_KEY (an admin key of the cluster)")
+    name = name or socket.gethostname()
+    timeouts = _timeouts()
     with contextlib.ExitStack() as held:
         if state_dir is not None:  # before anything in the dir is touched
             held.enter_context(statedir.acquire_or_exit(state_dir, "llmgw gateway"))
         logs.setup(json_lines=log_json, level=log_level,
                    log_file=state_dir / "logs" / "gateway.log" if state_dir is not None else None)
-        cfg = GatewayConfig(controls=control, key=secret, listen_host=host, listen_port=port,
-                            name=name or socket.gethostname(), timeouts=_timeouts(), state_dir=state_dir)
+        cfg = GatewayConfig(controls=control, key=secret, listen_host=host, listen_port=port, name=name,
+                            timeouts=timeouts, state_dir=state_dir)
+        role: Callable[..., Awaitable[object]] = partial(serve, cfg)
+        if worker_of is not None:  # one of --workers N: shares the port, answers control on a port of its own
+            cfg.reuse_port, cfg.query_listen, cfg.role = True, (host, 0), gateway_workers.worker_role(name)
+            role = partial(gateway_workers.serve_worker, cfg, worker_of)
+        elif workers > 1:
+            role = partial(gateway_workers.serve, gateway_workers.WorkersConfig(
+                count=workers, listen_host=host, listen_port=port, state_dir=state_dir, timeouts=timeouts,
+                command=gateway_workers.gateway_command(control, name, state_dir, log_json=log_json,
+                                                        log_level=log_level),
+                env={**os.environ, "LLMGW_KEY": secret}))
 
         async def serve_naming_port(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             async with trio.open_nursery() as nursery:
                 with _ports.naming("gateway", host, port, "--listen"):
-                    handle = await nursery.start(serve, cfg)
-                print(f"llmgw gateway ready url={handle.url}/v1", flush=True)
+                    if workers > 1 and port != 0:  # bound without SO_REUSEPORT by another process?
+                        _ports.check_free("gateway", host, port, "--listen")
+                    handle = await nursery.start(role)
+                pids = ",".join(str(w.pid) for w in getattr(handle, "workers", ()))  # --workers: which to watch
+                print(f"llmgw gateway ready url={handle.url}/v1{f' workers={pids}' if pids else ''}", flush=True)
                 task_status.started(handle)
 
         status = trio.run(serve_until_signal, serve_naming_port)

@@ -23,7 +23,7 @@ from werkzeug.exceptions import HTTPException
 
 from llmgw import __version__
 from llmgw.control import (admin_errors, admin_keys, admin_nodes, admin_plan, admin_requests, admin_system,
-                           agent_stream, gateway_stream)
+                           agent_stream, gateway_stream, openapi)
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members
 from llmgw.control.reconciler import Reconciler
@@ -375,6 +375,7 @@ def make_app(deps: ControlDeps) -> QuartTrio:
         log.info("member %s removed from the group", member)
         return _ok(result)
 
+    openapi.register(app)  # GET /api/v1/openapi.json: this API's OpenAPI document (no key needed)
     admin_errors.register(app, MAX_BODY_BYTES)  # what no route answered (404, 405, 413, 500...): JSON, never HTML
 
     agent_stream.register(app, deps)  # the agents' stream

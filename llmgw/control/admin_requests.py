@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import heapq
 import json
+import math
+import re
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -79,12 +81,20 @@ async def fan_out(deps: ControlDeps, gateways: dict[str, str], path: str,
     return answers, failures
 
 
+def _only(args: Any, known: tuple[str, ...]) -> None:
+    """400 for a query parameter the route does not take: a misspelt filter must not answer unfiltered."""
+    unknown = sorted(set(args) - set(known))
+    if unknown:
+        raise AdminError(400, "invalid_query", f"unknown query parameter {unknown[0]!r:.60}; this route takes "
+                                               f"{', '.join(known)}")
+
+
 def _read_cursor(raw: str | None) -> dict[str, str | None] | None:
     if not raw:
         return None
     try:
         doc = json.loads(base64.urlsafe_b64decode(raw.encode() + b"=" * (-len(raw) % 4)))
-    except (ValueError, UnicodeError):
+    except (ValueError, UnicodeError, RecursionError):  # a forged cursor may nest deeper than json can
         doc = None
     if not isinstance(doc, dict) or not all(isinstance(v, (str, type(None))) for v in doc.values()):
         raise AdminError(400, "invalid_query", "cursor is not one this API gave (pass next_cursor as it came)")
@@ -127,13 +137,18 @@ def register(route: Route, deps: ControlDeps) -> None:
     @route("/api/v1/requests", ["GET"])
     async def list_requests() -> Response:
         args = request.args
+        _only(args, (*_FILTERS, "limit", "cursor"))
+        empty = [k for k in ("status", "since", "until") if args.get(k) == ""]
+        if empty:  # read as "no filter" by the gateways: say so rather than answer unfiltered
+            raise AdminError(400, "invalid_query", f"{empty[0]} is empty: give a value, or leave it out")
         query = {k: args[k] for k in _FILTERS if k in args}
         try:
             Filters.parse(query)  # refused here once, not by every gateway
         except QueryError as e:
             raise AdminError(400, "invalid_query", str(e)) from None
         raw_limit = args.get("limit", "50")
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+        # ASCII digits, a few: `str.isdigit` takes '²' and int() takes no more than 4300 digits (both were 500s).
+        if not re.fullmatch(r"[0-9]{1,9}", raw_limit) or not 1 <= int(raw_limit) <= MAX_LIMIT:
             raise AdminError(400, "invalid_query", f"limit must be a whole number from 1 to {MAX_LIMIT}")
         limit = int(raw_limit)
         cursor = _read_cursor(args.get("cursor"))
@@ -175,12 +190,15 @@ def register(route: Route, deps: ControlDeps) -> None:
     @route("/api/v1/usage", ["GET"])
     async def get_usage() -> Response:
         args = request.args
+        _only(args, ("since", "until", "key", "model", "by"))
         now = time.time()
         try:
             since = float(args.get("since", now - 86400))
             until = float(args.get("until", now + 3600))
         except ValueError:
             raise AdminError(400, "invalid_query", "since and until are unix seconds") from None
+        if not (math.isfinite(since) and math.isfinite(until)):  # nan and inf parse, but are no time (nor JSON)
+            raise AdminError(400, "invalid_query", "since and until must be finite unix seconds")
         by = args.get("by", "total")
         if by not in ("total", "hour", "day"):
             raise AdminError(400, "invalid_query", "by must be total, hour or day")

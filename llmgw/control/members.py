@@ -65,7 +65,10 @@ def member_addr(text: Any) -> str:
     if not isinstance(text, str):
         raise AdminError(400, "invalid_member", 'send {"raft_addr": "HOST:PORT"}: the new member\'s --raft-addr')
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    # A host name (ASCII letters, digits, '.', '-') or an IP address: anything else is no address the
+    # resolver could take (it raised from deep in getaddrinfo: a 500 before this check).
+    if (not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536 or len(host) > 255
+            or not all(c.isascii() and (c.isalnum() or c in ".-:[]") for c in host)):
         raise AdminError(400, "invalid_member", f"{text!r:.80} is not HOST:PORT (the new member's --raft-addr)")
     try:
         wildcard = ipaddress.ip_address(host.strip("[]")).is_unspecified

@@ -67,6 +67,26 @@ class Limits:
         return {"max_tokens": self.max_tokens, "max_n": self.max_n}
 
 
+LONGEST_WAIT = 86400.0  # seconds, the most a definition may set (a bound on input, not a wait): a day is longer
+# than any generation; past it a typo (ms for s) is likelier than intent
+
+
+@dataclass(frozen=True)
+class ModelTimeouts:
+    """How long the gateway waits on this model's engines; None = the gateway's own timeout
+    (`upstream_connect_s`, `upstream_first_byte_s`, `upstream_chunk_s` in llmgw/domain/timeouts.py)."""
+
+    connect_s: float | None = None  # opening a connection to a replica (502 upstream_unavailable past it)
+    first_byte_s: float | None = None  # the answer's head after the request went out (504 upstream_timeout)
+    chunk_s: float | None = None  # silence between two pieces of an answer (504, or an error event mid-stream)
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"connect_s": self.connect_s, "first_byte_s": self.first_byte_s, "chunk_s": self.chunk_s}
+
+
+NO_OVERRIDES = ModelTimeouts()  # every wait the gateway's default
+
+
 @dataclass(frozen=True)
 class ModelDef:
     name: str
@@ -81,6 +101,7 @@ class ModelDef:
     args: tuple[str, ...] = ()
     profile: Profile = field(default_factory=Profile)
     limits: Limits = field(default_factory=Limits)
+    timeouts: ModelTimeouts = NO_OVERRIDES
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -95,6 +116,7 @@ class ModelDef:
             "args": list(self.args),
             "profile": self.profile.to_doc(),
             "limits": self.limits.to_doc(),
+            "timeouts": self.timeouts.to_doc(),
         }
 
     def launch_hash(self) -> str:
@@ -130,9 +152,11 @@ class ModelDef:
         args = p.check(_args, doc.get("args", []))
         profile = _profile(doc.get("profile", {}), p)
         limits = _limits(doc.get("limits", {}), p)
+        timeouts = _timeouts(doc.get("timeouts", {}), p)
         p.raise_if_any()
         # No problem was found, so every check returned its value.
         assert name and engine and role and source and mode and replicas and idle and window and profile and limits
+        assert timeouts is not None
         assert args is not None
         if engine == "sim" and not profile.cpu and not _asks_for_gpus(doc.get("profile", {})):
             # A sim model whose profile says nothing of GPUs runs on CPU (it needs none); one that
@@ -151,6 +175,7 @@ class ModelDef:
             args=args,
             profile=profile,
             limits=limits,
+            timeouts=timeouts,
         )
 
 
@@ -202,7 +227,7 @@ def _check_source_text(source: str) -> None:
 
 _KEYS = frozenset({
     "name", "engine", "role", "source", "mode", "replicas",
-    "idle_timeout_s", "activation_window_s", "args", "profile", "limits",
+    "idle_timeout_s", "activation_window_s", "args", "profile", "limits", "timeouts",
 })
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -345,6 +370,32 @@ def _limits(doc: Any, p: _Problems) -> Limits | None:
     if len(p.found) > before:
         return None
     return Limits(max_tokens=values["max_tokens"], max_n=values["max_n"])
+
+
+_TIMEOUT_KEYS = ("connect_s", "first_byte_s", "chunk_s")
+
+
+def _timeouts(doc: Any, p: _Problems) -> ModelTimeouts | None:
+    """The model's upstream timeouts (null or absent: the gateway's default), or None with the problems
+    added to `p`."""
+    if not isinstance(doc, Mapping):
+        p.add("timeouts", "must be an object like {first_byte_s = 30, chunk_s = 10}")
+        return None
+    for key in doc:
+        if key not in _TIMEOUT_KEYS:
+            p.add(f"timeouts.{key}", f"unknown key; known: {', '.join(_TIMEOUT_KEYS)}")
+    before = len(p.found)
+    values = {key: None if doc.get(key) is None else p.check(_timeout, doc, key) for key in _TIMEOUT_KEYS}
+    if len(p.found) > before:
+        return None
+    return ModelTimeouts(**values) if any(v is not None for v in values.values()) else NO_OVERRIDES
+
+
+def _timeout(doc: Mapping[str, Any], key: str) -> float:
+    seconds = _num(doc, key, 0.0, prefix="timeouts.")
+    if not 0 < seconds <= LONGEST_WAIT:
+        raise DefinitionError(f"timeouts.{key}", f"must be a number of seconds above 0 and at most {LONGEST_WAIT:g}")
+    return seconds
 
 
 # --- one field each: raise DefinitionError naming it -----------------------------------

@@ -1,5 +1,5 @@
 """The simulator engine: a real OpenAI-compatible HTTP server with deterministic answers.
-Owns the raw ASGI app (chat, completions, guard, embeddings), its hypercorn server and process entry.
+Owns the raw ASGI app (chat, completions, guard, embeddings), its server (the gateway's lean front end) and process entry.
 
 A raw ASGI app rather than Quart: the simulator is the baseline of the
 gateway-overhead benchmark, so a request costs one JSON parse and one dump.
@@ -10,6 +10,7 @@ whitespace-separated word. Prompts and replies are never logged.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 import logging
 import re
@@ -23,7 +24,6 @@ from functools import partial
 from typing import Any
 
 import trio
-from hypercorn.trio import serve as hypercorn_serve
 
 from llmgw.asgi import (
     Exchange,
@@ -32,7 +32,6 @@ from llmgw.asgi import (
     Send,
     cancel_on_disconnect,
     dumps,
-    hypercorn_config,
     lifespan,
     parse_object,
     read_body,
@@ -54,6 +53,8 @@ from llmgw.engines.sim_requests import (
     max_tokens,
 )
 from llmgw.errors import OpenAIError, first_error
+from llmgw.net import url_host
+from llmgw.front import Front, listen_socket
 
 __all__ = ["SimApp", "SimOptions", "embed", "main", "make_app", "run", "serve"]
 
@@ -326,20 +327,19 @@ async def serve(
     """
     served = app or make_app(opts)
     # A separate process: it reads the default table (the gateway's upstream_idle_s is set below its keep-alive).
-    config = hypercorn_config(
-        opts.host,
-        opts.port,
-        logger=logger.name,
-        graceful_s=TIMEOUTS.sim_shutdown_grace_s,
-        keep_alive_s=TIMEOUTS.sim_keep_alive_s,
-        server_header=False,
-    )
-    async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(
-            partial(hypercorn_serve, served, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
-        )
-        logger.info("sim engine %s (role %s) listening on %s", opts.model, opts.role, binds[0])
-        task_status.started(binds[0])
+    timeouts = dataclasses.replace(TIMEOUTS, gateway_keep_alive_s=TIMEOUTS.sim_keep_alive_s,
+                                   gateway_shutdown_grace_s=TIMEOUTS.sim_shutdown_grace_s)
+    sock = await listen_socket(opts.host, opts.port)
+    try:
+        front = Front(served, timeouts=timeouts, server_header=b"")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(front.serve, [sock], shutdown_trigger=shutdown_trigger))
+            host, port = sock.getsockname()[:2]
+            url = f"http://{url_host(host)}:{port}"
+            logger.info("sim engine %s (role %s) listening on %s", opts.model, opts.role, url)
+            task_status.started(url)
+    finally:
+        sock.close()
 
 
 async def _main(opts: SimOptions) -> int:

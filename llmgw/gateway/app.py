@@ -9,6 +9,7 @@ Never logs a prompt, a completion or a key.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -17,7 +18,6 @@ from functools import partial
 from typing import Any
 
 import trio
-from hypercorn.trio import serve as hypercorn_serve
 
 from llmgw.asgi import (
     MAX_BODY_BYTES,
@@ -27,12 +27,12 @@ from llmgw.asgi import (
     Send,
     cancel_on_disconnect,
     dumps,
-    hypercorn_config,
     lifespan,
     parse_object,
     read_body,
     send_json,
 )
+from llmgw.domain.model import NO_OVERRIDES, ModelTimeouts
 from llmgw.domain.observed import Endpoint
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ApiKey, ClusterState
@@ -49,6 +49,7 @@ from llmgw.gateway.checks import (
 )
 from llmgw.gateway import upstream
 from llmgw.gateway.auth import KeyCheck
+from llmgw.front import BACKLOG, Front, listen_socket
 from llmgw.gateway.answers import HiddenUsage, StreamUsage, asking_usage, engine_error, usage_of
 from llmgw.gateway.pool import Limits, LimitsReader, Pool, raise_fd_limit
 from llmgw.gateway.router import Lease, NoEndpoint, Router
@@ -62,7 +63,6 @@ __all__ = [
     "GatewayApp",
     "GatewayDeps",
     "make_app",
-    "parse_bind",
     "serve",
 ]
 
@@ -186,9 +186,11 @@ class GatewayApp:
             if ex.key is not None:
                 self.keys.charge(ex.key, ex.tokens_in, ex.tokens_out)  # tokens/min: after the answer
             status = 499 if ex.disconnected else ex.status
-            # Load balancers probe /health every few seconds; those lines would bury the requests.
+            # Every request is in the request log (`ctl requests`); the process log gets a line only for a
+            # failure of ours or an engine's (5xx), unless at debug level: a line per request costs the
+            # loop more than the request log's record.
             _access.log(
-                logging.DEBUG if path == "/health" else logging.INFO,
+                logging.INFO if status >= 500 else logging.DEBUG,
                 "%s %s model=%s replica=%s status=%d ms=%.1f",
                 method,
                 path,
@@ -249,7 +251,7 @@ class GatewayApp:
                 async with lease as endpoint:
                     ex.replica, ex.node = endpoint.replica_id, endpoint.node
                     await self._exchange(ex, lease, endpoint, path, raw, stream, send, self._limits(snap.settings),
-                                         hide_usage)
+                                         hide_usage, model.timeouts)
             except NoEndpoint as no_endpoint:
                 refusal = OpenAIError(_no_endpoint_status(no_endpoint.code), no_endpoint.code, no_endpoint.message)
             except OpenAIError as error:
@@ -269,12 +271,12 @@ class GatewayApp:
 
     async def _exchange(
         self, ex: _Exchange, lease: Lease, endpoint: Endpoint, path: str, raw: bytes, stream: bool, send: Send,
-        limits: Limits, hide_usage: bool = False,
+        limits: Limits, hide_usage: bool = False, waits: ModelTimeouts = NO_OVERRIDES,
     ) -> None:
         """Send the body unchanged to the replica and relay its answer (streamed chunk for chunk, or whole)."""
         # Once more on a dropped kept-alive connection; on another replica when this one refuses connections.
         response, endpoint = await upstream.answer(self.pool, lease, endpoint, ex.model, path, raw, ex.request_id,
-                                                   limits)
+                                                   limits, waits)  # the model's own upstream timeouts
         ex.replica, ex.node = endpoint.replica_id, endpoint.node
         try:
             headers = _response_headers(response.headers, ex.request_id)
@@ -402,16 +404,9 @@ def _response_headers(raw: list[tuple[bytes, bytes]], request_id: str) -> list[t
 # --- server -------------------------------------------------------------------------
 
 
-def parse_bind(bind: str) -> tuple[str, int]:
-    """`http://127.0.0.1:8080` or `http://[::1]:8080` -> (host, port)."""
-    hostport = bind.split("://", 1)[-1]
-    host, _, port = hostport.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-async def _serve_then_stop(app: GatewayApp, config: Any, trigger: Callable[[], Awaitable[None]] | None,
-                           done: trio.CancelScope, *, task_status: trio.TaskStatus[list[str]]) -> None:
-    await hypercorn_serve(app, config, shutdown_trigger=trigger, task_status=task_status)  # type: ignore[arg-type]
+async def _serve_then_stop(front: Front, sockets: list[Any], trigger: Callable[[], Awaitable[None]] | None,
+                           done: trio.CancelScope, *, task_status: trio.TaskStatus[None]) -> None:
+    await front.serve(sockets, shutdown_trigger=trigger, task_status=task_status)
     done.cancel()  # the server stopped (its trigger fired): so does the request log's writer, after a last write
 
 
@@ -421,33 +416,53 @@ async def serve(
     deps: GatewayDeps,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    reuse_port: bool = False,
+    query_listen: tuple[str, int] | None = None,
+    open_when: Callable[[], Awaitable[object]] | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway until cancelled (or `shutdown_trigger` returns: in-flight requests get a grace).
 
     Reports `(host, port)` it listens on through `task_status`, the real port when `listen_port` is 0.
+    `reuse_port`: other processes may listen on the same port (`llmgw gateway --workers N`).
+    `query_listen`: a second listener of this process alone, where control asks for its request log
+    (on a port shared with other workers, the kernel would pick which process answers).
+    `open_when`: the `/v1` port is held at once but takes connections only once this returns, or after
+    `gateway_open_wait_s` (a worker joins its shared port when it has its table: until then its share of
+    clients would get 503s while the other workers could serve them); `task_status` reports after that.
     """
     role_var.set("gateway")  # this task's context: every request task inherits it
     app = make_app(deps)
-    config = hypercorn_config(
-        listen_host,
-        listen_port,
-        logger="llmgw.gateway.server",
-        graceful_s=deps.timeouts.gateway_shutdown_grace_s,
-        # Longer than the keep-alive of clients' pools (httpx: 5 s), so the server is
-        # never the side that closes a connection a client is about to reuse.
-        keep_alive_s=deps.timeouts.gateway_keep_alive_s,
-    )
+    sockets = []
     try:
+        sockets.append(await listen_socket(listen_host, listen_port, reuse_port=reuse_port,
+                                           listen=open_when is None))
+        if query_listen is not None:
+            sockets.append(await listen_socket(*query_listen))
+        front = Front(app, timeouts=deps.timeouts)
         async with trio.open_nursery() as nursery:
-            binds: list[str] = await nursery.start(
-                partial(_serve_then_stop, app, config, shutdown_trigger, nursery.cancel_scope)
-            )
-            bound = parse_bind(binds[0])
-            app.log.query_url = f"http://{url_host(bound[0])}:{bound[1]}"
+            await nursery.start(partial(_serve_then_stop, front, sockets[0 if open_when is None else 1:],
+                                        shutdown_trigger, nursery.cancel_scope))
+            host, port = sockets[0].getsockname()[:2]
+            query_host, query_port = sockets[-1].getsockname()[:2]
+            app.log.query_url = f"http://{url_host(query_host)}:{query_port}"
             nursery.start_soon(app.log.run)  # the request log's writer: off the request path
-            _log.info("gateway listening on %s", binds[0])
-            task_status.started(bound)
+            if open_when is not None:
+                with trio.move_on_after(deps.timeouts.gateway_open_wait_s) as waiting:
+                    await open_when()
+                if waiting.cancelled_caught:
+                    _log.warning("no table from control after %g s: taking connections anyway (answered 503 "
+                                 "gateway_not_synced until one comes)", deps.timeouts.gateway_open_wait_s)
+                sockets[0].listen(BACKLOG)
+                front.add(sockets[0])
+            _log.info("gateway listening on http://%s:%d", url_host(host), port)
+            # What is alive now (modules, the app, the table) lives as long as the process: out of the
+            # collector's way, so a full collection scans what requests left behind, not every import
+            # (tens of ms on a loaded `llmgw up`: the p99 of added latency).
+            gc.freeze()
+            task_status.started((host, port))
     finally:
+        for sock in sockets:
+            sock.close()
         with trio.CancelScope(shield=True):
             await app.aclose()

@@ -13,6 +13,7 @@ import logging
 import random
 import socket
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,11 @@ class GatewayConfig:
     name: str = field(default_factory=socket.gethostname)  # how the leader lists this gateway
     state_dir: Path | None = None  # its request log goes to STATE_DIR/requests; None: no log kept
     timeouts: Timeouts = TIMEOUTS
+    # A worker of `llmgw gateway --workers N` (llmgw/gateway/workers.py) shares the /v1 port with its
+    # siblings, so its request log answers control on a port of its own (host, 0: any free one).
+    reuse_port: bool = False
+    query_listen: tuple[str, int] | None = None
+    role: str = "gateway"  # how its log lines name it ("gateway-w1" for a worker)
 
 
 @dataclass
@@ -118,7 +124,7 @@ class _Silent(Exception):
 
 async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Listen at once (so /health says what the gateway knows), then follow the leader until cancelled."""
-    role_var.set("gateway")
+    role_var.set(config.role)
     if not config.controls:
         raise ValueError("a gateway needs at least one control URL")
     state = FollowedState(config.controls)
@@ -128,7 +134,11 @@ async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IG
     deps = gateway_app.GatewayDeps(router=router, state=state, timeouts=config.timeouts, health=state.health,
                                    requestlog=rlog)
     async with trio.open_nursery() as nursery:
-        host, port = await nursery.start(gateway_app.serve, config.listen_host, config.listen_port, deps)
+        host, port = await nursery.start(partial(gateway_app.serve, config.listen_host, config.listen_port, deps,
+                                                 reuse_port=config.reuse_port, query_listen=config.query_listen,
+                                                 # A worker shares its port: it takes clients once it has a table.
+                                                 open_when=partial(state.wait_changed, -1) if config.reuse_port
+                                                 else None))
         nursery.start_soon(_follow, config, state, router, rlog)
         nursery.start_soon(_warn_while_stale, config, state)
         task_status.started(GatewayHandle(f"http://{url_host(host)}:{port}", state, router, rlog))

@@ -8,7 +8,8 @@ no byte of an answer came back, and nothing has reached the client yet (`send` r
 gateway relays anything). The retry opens a new connection in the same pool slot.
 
 Timeouts (llmgw/domain/timeouts.py): `upstream_connect_s` per connect, `upstream_write_s` for the request,
-`upstream_first_byte_s` until the answer's head, `upstream_chunk_s` between two reads of its body.
+`upstream_first_byte_s` until the answer's head, `upstream_chunk_s` between two reads of its body; a model's
+definition may set its own connect, first-byte and chunk timeouts (`ModelDef.timeouts`), which win for its requests.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import logging
 import h11
 import trio
 
+from llmgw.domain.model import NO_OVERRIDES, ModelTimeouts
 from llmgw.domain.observed import Endpoint
 from llmgw.errors import OpenAIError
 from llmgw.gateway.pool import ConnectFailed, Connection, Limits, Overloaded, Pool
@@ -50,14 +52,16 @@ class Response:
     """An engine's answer: `status` and `headers` (names lower-case) now, the body read with `next_chunk`
     (or `read`). `close()` hands the connection back: kept alive when the answer was read to its end."""
 
-    __slots__ = ("status", "headers", "_pool", "_conn", "_open")
+    __slots__ = ("status", "headers", "_pool", "_conn", "_open", "_chunk_s")
 
-    def __init__(self, pool: Pool, conn: Connection, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(self, pool: Pool, conn: Connection, status: int, headers: list[tuple[bytes, bytes]],
+                 chunk_s: float | None = None) -> None:
         self.status = status
         self.headers = headers
         self._pool = pool
         self._conn = conn
         self._open = True
+        self._chunk_s = pool.timeouts.upstream_chunk_s if chunk_s is None else chunk_s  # the model's, or the default
 
     async def next_chunk(self) -> bytes | None:
         """The next piece of the body as the engine sent it; None at its end. Raises UpstreamFailed."""
@@ -71,11 +75,10 @@ class Response:
             while True:
                 event = h.next_event()
                 if event is h11.NEED_DATA:
-                    with trio.move_on_after(self._pool.timeouts.upstream_chunk_s) as waited:
+                    with trio.move_on_after(self._chunk_s) as waited:
                         data = await stream.receive_some(_READ)
                     if waited.cancelled_caught:
-                        raise UpstreamTimeout(
-                            f"the engine sent nothing for {self._pool.timeouts.upstream_chunk_s:g} s mid-answer")
+                        raise UpstreamTimeout(f"the engine sent nothing for {self._chunk_s:g} s mid-answer")
                     h.receive_data(data)  # b"" is the end of the stream: h11 says what it means
                     continue
                 kind = type(event)
@@ -110,35 +113,41 @@ class Response:
 
 
 async def send(
-    pool: Pool, base_url: str, path: str, body: bytes, request_id: str, *, limit: int, queue: int
+    pool: Pool, base_url: str, path: str, body: bytes, request_id: str, *, limit: int, queue: int,
+    waits: ModelTimeouts = NO_OVERRIDES,
 ) -> Response:
     """POST `body` to `base_url + path` over a pooled connection and return the answer's head (the body
     is the caller's to read, then `close()`). Once more on a fresh connection when a reused one was
-    dropped before answering. Raises Overloaded, ConnectFailed (pool.py), or UpstreamFailed."""
+    dropped before answering. `waits`: the model's own timeouts, each None taking the pool's.
+    Raises Overloaded, ConnectFailed (pool.py), or UpstreamFailed."""
     # An endpoint URL may carry a path (one server for many replicas, as `llmgw sim-fleet` runs):
     # the connection is the host's, the request goes under that path.
     prefix = base_url.split("://", 1)[-1].partition("/")[2].rstrip("/")
     path = f"/{prefix}{path}" if prefix else path
+    connect_s = pool.timeouts.upstream_connect_s if waits.connect_s is None else waits.connect_s
     conn = await pool.acquire(base_url, limit, queue)
     try:
         if conn.stream is None:
-            await conn.connect(pool.timeouts.upstream_connect_s)
+            await conn.connect(connect_s)
         try:
-            return await _exchange(pool, conn, path, body, request_id)
+            return await _exchange(pool, conn, path, body, request_id, waits)
         except Dropped as error:
             if not error.retryable:
                 raise
             _log.info("engine at %s closed a kept-alive connection before answering; sending once more",
                       base_url.split("://", 1)[-1])
-        await conn.connect(pool.timeouts.upstream_connect_s)
-        return await _exchange(pool, conn, path, body, request_id)
+        await conn.connect(connect_s)
+        return await _exchange(pool, conn, path, body, request_id, waits)
     except BaseException:
         pool.release(conn, keep=False)
         raise
 
 
-async def _exchange(pool: Pool, conn: Connection, path: str, body: bytes, request_id: str) -> Response:
+async def _exchange(
+    pool: Pool, conn: Connection, path: str, body: bytes, request_id: str, waits: ModelTimeouts
+) -> Response:
     t = pool.timeouts
+    first_byte_s = t.upstream_first_byte_s if waits.first_byte_s is None else waits.first_byte_s
     h = conn.h11
     stream = conn.stream
     assert stream is not None
@@ -158,7 +167,7 @@ async def _exchange(pool: Pool, conn: Connection, path: str, body: bytes, reques
             await stream.send_all(wire)
         if writing.cancelled_caught:
             raise UpstreamTimeout(f"the engine took no request within {t.upstream_write_s:g} s")
-        with trio.move_on_after(t.upstream_first_byte_s) as waiting:
+        with trio.move_on_after(first_byte_s) as waiting:
             while True:
                 event = h.next_event()
                 if event is h11.NEED_DATA:
@@ -169,10 +178,10 @@ async def _exchange(pool: Pool, conn: Connection, path: str, body: bytes, reques
                     received = True
                     h.receive_data(data)
                 elif type(event) is h11.Response:
-                    return Response(pool, conn, event.status_code, list(event.headers))
+                    return Response(pool, conn, event.status_code, list(event.headers), waits.chunk_s)
                 elif type(event) is not h11.InformationalResponse:
                     raise UpstreamFailed(f"unexpected {type(event).__name__} from the engine before its answer")
-        raise UpstreamTimeout(f"the engine sent no answer within {t.upstream_first_byte_s:g} s")
+        raise UpstreamTimeout(f"the engine sent no answer within {first_byte_s:g} s")
     except h11.RemoteProtocolError as error:
         raise UpstreamFailed(f"the engine's answer is not valid HTTP/1.1: {error}") from None
     except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
@@ -180,16 +189,17 @@ async def _exchange(pool: Pool, conn: Connection, path: str, body: bytes, reques
 
 
 async def answer(
-    pool: Pool, lease: Lease, endpoint: Endpoint, model: str, path: str, body: bytes, request_id: str, limits: Limits
+    pool: Pool, lease: Lease, endpoint: Endpoint, model: str, path: str, body: bytes, request_id: str, limits: Limits,
+    waits: ModelTimeouts = NO_OVERRIDES,
 ) -> tuple[Response, Endpoint]:
     """The head of the answer of the replica `lease` holds, and that replica: when it refuses connections
-    it leaves the rotation and the request goes once to another one (nothing was sent). Failures become
-    the client's `OpenAIError`: 503 `overloaded`, 502 `upstream_unavailable` or `upstream_error`, 504
-    `upstream_timeout`."""
+    it leaves the rotation and the request goes once to another one (nothing was sent). `waits`: the
+    model's own upstream timeouts (its definition's). Failures become the client's `OpenAIError`: 503
+    `overloaded`, 502 `upstream_unavailable` or `upstream_error`, 504 `upstream_timeout`."""
     for last in (False, True):
         try:
             response = await send(pool, endpoint.url, path, body, request_id, limit=limits.connections,
-                                  queue=limits.queue)
+                                  queue=limits.queue, waits=waits)
         except Overloaded as error:
             raise OpenAIError(503, "overloaded", f"replica {endpoint.replica_id} of model {model!r} is at its limit "
                                                  f"({error}); retry later") from None

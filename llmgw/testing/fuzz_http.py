@@ -3,11 +3,12 @@ they hit, each in a thread of its own (the gateway over sim engines, the admin A
 and the rule every answer keeps: never a 5xx, never an HTML page, a refusal in the API's error shape.
 
 Deep nesting, huge numbers, NaN, invalid UTF-8, wrong types, unknown and engine-private fields,
-hostile headers (keys, content types, long and odd values), odd methods and paths.
+hostile headers (keys, content types, long and odd values), odd methods, paths and query strings.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import queue
 import threading
@@ -29,7 +30,8 @@ from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.gateway.checks import ENGINE_PRIVATE, FIELDS, POST_PATHS
 from llmgw.testing import MemoryStore
 
-__all__ = ["ADMIN_KEY", "KEY", "Probe", "admin_probes", "check_answer", "live_admin", "live_gateway", "v1_probes"]
+__all__ = ["ADMIN_KEY", "KEY", "Probe", "admin_probes", "check_answer", "in_thread", "live_admin", "live_gateway",
+           "v1_probes"]
 
 KEY = "sk-fuzz-client"
 ADMIN_KEY = "sk-fuzz-admin"
@@ -135,15 +137,44 @@ def v1_probes(draw: st.DrawFn) -> Probe:
     return Probe(method, path, draw(_headers(KEY)), draw(_v1_body(kind)))
 
 
+# Already escaped for a URL: invalid UTF-8, NUL, dot segments, an escaped slash, numbers no parser should take
+# whole ('²' is a digit to str.isdigit, int() stops at 4300 digits), and a cursor nesting deeper than json can.
+_RAW_URL_TEXT = ["%ff", "%c3%28", "%00", "%2e%2e", "..", "%2F", "%C2%B2", "nan", "inf", "-1e999", "1" * 5000, "",
+                 base64.urlsafe_b64encode(b"[" * 3000).decode()]
+_url_text = st.text(min_size=1, max_size=12).map(lambda t: quote(t, safe="")) | st.sampled_from(_RAW_URL_TEXT)
+_QUERY_NAMES = ["since", "until", "limit", "cursor", "status", "by", "model", "key", "x"]
+
+
+def _query_names(template: str) -> list[str]:
+    """The query parameters the admin API's OpenAPI document gives the route (any of them, else)."""
+    from llmgw.control.openapi import document, rule_path
+
+    ops = document()["paths"].get(rule_path(template), {}).values()
+    return sorted({p["name"] for op in ops for p in op.get("parameters", ()) if p["in"] == "query"}) or _QUERY_NAMES
+
+
+@st.composite
+def _admin_query(draw: st.DrawFn, template: str) -> str:
+    """A query string, half the time empty; else the route's parameters (and others) with hostile values."""
+    if draw(st.booleans()):
+        return ""
+    names = st.sampled_from(_query_names(template)) | st.text(max_size=6).map(lambda t: quote(t, safe=""))
+    pairs = draw(st.lists(st.tuples(names, st.sampled_from(_RAW_URL_TEXT) | _url_text), min_size=1, max_size=4))
+    return "?" + "&".join(f"{name}={value}" for name, value in pairs)
+
+
 @st.composite
 def admin_probes(draw: st.DrawFn, rules: list[tuple[str, frozenset[str]]]) -> Probe:
     """A request to one of the admin API's `rules` (path template, methods): its variables filled
-    with odd text, any method, a body of any JSON value or any bytes."""
-    template, methods = draw(st.sampled_from(rules))
+    with odd text, a hostile query string, any method, a body of any JSON value or any bytes."""
+    # The routes that read a query string have the most to read: drawn as often as all the others together.
+    queried = [rule for rule in rules if _query_names(rule[0]) is not _QUERY_NAMES]
+    template, methods = draw(st.sampled_from(rules) | st.sampled_from(queried or rules))
     path = template
     while "<" in path:
         head, _, rest = path.partition("<")
-        path = head + quote(draw(st.text(min_size=1, max_size=12)), safe="") + rest.partition(">")[2]
+        path = head + (draw(_url_text) or "x") + rest.partition(">")[2]
+    path += draw(_admin_query(template))
     method = draw(st.sampled_from(sorted(methods)) | st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]))
     body = draw(json_values.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=100)
                 | st.integers(1, 100_000).map(lambda n: b"[" * n)
@@ -161,6 +192,8 @@ def check_answer(probe: Probe, response: httpx.Response, shape: str) -> None:
     content_type = response.headers.get("content-type", "")
     assert "html" not in content_type and not response.text.lstrip().lower().startswith("<"), (
         f"an HTML page for {probe!r}: {response.text[:300]}")
+    if content_type.startswith("application/json") and response.content and probe.method != "HEAD":
+        json.loads(response.content, parse_constant=partial(_not_json, probe))  # NaN, Infinity: no client reads them
     if status < 400 or probe.method == "HEAD" or not response.content:
         return
     assert content_type.startswith("application/json"), f"{status} {content_type!r} for {probe!r}"
@@ -171,11 +204,15 @@ def check_answer(probe: Probe, response: httpx.Response, shape: str) -> None:
         assert response.headers.get("x-request-id", "").startswith("req-"), f"no x-request-id for {probe!r}"
 
 
+def _not_json(probe: Probe, constant: str) -> Any:
+    raise AssertionError(f"{constant} in a JSON answer (no JSON parser but Python's reads it) for {probe!r}")
+
+
 # --- the servers, each on its own trio loop in a thread ---------------------------------------
 
 
 @contextmanager
-def _in_thread(main: Any) -> Iterator[str]:
+def in_thread(main: Any) -> Iterator[str]:
     """Run `main(task_status)` (which reports a URL) on its own trio loop in a thread, until the block ends."""
     ready: queue.Queue[tuple[str, trio.lowlevel.TrioToken, trio.CancelScope] | BaseException] = queue.Queue()
 
@@ -225,7 +262,7 @@ async def _gateway(*, task_status: trio.TaskStatus[str]) -> None:
 
 def live_gateway() -> Any:
     """A gateway over two sim engines (`demo`, `demo-embed`), served from a thread; yields its URL."""
-    return _in_thread(_gateway)
+    return in_thread(_gateway)
 
 
 async def _admin(rules_out: list[tuple[str, frozenset[str]]], *, task_status: trio.TaskStatus[str]) -> None:
@@ -254,5 +291,5 @@ async def _admin(rules_out: list[tuple[str, frozenset[str]]], *, task_status: tr
 def live_admin() -> Iterator[tuple[str, list[tuple[str, frozenset[str]]]]]:
     """The admin API over a MemoryStore, served from a thread; yields its URL and its routes."""
     rules: list[tuple[str, frozenset[str]]] = []
-    with _in_thread(partial(_admin, rules)) as url:
+    with in_thread(partial(_admin, rules)) as url:
         yield url, rules

@@ -1,11 +1,13 @@
 """The README as a newcomer runs it: every shell block, as written, one after another in
 one shell, from a directory laid out as a clone is after `make up` — `.llmgw` the state
 dir of a live `llmgw up`, `.venv` and `examples` the project's — on a PATH without the
-virtualenv."""
+virtualenv. And its curl blocks, unchanged, against a remote `llmgw gateway` (beside
+`llmgw control` and `llmgw agent` processes): only the credentials file they read differs."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from e2e_clusters import remote_cluster
+from llmgw.cli.ctl.definitions import definitions_from_file
 from llmgw.testing.processes import UpProcess
 
 pytestmark = pytest.mark.slow
@@ -41,7 +45,14 @@ EXPECT = {
     "capital of France": "Paris",
     "examples/quickstart_openai.py": "sim says: hello from the SDK\nsim says: now stream it\n2 vectors of 16 dimensions",
     "ctl status": "smollm2-135m",
+    '"stream": true': "data: [DONE]",
+    '"prompt": "Once upon a time"': '"object":"text_completion"',
+    '"input": ["llmgw", "gateway"]': '"embedding":[',
+    '"$GATEWAY/models"': '"id":"demo-embed"',
+    '"no-such-model"': '"code":"model_not_found"',
 }
+# Blocks that show a refusal, by a phrase of the block: the one place an API error is the point.
+SHOWS_AN_ERROR = ('"no-such-model"',)
 
 
 def shell_blocks(markdown: str) -> list[tuple[int, str]]:
@@ -53,11 +64,15 @@ def shell_blocks(markdown: str) -> list[tuple[int, str]]:
     return blocks
 
 
-@pytest.fixture(scope="module")
-def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A working directory like a clone's after `make up`, with that `up` running."""
+def _need_llamacpp() -> None:
     if not HAVE_LLAMACPP:
         pytest.skip("the README's real-model block needs the llama.cpp engine and SmolLM2 (make venv installs both)")
+
+
+@pytest.fixture
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A working directory like a clone's after `make up`, with that `up` running."""
+    _need_llamacpp()
     cwd = tmp_path_factory.mktemp("clone")
     (cwd / ".venv").symlink_to(sys.prefix)
     (cwd / "examples").symlink_to(ROOT / "examples")
@@ -67,28 +82,59 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     up.kill()
 
 
-def test_every_shell_block_of_the_readme_runs(clone: Path) -> None:
-    blocks = shell_blocks(README.read_text())
-    exempt = [(line, text) for line, text in blocks if text.splitlines()[0] in EXEMPT]
-    assert sorted(text.splitlines()[0] for _, text in exempt) == sorted(EXEMPT), "an exemption names no block"
-    runs = [(line, text) for line, text in blocks if (line, text) not in exempt]
-    assert len(runs) >= 4, runs
-
-    # One shell, as a person pastes the blocks into one terminal; a marker before each.
+def run_blocks(runs: list[tuple[int, str]], cwd: Path, env: dict[str, str] | None = None) -> None:
+    """Run the blocks in one shell, as a person pastes them into one terminal, and check each one's output."""
     script = "set -eo pipefail\n" + "".join(f"echo '@@@ README.md:{line}'\n{text}" for line, text in runs)
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(clone), "LANG": "C.UTF-8"}
-    done = subprocess.run(["bash", "-c", script], cwd=clone, env=env, capture_output=True, text=True, timeout=240)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(cwd), "LANG": "C.UTF-8", **(env or {})}
+    done = subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
     outputs = dict(zip((line for line, _ in runs), re.split(r"^@@@ README\.md:\d+\n", done.stdout, flags=re.M)[1:]))
     assert done.returncode == 0, f"a README block failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
     assert set(outputs) == {line for line, _ in runs}, done.stdout
 
     for line, text in runs:
         out = outputs[line]
-        assert '"error"' not in out, f"README.md:{line} got an API error:\n{out}"
+        if not any(phrase in text for phrase in SHOWS_AN_ERROR):
+            assert '"error"' not in out, f"README.md:{line} got an API error:\n{out}"
         for phrase, expected in EXPECT.items():
             if phrase in text:
                 assert expected in out, f"README.md:{line} printed:\n{out}"
+
+
+def test_every_shell_block_of_the_readme_runs(clone: Path) -> None:
+    blocks = shell_blocks(README.read_text())
+    exempt = [(line, text) for line, text in blocks if text.splitlines()[0] in EXEMPT]
+    assert sorted(text.splitlines()[0] for _, text in exempt) == sorted(EXEMPT), "an exemption names no block"
+    runs = [(line, text) for line, text in blocks if (line, text) not in exempt]
+    assert len(runs) >= 4, runs
     assert all(any(phrase in text for _, text in runs) for phrase in EXPECT), "an expectation names no block"
+    run_blocks(runs, clone)
+
+
+def curl_blocks(markdown: str) -> list[tuple[int, str]]:
+    """The shell blocks that call the gateway with curl (the first of them reads its URL and a key)."""
+    return [(line, text) for line, text in shell_blocks(markdown) if "curl " in text]
+
+
+def test_the_readmes_curl_examples_cover_the_api() -> None:
+    curls = "".join(text for _, text in curl_blocks(README.read_text()))
+    for path in ("/chat/completions", "/completions", "/embeddings", "/models"):
+        assert f'"$GATEWAY{path}"' in curls, path
+    assert '"stream": true' in curls and any(phrase in curls for phrase in SHOWS_AN_ERROR)
+
+
+def test_the_readmes_curl_examples_run_against_a_remote_gateway(tmp_path: Path) -> None:
+    """The same blocks, against `llmgw gateway` beside `llmgw control` and `llmgw agent`, serving the same
+    catalog as `llmgw up`: the blocks read the gateway's URL and a key from credentials.json, so only that file
+    (in LLMGW_STATE_DIR, as the first block says) points elsewhere."""
+    _need_llamacpp()
+    runs = curl_blocks(README.read_text())
+    assert len(runs) >= 3, runs
+    catalog, _ = definitions_from_file(ROOT / "examples" / "catalog.toml")
+    with remote_cluster(tmp_path, catalog) as target:
+        creds = tmp_path / "creds"
+        creds.mkdir()
+        (creds / "credentials.json").write_text(json.dumps(target.credentials))
+        run_blocks(runs, tmp_path, {"LLMGW_STATE_DIR": str(creds)})
 
 
 def test_make_up_passes_flags_through() -> None:

@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,57 +17,10 @@ import openai
 import pytest
 import trio
 
-from llmgw.testing.processes import UpProcess, free_port, kill_engines_under
+from e2e_clusters import Target, remote_cluster
+from llmgw.testing.processes import UpProcess
 
 pytestmark = pytest.mark.slow
-
-
-@dataclass
-class Target:
-    """Where the SDK points, and how the operator's commands reach the same cluster."""
-
-    gateway_url: str  # .../v1
-    client_key: str
-    admin_key: str
-    admin_url: str
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    @property
-    def credentials(self) -> dict[str, str]:
-        return {"gateway_url": self.gateway_url, "client_key": self.client_key, "admin_key": self.admin_key}
-
-
-def _remote(root: Path) -> Target:
-    admin_port, gw_port = free_port(), free_port()
-    target = Target(f"http://127.0.0.1:{gw_port}/v1", "sk-sdk-client", "sk-sdk-admin", f"http://127.0.0.1:{admin_port}")
-
-    def start(args: list[str], env: dict[str, str], name: str) -> None:
-        with (root / f"{name}.log").open("wb") as out:
-            target.procs.append(subprocess.Popen([sys.executable, "-m", "llmgw", *args], stdout=out,
-                                                 stderr=subprocess.STDOUT, env={**os.environ, **env}))
-
-    start(["control", "--state-dir", str(root / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
-           "--admin-addr", f"127.0.0.1:{admin_port}"],
-          {"LLMGW_ADMIN_KEY": target.admin_key, "LLMGW_CLIENT_KEY": target.client_key}, "control")
-    start(["agent", "--stop-engines-on-exit", "--control", target.admin_url, "--state-dir", str(root / "agent"),
-           "--node", "worker-1"], {"LLMGW_KEY": target.admin_key}, "agent")
-    start(["gateway", "--control", target.admin_url, "--listen", f"127.0.0.1:{gw_port}", "--state-dir",
-           str(root / "gateway"), "--name", "gw-sdk"], {"LLMGW_KEY": target.admin_key}, "gateway")
-    with httpx.Client(base_url=target.admin_url, headers={"Authorization": f"Bearer {target.admin_key}"},
-                      timeout=5) as api:
-        for model in ({"name": "demo", "engine": "sim", "source": "sim://demo"},
-                      {"name": "demo-embed", "engine": "sim", "source": "sim://demo-embed", "role": "embedding"}):
-            deadline = time.monotonic() + 30
-            while True:
-                assert all(p.poll() is None for p in target.procs), "a process of the remote cluster died"
-                try:
-                    if api.post("/api/v1/models", json=model).status_code in (200, 201):
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, "the control plane never took the models"
-                time.sleep(0.2)
-    return target
 
 
 @pytest.fixture(scope="module", params=["up", "remote gateway"])
@@ -84,17 +33,8 @@ def up(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
         yield Target(creds["gateway_url"], creds["client_key"], creds["admin_key"], creds["admin_url"])
         proc.kill()
         return
-    target = _remote(root)
-    yield target
-    for p in target.procs:
-        p.send_signal(signal.SIGTERM)
-    for p in target.procs:
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-    kill_engines_under(root)
+    with remote_cluster(root) as target:
+        yield target
 
 
 def run(up: Target, *args: str) -> str:

@@ -375,9 +375,13 @@ def definitions(draw: st.DrawFn) -> dict[str, Any]:
             "max_tokens": draw(st.one_of(st.none(), st.integers(1, 2**31 - 1))),
             "max_n": draw(st.one_of(st.none(), st.integers(1, 128))),
         },
+        "timeouts": {
+            name: draw(st.one_of(st.none(), st.integers(1, 86400), st.floats(0.001, 86400)))
+            for name in ("connect_s", "first_byte_s", "chunk_s")
+        },
     }
     # Any key may be left to its default.
-    for key in draw(st.lists(st.sampled_from(["role", "mode", "replicas", "args", "profile", "limits"]),
+    for key in draw(st.lists(st.sampled_from(["role", "mode", "replicas", "args", "profile", "limits", "timeouts"]),
                              unique=True)):
         del doc[key]
     return doc

@@ -52,6 +52,7 @@ def definition_from_flags(
     args: Sequence[str] | None,
     max_tokens: int | None = None,
     max_n: int | None = None,
+    timeouts: dict[str, float | None] | None = None,
 ) -> dict[str, Any]:
     given = dict(zip(REQUIRED_FLAGS, (name, engine, source), strict=True))
     missing = [flag for flag, value in given.items() if not value]
@@ -80,6 +81,9 @@ def definition_from_flags(
     limits = {k: v for k, v in (("max_tokens", max_tokens), ("max_n", max_n)) if v is not None}
     if limits:
         doc["limits"] = limits  # checked by the API, as every other field
+    waits = {k: v for k, v in (timeouts or {}).items() if v is not None}
+    if waits:
+        doc["timeouts"] = waits  # e.g. {"first_byte_s": 30}; the rest stay the gateway's defaults
     return doc
 
 

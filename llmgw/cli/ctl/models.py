@@ -59,6 +59,9 @@ def model_serve(
     cpu: Annotated[bool, Parameter(name="--cpu", negative="", show_default=False)] = False,
     max_tokens: Annotated[int | None, Parameter(name="--max-tokens")] = None,
     max_n: Annotated[int | None, Parameter(name="--max-n")] = None,
+    connect_timeout: Annotated[float | None, Parameter(name="--connect-timeout")] = None,
+    first_byte_timeout: Annotated[float | None, Parameter(name="--first-byte-timeout")] = None,
+    chunk_timeout: Annotated[float | None, Parameter(name="--chunk-timeout")] = None,
     arg: Annotated[list[str] | None, Parameter(name="--arg", allow_leading_hyphen=True, negative_iterable="")] = None,
     session: SessionParam,
 ) -> int:
@@ -90,10 +93,18 @@ def model_serve(
         Most max_tokens (or max_completion_tokens) one request may ask for; the gateway refuses more.
     max_n
         Most choices (n) one request may ask for.
+    connect_timeout
+        Seconds the gateway waits to connect to a replica (default: the gateway's upstream_connect_s).
+    first_byte_timeout
+        Seconds the gateway waits for an answer to start; past it, 504 upstream_timeout (default: upstream_first_byte_s).
+    chunk_timeout
+        Seconds of silence allowed in the middle of an answer (default: upstream_chunk_s).
     arg
         An extra engine argument; repeat for more (--arg=--ctx-size --arg=4096).
     """
-    flags_given = any(v is not None for v in (name, engine, source, role, mode, min_, max_, gpus, arg, max_tokens, max_n)) or cpu
+    timeouts = {"connect_s": connect_timeout, "first_byte_s": first_byte_timeout, "chunk_s": chunk_timeout}
+    flags_given = any(v is not None for v in (name, engine, source, role, mode, min_, max_, gpus, arg, max_tokens, max_n,
+                                              *timeouts.values())) or cpu
     if file is not None:
         if flags_given:
             raise UsageError("model serve takes --file FILE or the model flags, not both")
@@ -114,6 +125,7 @@ def model_serve(
                 args=arg,
                 max_tokens=max_tokens,
                 max_n=max_n,
+                timeouts=timeouts,
             )
         ]
     answers: list[Any] = []

@@ -232,6 +232,8 @@ def render_model(model: Mapping[str, Any]) -> str:
         ("activation window", _seconds(dig(model, "activation_window_s"))),
         ("args", _args(dig(model, "args"))),
         ("profile", _profile(dig(model, "profile") or {}, dig(model, "engine"))),
+        ("request limits", _limits(dig(model, "limits"))),
+        ("upstream timeouts", _timeouts(dig(model, "timeouts"))),
         ("memory", _memory(dig(model, "estimate"))),
         ("state", _state(status)),
         ("ready/desired", _ratio(dig(status, "ready"), dig(status, "desired"))),
@@ -277,6 +279,27 @@ def _args(args: Any) -> str | None:
     if not args:
         return "none"
     return " ".join(a if isinstance(a, str) and a and " " not in a else json_text(a) for a in args)
+
+
+def _limits(limits: Any) -> str | None:
+    """'max_tokens <= 4096, n: no limit'; 'none' when neither is set; None (shown '-') when not sent."""
+    if not isinstance(limits, Mapping):
+        return None
+    bits = {"max_tokens": limits.get("max_tokens"), "n": limits.get("max_n")}
+    if all(v is None for v in bits.values()):
+        return "none"
+    return ", ".join(f"{k}: no limit" if v is None else f"{k} <= {cell(v)}" for k, v in bits.items())
+
+
+def _timeouts(timeouts: Any) -> str | None:
+    """'connect: default, first byte 30 s, between chunks 10 s' (default: the gateway's own, docs/operations.md)."""
+    if not isinstance(timeouts, Mapping):
+        return None
+    bits = {"connect": timeouts.get("connect_s"), "first byte": timeouts.get("first_byte_s"),
+            "between chunks": timeouts.get("chunk_s")}
+    if all(v is None for v in bits.values()):
+        return "the gateway's defaults"
+    return ", ".join(f"{k}: default" if v is None else f"{k} {_seconds(v)}" for k, v in bits.items())
 
 
 def _profile(p: Mapping[str, Any], engine: Any) -> str | None:

@@ -1,0 +1,161 @@
+"""The gateway benchmark's harness cannot rot unseen: its raw upstream answers chat requests and streams as
+valid HTTP/1.1 over real loopback (checked by h11, a strict parser), and its wrk report parser reads wrk's output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import h11
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+upstream_mod, probe, wrk = _load("_upstream"), _load("_probe"), _load("_wrk")
+
+
+@pytest.fixture
+def upstream() -> Iterator[str]:
+    """The raw upstream on an asyncio loop in a thread: its URL."""
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(upstream_mod.serve("127.0.0.1", 0, chunks=4, gap_s=0.0))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        async def close() -> None:
+            server.close()
+            await server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(close(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_chat_answers_on_a_kept_alive_connection(upstream: str) -> None:
+    client = probe.Client(upstream, "sk-any", timeout_s=5)
+    try:
+        first_sock = None
+        for _ in range(3):  # the same connection each time: keep-alive
+            status, _first, _end, body = client.post("/v1/chat/completions", CHAT)
+            first_sock = first_sock or client.sock
+            assert client.sock is first_sock
+            assert status == 200
+            doc = json.loads(body)
+            assert doc["object"] == "chat.completion" and doc["model"] == "m1"
+            assert doc["usage"] == {"prompt_tokens": 12, "completion_tokens": 6, "total_tokens": 18}
+    finally:
+        client.close()
+
+
+def test_stream_is_chunked_sse_ending_in_done(upstream: str) -> None:
+    client = probe.Client(upstream, "sk-any", timeout_s=5)
+    try:
+        for _ in range(2):  # a stream leaves the connection usable for the next request
+            status, first, end, body = client.post(
+                "/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_usage": True}})
+            assert status == 200 and 0 < first <= end
+            events = [e for e in body.decode().split("\n\n") if e]
+            assert events[-1] == "data: [DONE]"
+            docs = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+            assert [d["object"] for d in docs] == ["chat.completion.chunk"] * 5
+            assert docs[-2]["choices"][0]["finish_reason"] == "stop"
+            assert docs[-1]["choices"] == [] and docs[-1]["usage"]["completion_tokens"] == 4
+        assert probe.ttfc_samples(upstream + "/v1/chat/completions", "sk-any", {**CHAT, "stream": True}, 3)
+    finally:
+        client.close()
+
+
+def test_pipelined_and_chunked_requests_and_connection_close(upstream: str) -> None:
+    """Two requests in one write (the second with a chunked body, asking to close): two answers in order."""
+    port = int(upstream.rsplit(":", 1)[1])
+    body = json.dumps(CHAT).encode()
+    raw = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+           + b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n"
+           + b"\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(raw)
+        data = b""
+        while chunk := sock.recv(65536):  # the server closes after the second answer
+            data += chunk
+    conn = h11.Connection(h11.CLIENT)
+    conn.receive_data(data)  # both answers: h11 keeps what the first does not use for the next cycle
+    answers = []
+    for _ in range(2):
+        conn.send(h11.Request(method="POST", target="/", headers=[("host", "x"), ("content-length", "0")]))
+        conn.send(h11.EndOfMessage())
+        status, got = 0, b""
+        while not isinstance(event := conn.next_event(), h11.EndOfMessage):
+            assert event is not h11.NEED_DATA
+            if isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                got += bytes(event.data)
+        answers.append((status, json.loads(got)["model"]))
+        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+            conn.start_next_cycle()
+    assert answers == [(200, "m1"), (200, "m1")]
+    assert conn.their_state is h11.MUST_CLOSE
+
+
+WRK_SAMPLE = """Running 2s test @ http://127.0.0.1:18777/v1/chat/completions
+  1 threads and 32 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     1.50ms    1.69ms  17.14ms   87.35%
+    Req/Sec    27.30k     6.73k   38.68k    80.00%
+  Latency Distribution
+     50%  846.00us
+     75%    1.82ms
+     90%    3.74ms
+     99%    8.15ms
+  54304 requests in 2.00s, 17.87MB read
+  Socket errors: connect 0, read 2, write 0, timeout 1
+  Non-2xx or 3xx responses: 4
+Requests/sec:  27086.38
+Transfer/sec:      8.91MB
+"""
+
+
+def test_wrk_report_is_parsed() -> None:
+    run = wrk.parse(WRK_SAMPLE)
+    assert (run.requests, run.seconds, run.rps) == (54304, 2.0, 27086.38)
+    assert run.p50_ms == pytest.approx(0.846) and run.p99_ms == pytest.approx(8.15)
+    assert run.errors == 7
+    clean = wrk.parse(WRK_SAMPLE.replace("  Socket errors: connect 0, read 2, write 0, timeout 1\n", "")
+                      .replace("  Non-2xx or 3xx responses: 4\n", ""))
+    assert clean.errors == 0
+    with pytest.raises(ValueError):
+        wrk.parse("unable to connect to 127.0.0.1:1 Connection refused")
+
+
+def test_wrk_script_posts_the_body_with_the_key() -> None:
+    script = wrk.lua_script({"model": "m", "note": "it's \"quoted\""}, "sk-llmgw-abc")
+    assert 'wrk.method = "POST"' in script
+    assert 'wrk.headers["Authorization"] = "Bearer sk-llmgw-abc"' in script
+    body_line = next(line for line in script.splitlines() if line.startswith("wrk.body = [==["))
+    assert json.loads(body_line.removeprefix("wrk.body = [==[").removesuffix("]==]")) == {
+        "model": "m", "note": "it's \"quoted\""}
