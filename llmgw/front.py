@@ -1,8 +1,9 @@
-"""The lean HTTP/1.1 server (trio + h11) that serves the raw `/v1` apps (the gateway, the sim engine).
+"""The lean HTTP/1.1 server (trio + httptools) that serves the raw `/v1` apps (the gateway, the sim engine).
 Owns listening sockets (`SO_REUSEPORT` for workers), keep-alive, the client's disconnect and a graceful stop.
 
 Why not hypercorn here: per request it runs several tasks and event objects around h11, and writes the
 head and body of an answer separately; measured, that was most of the gateway's CPU (docs/performance.md).
+The bytes themselves are parsed and written by `llmgw/http1.py`.
 This server runs one task per connection, hands the app the subset of ASGI our two apps use, writes a
 whole answer with one `send_all`, and reads the socket during a request only when the app asks (the
 app's disconnect watcher). The admin API and the console stay on hypercorn.
@@ -22,12 +23,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-import h11
 import trio
 
 from llmgw.asgi import MAX_BODY_BYTES, Message, Receive, Scope, Send, dumps
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError
+from llmgw.http1 import BODY, END, HEAD, LAST_CHUNK, BadRequest, Head, RequestReader, chunk, response_head
 
 __all__ = ["MAX_HEAD_BYTES", "Front", "listen_socket"]
 
@@ -90,15 +91,15 @@ class _Date:
 
 
 class _Connection:
-    """One client connection: the ASGI `receive` and `send` of its current request, and its h11 state."""
+    """One client connection: the ASGI `receive` and `send` of its current request, and its parser."""
 
-    __slots__ = ("front", "stream", "h", "peer", "status", "head", "head_only", "body_done", "gone", "sent_head",
-                 "finished", "close_after")
+    __slots__ = ("front", "stream", "reader", "peer", "status", "head", "head_only", "body_done", "gone",
+                 "sent_head", "finished", "close_after", "chunked", "http10", "continue_pending", "buffered")
 
     def __init__(self, front: Front, stream: trio.abc.HalfCloseableStream) -> None:
         self.front = front
         self.stream = stream
-        self.h = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.reader = RequestReader(MAX_HEAD_BYTES)
         self.peer: tuple[str, int] | None = None
         sock = getattr(stream, "socket", None)  # (tests drive a connection over memory streams)
         try:
@@ -106,17 +107,21 @@ class _Connection:
             self.peer = (name[0], name[1]) if name else None
         except OSError:
             pass
-        self._reset(False)
+        self._reset(None)
 
-    def _reset(self, head_only: bool) -> None:
+    def _reset(self, request: Head | None) -> None:
         self.status = 0
         self.head: list[tuple[bytes, bytes]] | None = None
-        self.head_only = head_only
-        self.body_done = False
+        self.head_only = request is not None and request.method == b"HEAD"
+        self.body_done = request is None  # (no request: nothing of a body is owed)
         self.gone = False
         self.sent_head = False
         self.finished = False
-        self.close_after = False
+        self.close_after = request is not None and not request.keep_alive
+        self.chunked = False
+        self.http10 = request is not None and request.version == "1.0"
+        self.continue_pending = request is not None and request.expects_continue
+        self.buffered = 0
 
     # --- the ASGI side ------------------------------------------------------------------
 
@@ -131,41 +136,47 @@ class _Connection:
                 data = bytes(await self.stream.receive_some(_READ))
                 if not data:
                     break
-                self.h.receive_data(data)
-                if len(self.h.trailing_data[0]) > _PIPELINED_MAX:
+                self.reader.feed(data)
+                self.buffered += len(data)
+                if self.buffered > _PIPELINED_MAX:
                     await trio.sleep_forever()  # no more reading until this answer is out
+        except BadRequest:  # what follows is not HTTP: answer this request, then close
+            self.close_after = True
+            await trio.sleep_forever()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         self.gone = True
         return {"type": "http.disconnect"}
 
     async def _body(self) -> Message:
-        h = self.h
-        if h.they_are_waiting_for_100_continue:
-            await self._write(h.send(h11.InformationalResponse(status_code=100, headers=[])))
+        if self.continue_pending:
+            self.continue_pending = False
+            await self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        events = self.reader.events
         try:
             while True:
-                event = h.next_event()
-                if event is h11.NEED_DATA:
-                    with trio.move_on_after(self.front.timeouts.gateway_body_idle_s):
-                        h.receive_data(bytes(await self.stream.receive_some(_READ)))
-                        continue
-                    break  # stalled mid-body: taken for gone
-                kind = type(event)
-                if kind is h11.Data:
-                    parts = [bytes(event.data)]  # type: ignore[union-attr]
+                if events:
+                    kind, value = events.popleft()
+                    if kind == END:
+                        self.body_done = True
+                        return {"type": "http.request", "body": b"", "more_body": False}
+                    parts = [value]
                     # A small body usually came whole with its head: say "no more" in the same message.
-                    while type(event := h.next_event()) is h11.Data:
-                        parts.append(bytes(event.data))
-                    self.body_done = event is not h11.NEED_DATA  # EndOfMessage
-                    body = parts[0] if len(parts) == 1 else b"".join(parts)
+                    while events and events[0][0] == BODY:
+                        parts.append(events.popleft()[1])
+                    if events and events[0][0] == END:
+                        events.popleft()
+                        self.body_done = True
+                    body = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[arg-type]
                     return {"type": "http.request", "body": body, "more_body": not self.body_done}
-                if kind is h11.EndOfMessage:
-                    self.body_done = True
-                    return {"type": "http.request", "body": b"", "more_body": False}
-                if kind is h11.ConnectionClosed:
-                    break
-        except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+                with trio.move_on_after(self.front.timeouts.gateway_body_idle_s):
+                    data = bytes(await self.stream.receive_some(_READ))
+                    if not data:
+                        break  # the client closed mid-body
+                    self.reader.feed(data)
+                    continue
+                break  # stalled mid-body: taken for gone
+        except (BadRequest, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         self.gone = self.body_done = True
         self.close_after = True
@@ -181,26 +192,34 @@ class _Connection:
             return
         body: bytes = message.get("body", b"")
         more: bool = message.get("more_body", False)
-        h = self.h
         wire = b""
         if not self.sent_head:
             if self.head is None:
                 raise RuntimeError("http.response.body before http.response.start")
             headers = self.head
-            if not more and not any(n == b"content-length" for n, _ in headers):
-                headers.append((b"content-length", str(len(body)).encode()))
+            if not any(n == b"content-length" for n, _ in headers):
+                if not more:
+                    headers.append((b"content-length", str(len(body)).encode()))
+                elif self.http10:
+                    self.close_after = True  # no chunks for HTTP/1.0: the close ends the body
+                else:
+                    self.chunked = True
+                    headers.append((b"transfer-encoding", b"chunked"))
             if self.front.closing or self.close_after:
                 headers.append((b"connection", b"close"))
+            elif self.http10:
+                headers.append((b"connection", b"keep-alive"))
             headers.append((b"date", self.front.date()))
             if self.front.server_header:
                 headers.append((b"server", self.front.server_header))
             self.sent_head = True
-            wire = h.send(h11.Response(status_code=self.status, headers=headers))
+            wire = response_head(self.status, headers)
         if body and not self.head_only:
-            wire += h.send(h11.Data(data=body))
+            wire += chunk(body) if self.chunked else body
         if not more:
             self.finished = True
-            wire += h.send(h11.EndOfMessage())
+            if self.chunked and not self.head_only:
+                wire += LAST_CHUNK
         if wire:
             await self._write(wire)
 
@@ -228,36 +247,41 @@ class _Connection:
                 if request is None:
                     return
                 await self._serve(app, request)
-                h = self.h
-                if self.gone or self.close_after or self.front.closing:
+                if self.gone or self.close_after or self.front.closing or not self.finished:
                     return
-                _skip_buffered_body(h)  # a GET's empty body, which the app had no reason to read
-                if h.our_state is h11.DONE and h.their_state is h11.DONE:
-                    h.start_next_cycle()
-                    continue
-                return  # the app left the body unread, or the client asked to close: no next request here
+                if not self._skip_body():
+                    return  # the app left a body unread that is still on the wire: no next request here
         finally:
             await self._close()
 
-    async def _next_request(self) -> h11.Request | None:
+    def _skip_body(self) -> bool:
+        """Drop what is buffered of the current request's body (a GET's empty one, which the app had no
+        reason to read); False when some of it is still to come."""
+        events = self.reader.events
+        while not self.body_done and events:
+            if events.popleft()[0] == END:
+                self.body_done = True
+        return self.body_done
+
+    async def _next_request(self) -> Head | None:
         """The next request's head; None when the client closed, went quiet, or sent no valid HTTP."""
-        h = self.h
+        events = self.reader.events
         timeouts = self.front.timeouts
         deadline: float | None = None  # set by the head's first byte
         try:
             while True:
-                event = h.next_event()
-                if type(event) is h11.Request:
-                    return event
-                if event is not h11.NEED_DATA:
-                    return None  # ConnectionClosed (or PAUSED on a connection that must close)
-                if deadline is None and not h.trailing_data[0]:
+                if events:
+                    kind, value = events.popleft()
+                    if kind == HEAD:
+                        return value  # type: ignore[return-value]
+                    continue
+                if deadline is None and not self.reader.in_head:
                     if self.front.closing:
                         return None
                     with trio.move_on_after(timeouts.gateway_keep_alive_s) as idle:
                         self.front.idle.add(idle)
                         try:
-                            data = await self.stream.receive_some(_READ)
+                            data = bytes(await self.stream.receive_some(_READ))
                         finally:
                             self.front.idle.discard(idle)
                     if idle.cancelled_caught:
@@ -267,47 +291,42 @@ class _Connection:
                     if deadline is None:
                         deadline = trio.current_time() + timeouts.gateway_head_s
                     with trio.move_on_at(deadline) as heading:
-                        data = await self.stream.receive_some(_READ)
+                        data = bytes(await self.stream.receive_some(_READ))
                     if heading.cancelled_caught:
                         await self._refuse(408, "request_timeout", "the request head did not arrive in time")
                         return None
-                h.receive_data(bytes(data))
-        except h11.RemoteProtocolError as error:
-            status = error.error_status_hint
-            words = "the request head is too large" if status == 431 else f"not a valid HTTP/1.1 request: {error}"
-            await self._refuse(status, "invalid_request", words)
+                if not data:
+                    return None
+                self.reader.feed(data)
+        except BadRequest as error:
+            await self._refuse(error.status, "invalid_request", str(error))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         return None
 
     async def _refuse(self, status: int, code: str, message: str) -> None:
         """Answer a request that never reached the app (malformed, too large, too slow), then close."""
-        if self.h.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-            return
+        self._reset(None)
         body = dumps(OpenAIError(status, code, message).doc())
-        self.status, self.head = status, [(b"content-type", b"application/json")]
+        self.status, self.head = status, [(b"content-type", b"application/json"), *self.front.request_id()]
         self.close_after = True
-        try:
-            await self.send({"type": "http.response.body", "body": body, "more_body": False})
-        except h11.LocalProtocolError:
-            pass  # h11 broke off mid-head: nothing can be said on this connection
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _serve(self, app: App, request: h11.Request) -> None:
+    async def _serve(self, app: App, request: Head) -> None:
+        self._reset(request)
         method = request.method.decode("ascii")
-        self._reset(method == "HEAD")
-        target: bytes = request.target
-        raw_path, _, query = target.partition(b"?")
+        raw_path, _, query = request.target.partition(b"?")
         scope: Scope = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": request.http_version.decode("ascii"),
+            "http_version": request.version,
             "method": method,
             "scheme": "http",
             "path": unquote_to_bytes(raw_path).decode("utf-8", "replace"),
             "raw_path": raw_path,
             "query_string": query,
             "root_path": "",
-            "headers": list(request.headers),
+            "headers": request.headers,
             "client": self.peer,
             "server": self.front.bound,
         }
@@ -316,7 +335,7 @@ class _Connection:
         except Exception:
             _log.exception("the app failed: %s %s", method, raw_path.decode("ascii", "replace"))
             if not self.sent_head and not self.gone:
-                self.status, self.head = 500, [(b"content-type", b"application/json")]
+                self.status, self.head = 500, [(b"content-type", b"application/json"), *self.front.request_id()]
                 self.close_after = True
                 body = dumps(OpenAIError(500, "internal_error", "the server failed; see its log").doc())
                 await self.send({"type": "http.response.body", "body": body, "more_body": False})
@@ -326,7 +345,7 @@ class _Connection:
     async def _close(self) -> None:
         """Close the connection; a client still sending gets its answer before the close (closing a socket
         with unread bytes would send a reset, which can destroy the answer on its way)."""
-        if self.gone or (self.h.their_state is not h11.SEND_BODY and not self.h.trailing_data[0]):
+        if self.gone or (self.body_done and not self.reader.in_head):
             await trio.aclose_forcefully(self.stream)
             return
         try:
@@ -341,22 +360,14 @@ class _Connection:
             await trio.aclose_forcefully(self.stream)
 
 
-def _skip_buffered_body(h: h11.Connection) -> None:
-    """Take in the rest of a request body already buffered (a GET's empty one), without reading the socket."""
-    if h.their_state is h11.SEND_BODY:
-        try:
-            while type(h.next_event()) is h11.Data:
-                pass
-        except h11.RemoteProtocolError:
-            pass
-
-
 class Front:
     """Serves one app on listening sockets. `serve` runs until cancelled or `shutdown_trigger` returns;
     then it stops accepting, closes idle connections, and gives busy ones `gateway_shutdown_grace_s`."""
 
-    def __init__(self, app: App, *, timeouts: Timeouts = TIMEOUTS, server_header: bytes = b"llmgw") -> None:
+    def __init__(self, app: App, *, timeouts: Timeouts = TIMEOUTS, server_header: bytes = b"llmgw",
+                 new_id: Callable[[], str] | None = None) -> None:
         self.app = app
+        self.new_id = new_id  # names the answers this server gives itself (`x-request-id`), as the app's
         self.timeouts = timeouts
         self.server_header = server_header
         self.closing = False
@@ -404,6 +415,10 @@ class Front:
                 if self.connections:
                     await self._all_closed.wait()
             connections.cancel_scope.cancel()
+
+    def request_id(self) -> list[tuple[bytes, bytes]]:
+        """The `x-request-id` header of an answer this server gives itself (none without `new_id`)."""
+        return [] if self.new_id is None else [(b"x-request-id", self.new_id().encode())]
 
     def add(self, sock: trio.socket.SocketType) -> None:
         """Accept connections on one more listening socket (once `serve` has started)."""

@@ -170,3 +170,4 @@ class RequestFacts(Protocol):
     tokens_in: int | None
     tokens_out: int | None
     ttft: float | None  # trio time of the first streamed chunk; None: not streamed
+    guard_rule: str  # the judges' verdicts (gateway/guard.py); "" when no policy applied

@@ -6,8 +6,8 @@ stop_replica, refused. Each message is an object with a "type".
 
 The gateway ↔ control stream (a gateway follows the leader's table) is below
 `GATEWAY_STREAM_PATH`: up hello (with the URL its request log answers at), demand,
-usage (a batch of rollups), heartbeat; down welcome, table (the full table, on connect
-and on every change), usage_ack, heartbeat, refused.
+usage (a batch of rollups), judge_failure (a judge model did not answer a check), heartbeat;
+down welcome, table (the full table, on connect and on every change), usage_ack, heartbeat, refused.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from llmgw.domain.frozen import freeze, thaw
+from llmgw.domain.guard import GuardPolicy, PolicyError
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.observed import ROUTE_STATES, Endpoint, ModelRoute
 from llmgw.domain.state import ApiKey, ClusterState
@@ -82,6 +83,7 @@ def table_message(version: int, leader: str, state: ClusterState,
         "models": [m.to_doc() for _, m in sorted(state.models.items())],
         "keys": [key_doc(k) for _, k in sorted(state.keys.items())],
         "settings": thaw(state.settings),
+        "guard_policies": [p.to_doc() for _, p in sorted(state.guard_policies.items())],
         "routes": None if routes is None else [route_doc(r) for _, r in sorted(routes.items())],
     }
 
@@ -101,6 +103,20 @@ def key_from_doc(k: Mapping[str, Any]) -> ApiKey:
     return ApiKey(str(k["hash"]), str(k.get("name", "")), str(k["role"]), 0.0, key_id=str(k.get("id", "")),
                   models=tuple(str(m) for m in k.get("models") or ()), expires_at=number("expires_at", float),
                   requests_per_min=number("requests_per_min", int), tokens_per_min=number("tokens_per_min", int))
+
+
+def judge_failure_message(model: str, words: str) -> dict[str, Any]:
+    """Gateway → leader: judge `model` failed to answer a check (down, past its budget, an answer that
+    did not parse); `words` say how. The leader stamps it with its own clock when it arrives."""
+    return {"type": "judge_failure", "model": model, "words": words}
+
+
+def read_judge_failure(message: Mapping[str, Any]) -> tuple[str, str]:
+    """(model, words) of a judge_failure message; ProtocolError when it is not one."""
+    model, words = message.get("model"), message.get("words")
+    if not isinstance(model, str) or not model or len(model) > 128 or not isinstance(words, str):
+        raise ProtocolError("a judge_failure names a model (1-128 characters) and says what happened (words)")
+    return model, words
 
 
 @dataclass(frozen=True)
@@ -129,13 +145,22 @@ def read_table(message: Mapping[str, Any]) -> GatewayTable:
                 continue
             models[model.name] = model
         keys = {str(k["hash"]): key_from_doc(k) for k in message["keys"]}
+        policies: dict[str, GuardPolicy] = {}
+        for doc in message.get("guard_policies") or ():  # absent: an older leader (no policies)
+            try:
+                policy = GuardPolicy.from_doc(doc)
+            except PolicyError as e:
+                skipped.append(f"guard policy {doc.get('name', '?') if isinstance(doc, dict) else '?'}: {e}")
+                continue
+            policies[policy.name] = policy
         settings = message["settings"]
         if not isinstance(settings, dict):
             raise ProtocolError("the table's settings are not an object")
         raw_routes = message["routes"]
         routes = None if raw_routes is None else {r.model: r for r in map(route_from_doc, raw_routes)}
         state = ClusterState(revision=int(message["revision"]), models=MappingProxyType(models),
-                             settings=freeze(settings), keys=MappingProxyType(keys))
+                             settings=freeze(settings), keys=MappingProxyType(keys),
+                             guard_policies=MappingProxyType(policies))
         return GatewayTable(int(message["version"]), str(message.get("leader", "")), state, routes, tuple(skipped))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ProtocolError(f"unreadable table: {type(e).__name__}: {e}") from None

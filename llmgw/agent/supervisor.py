@@ -299,7 +299,10 @@ class Supervisor:
                 record = EngineRecord(rid, model.name, model.engine, proc.pid, ticks or 0, url, spec.probe,
                                       spec.health_path or "", rep.launch, time.time())
                 if ticks is not None:
-                    await self._save(record)
+                    # Shielded: a stop arriving during the write must still find the engine supervised
+                    # (`_supervise` stops it, or leaves it recorded for the next agent), never orphaned.
+                    with trio.CancelScope(shield=True):
+                        await self._save(record)
                 await self._supervise(rep, _Child(proc), record, deadline)
         except Exception as e:  # a bug here must not take the agent and every engine down
             log.exception("replica %s: supervision failed", rid)

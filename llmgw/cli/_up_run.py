@@ -23,6 +23,7 @@ from llmgw.control.service import ControlConfig, Seed
 from llmgw.control.service import serve as control_serve
 from llmgw.gateway.app import GatewayDeps
 from llmgw.gateway.app import serve as gateway_serve
+from llmgw.gateway.guard import GuardStats
 from llmgw.gateway.requestlog import RequestLog, push_usage
 from llmgw.gateway.router import Router
 from llmgw.net import free_port, url_host
@@ -122,7 +123,10 @@ async def _serve_all(opts: UpOptions, router: Router, control_cfg: ControlConfig
             rlog = RequestLog(state_dir / "requests", "local", settings=lambda: control.store.snapshot().settings,
                               timeouts=control_cfg.timeouts)
             _, gw_port = await nursery.start(gateway_serve, opts.host, opts.gateway_port,
-                                             GatewayDeps(router=router, state=control.store, requestlog=rlog))
+                                             GatewayDeps(router=router, state=control.store, requestlog=rlog,
+                                                         # a judge's failure: straight to the hub
+                                                         guard_stats=GuardStats(
+                                                             on_failure=control.hub.record_judge_failure)))
         nursery.start_soon(push_usage, rlog, control.store.submit)  # rollups straight to the store
         gateway_url = f"http://{url_host(opts.host)}:{gw_port}/v1"
         admin_url = control.admin_url

@@ -22,8 +22,8 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from llmgw import __version__
-from llmgw.control import (admin_errors, admin_keys, admin_nodes, admin_plan, admin_requests, admin_system,
-                           agent_stream, gateway_stream, openapi)
+from llmgw.control import (admin_errors, admin_guard, admin_guard_ask, admin_keys, admin_nodes, admin_plan,
+                           admin_requests, admin_system, agent_stream, gateway_stream, openapi)
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members
 from llmgw.control.reconciler import Reconciler
@@ -343,6 +343,8 @@ def make_app(deps: ControlDeps) -> QuartTrio:
     admin_system.register(route, deps, commit)  # POST /api/v1/system/stop|start
     admin_requests.register(route, deps)  # GET /api/v1/requests[/ID] (fanned out to gateways), /api/v1/usage
     admin_keys.register(route, deps, commit, body_json)  # GET|POST /api/v1/keys, DELETE /api/v1/keys/ID
+    admin_guard.register(route, deps, commit, body_json, views)  # /api/v1/guard/policies[/NAME], /api/v1/guard/judges
+    admin_guard_ask.register(route, deps, body_json)  # POST /api/v1/guard/judges/ask: nothing of its text is kept
 
     # Answered by the member asked, from its own view (so it also answers while there is no leader).
     @route("/api/v1/cluster/members", ["GET"], local=True)

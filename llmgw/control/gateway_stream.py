@@ -275,6 +275,11 @@ async def _session(deps: ControlDeps, hub: GatewayHub | None) -> None:
                     hub.report_demand(link, message)
                 elif message["type"] == "usage":
                     nursery.start_soon(_commit_usage, deps, link, message)
+                elif message["type"] == "judge_failure":  # `ctl guard judge status` shows it
+                    try:
+                        deps.hub.record_judge_failure(*protocol.read_judge_failure(message))
+                    except protocol.ProtocolError as e:
+                        log.warning("gateway %s: %s", name, e)
                 # A "heartbeat" records only the contact: it keeps traffic on the stream, so a dead one shows.
             nursery.cancel_scope.cancel()
     except protocol.ProtocolError as e:

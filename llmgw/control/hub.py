@@ -18,6 +18,8 @@ from llmgw.domain.observed import NodeInfo, Observed, ReplicaObs
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 
 log = logging.getLogger("llmgw.control.hub")
+MAX_JUDGES_REMEMBERED = 256  # judge models with a remembered failure (a gateway names whatever a policy says)
+JUDGE_WORDS_MAX_CHARS = 500
 
 
 @dataclass
@@ -51,6 +53,7 @@ class AgentHub:
         self.evicted: dict[str, tuple[float, str]] = {}
         self.connected_at: dict[str, float] = {}  # node -> when its current (or last) stream opened
         self.last_contact: dict[str, float] = {}  # node -> when it last said anything (clock time)
+        self.judge_failures: dict[str, tuple[float, str]] = {}  # judge model -> (when, words): its last failure
         self._changed = trio.Event()
 
     # -- what the agent server calls ------------------------------------------
@@ -103,7 +106,7 @@ class AgentHub:
         replicas = {rid: r for per_node in self.replicas.values() for rid, r in per_node.items()}
         return Observed(nodes=dict(self.nodes), replicas=replicas, demand=dict(self.demand),
                         lost=dict(self.lost), since=self.since, outstanding=dict(self.outstanding),
-                        peak=self.peaks(), evicted=dict(self.evicted))
+                        peak=self.peaks(), evicted=dict(self.evicted), judge_failures=dict(self.judge_failures))
 
     def note_demand(self, model: str) -> None:
         self.demand[model] = self._clock()
@@ -129,6 +132,15 @@ class AgentHub:
     def peaks(self) -> dict[str, int]:
         """Model -> the most requests in flight at once over the last `scale_down_delay_s`."""
         return {m: peaks[0][1] for m, peaks in self._peaks.items()}
+
+    def record_judge_failure(self, model: str, words: str, at: float | None = None) -> None:
+        """A judge model failed to answer a gateway's check (down, past its budget, an answer that does
+        not parse): `ctl guard judge status` and `ctl status` say so. The latest per model is kept
+        (`at`: unix time, None = now); this leader's memory only, like the rest of what it observes."""
+        if model not in self.judge_failures and len(self.judge_failures) >= MAX_JUDGES_REMEMBERED:
+            oldest = min(self.judge_failures, key=lambda m: self.judge_failures[m][0])
+            del self.judge_failures[oldest]
+        self.judge_failures[model] = (self._clock() if at is None else at, words[:JUDGE_WORDS_MAX_CHARS])
 
     def note_eviction(self, model: str, why: str) -> None:
         """The leader stopped an idle replica of `model` to make room: the model wants nothing

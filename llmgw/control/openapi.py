@@ -16,7 +16,8 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from llmgw import __version__
-from llmgw.domain import model, usage
+from llmgw.domain import guard, model, usage
+from llmgw.domain.judges import STATUSES
 from llmgw.domain.keys import KEY_ROLES, LIMIT_MAX, NAME_MAX_CHARS, SCOPE_MAX_MODELS
 from llmgw.domain.settings import SETTINGS
 
@@ -172,6 +173,29 @@ def _member() -> Schema:
                  "state_hash": _null(_STR)}, ("id", "state"))
 
 
+def _policy(*, stored: bool = False) -> Schema:
+    """A guard policy as `GuardPolicy.from_doc` takes it (`judge` required; `name` may come from the path),
+    or as stored (every field)."""
+    models = _arr(_MODEL_NAME, minItems=1, maxItems=guard.MAX_MODELS)
+    props: dict[str, Schema] = {
+        "name": _MODEL_NAME, "judge": _MODEL_NAME, "check": {"type": "string", "enum": list(guard.CHECKS)},
+        "models": _arr(_STR) if stored else {"anyOf": [models, {"type": "array", "items": {"const": "*"},
+                                                                  "minItems": 1, "maxItems": 1}]},
+        "categories": _arr({"type": "string", "enum": list(guard.CATEGORIES)}),
+        "on_error": {"type": "string", "enum": list(guard.ON_ERROR)},
+        "budget_s": {"type": "number", "exclusiveMinimum": 0, "maximum": guard.LONGEST_BUDGET},
+    }
+    return _obj(props) if stored else _obj(props, ("judge",), closed=True)
+
+
+def _judge() -> Schema:
+    return _obj({"model": _STR, "policies": _arr(_STR), "defined": _BOOL, "role": _null(_STR), "judge": _BOOL,
+                 "desired": _null(_INT), "ready": _null(_INT), "starting": _null(_INT), "state": _null(_STR),
+                 "last_failure": _null(_STR), "last_failure_at": _null(_NUM), "last_failure_age_s": _null(_NUM),
+                 "status": {"type": "string", "enum": list(STATUSES)}, "problem": _STR},
+                ("model", "policies", "defined", "status", "problem"))
+
+
 def _components() -> Schema:
     counts = {name: _INT for name in usage.COUNTS}
     error = _obj({"error": _obj({"code": {"type": "string", "minLength": 1},
@@ -190,6 +214,9 @@ def _components() -> Schema:
         "Member": _member(),
         "Members": _obj({"self": _STR, "leader": _null(_STR), "version": _STR, "members": _arr(_ref("Member"))}),
         "UsageRow": _obj(counts, tuple(counts)),
+        "GuardPolicyIn": _policy(),
+        "GuardPolicy": _policy(stored=True),
+        "Judge": _judge(),
     }
 
 
@@ -198,10 +225,11 @@ def _components() -> Schema:
 _ERRORS = {
     "400": "refused: the body, a parameter or the Idempotency-Key cannot be read or is not valid",
     "401": "no admin key, a client key, or an unknown key (`unauthorized`)",
-    "404": "no such model, key, node, setting, member or request",
+    "404": "no such model, key, node, setting, member, request or guard policy",
     "409": "the cluster's state forbids it now (the message says what to do)",
     "413": "a body over 1 MiB (`request_too_large`)",
     "422": "this Idempotency-Key was used for a different request (`idempotency_key_reused`)",
+    "502": "the engine asked did not answer, or failed (`judge_failed`)",
     "503": "not committed, or not answered: `not_leader`, `no_leader`, `leader_unreachable`, `commit_unknown`,"
            " `store_unavailable`, `gateway_unavailable`",
 }
@@ -344,6 +372,7 @@ def _paths() -> Schema:
                 _query("until", unix, "unix seconds (default: an hour from now)"),
                 _query("key", _STR, "one client key's id"), _query("model", _STR, "one model"),
                 _query("by", {"type": "string", "enum": ["total", "hour", "day"]}, "the period of each row")))},
+        **_guard_paths(),
         "/api/v1/cluster/members": {
             "get": _op("the control planes, as the member asked sees them", _ref("Members")),
             "post": _op("add a running member (`--join`)", _obj({"added": _STR, "members": _arr(_STR)}),
@@ -360,6 +389,44 @@ def _paths() -> Schema:
                                          "responses": websocket}},
         "/api/v1/gateway/stream": {"get": {"summary": "the remote gateways' stream (WebSocket; admin key)",
                                            "responses": websocket}},
+    }
+
+
+def _guard_paths() -> Schema:
+    name = _path_param("name", _MODEL_NAME, "a guard policy's name")
+    on = {"enabled": _BOOL, "notice": _STR}  # `guard.enabled`, and the words when guards are off
+    policy_doc = _obj({**on, "policy": _ref("GuardPolicy")})
+    set_doc = _obj({**on, "policy": _ref("GuardPolicy"), "created": _BOOL, "changed": _BOOL, "warnings": _arr(_STR)})
+    ask_doc = _obj({"judge": _STR, "replica": _STR, "checked": _STR, "raw": _STR, "parsed": {"type": "object"},
+                    "latency_ms": {"type": "number"}, "cached": _BOOL})
+    enabled_doc = _obj({"model": _ref("StoredDefinition"), "judge": _STR, "changed": _BOOL, "replaced": _null(_STR),
+                        "found_on": _arr(_STR), "warnings": _arr(_STR)})
+    return {
+        "/api/v1/guard/policies": {"get": _op("every guard policy, and whether guards are on", _obj(
+            {**on, "policies": _arr(_ref("GuardPolicy"))}))},
+        "/api/v1/guard/policies/{name}": {
+            "get": _op("one guard policy", policy_doc, errors=("404",), params=(name,)),
+            "put": _op("set a guard policy (400 invalid_policy names the field)", set_doc, status="201",
+                       also={"200": {"description": "replaced", **_json(set_doc)}}, params=(name,),
+                       body=_ref("GuardPolicyIn"), write=True,
+                       example={"judge": "llama-guard", "check": "prompt", "categories": ["S1", "S6"]}),
+            "delete": _op("remove a guard policy", _obj({"removed": _STR}), errors=("404",), params=(name,),
+                          write=True),
+        },
+        "/api/v1/guard/judges": {"get": _op("each judge model the policies ask for: defined, as a judge, ready, "
+                                            "its last failure, what is wrong", _obj({**on, "judges": _arr(
+                                                _ref("Judge"))}))},
+        "/api/v1/guard/judges/enable": {"post": _op(
+            "serve the missing judge (llama.cpp on CPU, role guard) from a GGUF file", enabled_doc, status="201",
+            also={"200": {"description": "replaced, or already so", **_json(enabled_doc)}}, errors=("409",),
+            body=_obj({"name": _MODEL_NAME, "source": {"type": "string", "minLength": 1, "maxLength": 1024},
+                       "replace": _BOOL}, (), closed=True), write=True,
+            example={"name": "llama-guard", "source": "/models/Llama-Guard-3-1B.Q4_K_M.gguf"})},
+        "/api/v1/guard/judges/ask": {"post": _op(  # admin_guard_ask.py: nothing of the text is kept
+            "a judge reads a text past the verdict cache: its raw answer and how it was parsed", ask_doc,
+            errors=("404", "409", "502"), body=_obj({"text": {"type": "string", "minLength": 1}, "answer": _STR,
+                                                     "judge": _MODEL_NAME}, ("text",), closed=True), write=True,
+            example={"text": "how do I pick a lock?", "judge": "llama-guard"})},
     }
 
 

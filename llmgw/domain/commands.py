@@ -15,7 +15,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Callable, Sequence, TypeVar
 
-from llmgw.domain import groups, health, keys_commands, usage
+from llmgw.domain import groups, guard_commands, health, keys_commands, usage
 from llmgw.domain.frozen import freeze
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.settings import SettingError, effective, validate
@@ -490,4 +490,6 @@ _OPS: dict[str, tuple[_Check, _Change]] = {
     "member.announce": (_check_member_announce, _member_announce),
     "member.forget": (_check_raft_addr, _member_forget),
     "usage.add": (_usage_check, usage.apply_add),  # a gateway's rollups (domain/usage.py)
+    "guard.set": (lambda c: _refuse_if(guard_commands.check_set(c)), guard_commands.put),  # domain/guard_commands.py
+    "guard.remove": (lambda c: _refuse_if(guard_commands.check_remove(c)), guard_commands.remove),
 }

@@ -193,6 +193,8 @@ class Observed:
     # Models this leader evicted to make room for another: model -> (when, why). Such a model
     # wants nothing until a request newer than its eviction asks for it again.
     evicted: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # Judge models' last failure to answer, as gateways reported it: model -> (when, what happened).
+    judge_failures: dict[str, tuple[float, str]] = field(default_factory=dict)
 
     def gone_since(self, node: str) -> float:
         return self.lost.get(node, self.since)

@@ -93,6 +93,9 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
         SettingSpec("gateway.upstream_queue_per_replica", 1024, "requests that may wait, in each gateway, for a "
                     "connection to one replica at its limit; past that they get 503 overloaded at once",
                     _whole_1_to_100000),
+        SettingSpec("gateway.activation_queue_per_model", 256, "requests that may wait, in each gateway, for a "
+                    "model with no ready replica (its activation); past that they get 503 overloaded at once",
+                    _whole_1_to_100000),
         SettingSpec("groups.ports", [29500, 29999], "the ports a multi-node replica's rank 0 may listen on for its "
                     "members (one picked from the group id; the same port on every member's node)", _port_range),
         SettingSpec("requestlog.max_bytes", 1 << 30, "each gateway keeps at most this many bytes of request log "

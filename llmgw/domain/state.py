@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from llmgw.domain.frozen import freeze, thaw
+from llmgw.domain.guard import GuardPolicy
 from llmgw.domain.keys import legacy_key_id
 from llmgw.domain.model import ModelDef
 from llmgw.domain.usage import UsageHour, UsageMark
@@ -169,7 +170,7 @@ class Member:
 
 
 # The mappings whose values are frozen dataclasses; `settings` holds JSON values, frozen deeply.
-_MAPPINGS = ("models", "keys", "placements", "health", "members", "usage", "usage_marks")
+_MAPPINGS = ("models", "keys", "placements", "health", "members", "usage", "usage_marks", "guard_policies")
 
 
 def _empty() -> MappingProxyType[str, Any]:
@@ -201,6 +202,8 @@ class ClusterState:
     # ("gateway/boot"): see `domain.usage`. Bounded by `usage.retention_days`.
     usage: MappingProxyType[str, UsageHour] = field(default_factory=_empty)
     usage_marks: MappingProxyType[str, UsageMark] = field(default_factory=_empty)
+    # Guardrail policies by name (`guard.set`, `guard.remove`; domain/guard.py, domain/guard_commands.py).
+    guard_policies: MappingProxyType[str, GuardPolicy] = field(default_factory=_empty)
 
     def __post_init__(self) -> None:
         # A read-only mapping is kept as is: `replace` passes the unchanged fields on, and

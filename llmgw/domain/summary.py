@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from llmgw.domain import judges
 from llmgw.domain import summary_fleet as fleet
 from llmgw.domain.observed import Gpu, Observed
 from llmgw.domain.settings import effective
@@ -247,6 +248,7 @@ def build(
 ) -> dict[str, Any]:
     """The whole summary. `views`: the reconciler's ModelView per model (None: it has not run);
     `now`: the clock demand times are on (None: every idle time is unknown)."""
+    guard, guard_warnings = judges.guard_summary(state, observed, views, now)  # views None: not planned yet
     views = views or {}
     node_docs = nodes(state, observed)
     by_model: dict[str, list[Placement]] = {}
@@ -272,6 +274,7 @@ def build(
     stopped = bool(effective(state.settings, "serving.stopped"))
     if stopped:
         warnings.append("serving is stopped: every model wants 0 replicas (`llmgw start` resumes)")
+    warnings += guard_warnings
     hooks = effective(state.settings, "notify.webhooks")
     if not hooks:
         warnings.append("no notify.webhooks set: lost nodes and parked models reach nobody "
@@ -296,6 +299,7 @@ def build(
         "idle": fleet.idle(state, observed, now, by_model),
         "warnings": warnings,
         "notify": {"webhooks": len(hooks)},
+        "guard": guard,  # enabled, policies, judges (domain/judges.py)
     }
 
 

@@ -4,7 +4,9 @@ Owns the raw ASGI app (chat, completions, guard, embeddings), its server (the ga
 A raw ASGI app rather than Quart: the simulator is the baseline of the
 gateway-overhead benchmark, so a request costs one JSON parse and one dump.
 Replies echo the last user message after "sim says:"; a token is a
-whitespace-separated word. Prompts and replies are never logged.
+whitespace-separated word. As a judge (`--role guard`) it answers in Llama Guard's format: `safe`, or
+`unsafe` and the codes of the `--unsafe WORD=CODE` words (and `[unsafe:S6]` markers) in the last turn of
+the Llama Guard prompt it was given (sim_requests.judged_text). Prompts and replies are never logged.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ from llmgw.engines.sim_requests import (
     count_words,
     embed,
     focus_text,
+    judged_text,
     max_tokens,
+    parse_unsafe,
 )
 from llmgw.errors import OpenAIError, first_error
 from llmgw.net import url_host
@@ -86,6 +90,7 @@ class SimOptions:
     fail_start: bool = False
     embedding_dim: int = 16
     group: GroupRole | None = None  # a member of a multi-node replica (`sim_group`)
+    unsafe: tuple[tuple[str, str], ...] = ()  # as a judge: (word, hazard code) pairs, `--unsafe WORD=S6`
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,8 @@ class SimApp:
     def __init__(self, opts: SimOptions) -> None:
         self.opts = opts
         self._ids = itertools.count(1)
+        self._unsafe = [(re.compile(rf"(?<!\w){re.escape(w)}(?!\w)", re.IGNORECASE), code) for w, code in opts.unsafe]
+        self.generated = 0  # chat and completion requests answered (tests count a judge's calls)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -161,6 +168,7 @@ class SimApp:
             words = f"model {self.opts.model} is an embedding model; use /v1/embeddings"
             raise OpenAIError(400, "unsupported_endpoint", words, param="model")
         chat = path == "/v1/chat/completions"
+        self.generated += 1
         if chat:
             messages = check_messages(body)
             prompts = [focus_text(messages, through_end=self.opts.role == "guard")]
@@ -213,7 +221,10 @@ class SimApp:
 
     def _reply(self, text: str, limit: int) -> _Reply:
         if self.opts.role == "guard":
-            hazards = list(dict.fromkeys(_UNSAFE_MARKER.findall(text)))
+            text = judged_text(text)
+            found = [(m.start(), code) for pattern, code in self._unsafe if (m := pattern.search(text))]
+            found += [(m.start(), m.group(1)) for m in _UNSAFE_MARKER.finditer(text)]
+            hazards = list(dict.fromkeys(code for _, code in sorted(found)))
             tokens = ["unsafe", "\n" + ",".join(hazards)] if hazards else ["safe"]
         else:
             words = ["sim", "says:", *text.split()]
@@ -401,15 +412,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     group.add_argument("--group-rank", type=int, help="this process's rank; 0 leads and serves")
     group.add_argument("--group-size", type=int, help="how many ranks the group has")
     group.add_argument("--group-leader", help="HOST:PORT where rank 0 listens for the others")
+    parser.add_argument("--unsafe", action="append", default=[], metavar="WORD=CODE",
+                        help="as a judge (--role guard): a text whose judged turn holds WORD is unsafe with hazard "
+                             "CODE (S1..S14); repeatable")
     ns, extra = parser.parse_known_args(argv)
     try:
         tunables = parse_engine_args("sim", extra)
         role = _group_role(ns.group_rank, ns.group_size, ns.group_leader)
+        unsafe = tuple(parse_unsafe(item) for item in ns.unsafe)
     except (EngineError, ValueError) as error:
         print(f"llmgw sim: {getattr(error, 'message', error)}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return run(SimOptions(host=ns.host, port=ns.port, model=ns.model, role=ns.role, group=role, **tunables))
+    return run(SimOptions(host=ns.host, port=ns.port, model=ns.model, role=ns.role, group=role, unsafe=unsafe,
+                          **tunables))
 
 
 def _group_role(rank: int | None, size: int | None, leader: str | None) -> GroupRole | None:

@@ -8,7 +8,9 @@ import math
 import struct
 from typing import Any
 
+from llmgw.domain.guard import CATEGORIES
 from llmgw.errors import OpenAIError
+from llmgw.guard import prompt as guard_prompt
 
 DEFAULT_MAX_TOKENS = 64
 
@@ -88,6 +90,24 @@ def focus_text(messages: list[dict[str, Any]], *, through_end: bool) -> str:
         return ""
     chosen = messages[last_user:] if through_end else messages[last_user : last_user + 1]
     return " ".join(content_text(m.get("content")) for m in chosen)
+
+
+def judged_text(text: str) -> str:
+    """What a judge reads of `text`: the last turn of the role a Llama Guard prompt asks about (the
+    conversation read back), or all of it when it is not such a prompt."""
+    read = guard_prompt.read(text)
+    if read is None:
+        return text
+    role, turns = read
+    return next((t for who, t in reversed(turns) if who == role), "")
+
+
+def parse_unsafe(item: str) -> tuple[str, str]:
+    """`WORD=CODE` of `--unsafe`: a non-empty word and a hazard code S1..S14. ValueError says what is wrong."""
+    word, eq, code = item.rpartition("=")
+    if not eq or not word.strip() or code not in CATEGORIES:
+        raise ValueError(f"--unsafe {item!r}: give WORD=CODE with a hazard code S1..S14, e.g. --unsafe bomb=S9")
+    return word.strip(), code
 
 
 def check_prompt(body: dict[str, Any]) -> list[str]:

@@ -10,6 +10,7 @@ and a string (or null) `code`: whatever the engine said, the client gets that sh
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from llmgw.errors import OpenAIError
@@ -90,6 +91,9 @@ def asking_usage(body: dict[str, Any], raw: bytes) -> tuple[bytes, bool]:
     return json.dumps({**body, "stream_options": options}, separators=(",", ":")).encode(), True
 
 
+_NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null(?=\s*[,}])')
+
+
 class HiddenUsage:
     """Relays a stream's server-sent events whole, less the usage-only chunk (`"choices": []` with a
     `usage`) that the gateway asked for on the client's behalf. An event split across reads is held
@@ -109,7 +113,9 @@ class HiddenUsage:
         events, self._rest = data[: end + 2], data[end + 2 :]
         if _KEY not in events:
             return events
-        return b"".join(e + b"\n\n" for e in events.split(b"\n\n") if e and not _usage_only(e))
+        # Engines asked for usage also put `"usage": null` in every other chunk (vLLM does); a client
+        # that did not ask gets neither, as from OpenAI. (Unescaped quotes: a key, never text inside a string.)
+        return b"".join(_NULL_USAGE.sub(b"", e) + b"\n\n" for e in events.split(b"\n\n") if e and not _usage_only(e))
 
     def flush(self) -> bytes:
         rest, self._rest = self._rest, b""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from llmgw.gateway.checks import (
 )
 from llmgw.gateway import upstream
 from llmgw.gateway.auth import KeyCheck
+from llmgw.gateway.guard import Checks, Guard, GuardStats
 from llmgw.front import BACKLOG, Front, listen_socket
 from llmgw.gateway.answers import HiddenUsage, StreamUsage, asking_usage, engine_error, usage_of
 from llmgw.gateway.pool import Limits, LimitsReader, Pool, raise_fd_limit
@@ -111,6 +113,7 @@ class GatewayDeps:
     health: Callable[[], dict[str, Any]] | None = None
     requestlog: RequestLog | None = None  # None: records only counted (no files); `serve` runs its writer
     keys: KeyCheck | None = None  # client keys and their limits (auth.py); the app makes one when None
+    guard_stats: GuardStats | None = None  # guard counters, judges' failures (gateway/guard.py); made when None
 
 
 def make_app(deps: GatewayDeps) -> GatewayApp:
@@ -122,7 +125,7 @@ class _Exchange(Exchange):
     """One request's progress: what its log line reports and how far its answer got."""
 
     __slots__ = ("request_id", "model", "replica", "status", "started", "tokens_in", "tokens_out", "key",
-                 "node", "error", "ttft")  # the last three: for the request log
+                 "node", "error", "ttft", "guard_rule", "guard")  # from `node`: for the request log
 
     def __init__(self, request_id: str) -> None:
         super().__init__()
@@ -137,6 +140,8 @@ class _Exchange(Exchange):
         self.tokens_in: int | None = None
         self.tokens_out: int | None = None
         self.key: ApiKey | None = None  # the client key admitted (auth.py); None until then
+        self.guard_rule = ""  # the judges' verdicts (gateway/guard.py); "" when no policy applied
+        self.guard: Checks | None = None  # this request's guard checks; None: none apply
 
 
 class GatewayApp:
@@ -152,6 +157,7 @@ class GatewayApp:
         self._drain_s = deps.timeouts.gateway_drain_body_s  # read once, not per refusal
         self.log = deps.requestlog or RequestLog(None, "local")
         self.keys = deps.keys if deps.keys is not None else KeyCheck()
+        self.guard = Guard(deps.router, self.pool, deps.timeouts, deps.guard_stats)
 
     async def aclose(self) -> None:
         if self._owns_pool:
@@ -240,18 +246,22 @@ class GatewayApp:
         if model.role not in ROLES_FOR[kind]:
             raise OpenAIError(400, "model_not_supported", role_words(name, model.role, path), param="model")
         check_limits(body, model.limits, name)  # the definition's max_tokens / max_n
+        ex.guard = self.guard.plan(snap, name, kind, body, ex)  # None (one lookup) when no policy applies
+        if ex.guard is not None:
+            await ex.guard.check_prompt()  # before the engine sees the request
         deadline = trio.current_time() + model.activation_window_s
+        limits = self._limits(snap.settings)
         refusal: OpenAIError | None = None
         async with trio.open_nursery() as nursery:
             # A client that goes away cancels what its request waits on: an activation,
             # or the upstream call (which frees the replica).
             nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope, ex)
             try:
-                lease = self.deps.router.acquire(name, deadline=deadline)
+                lease = self.deps.router.acquire(name, deadline=deadline, max_waiting=limits.activation_queue)
                 async with lease as endpoint:
                     ex.replica, ex.node = endpoint.replica_id, endpoint.node
-                    await self._exchange(ex, lease, endpoint, path, raw, stream, send, self._limits(snap.settings),
-                                         hide_usage, model.timeouts)
+                    await self._exchange(ex, lease, endpoint, path, raw, stream, send, limits, hide_usage,
+                                         model.timeouts)
             except NoEndpoint as no_endpoint:
                 refusal = OpenAIError(_no_endpoint_status(no_endpoint.code), no_endpoint.code, no_endpoint.message)
             except OpenAIError as error:
@@ -278,6 +288,8 @@ class GatewayApp:
         response, endpoint = await upstream.answer(self.pool, lease, endpoint, ex.model, path, raw, ex.request_id,
                                                    limits, waits)  # the model's own upstream timeouts
         ex.replica, ex.node = endpoint.replica_id, endpoint.node
+        if ex.guard is not None and ex.guard.checks_response:
+            response = await ex.guard.hold(response, stream)  # judged whole before the client gets any of it
         try:
             headers = _response_headers(response.headers, ex.request_id)
             if not stream or response.status >= 400:
@@ -439,7 +451,7 @@ async def serve(
                                            listen=open_when is None))
         if query_listen is not None:
             sockets.append(await listen_socket(*query_listen))
-        front = Front(app, timeouts=deps.timeouts)
+        front = Front(app, timeouts=deps.timeouts, new_id=app.log.new_id)
         async with trio.open_nursery() as nursery:
             await nursery.start(partial(_serve_then_stop, front, sockets[0 if open_when is None else 1:],
                                         shutdown_trigger, nursery.cancel_scope))
@@ -460,6 +472,9 @@ async def serve(
             # collector's way, so a full collection scans what requests left behind, not every import
             # (tens of ms on a loaded `llmgw up`: the p99 of added latency).
             gc.freeze()
+            # The request log's and the log's writer threads take the GIL in batches; by default the loop
+            # could wait 5 ms for it back (the p99 of added latency). It waits at most this long now.
+            sys.setswitchinterval(deps.timeouts.gateway_gil_switch_s)
             task_status.started((host, port))
     finally:
         for sock in sockets:

@@ -25,6 +25,7 @@ from llmgw.domain.state import ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError, describe, first_error
 from llmgw.gateway import app as gateway_app
+from llmgw.gateway.guard import GuardStats
 from llmgw.gateway.requestlog import RequestLog
 from llmgw.gateway.router import Router
 from llmgw.logs import role_var
@@ -110,6 +111,36 @@ class FollowedState:
         return {"table_age_s": None if age is None else round(age, 3), "leader": self.leader}
 
 
+class JudgeFailures:
+    """The judges' failures this gateway saw, waiting to go to the leader: the latest words per judge,
+    each judge reported at most once per `judge_failure_report_s` (a judge down fails every check)."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.pending: dict[str, str] = {}
+        self._sent_at: dict[str, float] = {}
+
+    def add(self, model: str, words: str) -> None:
+        self.pending[model] = words
+
+    def due(self, now: float) -> list[tuple[str, str]]:
+        out = []
+        for model, words in list(self.pending.items()):
+            if now - self._sent_at.get(model, float("-inf")) >= self.every_s:
+                out.append((model, words))
+                self._sent_at[model] = now
+                del self.pending[model]
+        return out
+
+
+@dataclass
+class _Feeds:
+    """What the stream to the leader carries up besides demand: usage rollups, judges' failures."""
+
+    rlog: RequestLog
+    judges: JudgeFailures
+
+
 class _Refused(Exception):
     """A control plane answered but will not lead this gateway; `leader_url` says where to go, if known."""
 
@@ -131,20 +162,21 @@ async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IG
     router = Router()
     rlog = RequestLog(config.state_dir / "requests" if config.state_dir is not None else None, config.name,
                       settings=lambda: state.snapshot().settings, timeouts=config.timeouts)
+    judges = JudgeFailures(config.timeouts.judge_failure_report_s)
     deps = gateway_app.GatewayDeps(router=router, state=state, timeouts=config.timeouts, health=state.health,
-                                   requestlog=rlog)
+                                   requestlog=rlog, guard_stats=GuardStats(on_failure=judges.add))
     async with trio.open_nursery() as nursery:
         host, port = await nursery.start(partial(gateway_app.serve, config.listen_host, config.listen_port, deps,
                                                  reuse_port=config.reuse_port, query_listen=config.query_listen,
                                                  # A worker shares its port: it takes clients once it has a table.
                                                  open_when=partial(state.wait_changed, -1) if config.reuse_port
                                                  else None))
-        nursery.start_soon(_follow, config, state, router, rlog)
+        nursery.start_soon(_follow, config, state, router, _Feeds(rlog, judges))
         nursery.start_soon(_warn_while_stale, config, state)
         task_status.started(GatewayHandle(f"http://{url_host(host)}:{port}", state, router, rlog))
 
 
-async def _follow(config: GatewayConfig, state: FollowedState, router: Router, rlog: RequestLog) -> None:
+async def _follow(config: GatewayConfig, state: FollowedState, router: Router, feeds: _Feeds) -> None:
     """Find the leader among `controls` (or where a refusal points) and follow it; again when it goes.
 
     Every member is tried in turn; only after a whole round failed does the gateway pause (with
@@ -167,7 +199,7 @@ async def _follow(config: GatewayConfig, state: FollowedState, router: Router, r
         attached = trio.Event()
         why, level = "", logging.WARNING
         try:
-            await _follow_once(control, config, state, router, rlog, attached)
+            await _follow_once(control, config, state, router, feeds, attached)
         # Nurseries wrap errors in groups (strict exception groups), hence except*.
         except* _Refused as group:
             refused = first_error(group)
@@ -205,11 +237,11 @@ async def _follow(config: GatewayConfig, state: FollowedState, router: Router, r
 
 
 async def _follow_once(control: str, config: GatewayConfig, state: FollowedState, router: Router,
-                       rlog: RequestLog, attached: trio.Event) -> None:
+                       feeds: _Feeds, attached: trio.Event) -> None:
     t = config.timeouts
     async with open_stream(control, protocol.GATEWAY_STREAM_PATH, config.key, connect_s=t.gateway_silence_s,
                            close_s=t.gateway_stream_close_s) as ws:
-        await _session(ws, control, config, state, router, rlog, attached)
+        await _session(ws, control, config, state, router, feeds, attached)
 
 
 async def _receive(ws: WebSocketConnection, silence_s: float) -> dict[str, Any]:
@@ -219,11 +251,11 @@ async def _receive(ws: WebSocketConnection, silence_s: float) -> dict[str, Any]:
 
 
 async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig, state: FollowedState,
-                   router: Router, rlog: RequestLog, attached: trio.Event) -> None:
+                   router: Router, feeds: _Feeds, attached: trio.Event) -> None:
     t = config.timeouts
     await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.GATEWAY_PROTOCOL_VERSION,
                                           "gateway": config.name, "version": __version__,
-                                          "query_url": rlog.query_url}))  # where control asks its log
+                                          "query_url": feeds.rlog.query_url}))  # where control asks its log
     first = await _receive(ws, t.gateway_silence_s)
     if first["type"] == "refused":
         raise _Refused(control, str(first.get("reason", "")), first.get("leader"), first.get("leader_url"))
@@ -235,8 +267,8 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
     log.info("following the leader at %s (member %s)%s", control, first.get("leader", "?"),
              "" if old is None else f"; the table held was {old:.1f} s old")
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_report, ws, router, t)
-        nursery.start_soon(_send_usage, ws, rlog, t)
+        nursery.start_soon(_report, ws, router, t, feeds.judges)
+        nursery.start_soon(_send_usage, ws, feeds.rlog, t)
         while True:
             message = await _receive(ws, t.gateway_silence_s)
             kind = message["type"]
@@ -253,7 +285,7 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
                 state.confirm(now)
             elif kind == "usage_ack":
                 if isinstance(message.get("seq"), int):
-                    rlog.rollups.acked(str(message.get("boot")), message["seq"])
+                    feeds.rlog.rollups.acked(str(message.get("boot")), message["seq"])
             elif kind == "refused":
                 raise _Refused(control, str(message.get("reason", "")), message.get("leader"),
                                message.get("leader_url"))
@@ -261,7 +293,7 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
                 log.debug("ignoring message %r", kind)
 
 
-async def _report(ws: WebSocketConnection, router: Router, t: Timeouts) -> None:
+async def _report(ws: WebSocketConnection, router: Router, t: Timeouts, judges: JudgeFailures) -> None:
     """The router's demand, as ages (the leader's clock is not ours): the replicas used since the
     last report (all of them in the first), the models asked for, and, every time, the models
     that have requests waiting (a new leader must learn of them too), and the requests in flight
@@ -292,6 +324,8 @@ async def _report(ws: WebSocketConnection, router: Router, t: Timeouts) -> None:
         elif now - last_sent >= t.gateway_heartbeat_s:
             await ws.send_message(protocol.dumps({"type": "heartbeat"}))
             last_sent = now
+        for model, words in judges.due(now):  # for `ctl guard judge status` at the leader
+            await ws.send_message(protocol.dumps(protocol.judge_failure_message(model, words)))
         await trio.sleep(t.gateway_demand_report_s)
 
 

@@ -1,9 +1,9 @@
 """The gateway's upstream connections: one pool per engine endpoint, each a free-list of kept-alive HTTP/1.1
-connections (trio streams + h11), a limit on how many are open and a bounded queue of requests waiting for one.
+connections (trio streams + llmgw/http1.py), a limit on how many are open and a bounded queue of requests waiting for one.
 
 Why not httpx/httpcore: httpcore's pool scans every connection for every request (its cost grows with the
 number of requests in flight: at 256 concurrent requests half the gateway's CPU went there), and a call
-through httpx costs ~0.8 ms of CPU against ~0.3 ms for bare h11 (docs/performance.md). Here an acquire
+through httpx costs ~0.8 ms of CPU against ~0.3 ms for bare h11, less with httptools (docs/performance.md). Here an acquire
 pops the most recently released connection (O(1)), a release pushes it back (O(1)), and the counters in
 `PoolStats` say so (`examined` per acquire: at most one connection, plus each expired one dropped once).
 
@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import h11
 import trio
 
 from llmgw.domain.settings import effective
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
+from llmgw.http1 import ResponseReader
 from llmgw.net import url_host
 
 __all__ = [
@@ -65,10 +65,12 @@ class PoolStats:
 
 @dataclass(frozen=True)
 class Limits:
-    """Per replica, in each gateway: connections open at most, and requests waiting at most beyond them."""
+    """In each gateway: per replica, connections open at most and requests waiting at most beyond them;
+    per model, requests waiting at most for its activation (no replica ready)."""
 
     connections: int
     queue: int
+    activation_queue: int = 256
 
 
 class LimitsReader:
@@ -84,7 +86,8 @@ class LimitsReader:
     def __call__(self, settings: Mapping[str, Any]) -> Limits:
         if settings is not self._seen:
             self._limits = Limits(effective(settings, "gateway.upstream_connections_per_replica"),
-                                  effective(settings, "gateway.upstream_queue_per_replica"))
+                                  effective(settings, "gateway.upstream_queue_per_replica"),
+                                  effective(settings, "gateway.activation_queue_per_model"))
             self._seen = settings
         return self._limits
 
@@ -97,15 +100,15 @@ def split_url(base_url: str) -> tuple[str, int]:
 
 
 class Connection:
-    """One slot under the endpoint's limit: an open stream and its h11 state, or none yet (`stream` None:
-    the holder connects it). `reused` is True when it served an earlier request."""
+    """One slot under the endpoint's limit: an open stream and its answer parser, or none yet (`stream`
+    None: the holder connects it). `reused` is True when it served an earlier request."""
 
-    __slots__ = ("endpoint", "stream", "h11", "reused", "idle_since")
+    __slots__ = ("endpoint", "stream", "reader", "reused", "idle_since")
 
     def __init__(self, endpoint: _Endpoint) -> None:
         self.endpoint = endpoint
         self.stream: trio.SocketStream | None = None
-        self.h11 = h11.Connection(h11.CLIENT)
+        self.reader = ResponseReader()
         self.reused = False
         self.idle_since = 0.0
 
@@ -124,7 +127,7 @@ class Connection:
             what = "no answer" if isinstance(error, trio.TooSlowError) else (str(error) or type(error).__name__)
             raise ConnectFailed(f"cannot connect to {ep.host}:{ep.port}: {what}") from None
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
+        self.reader = ResponseReader()
         self.reused = False
         ep.stats.opened += 1
 
@@ -238,8 +241,8 @@ class Pool:
         """Give a connection back: to the first waiter, else to the idle list (`keep`) or closed."""
         if not keep:
             conn.drop_stream()
-        elif conn.h11.our_state is h11.DONE and conn.h11.their_state is h11.DONE:
-            conn.h11.start_next_cycle()
+        elif conn.reader.complete and conn.reader.keep_alive:
+            conn.reader.reset()
             conn.reused = True
         else:
             conn.drop_stream()  # the exchange did not end cleanly: the connection cannot carry another

@@ -67,7 +67,7 @@ class RequestRecord:
     tokens_out: int | None = None
     latency_ms: float = 0.0
     ttft_ms: float | None = None  # time to the first streamed chunk (None: not streamed)
-    guard_rule: str = ""  # the guardrail rule that decided (empty until guardrails exist)
+    guard_rule: str = ""  # the judges' verdicts, `judge: S6,Specialized Advice` ("": no policy applied)
     gateway: str = ""
 
     def line(self) -> bytes:
@@ -320,7 +320,7 @@ class RequestLog:
             status, ex.error or ("client_disconnected" if status == 499 else ""),
             "" if ex.replica == "-" else ex.replica, ex.node, path[:200], ex.tokens_in, ex.tokens_out,
             round((now - started) * 1000, 3), None if ex.ttft is None else round((ex.ttft - started) * 1000, 3),
-            "", self.gateway))
+            ex.guard_rule, self.gateway))
 
     # --- the writer -------------------------------------------------------------------------
 

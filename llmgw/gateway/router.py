@@ -57,16 +57,17 @@ class _Slot:
 class Lease:
     """An acquired endpoint; `async with router.acquire(...) as endpoint` releases it on exit."""
 
-    __slots__ = ("_router", "_model", "_deadline", "_slot")
+    __slots__ = ("_router", "_model", "_deadline", "_slot", "_max_waiting")
 
-    def __init__(self, router: Router, model: str, deadline: float) -> None:
+    def __init__(self, router: Router, model: str, deadline: float, max_waiting: int | None = None) -> None:
         self._router = router
         self._model = model
         self._deadline = deadline
+        self._max_waiting = max_waiting
         self._slot: _Slot | None = None
 
     async def __aenter__(self) -> Endpoint:
-        self._slot = await self._router._wait_pick(self._model, self._deadline)
+        self._slot = await self._router._wait_pick(self._model, self._deadline, self._max_waiting)
         # No checkpoint between the increment and here, so a cancellation cannot leak a count.
         return self._slot.endpoint
 
@@ -163,15 +164,16 @@ class Router:
     def route(self, model: str) -> ModelRoute | None:
         return self._routes.get(model)
 
-    def acquire(self, model: str, *, deadline: float) -> Lease:
+    def acquire(self, model: str, *, deadline: float, max_waiting: int | None = None) -> Lease:
         """Hold the least-loaded ready endpoint of `model` for the `async with` block.
 
         With none ready, records an activation ask and waits for a route update
         until `deadline` (trio clock). Raises `NoEndpoint` at once for a parked or
-        unplaceable model or when the route turns stopped while waiting (see
-        `_wait_pick`), and `activation_timeout` at the deadline.
+        unplaceable model, when the route turns stopped while waiting (see
+        `_wait_pick`), or when `max_waiting` requests already wait for the model
+        (`overloaded`), and `activation_timeout` at the deadline.
         """
-        return Lease(self, model, deadline)
+        return Lease(self, model, deadline, max_waiting)
 
     def statistics(self) -> RouterStatistics:
         per_model = {m: sum(s.outstanding for s in slots) for m, slots in self._by_model.items()}
@@ -234,7 +236,7 @@ class Router:
             self._asks[model] = trio.current_time()
         raise NoEndpoint(code, _refusal_words(model, route))
 
-    async def _wait_pick(self, model: str, deadline: float) -> _Slot:
+    async def _wait_pick(self, model: str, deadline: float, max_waiting: int | None = None) -> _Slot:
         # The gateway refuses requests itself while `serving.stopped` is set, so a
         # request that finds a "stopped" route has outrun the control plane's push
         # after a start: it waits. A route that turns stopped under waiters fails them.
@@ -244,7 +246,11 @@ class Router:
             return slot
         started = trio.current_time()
         self._asks[model] = started
-        self._waiting[model] = self._waiting.get(model, 0) + 1
+        waiting = self._waiting.get(model, 0)
+        if max_waiting is not None and waiting >= max_waiting:  # each waiter holds a connection and its body
+            raise NoEndpoint("overloaded", f"{waiting} requests already wait for model {model!r} to start "
+                                           "(gateway.activation_queue_per_model); retry later")
+        self._waiting[model] = waiting + 1
         try:
             while True:
                 with trio.move_on_at(deadline):

@@ -1,4 +1,4 @@
-"""The gateway's call to an engine over one pooled HTTP/1.1 connection (h11): the request sent, the answer
+"""The gateway's call to an engine over one pooled HTTP/1.1 connection (llmgw/http1.py): the request sent, the answer
 read as it comes, under explicit timeouts; and sent once more when an engine dropped a reused connection.
 
 The retry: llama.cpp's server closes an idle kept-alive connection on its own schedule; a request that
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 
-import h11
 import trio
 
 from llmgw.domain.model import NO_OVERRIDES, ModelTimeouts
@@ -24,6 +23,7 @@ from llmgw.domain.observed import Endpoint
 from llmgw.errors import OpenAIError
 from llmgw.gateway.pool import ConnectFailed, Connection, Limits, Overloaded, Pool
 from llmgw.gateway.router import Lease
+from llmgw.http1 import BadRequest, request_bytes
 
 __all__ = ["Dropped", "Response", "UpstreamFailed", "UpstreamTimeout", "answer", "failure", "send"]
 
@@ -68,34 +68,35 @@ class Response:
         if not self._open:
             return None
         conn = self._conn
-        h = conn.h11
+        reader = conn.reader
         stream = conn.stream
         assert stream is not None
         try:
             while True:
-                event = h.next_event()
-                if event is h11.NEED_DATA:
-                    with trio.move_on_after(self._chunk_s) as waited:
-                        data = await stream.receive_some(_READ)
-                    if waited.cancelled_caught:
-                        raise UpstreamTimeout(f"the engine sent nothing for {self._chunk_s:g} s mid-answer")
-                    h.receive_data(data)  # b"" is the end of the stream: h11 says what it means
-                    continue
-                kind = type(event)
-                if kind is h11.Data:
-                    data = event.data  # type: ignore[union-attr]
-                    return data if type(data) is bytes else bytes(data)
-                if kind is h11.EndOfMessage or kind is h11.ConnectionClosed:
+                if reader.body:
+                    return reader.body.popleft()
+                if reader.complete:
                     self.close(keep=True)
                     return None
-        except h11.RemoteProtocolError as error:
+                with trio.move_on_after(self._chunk_s) as waited:
+                    data = bytes(await stream.receive_some(_READ))
+                if waited.cancelled_caught:
+                    raise UpstreamTimeout(f"the engine sent nothing for {self._chunk_s:g} s mid-answer")
+                if not data:
+                    if reader.until_close:  # its end, for an answer with neither a length nor chunks
+                        self.close()
+                        return None
+                    raise UpstreamFailed("the engine's answer broke off: the engine closed the connection "
+                                         "before the end of the answer")
+                reader.feed(data)
+        except BadRequest as error:
             self.close()
             raise UpstreamFailed(f"the engine's answer broke off: {error}") from None
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
             self.close()
             raise Dropped(f"the connection broke mid-answer: {error or type(error).__name__}", False) from None
         except BaseException:
-            self.close()  # cancelled (the client went away) or timed out: this connection is done
+            self.close()  # cancelled (the client went away), timed out, or failed: this connection is done
             raise
 
     async def read(self) -> bytes:
@@ -148,19 +149,17 @@ async def _exchange(
 ) -> Response:
     t = pool.timeouts
     first_byte_s = t.upstream_first_byte_s if waits.first_byte_s is None else waits.first_byte_s
-    h = conn.h11
     stream = conn.stream
     assert stream is not None
     reused = conn.reused
-    head = h11.Request(method=b"POST", target=path.encode(), headers=[
+    wire = request_bytes(b"POST", path.encode(), [
         (b"host", conn.host_header),
         (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
         # Raw bytes are relayed as they come, so nothing may be compressed.
         (b"accept-encoding", b"identity"),
         (b"x-request-id", request_id.encode()),
-    ])
-    wire = h.send(head) + h.send(h11.Data(data=body)) + h.send(h11.EndOfMessage())
+    ], body)
+    reader = conn.reader
     received = False
     try:
         with trio.move_on_after(t.upstream_write_s) as writing:
@@ -168,21 +167,16 @@ async def _exchange(
         if writing.cancelled_caught:
             raise UpstreamTimeout(f"the engine took no request within {t.upstream_write_s:g} s")
         with trio.move_on_after(first_byte_s) as waiting:
-            while True:
-                event = h.next_event()
-                if event is h11.NEED_DATA:
-                    data = await stream.receive_some(_READ)
-                    if not data:
-                        raise Dropped("the engine closed the connection without sending a response",
-                                      reused and not received)
-                    received = True
-                    h.receive_data(data)
-                elif type(event) is h11.Response:
-                    return Response(pool, conn, event.status_code, list(event.headers), waits.chunk_s)
-                elif type(event) is not h11.InformationalResponse:
-                    raise UpstreamFailed(f"unexpected {type(event).__name__} from the engine before its answer")
+            while not reader.status:  # (a 1xx head is passed over)
+                data = bytes(await stream.receive_some(_READ))
+                if not data:
+                    raise Dropped("the engine closed the connection without sending a response",
+                                  reused and not received)
+                received = True
+                reader.feed(data)
+            return Response(pool, conn, reader.status, reader.headers, waits.chunk_s)
         raise UpstreamTimeout(f"the engine sent no answer within {first_byte_s:g} s")
-    except h11.RemoteProtocolError as error:
+    except BadRequest as error:
         raise UpstreamFailed(f"the engine's answer is not valid HTTP/1.1: {error}") from None
     except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
         raise Dropped(f"the connection broke: {error or type(error).__name__}", reused and not received) from None

@@ -36,7 +36,8 @@ class Reply:
         await self._stream.send_all(head.encode())
 
     async def chunk(self, data: bytes) -> None:
-        await self._stream.send_all(b"%x\r\n%s\r\n" % (len(data), data))
+        if data:  # an empty chunk is the end of a chunked body: that is `end()`
+            await self._stream.send_all(b"%x\r\n%s\r\n" % (len(data), data))
 
     async def end(self) -> None:
         await self._stream.send_all(b"0\r\n\r\n")

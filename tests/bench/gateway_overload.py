@@ -99,9 +99,8 @@ async def _open_loop(url: str, rate: float, duration: float) -> OpenLoop:
 
     The client is the gateway's own upstream pool (h11, O(1) per request): httpx's pool scans its
     connections per request and, with hundreds open, became the bottleneck it was meant to measure."""
-    import h11
-
     from llmgw.gateway.pool import Pool
+    from llmgw.http1 import request_bytes
 
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
     statuses: dict[int, list[float]] = {}
@@ -109,7 +108,7 @@ async def _open_loop(url: str, rate: float, duration: float) -> OpenLoop:
     timeouts = 0
     base, _, path = url.partition("/v1/")
     pool = Pool()
-    auth = f"Bearer {KEY}"
+    auth = f"Bearer {KEY}".encode()
 
     async def one(i: int) -> None:
         nonlocal timeouts
@@ -120,23 +119,15 @@ async def _open_loop(url: str, rate: float, duration: float) -> OpenLoop:
             if conn.stream is None:
                 await conn.connect(5.0)
             assert conn.stream is not None
-            h = conn.h11
-            await conn.stream.send_all(h.send(h11.Request(method="POST", target="/v1/" + path, headers=[
-                ("host", conn.host_header), ("content-type", "application/json"), ("authorization", auth),
-                ("content-length", str(len(body)))])) + h.send(h11.Data(data=body)) + h.send(h11.EndOfMessage()))
-            while True:
-                event = h.next_event()
-                if event is h11.NEED_DATA:
-                    h.receive_data(await conn.stream.receive_some(65536))
-                elif isinstance(event, h11.Response):
-                    status = event.status_code
-                elif isinstance(event, h11.Data):
-                    parts.append(bytes(event.data))
-                elif isinstance(event, h11.EndOfMessage):
-                    keep = True
+            reader = conn.reader
+            await conn.stream.send_all(request_bytes(b"POST", b"/v1/" + path.encode(), [
+                (b"host", conn.host_header), (b"content-type", b"application/json"), (b"authorization", auth)], body))
+            while not reader.complete:
+                data = bytes(await conn.stream.receive_some(65536))
+                if not data:
                     break
-                else:
-                    break
+                reader.feed(data)
+            status, parts, keep = reader.status, list(reader.body), reader.complete
         pool.release(conn, keep and not waited.cancelled_caught)
         if waited.cancelled_caught or not status:
             timeouts += 1

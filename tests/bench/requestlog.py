@@ -76,6 +76,7 @@ class _Facts:
     tokens_in: int | None = 12
     tokens_out: int | None = 120
     ttft: float | None = None
+    guard_rule: str = ""
 
 
 def enqueue_us(calls: int) -> float:

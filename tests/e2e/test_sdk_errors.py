@@ -154,3 +154,17 @@ def test_the_async_client_sees_the_same_classes(up: Target) -> None:
             assert len(vectors.data) == 2 and len(vectors.data[0].embedding) > 0
 
     trio.run(main)
+
+
+def test_the_sdk_streams_chat_and_reads_usage_and_embeddings(up: Target) -> None:
+    """The official client's happy paths, against `up` and against a remote gateway process alike: a
+    stream read chunk by chunk with its usage, a plain stream with no usage field, and embeddings."""
+    client = sdk(up, Counted())
+    chunks = list(chat(client, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    plain = list(chat(client, stream=True))
+    assert plain and all(c.usage is None for c in plain), "usage only when the client asked for it"
+    assert "".join(c.choices[0].delta.content or "" for c in plain if c.choices) == text
+    vectors = client.embeddings.create(model="demo-embed", input=["a", "b"])
+    assert [d.index for d in vectors.data] == [0, 1] and len(vectors.data[0].embedding) > 0

@@ -338,3 +338,31 @@ def test_ctl_refuses_a_bad_definition_with_the_field(up: UpProcess) -> None:
     out = ctl(up, "model", "serve", "--name", "bad", "--engine", "llama.cpp", "--source", "../../etc/passwd")
     assert out.returncode == 1
     assert "invalid_model" in out.stderr and "source" in out.stderr
+
+
+def test_a_judge_that_fails_at_the_local_gateway_shows_in_the_judge_status(up: UpProcess,
+                                                                           client: openai.OpenAI) -> None:
+    """`llmgw up`'s own gateway hands a judge's failure straight to the leader's hub."""
+    creds = up.credentials
+    with httpx.Client(base_url=creds["admin_url"], headers={"Authorization": f"Bearer {creds['admin_key']}"},
+                      timeout=30) as admin:
+        assert admin.post("/api/v1/models", json={"name": "guarded", "engine": "sim",
+                                                  "source": "sim://guarded"}).status_code == 201
+        policy = {"judge": "absent-judge", "models": ["guarded"], "on_error": "closed", "budget_s": 0.5}
+        assert admin.put("/api/v1/guard/policies/up-test", json=policy).status_code == 201
+        try:
+            deadline = time.monotonic() + 30
+            while True:  # the table with the policy reaches the gateway a moment after the commit
+                try:
+                    client.chat.completions.create(model="guarded", messages=[{"role": "user", "content": "hi"}])
+                except openai.BadRequestError as refused:
+                    assert refused.code == "guard_refused" and "judge: error" in refused.message
+                    break
+                assert time.monotonic() < deadline, "the policy never applied"
+                time.sleep(0.1)
+            judges = admin.get("/api/v1/guard/judges").json()["judges"]
+            found = next(j for j in judges if j["model"] == "absent-judge")
+            assert found["last_failure"] is not None and "absent-judge" in found["last_failure"], found
+        finally:
+            admin.delete("/api/v1/guard/policies/up-test")
+            admin.delete("/api/v1/models/guarded")

@@ -96,4 +96,17 @@ def test_hidden_usage_drops_only_the_usage_chunk_and_holds_split_events() -> Non
     stream = text + usage + b"data: [DONE]\n\n"
     hider = HiddenUsage()
     out = b"".join(hider.feed(stream[i:i + 7]) for i in range(0, len(stream), 7)) + hider.flush()
-    assert out == text + b"data: [DONE]\n\n", "a text chunk naming usage stays; the usage-only chunk goes"
+    assert out == text.replace(b',"usage":null', b"") + b"data: [DONE]\n\n", \
+        "a text chunk naming usage stays (less its null usage); the usage-only chunk goes"
+
+
+def test_a_client_that_did_not_ask_for_usage_gets_no_usage_field_at_all() -> None:
+    """vLLM, asked for usage, adds `"usage": null` to every chunk; OpenAI sends no such field unasked."""
+    hider = HiddenUsage()
+    chunk = (b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"say \\"usage\\":null"}}],"usage":null}\n\n'
+             b'data: {"id":"c", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}\n\n'
+             b'data: [DONE]\n\n')
+    out = hider.feed(chunk) + hider.flush()
+    assert out == (b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"say \\"usage\\":null"}}]}\n\n'
+                   b'data: [DONE]\n\n')
+    assert json.loads(out.split(b"\n\n")[0][6:])["choices"][0]["delta"]["content"] == 'say "usage":null'

@@ -308,13 +308,13 @@ async def test_a_head_over_the_limit_gets_a_431(autojump_clock: Clock) -> None:
     async with serving(hello) as s:
         await s.client.send(b"GET /v1/models HTTP/1.1\r\nx-big: " + b"a" * MAX_HEAD_BYTES + b"\r\n")
         error, _ = await refused(s, 431)
-    assert error["message"] == "the request head is too large"
+    assert error["message"].startswith("the request head is larger than")
 
 
 async def test_a_large_head_under_the_limit_is_served(autojump_clock: Clock) -> None:
     head = request("GET", "/v1/models", None, "x-big: " + "a" * (MAX_HEAD_BYTES - 1024))
     async with serving(hello) as s:
-        await s.client.send(head[:-1000])  # h11 limits what it holds of a head still incomplete
+        await s.client.send(head[:-1000])  # the limit holds for a head still incomplete
         await trio.testing.wait_all_tasks_blocked()
         await s.client.send(head[-1000:])
         assert (await s.client.answer()).status == 200

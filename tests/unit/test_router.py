@@ -423,3 +423,29 @@ async def test_with_every_replica_out_a_request_still_tries_one_and_no_third() -
     async with lease:
         assert lease.refused() is None  # no other replica to move to
     assert single.statistics().replicas == {"a": 0}
+
+
+async def test_waiters_for_an_activation_are_bounded_per_model(autojump_clock: trio.testing.MockClock) -> None:
+    """Each waiter holds a client's connection and body: past `max_waiting` for one model, `overloaded`
+    at once; another model's waiters are not counted against it, and a freed place is taken again."""
+    router = Router()
+    router.update_routes({"cold": state("cold", "starting"), "other": state("other", "starting")})
+    results: list[str] = []
+
+    async def ask(model: str) -> None:
+        try:
+            async with router.acquire(model, deadline=trio.current_time() + 10, max_waiting=2):
+                results.append("served")
+        except NoEndpoint as refused:
+            results.append(f"{refused.code}@{trio.current_time():g}")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask, "cold")
+        nursery.start_soon(ask, "cold")
+        await trio.testing.wait_all_tasks_blocked()
+        await ask("cold")  # a third: refused at once, not after the 10 s window
+        assert results == ["overloaded@0"]
+        nursery.start_soon(ask, "other")  # a waiter of another model is let in
+        await trio.testing.wait_all_tasks_blocked()
+        assert router.statistics().waiting == {"cold": 2, "other": 1}
+    assert sorted(results) == ["activation_timeout@10"] * 3 + ["overloaded@0"]

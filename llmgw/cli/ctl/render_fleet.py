@@ -27,6 +27,7 @@ from llmgw.cli.ctl.render import (
     dig,
     table,
 )
+from llmgw.cli.ctl.render_guard import status_header, status_section
 
 SMALL_FLEET = 8  # up to this many nodes, the page lists each one too
 MODEL_ROWS = 12  # models listed: all of them up to this many, else the ones short of what they want
@@ -38,7 +39,7 @@ BAR = 20
 
 def render_status(doc: Mapping[str, Any]) -> str:
     cluster = dig(doc, "cluster") or {}
-    out = [_header(cluster)]
+    out = [_header(cluster), *status_header(doc)]  # guards off: said under the header
     if isinstance(dig(cluster, "floating_address"), Mapping):
         out.append(_floating_line(dig(cluster, "floating_address")))
     members = dig(cluster, "members")
@@ -53,6 +54,7 @@ def render_status(doc: Mapping[str, Any]) -> str:
     out += _capacity(dig(doc, "capacity"))
     out += _fabrics(dig(doc, "fabrics"))
     out += _models(doc)
+    out += status_section(doc)  # the guard judges (render_guard.py)
     out += _idle(dig(doc, "idle"))
     out += _warnings(doc)
     return "\n".join(out)

@@ -163,10 +163,12 @@ def render_requests(doc: Mapping[str, Any]) -> str:
     records = dig(doc, "requests")
     out = []
     if isinstance(records, list) and records:
-        out.append(table(["TIME (UTC)", "ID", "KEY", "MODEL", "STATUS", "ERROR", "IN", "OUT", "MS", "TTFT", "REPLICA"],
+        out.append(table(["TIME (UTC)", "ID", "KEY", "MODEL", "STATUS", "ERROR", "IN", "OUT", "MS", "TTFT", "REPLICA",
+                          "GUARD"],
                          [[_time(r.get("time")), r.get("id"), r.get("key") or None, r.get("model") or None,
                            r.get("status"), r.get("error") or None, r.get("tokens_in"), r.get("tokens_out"),
-                           _ms(r.get("latency_ms")), _ms(r.get("ttft_ms")), r.get("replica") or None]
+                           _ms(r.get("latency_ms")), _ms(r.get("ttft_ms")), r.get("replica") or None,
+                           r.get("guard_rule") or None]  # the judges' verdict: `judge: S6,Specialized Advice`
                           for r in records if isinstance(r, Mapping)]))
     else:
         out.append("no requests match")

@@ -1,0 +1,142 @@
+"""The gateway's work per request does not grow with the number of models, keys and replicas (issue 9, point 10):
+counted, not timed. One request through the whole gateway (lean front end, key check, checks, router, upstream
+pool) against a table of 10 models, keys and replicas, then of 10,000 of each: the Python lines the gateway
+runs for it (sys.settrace, llmgw's own modules but the engine's) and every walk over the table's models, keys
+and settings (their mappings count iteration, which catches a scan done in C: `sorted`, `dict(...)`, `any`)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from types import FrameType, MappingProxyType
+from typing import Any
+
+import httpx
+import trio
+
+import llmgw
+from llmgw.domain.keys import hash_key
+from llmgw.domain.model import ModelDef
+from llmgw.domain.observed import Endpoint, ModelRoute
+from llmgw.domain.state import ApiKey, ClusterState
+from llmgw.engines import sim
+from llmgw.gateway.app import GatewayDeps, serve
+from llmgw.gateway.router import Router
+
+KEY = "sk-hot-path-client"
+PACKAGE = Path(llmgw.__file__).parent
+NOT_THE_GATEWAYS = (str(PACKAGE / "engines"), str(PACKAGE / "testing"))  # the sim engine serves in this process
+TRIES = 5  # per size; the fewest lines of them (a background writer's wake-up may fall into one)
+
+
+class Walked(dict[str, Any]):
+    """A dict that counts the walks over it (lookups by key are free); under the state's MappingProxyType."""
+
+    walks = 0
+
+    def __iter__(self) -> Iterator[str]:
+        Walked.walks += 1
+        return super().__iter__()
+
+    def keys(self) -> Any:
+        Walked.walks += 1
+        return super().keys()
+
+    def values(self) -> Any:
+        Walked.walks += 1
+        return super().values()
+
+    def items(self) -> Any:
+        Walked.walks += 1
+        return super().items()
+
+    def copy(self) -> dict[str, Any]:
+        Walked.walks += 1
+        return dict(super().items())
+
+
+class FixedState:
+    """The StateReader seam: one table that never changes."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self._state = state
+
+    def snapshot(self) -> ClusterState:
+        return self._state
+
+    async def wait_changed(self, revision: int) -> ClusterState:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+def table(n: int, demo_url: str) -> tuple[ClusterState, dict[str, ModelRoute]]:
+    """`n` models (the requested one among them), `n` client keys (ours the last), `n` ready replicas."""
+    models = {f"m{i:05d}": ModelDef.from_doc({"name": f"m{i:05d}", "engine": "sim", "source": f"sim://m{i}"})
+              for i in range(n - 1)}
+    models["demo"] = ModelDef.from_doc({"name": "demo", "engine": "sim", "source": "sim://demo"})
+    keys = {hash_key(f"sk-other-{i}"): ApiKey(hash_key(f"sk-other-{i}"), f"k{i}", "client", 0.0, f"key_{i:05d}")
+            for i in range(n - 1)}
+    keys[hash_key(KEY)] = ApiKey(hash_key(KEY), "ours", "client", 0.0, "key_ours")
+    routes = {name: ModelRoute(name, "chat", "ready", (Endpoint(f"{name}-r1", f"http://127.0.0.1:9/{name}"),))
+              for name in models if name != "demo"}
+    routes["demo"] = ModelRoute("demo", "chat", "ready", (Endpoint("demo-r1", demo_url),))
+    state = ClusterState(revision=1, models=MappingProxyType(Walked(models)), keys=MappingProxyType(Walked(keys)),
+                         settings=MappingProxyType(Walked()))
+    return state, routes
+
+
+def lines_run(counts: dict[str, int]) -> Any:
+    """A sys.settrace function counting the lines run in the gateway's modules into `counts["lines"]`."""
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line":
+            counts["lines"] += 1
+        return local
+
+    def call(frame: FrameType, event: str, arg: Any) -> Any:
+        name = frame.f_code.co_filename
+        if name.startswith(str(PACKAGE)) and not name.startswith(NOT_THE_GATEWAYS):
+            return local
+        return None
+
+    return call
+
+
+async def work_per_request(n: int, nursery: trio.Nursery) -> tuple[int, int]:
+    """(fewest lines run, walks over the table) for one chat request at table size `n`."""
+    url = await nursery.start(partial(sim.serve, sim.SimOptions("127.0.0.1", 0, "demo", "chat", 0)))
+    state, routes = table(n, url)
+    router = Router()
+    router.update_routes(routes)
+    host, port = await nursery.start(partial(serve, "127.0.0.1", 0, GatewayDeps(router=router,
+                                                                                state=FixedState(state))))
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hello there"}]}
+    fewest, walks = sys.maxsize, 0
+    async with httpx.AsyncClient(base_url=f"http://{host}:{port}", headers={"authorization": f"Bearer {KEY}"}) as http:
+        for attempt in range(TRIES + 1):
+            counts = {"lines": 0}
+            Walked.walks = 0
+            sys.settrace(lines_run(counts))
+            try:
+                response = await http.post("/v1/chat/completions", json=body)
+            finally:
+                sys.settrace(None)
+            assert response.status_code == 200, response.text
+            if attempt:  # the first: a new connection both ways, and first-time caches
+                fewest = min(fewest, counts["lines"])
+                walks += Walked.walks
+    return fewest, walks
+
+
+async def test_the_work_of_a_request_is_the_same_with_10_or_10000_models_keys_and_replicas() -> None:
+    figures = {}
+    for n in (10, 10_000):
+        async with trio.open_nursery() as nursery:
+            figures[n] = await work_per_request(n, nursery)
+            nursery.cancel_scope.cancel()
+    (small_lines, small_walks), (large_lines, large_walks) = figures[10], figures[10_000]
+    assert small_walks == large_walks == 0, f"a walk over the table's models, keys or settings per request: {figures}"
+    assert small_lines > 100, figures  # the trace saw the gateway at work
+    # A scan of the larger table would run at least 10,000 more lines; a few dozen is noise (a read split in two).
+    assert large_lines <= small_lines + 50, f"lines run per request, 10 vs 10,000 of each: {figures}"

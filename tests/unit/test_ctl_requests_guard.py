@@ -1,0 +1,22 @@
+"""`ctl request` and `ctl requests` show each request's guard verdict (`guard_rule`), `-` when none applied."""
+
+from __future__ import annotations
+
+from llmgw.cli.ctl.requests import render_request, render_requests
+
+RECORD = {"id": "req-gw1-0123456789abcdef", "time": 1.7e9, "gateway": "gw1", "key": "key_1", "model": "demo",
+          "endpoint": "/v1/chat/completions", "status": 400, "error": "guard_refused", "latency_ms": 3.2,
+          "guard_rule": "judge: S6,Specialized Advice"}
+
+
+def test_one_request_shows_its_guard_rule() -> None:
+    shown = render_request({"request": RECORD})
+    assert "guard rule:     judge: S6,Specialized Advice" in shown
+    assert "guard rule:     -" in render_request({"request": {**RECORD, "guard_rule": ""}})
+
+
+def test_the_request_list_has_a_guard_column() -> None:
+    shown = render_requests({"requests": [RECORD, {**RECORD, "id": "req-gw1-1111111111111111", "guard_rule": ""}]})
+    head, first, second = shown.splitlines()[:3]
+    assert head.split()[-1] == "GUARD"
+    assert first.endswith("judge: S6,Specialized Advice") and second.endswith(" -")
