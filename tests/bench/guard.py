@@ -8,7 +8,8 @@ columns share one httpx client (its cost is the same in each); the judge's colum
 kept-alive HTTP/1.1 client (pool.py) both straight to the judge and through `Guard`.
 Figures (medians, and p99 where it matters):
 - no policy: a request through the gateway with guards on but no policy for its model (the hot path), and
-  `Guard.plan`'s cost alone (one identity check and one dict lookup);
+  `Guard.plan`'s cost alone (one identity check and one dict lookup; goal: < 1 us, nothing measurable
+  beside the gateway's ~1 ms a request);
 - cache hit: the same request under a prompt policy whose verdict is cached (goal: < 100 us added), and
   the check alone (`Checks.check_prompt` on a hit: conversation, prompt, sha256, lookup);
 - judge call: a check that asks the sim judge (unique texts: every one a miss) against the judge's own
@@ -52,7 +53,7 @@ from llmgw.guard.prompt import USER, build, judge_request  # noqa: E402
 from llmgw.testing import MemoryStore  # noqa: E402
 
 KEY = "sk-bench-guard"
-GOAL_HIT_US, GOAL_JUDGE_MS = 100.0, 2.0
+GOAL_PLAN_NS, GOAL_HIT_US, GOAL_JUDGE_MS = 1000.0, 100.0, 2.0
 
 
 @dataclass
@@ -174,7 +175,7 @@ async def bench(n: int) -> int:
             loops = 200_000
             started = time.perf_counter()
             for _ in range(loops):
-                guard.plan(none_state, "lg", "chat", body, facts)  # a judge: no policy applies
+                guard.plan(none_state, "free", "chat", body, facts)  # a model no policy names
             plan_ns = (time.perf_counter() - started) / loops * 1e9
             first = guard.plan(state, "demo", "chat", body, facts)
             assert first is not None
@@ -213,12 +214,13 @@ async def bench(n: int) -> int:
     hit_added_us = (med(hit) - med(no_policy)) * 1e6
     judge_added_ms = (med(judge_via) - med(judge_own)) * ms
     print()
-    print(f"no policy: Guard.plan costs {plan_ns:.0f} ns a request")
+    print(f"no policy: Guard.plan costs {plan_ns:.0f} ns a request (goal < {GOAL_PLAN_NS:.0f} ns): "
+          f"{'ok' if plan_ns < GOAL_PLAN_NS else 'MISSED'}")
     print(f"cache hit: the check alone {hit_check_us:.1f} us; through the gateway +{hit_added_us:.0f} us at p50 "
           f"(goal < {GOAL_HIT_US:.0f} us): {'ok' if hit_check_us < GOAL_HIT_US else 'MISSED'}")
     print(f"judge call: +{judge_added_ms:.3f} ms beyond the judge's own time at p50 (goal < {GOAL_JUDGE_MS:g} ms): "
           f"{'ok' if judge_added_ms < GOAL_JUDGE_MS else 'MISSED'}")
-    return 0 if hit_check_us < GOAL_HIT_US and judge_added_ms < GOAL_JUDGE_MS else 1
+    return 0 if plan_ns < GOAL_PLAN_NS and hit_check_us < GOAL_HIT_US and judge_added_ms < GOAL_JUDGE_MS else 1
 
 
 def main() -> int:

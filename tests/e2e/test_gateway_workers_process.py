@@ -46,11 +46,11 @@ def wait_for(what: str, check: Callable[[], T | None], said: Callable[[], str], 
         time.sleep(0.1)
 
 
-def fresh_calls(gw_url: str, n: int) -> list[httpx.Response]:
+def fresh_calls(gw_url: str, n: int, key: str = CLIENT) -> list[httpx.Response]:
     """`n` chat requests, each on a new connection (so the kernel picks a worker for each)."""
     out = []
     for _ in range(n):
-        with httpx.Client(base_url=gw_url, headers={"Authorization": f"Bearer {CLIENT}"}, timeout=10) as client:
+        with httpx.Client(base_url=gw_url, headers={"Authorization": f"Bearer {key}"}, timeout=10) as client:
             out.append(client.post("/v1/chat/completions", json=CHAT))
     return out
 
@@ -100,6 +100,16 @@ def test_workers_share_the_port_are_restarted_and_stop_together(tmp_path: Path) 
             calls = fresh_calls(gw_url, 30)
             assert [r.status_code for r in calls] == [200] * 30, [r.text for r in calls if r.status_code != 200]
             assert tags(calls) == {"gww1", "gww2"}
+
+            # A revoked key is refused by every worker (each follows the leader itself) within 2 s.
+            made = api.post("/api/v1/keys", json={"name": "short-lived"}).json()
+            wait_for("the new key never reached both workers", lambda: tags(
+                [r for r in fresh_calls(gw_url, 8, made["key"]) if r.status_code == 200]) == {"gww1", "gww2"}, said)
+            assert api.delete(f"/api/v1/keys/{made['id']}").status_code == 200
+            wait_for("a worker still took the revoked key", lambda: all(
+                r.status_code == 401 for r in fresh_calls(gw_url, 8, made["key"])), said, 2)
+            refused = fresh_calls(gw_url, 12, made["key"])
+            assert {r.status_code for r in refused} == {401} and tags(refused) == {"gww1", "gww2"}
 
             # Control lists each worker's records and names no gateway as unreachable.
             def both_logged() -> dict[str, Any] | None:

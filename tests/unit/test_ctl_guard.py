@@ -180,3 +180,16 @@ def test_budget_durations(text: str, seconds: float) -> None:
 def test_a_budget_that_is_not_a_duration(bad: str) -> None:
     with pytest.raises(UsageError):
         parse_budget(bad)
+
+
+def test_status_shows_a_down_judge_and_why() -> None:
+    down = {"model": "lg4", "policies": ["fine"], "defined": True, "role": "guard", "ready": 0, "desired": 1,
+            "last_failure": None, "last_failure_age_s": None, "status": "down",
+            "problem": "lg4 has no ready replica (1 starting): no node has the llama.cpp engine"}
+    doc = {**STATUS, "guard": {"enabled": True, "policies": 1, "judges": [down]}}
+    result = ctl(["status"], FakeApi().on("GET", "/api/v1/status", json_body=doc))
+    assert result.rc == 0, result.err
+    rows = columns(result.out, "JUDGE")
+    assert rows[1][0] == "lg4" and rows[1][4] == "0/1" and rows[1][-1] == "DOWN"
+    assert "! lg4 has no ready replica (1 starting): no node has the llama.cpp engine" in result.out
+    assert "OFF" not in result.out

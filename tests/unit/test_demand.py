@@ -17,7 +17,7 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Endpoint, ModelRoute, Observed
 from llmgw.domain.state import ClusterState
 from llmgw.domain.timeouts import TIMEOUTS
-from llmgw.gateway.follower import _report
+from llmgw.gateway.follower import JudgeFailures, _report
 from llmgw.gateway.router import Router
 from llmgw.reconcile import decide
 from llmgw.reconcile.demand import desired, idle_for, idle_json, idle_words
@@ -255,7 +255,7 @@ async def test_a_router_reports_its_requests_in_flight_and_waiting(clock: trio.t
                           "cold": ModelRoute("cold", "chat", "starting")})
     ws = _Socket()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_report, ws, router, TIMEOUTS)  # type: ignore[arg-type]
+        nursery.start_soon(_report, ws, router, TIMEOUTS, JudgeFailures(1.0))  # type: ignore[arg-type]
         await trio.sleep(1)
         assert ws.sent[0]["outstanding"] == {}
         async with router.acquire("chat", deadline=trio.current_time() + 60):

@@ -4,6 +4,7 @@ Llama Guard files found in the agents' storage, and a judge failure reported ove
 from __future__ import annotations
 
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from llmgw.domain.judges import GUARDS_OFF, guard_summary, judge_status, pick_gu
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo, Observed
 from llmgw.domain.state import ClusterState, ModelHealth
+from llmgw.gateway.follower import JudgeFailures
 from llmgw.reconcile import ModelView
 
 NOW = 10_000.0
@@ -71,7 +73,7 @@ def test_a_judge_with_no_ready_replica_says_how_many_start_and_why() -> None:
 
 def test_a_parked_judge() -> None:
     s = state(judge_def())
-    s = replace(s, health={"lg": ModelHealth(failures_in_row=5, parked=True, last_error="bad magic")})
+    s = replace(s, health=MappingProxyType({"lg": ModelHealth(failures_in_row=5, parked=True, last_error="bad magic")}))
     j = only(s, view(0))
     assert j["status"] == "down" and j["parked"] is True
     assert j["problem"] == "lg is parked after 5 failed start(s): bad magic (`llmgw ctl model retry lg` once fixed)"
@@ -148,3 +150,35 @@ def test_a_failure_reported_over_a_gateways_stream_reaches_the_hub() -> None:
                 {"type": "judge_failure", "model": "lg", "words": 5}):
         with pytest.raises(protocol.ProtocolError):
             protocol.read_judge_failure(bad)
+
+
+def test_a_down_or_failing_judge_is_a_warning_of_the_summary() -> None:
+    """`ctl status` warns of a judge that is down (no ready replica, or parked) or failing, not only of a
+    missing one; a healthy judge or one not yet known is no warning."""
+    s = state(judge_def())
+    parked = replace(s, health=MappingProxyType({"lg": ModelHealth(failures_in_row=3, parked=True,
+                                                                   last_error="bad magic")}))
+    failing = Observed(judge_failures={"lg": (NOW - 5, "no answer within the 2 s budget")})
+    for st, views, observed, words in (
+            (s, view(0, starting=1), Observed(), "lg has no ready replica (1 starting)"),
+            (parked, view(0), Observed(), "lg is parked after 3 failed start(s): bad magic"),
+            (s, view(1), failing, "lg failed to answer 5 s ago: no answer within the 2 s budget")):
+        doc, warnings = guard_summary(st, observed, views, NOW)
+        assert warnings == [f"judge lg (policies a, b): {doc['judges'][0]['problem']}"] and words in warnings[0]
+        built = summary.build(st, observed, views, {"leader": "cp"}, NOW)
+        assert f"judge lg (policies a, b): {doc['judges'][0]['problem']}" in built["warnings"]
+    assert guard_summary(s, Observed(), view(1), NOW)[1] == []
+    assert guard_summary(s, Observed(), None, NOW)[1] == []  # unknown: the models table says why
+
+
+def test_a_remote_gateway_reports_each_judges_latest_failure_at_most_once_a_period() -> None:
+    """A judge that is down fails every check: the gateway's stream carries its latest words, not each one."""
+    judges = JudgeFailures(every_s=1.0)
+    judges.add("lg", "connection refused")
+    judges.add("lg", "no answer within the 2 s budget")
+    judges.add("lg2", "answer not parsed")
+    assert judges.due(10.0) == [("lg", "no answer within the 2 s budget"), ("lg2", "answer not parsed")]
+    assert judges.due(10.1) == []
+    judges.add("lg", "connection refused")
+    assert judges.due(10.5) == []  # within the period: held, not lost
+    assert judges.due(11.0) == [("lg", "connection refused")] and judges.due(20.0) == []
