@@ -15,20 +15,23 @@ import logging
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from llmgw import __version__
-from llmgw.control import (admin_errors, admin_guard, admin_guard_ask, admin_keys, admin_nodes, admin_plan,
-                           admin_requests, admin_system, agent_stream, gateway_stream, openapi)
+from llmgw import console
+from llmgw.control import (admin_errors, admin_guard, admin_guard_ask, admin_keys, admin_metrics, admin_nodes,
+                           admin_notify, admin_plan, admin_requests, admin_system, agent_stream, gateway_stream,
+                           openapi)
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands, summary
 from llmgw.domain.commands import CommandError
+from llmgw.domain.conditions import conditions
 from llmgw.domain.keys import hash_key
 from llmgw.domain.memory import estimate_for
 from llmgw.domain.model import DefinitionError, ModelDef
@@ -37,6 +40,7 @@ from llmgw.domain.state import ClusterState
 from llmgw.domain.settings import SETTINGS, SettingError, effective, validate
 from llmgw.errors import AdminError
 from llmgw.interfaces import WritableStore
+from llmgw.notify.notifier import Notifier
 from llmgw.store import CommitUnknown, NotLeader, StoreUnavailable
 
 log = logging.getLogger("llmgw.control.admin")
@@ -121,6 +125,10 @@ class ControlDeps:
     # The Raft group this member is one of: forwarding to the leader, the member table, changes.
     # None: a store without a group (tests' MemoryStore); this member answers everything itself.
     members: Members | None = None
+    # Webhook deliveries by outcome (the notifier's, llmgw/notify) for GET /metrics; None: none kept.
+    webhook_deliveries: Callable[[], Mapping[str, int]] | None = None
+    # The leader's notifier (llmgw/notify): webhook health for the conditions, /api/v1/notify/*; None: none.
+    notifier: Notifier | None = None
 
 
 def _error(error: AdminError) -> Response:
@@ -138,14 +146,19 @@ def make_app(deps: ControlDeps) -> QuartTrio:
 
     replies: OrderedDict[str, _Reply] = OrderedDict()
 
-    def require_admin(headers: Any) -> str:
-        """The admin key's hash; 401 unless the request carries an admin key of this cluster."""
+    def require_admin(headers: Any, method: str = "POST") -> str:
+        """The admin key's hash; 401 unless the request carries an admin key of this cluster (or, for a
+        GET, a viewer key: it reads what the console shows, and is refused every change with a 403)."""
         auth = headers.get("authorization", "")
         scheme, _, key = auth.partition(" ")
         if scheme.lower() != "bearer" or not key:
             raise AdminError(401, "unauthorized", "send the admin key as 'Authorization: Bearer <key>'")
         key_hash = hash_key(key.strip())
-        if deps.store.snapshot().key_role(key_hash) != "admin":
+        role = deps.store.snapshot().key_role(key_hash)
+        if role == "viewer" and method not in ("GET", "HEAD"):
+            raise AdminError(403, "viewer_key", "this is a viewer key: it reads (GET) but changes nothing; "
+                                                "use an admin key")
+        if role != "admin" and role != "viewer":
             raise AdminError(401, "unauthorized", "this key is not an admin key of this cluster")
         return key_hash
 
@@ -192,9 +205,10 @@ def make_app(deps: ControlDeps) -> QuartTrio:
             while len(replies) > KEPT_REPLIES:
                 replies.popitem(last=False)
 
-    async def cluster_info() -> dict[str, Any]:
+    async def cluster_info(authorization: str | None = None) -> dict[str, Any]:
+        """The control planes' table; each member is asked with `authorization` (default: the caller's)."""
         if deps.members is not None:
-            return await deps.members.table(request.headers.get("authorization"))
+            return await deps.members.table(authorization or request.headers.get("authorization"))
         st = deps.store_status()
         leader = st.get("leader") or (deps.self_id if deps.store.is_leader() else None)
         answer = {"role": "leader" if deps.store.is_leader() else "standby", "leader": leader, "ready": True,
@@ -233,7 +247,7 @@ def make_app(deps: ControlDeps) -> QuartTrio:
                         body = await request.get_data(as_text=False)
                         assert isinstance(body, bytes)
                         return await deps.members.forward(request.method, _raw_path(), body, request.headers)
-                    key_hash = require_admin(request.headers)
+                    key_hash = require_admin(request.headers, request.method)
                     if request.method not in writes:
                         return await fn(**kwargs)
                     key = idempotency_key(request.headers)
@@ -271,8 +285,15 @@ def make_app(deps: ControlDeps) -> QuartTrio:
 
     @route("/api/v1/status", ["GET"])
     async def status() -> Response:
-        cluster = await cluster_info()
-        return _ok(summary.build(deps.store.snapshot(), deps.hub.observed(), views(), cluster, deps.clock()))
+        cluster, now = await cluster_info(), deps.clock()
+        doc = summary.build(deps.store.snapshot(), deps.hub.observed(), views(), cluster, now)
+        # The failures true now, as webhooks and the llmgw_condition gauge see them (domain/conditions.py).
+        hooks = deps.notifier.health() if deps.notifier is not None else ()
+        found = conditions(doc, now, timeouts=deps.reconciler.timeouts, webhooks=hooks)
+        doc["conditions"] = [c.to_doc() for c in found]
+        # The one failure the summary cannot know (the notifier's): `ctl status` prints it with the rest.
+        doc["warnings"] += [c.words for c in found if c.kind == "webhook_failing"]
+        return _ok(doc)
 
     @route("/api/v1/models", ["GET"])
     async def list_models() -> Response:
@@ -344,6 +365,7 @@ def make_app(deps: ControlDeps) -> QuartTrio:
     admin_requests.register(route, deps)  # GET /api/v1/requests[/ID] (fanned out to gateways), /api/v1/usage
     admin_keys.register(route, deps, commit, body_json)  # GET|POST /api/v1/keys, DELETE /api/v1/keys/ID
     admin_guard.register(route, deps, commit, body_json, views)  # /api/v1/guard/policies[/NAME], /api/v1/guard/judges
+    admin_notify.register(route, deps)  # GET /api/v1/notify/status, POST /api/v1/notify/test
     admin_guard_ask.register(route, deps, body_json)  # POST /api/v1/guard/judges/ask: nothing of its text is kept
 
     # Answered by the member asked, from its own view (so it also answers while there is no leader).
@@ -377,7 +399,9 @@ def make_app(deps: ControlDeps) -> QuartTrio:
         log.info("member %s removed from the group", member)
         return _ok(result)
 
+    console.register(app, deps, cluster_info, views)  # the web console: /, /signin, the pages (docs/console.md)
     openapi.register(app)  # GET /api/v1/openapi.json: this API's OpenAPI document (no key needed)
+    admin_metrics.register(app, deps, views)  # GET /metrics: Prometheus, no key needed
     admin_errors.register(app, MAX_BODY_BYTES)  # what no route answered (404, 405, 413, 500...): JSON, never HTML
 
     agent_stream.register(app, deps)  # the agents' stream

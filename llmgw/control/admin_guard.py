@@ -101,38 +101,43 @@ def register(route: Route, deps: ControlDeps, commit: Commit, body_json: BodyJso
 
     @route("/api/v1/guard/judges/enable", ["POST"])
     async def enable_judge() -> Response:
-        doc = await body_json()
-        name, source, replace = _enable_fields(doc)
-        state = deps.store.snapshot()
-        name = name or _missing_judge(state)
-        warnings = [] if name in judges_asked(state) else [f"no guard policy names {name} as its judge yet"]
-        found_on: list[str] = []
-        if source is None:
-            found = pick_guard_file(deps.hub.observed())
-            if found is None:
-                raise AdminError(400, "judge_source_required", f"no --source given, and no agent's storage report "
-                                                               f"lists a Llama Guard 3 1B GGUF file: {SOURCE_HINT}")
-            source, found_on = found
-        try:
-            model = judge_model(name, source)
-        except DefinitionError as e:
-            field = "source" if e.field == "source" else "name"
-            raise AdminError(400, "invalid_judge", f"{field}: {e.message}") from None
-        old = state.models.get(name)
-        if old is not None and old.role != "guard" and not replace:
-            raise AdminError(409, "model_not_a_judge", f"a model named {name} exists with role {old.role}, not "
-                             f"guard: --replace replaces its definition with the judge (its clients lose "
-                             f"{name}), or name another judge in the policies")
-        if old == model:
-            return _ok({"model": model.to_doc(), "judge": name, "changed": False, "replaced": None,
-                        "found_on": found_on, "warnings": warnings})
-        replaced = old.role if old is not None else None
-        result = await commit(commands.put_model(model, deps.clock()))
-        if replaced is not None and replaced != "guard":
-            log.warning("model %s (role %s) replaced by a judge (guard judge enable --replace)", name, replaced)
-        log.info("judge %s served from %s", name, source)
-        return _ok({"model": model.to_doc(), "judge": name, "changed": True, "replaced": replaced,
-                    "found_on": found_on, "warnings": warnings}, 201 if result["created"] else 200)
+        return _ok(*await enable(deps, commit, await body_json()))
+
+
+async def enable(deps: ControlDeps, commit: Commit, doc: Any) -> tuple[dict[str, Any], int]:
+    """Serve the missing judge (`doc`: name, source, replace; each optional): its answer and status.
+    The route and the console's Do menu both call this, so both refuse and answer alike."""
+    name, source, replace = _enable_fields(doc)
+    state = deps.store.snapshot()
+    name = name or _missing_judge(state)
+    warnings = [] if name in judges_asked(state) else [f"no guard policy names {name} as its judge yet"]
+    found_on: list[str] = []
+    if source is None:
+        found = pick_guard_file(deps.hub.observed())
+        if found is None:
+            raise AdminError(400, "judge_source_required", f"no --source given, and no agent's storage report "
+                                                           f"lists a Llama Guard 3 1B GGUF file: {SOURCE_HINT}")
+        source, found_on = found
+    try:
+        model = judge_model(name, source)
+    except DefinitionError as e:
+        field = "source" if e.field == "source" else "name"
+        raise AdminError(400, "invalid_judge", f"{field}: {e.message}") from None
+    old = state.models.get(name)
+    if old is not None and old.role != "guard" and not replace:
+        raise AdminError(409, "model_not_a_judge", f"a model named {name} exists with role {old.role}, not "
+                         f"guard: --replace replaces its definition with the judge (its clients lose "
+                         f"{name}), or name another judge in the policies")
+    if old == model:
+        return {"model": model.to_doc(), "judge": name, "changed": False, "replaced": None,
+                "found_on": found_on, "warnings": warnings}, 200
+    replaced = old.role if old is not None else None
+    result = await commit(commands.put_model(model, deps.clock()))
+    if replaced is not None and replaced != "guard":
+        log.warning("model %s (role %s) replaced by a judge (guard judge enable --replace)", name, replaced)
+    log.info("judge %s served from %s", name, source)
+    return {"model": model.to_doc(), "judge": name, "changed": True, "replaced": replaced,
+            "found_on": found_on, "warnings": warnings}, 201 if result["created"] else 200
 
 
 def _enable_fields(doc: Any) -> tuple[str | None, str | None, bool]:

@@ -69,11 +69,13 @@ async def _ask(client: httpx.AsyncClient, name: str, url: str, path: str, params
 
 
 async def fan_out(deps: ControlDeps, gateways: dict[str, str], path: str,
-                  params: dict[str, dict[str, str]]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Ask each gateway (in parallel, each within `requests_query_s`): its answers and why the others did not."""
+                  params: dict[str, dict[str, str]], authorization: str | None = None
+                  ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Ask each gateway (in parallel, each within `requests_query_s`) with `authorization` (default: the
+    caller's): its answers and why the others did not."""
     answers: dict[str, Any] = {}
     failures: dict[str, str] = {}
-    auth = request.headers.get("authorization", "")
+    auth = authorization if authorization is not None else request.headers.get("authorization", "")
     async with httpx.AsyncClient(timeout=deps.reconciler.timeouts.requests_query_s) as client:
         async with trio.open_nursery() as nursery:
             for name, url in gateways.items():
@@ -131,41 +133,46 @@ def _merge(answers: dict[str, Any], cursor: dict[str, str | None],
     return records, positions
 
 
+async def list_page(deps: ControlDeps, args: Any, authorization: str | None = None) -> dict[str, Any]:
+    """`GET /api/v1/requests`'s answer for these query `args` (the console calls it too): the newest
+    records of every gateway, the cursor of the next page, and which gateways did not answer."""
+    _only(args, (*_FILTERS, "limit", "cursor"))
+    empty = [k for k in ("status", "since", "until") if args.get(k) == ""]
+    if empty:  # read as "no filter" by the gateways: say so rather than answer unfiltered
+        raise AdminError(400, "invalid_query", f"{empty[0]} is empty: give a value, or leave it out")
+    query = {k: args[k] for k in _FILTERS if k in args}
+    try:
+        Filters.parse(query)  # refused here once, not by every gateway
+    except QueryError as e:
+        raise AdminError(400, "invalid_query", str(e)) from None
+    raw_limit = args.get("limit", "50")
+    # ASCII digits, a few: `str.isdigit` takes '²' and int() takes no more than 4300 digits (both were 500s).
+    if not re.fullmatch(r"[0-9]{1,9}", raw_limit) or not 1 <= int(raw_limit) <= MAX_LIMIT:
+        raise AdminError(400, "invalid_query", f"limit must be a whole number from 1 to {MAX_LIMIT}")
+    limit = int(raw_limit)
+    cursor = _read_cursor(args.get("cursor"))
+    gateways = known_gateways(deps)
+    ask = {n: u for n, u in gateways.items() if cursor is None or n not in cursor or cursor[n] is not None}
+    params = {n: {**query, "limit": str(limit), **({"cursor": c} if (c := (cursor or {}).get(n)) else {})}
+              for n in ask}
+    answers, failures = await fan_out(deps, ask, PATH, params, authorization)
+    records, positions = _merge(answers, cursor or {}, limit)
+    more = any(p is not None for p in positions.values())  # a gateway that failed keeps its place
+    return {
+        "requests": records,
+        "next_cursor": _write_cursor(positions) if more else None,
+        "gateways": {"asked": sorted(ask), "answered": sorted(answers),
+                     "unavailable": [{"gateway": n, "reason": failures[n]} for n in sorted(failures)],
+                     "dropped": {n: a.get("statistics", {}).get("dropped") for n, a in sorted(answers.items())}},
+    }
+
+
 def register(route: Route, deps: ControlDeps) -> None:
     """Add the request log and usage routes through the admin app's `route`."""
 
     @route("/api/v1/requests", ["GET"])
     async def list_requests() -> Response:
-        args = request.args
-        _only(args, (*_FILTERS, "limit", "cursor"))
-        empty = [k for k in ("status", "since", "until") if args.get(k) == ""]
-        if empty:  # read as "no filter" by the gateways: say so rather than answer unfiltered
-            raise AdminError(400, "invalid_query", f"{empty[0]} is empty: give a value, or leave it out")
-        query = {k: args[k] for k in _FILTERS if k in args}
-        try:
-            Filters.parse(query)  # refused here once, not by every gateway
-        except QueryError as e:
-            raise AdminError(400, "invalid_query", str(e)) from None
-        raw_limit = args.get("limit", "50")
-        # ASCII digits, a few: `str.isdigit` takes '²' and int() takes no more than 4300 digits (both were 500s).
-        if not re.fullmatch(r"[0-9]{1,9}", raw_limit) or not 1 <= int(raw_limit) <= MAX_LIMIT:
-            raise AdminError(400, "invalid_query", f"limit must be a whole number from 1 to {MAX_LIMIT}")
-        limit = int(raw_limit)
-        cursor = _read_cursor(args.get("cursor"))
-        gateways = known_gateways(deps)
-        ask = {n: u for n, u in gateways.items() if cursor is None or n not in cursor or cursor[n] is not None}
-        params = {n: {**query, "limit": str(limit), **({"cursor": c} if (c := (cursor or {}).get(n)) else {})}
-                  for n in ask}
-        answers, failures = await fan_out(deps, ask, PATH, params)
-        records, positions = _merge(answers, cursor or {}, limit)
-        more = any(p is not None for p in positions.values())  # a gateway that failed keeps its place
-        return _ok({
-            "requests": records,
-            "next_cursor": _write_cursor(positions) if more else None,
-            "gateways": {"asked": sorted(ask), "answered": sorted(answers),
-                         "unavailable": [{"gateway": n, "reason": failures[n]} for n in sorted(failures)],
-                         "dropped": {n: a.get("statistics", {}).get("dropped") for n, a in sorted(answers.items())}},
-        })
+        return _ok(await list_page(deps, request.args))
 
     @route("/api/v1/requests/<path:request_id>", ["GET"])
     async def one_request(request_id: str) -> Response:

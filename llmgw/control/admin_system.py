@@ -32,14 +32,14 @@ def register(route: Route, deps: ControlDeps, commit: Commit) -> None:
 
     @route("/api/v1/system/stop", ["POST"])
     async def stop() -> Response:
-        return _ok(await _switch(deps, commit, True))
+        return _ok(await switch(deps, commit, True))
 
     @route("/api/v1/system/start", ["POST"])
     async def start() -> Response:
-        return _ok(await _switch(deps, commit, False))
+        return _ok(await switch(deps, commit, False))
 
 
-async def _switch(deps: ControlDeps, commit: Commit, stopped: bool) -> dict[str, Any]:
+async def switch(deps: ControlDeps, commit: Commit, stopped: bool) -> dict[str, Any]:
     """Commit `serving.stopped`; say what was, and what the reconciler now frees or places."""
     was = bool(effective(deps.store.snapshot().settings, "serving.stopped"))
     await commit(commands.put_setting("serving.stopped", stopped, deps.clock()))

@@ -54,6 +54,11 @@ class AgentHub:
         self.connected_at: dict[str, float] = {}  # node -> when its current (or last) stream opened
         self.last_contact: dict[str, float] = {}  # node -> when it last said anything (clock time)
         self.judge_failures: dict[str, tuple[float, str]] = {}  # judge model -> (when, words): its last failure
+        # Restarts (failed starts, crashes) per model: their times within `restart_window_s`, and a count
+        # since this member started (metrics' counter); this leader's memory, like the rest.
+        self._restart_window_s = timeouts.restart_window_s
+        self.restarts: dict[str, list[float]] = {}
+        self.restarts_total: dict[str, int] = {}
         self._changed = trio.Event()
 
     # -- what the agent server calls ------------------------------------------
@@ -106,7 +111,8 @@ class AgentHub:
         replicas = {rid: r for per_node in self.replicas.values() for rid, r in per_node.items()}
         return Observed(nodes=dict(self.nodes), replicas=replicas, demand=dict(self.demand),
                         lost=dict(self.lost), since=self.since, outstanding=dict(self.outstanding),
-                        peak=self.peaks(), evicted=dict(self.evicted), judge_failures=dict(self.judge_failures))
+                        peak=self.peaks(), evicted=dict(self.evicted), judge_failures=dict(self.judge_failures),
+                        restarts=self.recent_restarts())
 
     def note_demand(self, model: str) -> None:
         self.demand[model] = self._clock()
@@ -141,6 +147,23 @@ class AgentHub:
             oldest = min(self.judge_failures, key=lambda m: self.judge_failures[m][0])
             del self.judge_failures[oldest]
         self.judge_failures[model] = (self._clock() if at is None else at, words[:JUDGE_WORDS_MAX_CHARS])
+
+    def note_restart(self, model: str) -> None:
+        """A replica of `model` failed to start or crashed, and the reconciler committed it (the
+        replica goes and another starts): counted for the restart storm and the metrics."""
+        self.restarts.setdefault(model, []).append(self._clock())
+        self.restarts_total[model] = self.restarts_total.get(model, 0) + 1
+
+    def recent_restarts(self) -> dict[str, tuple[float, ...]]:
+        """Model -> the times of its restarts within `restart_window_s` (older ones forgotten)."""
+        since = self._clock() - self._restart_window_s
+        for model in list(self.restarts):
+            times = self.restarts[model]
+            while times and times[0] < since:
+                times.pop(0)
+            if not times:
+                del self.restarts[model]
+        return {m: tuple(t) for m, t in self.restarts.items()}
 
     def note_eviction(self, model: str, why: str) -> None:
         """The leader stopped an idle replica of `model` to make room: the model wants nothing

@@ -16,7 +16,7 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from llmgw import __version__
-from llmgw.domain import guard, model, usage
+from llmgw.domain import conditions, guard, model, usage
 from llmgw.domain.judges import STATUSES
 from llmgw.domain.keys import KEY_ROLES, LIMIT_MAX, NAME_MAX_CHARS, SCOPE_MAX_MODELS
 from llmgw.domain.settings import SETTINGS
@@ -202,6 +202,9 @@ def _components() -> Schema:
                                  "message": {"type": "string", "minLength": 1}}, closed=True)}, closed=True)
     return {
         "Error": error,
+        # A failure true now (domain/conditions.py): GET /api/v1/status, /api/v1/notify/status, webhook events.
+        "Condition": _obj({"kind": {"type": "string", "enum": sorted(conditions.KINDS)}, "subject": _STR,
+                           "severity": {"type": "string", "enum": list(conditions.SEVERITIES)}, "words": _STR}),
         "Definition": _definition(),
         "StoredDefinition": _stored_definition(),
         "Estimate": _estimate(),
@@ -311,12 +314,16 @@ def _paths() -> Schema:
     return {
         "/health": {"get": {"summary": "liveness (no key)", "security": [], "responses": {
             "200": {"description": "this member serves", **_json(_obj({"status": _STR, "leader": _BOOL}))}}}},
+        "/metrics": {"get": {"summary": "Prometheus metrics, the text exposition (no key; docs/observability.md)",
+                             "security": [], "responses": {"200": {"description": "the control plane's families",
+                                                                   "content": {"text/plain": {"schema": _STR}}}}}},
         PATH: {"get": {"summary": "this document (no key)", "security": [], "responses": {
             "200": {"description": "the OpenAPI document", **_json(_OBJ)}}}},
         "/api/v1/status": {"get": _op("the cluster summary (`ctl status`)", _obj({
             "cluster": _OBJ, "nodes": _arr(_OBJ), "node_counts": _OBJ, "capacity": _arr(_OBJ),
             "fabrics": _arr(_OBJ), "weights": _arr(_OBJ), "models": _arr(_OBJ), "totals": _OBJ,
-            "idle": _arr(_OBJ), "warnings": _arr(_ANY), "notify": _ANY}))},
+            "idle": _arr(_OBJ), "warnings": _arr(_ANY), "notify": _ANY, "conditions": _arr(_ref("Condition"))}))},
+        **_notify_paths(),
         "/api/v1/plan": {"post": _op("where one more replica would land now; changes nothing", _obj({
             "model": _STR, "revision": _INT, "nodes": _INT, "fits": _BOOL, "choice": _null(_OBJ), "reason": _STR,
             "groups": _arr(_OBJ), "refusals": _arr(_OBJ), "estimate": _ref("Estimate"),
@@ -389,6 +396,25 @@ def _paths() -> Schema:
                                          "responses": websocket}},
         "/api/v1/gateway/stream": {"get": {"summary": "the remote gateways' stream (WebSocket; admin key)",
                                            "responses": websocket}},
+    }
+
+
+def _notify_paths() -> Schema:
+    """The notifier's routes (admin_notify.py); webhooks by id (scheme, host, hash), never their URLs."""
+    delivery = _obj({"event": _STR, "kind": _STR, "subject": _STR, "queued_at": _NUM, "outcome": _STR,
+                     "attempts": _INT, "status": _null(_INT), "error": _STR, "finished_at": _null(_NUM)})
+    hook = _obj({"id": _STR, "format": _STR, "failing": _BOOL, "failures_in_row": _INT, "last_error": _STR,
+                 "queued": _INT, "dropped": _INT, "delivered": _INT, "failed": _INT, "attempts": _INT,
+                 "last_ok_at": _null(_NUM), "last_failure_at": _null(_NUM), "deliveries": _arr(delivery)})
+    active = {"allOf": [_ref("Condition"), _obj({"since": _NUM, "clearing_since": _null(_NUM)})]}
+    tested = {"allOf": [delivery, _obj({"id": _STR, "format": _STR})]}
+    return {
+        "/api/v1/notify/status": {"get": _op("the webhooks' deliveries and the conditions active now", _obj({
+            "configured": _INT, "hint": _STR, "running": _BOOL, "checked_at": _null(_NUM), "webhooks": _arr(hook),
+            "active": _arr(active)}))},
+        "/api/v1/notify/test": {"post": _op("a test event to every webhook, one try each (409 no_webhooks)",
+                                            _obj({"delivered": _INT, "webhooks": _arr(tested)}), errors=("409",),
+                                            write=True)},
     }
 
 

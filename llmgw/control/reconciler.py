@@ -136,6 +136,8 @@ class Reconciler:
                 await self.store.submit(command)
                 if command.get("op") == "placement.remove":
                     committed.add(str(command.get("replica_id")))
+                elif command.get("op") == "health.start_failed":
+                    self.hub.note_restart(str(command.get("model")))  # the restart storm's count
             except CommandError as e:
                 # The state moved under the plan; the next pass replans from the new one.
                 log.info("plan step refused (%s): %s", e.code, e.message)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+import httpx
 import trio
 from hypercorn.trio import serve as hyper_serve
 
@@ -30,6 +31,8 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import DemandReport, EndpointSink, FloatingAddress, WritableStore
 from llmgw.logs import role_var
+from llmgw.notify.notifier import Notifier
+from llmgw.notify.watch import control_conditions, http_post, watch
 from llmgw.store import RaftStore
 from llmgw.store.journal import DEFAULT_FSYNC, FsyncPolicy
 
@@ -83,6 +86,7 @@ class ControlHandle:
     reconciler: Reconciler
     floating: FloatingDuty | None = None  # its status() is what the admin API shows
     gateways: GatewayHub | None = None  # remote gateways' streams (`llmgw gateway`)
+    notifier: Notifier | None = None  # the webhooks (posts while this member leads)
 
 
 async def seed_cluster(store: WritableStore, seed: Seed, at: float, *, fresh: bool,
@@ -134,22 +138,31 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
                     if config.floating is not None else None)
         members = Members(store, store, self_addr=config.raft_addr, timeouts=timeouts, clock=config.clock,
                           agents=hub, gateways=gateways, floating=floating)
+        # Webhooks: posted from the leader's own task and queues, never from a reconcile pass (llmgw/notify).
+        webhook_client = httpx.AsyncClient(timeout=None, follow_redirects=False)
+        notifier = Notifier(http_post(webhook_client), clock=config.clock, timeouts=timeouts,
+                            cluster=lambda: {"leader": config.raft_addr, "admin_url": members.admin_url})
         deps = ControlDeps(store=store, hub=hub, reconciler=reconciler, clock=config.clock,
-                           self_id=config.raft_addr, store_status=members.status, members=members)
+                           self_id=config.raft_addr, store_status=members.status, members=members,
+                           notifier=notifier, webhook_deliveries=notifier.deliveries)
         app = make_app(deps)
         # graceful_s: agents' streams close at once, not drained.
         hc = hypercorn_config(config.admin_host, config.admin_port, logger="llmgw.control.server",
                               graceful_s=timeouts.admin_shutdown_grace_s, keep_alive_s=timeouts.admin_keep_alive_s)
-        async with trio.open_nursery() as nursery:
+        async with webhook_client, trio.open_nursery() as nursery:
             if floating is not None:  # first: a wrong interface stops the start before the API listens
                 await nursery.start(floating.run)
             await nursery.start(reconciler.run)
+            await nursery.start(notifier.run)
+            await nursery.start(functools.partial(watch, notifier, lambda: control_conditions(deps),
+                                                  lambda: store.snapshot().settings, store.is_leader,
+                                                  clock=config.clock, timeouts=timeouts))
             await nursery.start(gateways.watch_leadership, store.is_leader)
             binds = await nursery.start(lambda task_status: hyper_serve(app, hc, task_status=task_status))
             url = binds[0]
             log.info("admin API on %s", url)
             members.admin_url = config.admin_url or advertised_url(url, config.raft_addr)
             await nursery.start(members.announce_forever)  # so the others can forward here
-            task_status.started(ControlHandle(url, store, hub, reconciler, floating, gateways))
+            task_status.started(ControlHandle(url, store, hub, reconciler, floating, gateways, notifier))
     finally:
         store.close()

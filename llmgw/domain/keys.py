@@ -16,7 +16,7 @@ import math
 import secrets
 from typing import Any
 
-KEY_ROLES = ("admin", "client")
+KEY_ROLES = ("admin", "client", "viewer")  # viewer: signs in to the console, sees, cannot act
 KEY_PREFIX = "sk-llmgw-"  # a client key; found by secret scanners, told apart from other vendors' keys
 ID_PREFIX = "key_"
 _ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # base62: one word to copy
@@ -71,7 +71,7 @@ def fields_problem(doc: dict[str, Any]) -> str | None:
 
     `role`, `name`; and for client keys only: `models` (a list of model names, empty = every
     model), `expires_at` (unix seconds or null), `requests_per_min`, `tokens_per_min` (null:
-    no limit). An admin key is never accepted on `/v1`, so a scope or limit on one means nothing."""
+    no limit). An admin or viewer key is never accepted on `/v1`, so a scope or limit on one means nothing."""
     role, name = doc.get("role"), doc.get("name")
     if role not in KEY_ROLES:
         return f"role must be one of {', '.join(KEY_ROLES)}, not {role!r:.40}"
@@ -91,9 +91,9 @@ def fields_problem(doc: dict[str, Any]) -> str | None:
         problem = _limit_problem(field, doc.get(field))
         if problem:
             return problem
-    if role == "admin":
+    if role in ("admin", "viewer"):
         given = [f for f in ("models", "expires_at", "requests_per_min", "tokens_per_min") if doc.get(f)]
         if given:
-            return (f"{', '.join(given)}: only client keys take a scope, an expiry or limits (an admin key is "
+            return (f"{', '.join(given)}: only client keys take a scope, an expiry or limits (an {role} key is "
                     "never accepted on /v1)")
     return None

@@ -195,6 +195,9 @@ class Observed:
     evicted: dict[str, tuple[float, str]] = field(default_factory=dict)
     # Judge models' last failure to answer, as gateways reported it: model -> (when, what happened).
     judge_failures: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # Restarts of each model's replicas (failed starts and crashes this leader counted) within
+    # `restart_window_s`, as their times: a restart storm shows even beside a ready replica.
+    restarts: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     def gone_since(self, node: str) -> float:
         return self.lost.get(node, self.since)

@@ -32,12 +32,37 @@ def _bool(v: Any) -> str | None:
     return None if isinstance(v, bool) else "must be true or false"
 
 
-def _url_list(v: Any) -> str | None:
-    if not isinstance(v, list) or not all(isinstance(u, str) for u in v):
-        return "must be a list of URLs"
-    for u in v:
-        if not u.startswith(("http://", "https://")):
-            return f"{u!r} is not an http(s) URL"
+WEBHOOK_FORMATS = ("json", "slack")
+WEBHOOKS_MAX = 20
+
+
+def _webhooks(v: Any) -> str | None:
+    """A list of webhooks, each a URL or `{"url": URL, "format": "json" | "slack"}` (format optional:
+    json). A URL is http(s) with a host; the list names each URL once."""
+    if not isinstance(v, list):
+        return 'must be a list of URLs or {"url": URL, "format": "json" | "slack"} objects'
+    if len(v) > WEBHOOKS_MAX:
+        return f"at most {WEBHOOKS_MAX} webhooks"
+    seen: set[str] = set()
+    for i, item in enumerate(v):
+        if isinstance(item, dict):
+            unknown = sorted(set(item) - {"url", "format"})
+            if unknown:
+                return f"item {i}: unknown field(s) {', '.join(map(repr, unknown))}; known: url, format"
+            url, fmt = item.get("url"), item.get("format", "json")
+            if fmt not in WEBHOOK_FORMATS:
+                return f"item {i}: format must be one of {', '.join(WEBHOOK_FORMATS)}, not {fmt!r}"
+        else:
+            url = item
+        if not isinstance(url, str):
+            return f"item {i}: must be a URL or an object with a url"
+        scheme, sep, rest = url.partition("://")
+        host = rest.split("/", 1)[0].split("?", 1)[0]
+        if scheme not in ("http", "https") or not sep or not host or any(c.isspace() for c in url):
+            return f"item {i}: {url!r} is not an http(s) URL with a host"
+        if url in seen:
+            return f"item {i}: {url!r} is listed twice"
+        seen.add(url)
     return None
 
 
@@ -77,10 +102,15 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
     for s in (
         SettingSpec("serving.stopped", False, "true: every model wants 0 replicas, /v1 POSTs get 503", _bool),
         SettingSpec("guard.enabled", True, "false: every guard check is a no-op", _bool),
-        SettingSpec("notify.webhooks", [], "URLs that receive lost-node, judge-down, parked notices", _url_list),
+        SettingSpec("notify.webhooks", [], "where the leader posts each failure as it starts and resolves (lost node, "
+                    "parked or unplaceable model, judge down, ...): URLs, or {\"url\": URL, \"format\": \"json\" | "
+                    "\"slack\"} objects (docs/observability.md)", _webhooks),
         SettingSpec("placement.warn_interval_s", 600, "repeat an unchanged no-placement warning this often",
                     _positive_number),
         SettingSpec("health.park_after_failures", 5, "start failures in a row before a model is parked",
+                    _whole_1_to_1000),
+        SettingSpec("health.restart_storm_restarts", 3, "this many restarts of one model's replicas (failed starts "
+                    "or crashes) within restart_window_s is a restart storm: shown in `ctl status`, posted, alerted",
                     _whole_1_to_1000),
         SettingSpec("health.avoid_node_after_failures", 2, "start failures of a model in a row on one node before "
                     "placement avoids that node for that model (for node_avoid_s)", _whole_1_to_1000),

@@ -28,7 +28,7 @@ class ApiKey:
 
     key_hash: str
     name: str
-    role: str  # "admin" | "client"
+    role: str  # "admin" | "client" | "viewer" (the console only: sees, cannot act)
     created_at: float
     key_id: str = ""  # the public id (`key_...`); "" for a key stored before ids: see `id`
     models: tuple[str, ...] = ()  # the model names it may use; () = every model

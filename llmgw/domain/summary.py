@@ -260,9 +260,17 @@ def build(
             failed[r.model] = failed.get(r.model, 0) + 1
     models = []
     warnings: list[str] = []
+    storm = int(effective(state.settings, "health.restart_storm_restarts"))
     for name, m in sorted(state.models.items()):
         row = model_row(state, name, views.get(name), failed.get(name, 0))
+        # Restarts this leader counted within restart_window_s: a crash loop beside a ready replica shows.
+        restarts = len(observed.restarts.get(name, ()))
+        row |= {"restarts": restarts, "restart_storm": restarts >= storm}
         models.append({"name": name, "engine": m.engine, "role": m.role, "mode": m.mode, **row})
+        if row["restart_storm"]:
+            warnings.append(f"model {name}: {restarts} restarts of its replicas in the last restart window "
+                            f"(a restart storm), {row['ready']}/{row['desired']} ready: "
+                            f"{row['last_error'] or 'no error text'}")
         if row["parked"]:
             warnings.append(f"model {name} is parked: {row['reason']}")
         elif row["state"] == "unplaceable":

@@ -14,7 +14,7 @@ import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -59,6 +59,7 @@ from llmgw.gateway import requestlog_query
 from llmgw.gateway.requestlog import RequestLog
 from llmgw.interfaces import StateReader
 from llmgw.logs import request_id_var, role_var
+from llmgw.metrics import gateway as gw_metrics
 from llmgw.net import url_host
 
 __all__ = [
@@ -95,7 +96,7 @@ _DROP_UPSTREAM = frozenset(
 )
 
 
-_UNLOGGED = ("/health", requestlog_query.PATH)  # probes and control's queries are not requests to log
+_UNLOGGED = ("/health", "/metrics", requestlog_query.PATH)  # probes and control's queries are not requests to log
 
 
 def _no_endpoint_status(code: str) -> int:
@@ -114,6 +115,7 @@ class GatewayDeps:
     requestlog: RequestLog | None = None  # None: records only counted (no files); `serve` runs its writer
     keys: KeyCheck | None = None  # client keys and their limits (auth.py); the app makes one when None
     guard_stats: GuardStats | None = None  # guard counters, judges' failures (gateway/guard.py); made when None
+    metrics: gw_metrics.RequestMetrics | None = field(default_factory=gw_metrics.RequestMetrics)  # None: off
 
 
 def make_app(deps: GatewayDeps) -> GatewayApp:
@@ -158,6 +160,7 @@ class GatewayApp:
         self.log = deps.requestlog or RequestLog(None, "local")
         self.keys = deps.keys if deps.keys is not None else KeyCheck()
         self.guard = Guard(deps.router, self.pool, deps.timeouts, deps.guard_stats)
+        self.metrics = gw_metrics.Exporter(deps.metrics, self.guard.stats, self.log)  # its own registry, not the global
 
     async def aclose(self) -> None:
         if self._owns_pool:
@@ -206,7 +209,9 @@ class GatewayApp:
                 (trio.current_time() - started) * 1000,
             )
             if not path.startswith(_UNLOGGED):
-                self.log.finish(ex, path, status, wall, started)
+                record = self.log.finish(ex, path, status, wall, started)
+                if self.deps.metrics is not None:
+                    self.deps.metrics.count(record)  # plain ints, no lock: llmgw/metrics/gateway.py
             request_id_var.reset(token)
 
     async def _dispatch(self, ex: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
@@ -216,6 +221,11 @@ class GatewayApp:
             allow(method, "GET")
             extra = self.deps.health() if self.deps.health is not None else {}
             await self._send(ex, send, 200, dumps({"status": "ok", **extra}))
+            return
+        if path == "/metrics":  # Prometheus scrapes with no key, as /health (docs/observability.md)
+            allow(method, "GET")
+            ex.started, ex.status = True, 200
+            await self.metrics.answer(send)
             return
         kind = POST_PATHS.get(path)
         if kind is None:

@@ -61,6 +61,13 @@ class GuardStats:
     failures: int = 0
     last_failure: dict[str, JudgeFailureSeen] = field(default_factory=dict)
     on_failure: Callable[[str, str], None] | None = None
+    # (judge, hazard S1..S14 | "safe" | "error") -> verdicts given (llmgw_guard_verdicts_total)
+    verdicts: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def counted(self, judge: str, outcome: Verdict | JudgeFailure) -> None:
+        hazards = ("error",) if isinstance(outcome, JudgeFailure) else outcome.categories or ("safe",)
+        for hazard in hazards:
+            self.verdicts[judge, hazard] = self.verdicts.get((judge, hazard), 0) + 1
 
     def failed(self, judge: str, policy: str, words: str) -> None:
         self.failures += 1
@@ -238,6 +245,7 @@ class Checks:
         refusal = None
         for policy, outcome in zip(policies, outcomes):
             assert outcome is not None
+            guard.stats.counted(policy.judge, outcome)
             words = rule(outcome)
             self._rules.append(words)
             if refusal is None and (policy.on_error == "closed" if isinstance(outcome, JudgeFailure)

@@ -312,15 +312,17 @@ class RequestLog:
         else:
             self.dropped += 1
 
-    def finish(self, ex: RequestFacts, path: str, status: int, wall: float, started: float) -> None:
-        """Record a finished request from what the app knows of it (`started`: trio time, `wall`: unix)."""
+    def finish(self, ex: RequestFacts, path: str, status: int, wall: float, started: float) -> RequestRecord:
+        """Record a finished request from what the app knows of it (`started`: trio time, `wall`: unix);
+        the record is returned for the metrics' counters (llmgw/metrics/gateway.py)."""
         now = trio.current_time()
-        self.record(RequestRecord(
+        self.record(record := RequestRecord(
             ex.request_id, wall, ex.key.id if ex.key is not None else "", "" if ex.model == "-" else ex.model,
             status, ex.error or ("client_disconnected" if status == 499 else ""),
             "" if ex.replica == "-" else ex.replica, ex.node, path[:200], ex.tokens_in, ex.tokens_out,
             round((now - started) * 1000, 3), None if ex.ttft is None else round((ex.ttft - started) * 1000, 3),
             ex.guard_rule, self.gateway))
+        return record
 
     # --- the writer -------------------------------------------------------------------------
 

@@ -273,7 +273,7 @@ def _admin(scope: Any, state: StateReader) -> None:
             scheme, _, key = value.decode("latin-1").partition(" ")
             if scheme.lower() == "bearer" and key.strip():
                 found = state.snapshot().keys.get(hash_key(key.strip()))
-                if found is not None and found.role == "admin":
+                if found is not None and found.role in ("admin", "viewer"):  # reading: a viewer may
                     return
-    raise OpenAIError(401, "invalid_api_key", "this gateway's request log answers an admin key only",
+    raise OpenAIError(401, "invalid_api_key", "this gateway's request log answers an admin or viewer key only",
                       headers=[(b"www-authenticate", b"Bearer")])

@@ -328,6 +328,12 @@ class RaftStore:
                 for k, v in raw.items()
                 if str(k).startswith("partner_node_status_server_")
             },
+            # On the leader: how far each follower's log is known to match its own (metrics' member lag).
+            "match_index": {
+                str(k).replace("match_idx_server_", ""): v
+                for k, v in raw.items()
+                if str(k).startswith("match_idx_server_")
+            },
         }
 
     # -- writes --------------------------------------------------------------

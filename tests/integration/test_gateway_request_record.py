@@ -27,7 +27,7 @@ from llmgw.testing import MemoryStore
 from llmgw.testing.scripted_engine import Reply, Request, ScriptedEngine
 from llmgw.testing.scripted_engine import serving as scripted
 
-KEY, ADMIN = "sk-record-client", "sk-record-admin"
+KEY, ADMIN, VIEWER = "sk-record-client", "sk-record-admin", "sk-record-viewer"
 FIRST_S, LAST_S = 2.0, 5.0
 USAGE = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
 
@@ -65,6 +65,7 @@ async def test_a_streams_record_has_its_time_to_first_token_and_a_refusals_its_c
                                                                "source": "sim://demo"}), at=0.0))
     store.submit_nowait(commands.add_key(hash_key(KEY), "client", "client", 0.0))
     store.submit_nowait(commands.add_key(hash_key(ADMIN), "ops", "admin", 0.0))
+    store.submit_nowait(commands.add_key(hash_key(VIEWER), "watch", "viewer", 0.0))
     router = Router()
     router.update_routes({"demo": ModelRoute("demo", "chat", "ready",
                                              (Endpoint("demo-r1", await scripted(nursery, ScriptedEngine(paced))),))})
@@ -91,3 +92,8 @@ async def test_a_streams_record_has_its_time_to_first_token_and_a_refusals_its_c
 
         no = await record_of(http, refused.headers["x-request-id"])
         assert (no["status"], no["error"], no["model"], no["ttft_ms"]) == (404, "model_not_found", "", None)
+
+        # The log is read with an admin or a viewer key (the console's viewers), never a client key.
+        one = f"{requestlog_query.PATH}/{streamed}"
+        assert (await http.get(one, headers={"authorization": f"Bearer {VIEWER}"})).status_code == 200
+        assert (await http.get(one, headers=auth)).status_code == 401

@@ -23,6 +23,7 @@ COMMAND_GROUPS = (
     "members",
     "models",
     "nodes",
+    "notify",
     "plan",
     "requests",
     "settings",

@@ -60,7 +60,8 @@ def keys_create(
     name
         Who or what the key is for (shown in lists; not secret).
     role
-        client (the /v1 API) or admin (the admin API and ctl; never accepted on /v1).
+        client (the /v1 API), admin (the admin API, ctl and the console; never accepted on /v1) or
+        viewer (signs in to the console and sees every page, but cannot act; nothing else).
     model
         A model this client key may use (repeat for several); none: every model.
     expires

@@ -1,0 +1,290 @@
+"""The console's Do menu (`/do`): serve a model (with `ctl plan`'s verdict first), retry a parked model,
+enable the judge, stop / start the system, guards on / off; and how to add a node or a control plane.
+
+Every action is two POSTs: the first shows what will happen and asks to confirm, the second does it
+through the admin API's own code (commands, `admin_system`, `admin_guard.enable`) and shows the result,
+so its effect shows in `ctl` too. Viewers and forms without this session's CSRF token are refused
+by `console_route(action=True)`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from quart import request
+
+from llmgw.console import do_serve
+from llmgw.console.actions import ActionError, committer, new_token, run
+from llmgw.console.auth import Session, console_route, csrf_field
+from llmgw.console.layout import esc, page, table
+from llmgw.control import admin_guard, admin_system
+from llmgw.control.admin_plan import plan_doc
+from llmgw.domain import commands
+from llmgw.domain.guard import enabled as guards_enabled
+from llmgw.domain.judges import judge_status, pick_guard_file
+from llmgw.domain.settings import effective
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from llmgw.control.admin import ControlDeps
+
+SYSTEM = {"stop": True, "start": False}  # the form's `to` -> serving.stopped
+GUARDS = {"on": True, "off": False}  # the form's `to` -> guard.enabled
+
+
+def register(app: QuartTrio) -> None:
+    @console_route(app, "/do")
+    def do_page(session: Session, deps: ControlDeps) -> str:
+        return _page("Do", menu(session, deps), session)
+
+    @console_route(app, "/do/serve", ("POST",), action=True)
+    async def serve(session: Session, deps: ControlDeps) -> str:
+        form = await _form()
+        try:
+            doc = do_serve.definition(form)
+            model = do_serve.model_of(doc)
+        except do_serve.FormError as e:
+            body = (_outcome(False, str(e), "serve") + "<h2>Serve a model</h2>" +
+                    do_serve.form_html(csrf_field(session), form))
+            return _page("Serve a model", body, session)
+        if form.get("confirm") != "yes":
+            plan = plan_doc(model, deps.store.snapshot(), deps.hub.observed())
+            body = do_serve.plan_html(plan) + _confirm(session, "/do/serve", f"Serve {model.name}",
+                                                       {"definition": _json(model.to_doc())}, "serve")
+            return _page(f"Serve {model.name}: the plan", body, session)
+
+        async def act() -> str:
+            result = await committer(deps, session, form.get("token"))(commands.put_model(model, deps.clock()))
+            verb = "defined" if result.get("created") else "replaced (its replicas are replaced by the new definition)"
+            return (f"model {model.name} {verb}; the reconciler places it now. Follow it on "
+                    f'<a href="/models/{esc(model.name)}">its page</a> or with '
+                    f"<code>llmgw ctl model show {esc(model.name)}</code>.")
+        return await _result(session, f"Serve {model.name}", "serve", act())
+
+    @console_route(app, "/do/retry", ("POST",), action=True)
+    async def retry(session: Session, deps: ControlDeps) -> str:
+        form = await _form()
+        name = form.get("name", "")
+        if form.get("confirm") != "yes":
+            health = deps.store.snapshot().model_health(name)
+            said = (f"{name} is parked after {health.failures_in_row} failed start(s): "
+                    f"{health.last_error or 'no error'}"
+                    if health.parked else f"{name} is not parked now; retrying clears its failed starts anyway")
+            body = f"<p>{esc(said)}</p><p>Retry places it again, from a clean count of failures.</p>"
+            return _page(f"Retry {name}", body + _confirm(session, "/do/retry", f"Retry {name}",
+                                                                {"name": name}, "retry"), session)
+
+        async def act() -> str:
+            await committer(deps, session, form.get("token"))(commands.retry_model(name, deps.clock()))
+            return (f"model {esc(name)} retried: its failed starts are cleared and the reconciler places it again "
+                    f'(<a href="/models/{esc(name)}">its page</a>, <code>llmgw ctl model show {esc(name)}</code>).')
+        return await _result(session, f"Retry {name}", "retry", act())
+
+    @console_route(app, "/do/judge", ("POST",), action=True)
+    async def judge(session: Session, deps: ControlDeps) -> str:
+        form = await _form()
+        doc: dict[str, Any] = {k: form[k].strip() for k in ("name", "source") if form.get(k, "").strip()}
+        if form.get("replace"):
+            doc["replace"] = True
+        if form.get("confirm") != "yes":
+            missing = [j["model"] for j in judge_status(deps.store.snapshot(), deps.hub.observed(), None, None)
+                       if j["status"] in ("missing", "not_a_judge")]
+            name = doc.get("name") or " or ".join(missing) or "the judge the policies ask for"
+            source = doc.get("source") or _found_source(deps) or "(none given, and none found in the nodes' storage)"
+            said = (f"Serve {name} as a judge: Llama Guard on CPU via llama.cpp, role guard, one replica, from "
+                    f"{source}." + (" A model of that name that is not a judge is replaced." if doc.get("replace")
+                                    else ""))
+            fields = {k: str(v).lower() if isinstance(v, bool) else v for k, v in doc.items()}
+            return _page("Enable the judge", f"<p>{esc(said)}</p>" + _confirm(
+                session, "/do/judge", "Enable the judge", fields, "judge"), session)
+
+        async def act() -> str:
+            answer, _ = await admin_guard.enable(deps, committer(deps, session, form.get("token")), doc)
+            name = esc(answer["judge"])
+            words = (f"judge {name} served from {esc(answer['model']['source'])}" if answer["changed"] else
+                     f"judge {name} was already defined this way: nothing changed")
+            if answer.get("replaced"):
+                words += f" (it replaced a model of role {esc(answer['replaced'])})"
+            warnings = "".join(f"<br>warning: {esc(w)}" for w in answer.get("warnings") or ())
+            return (f"{words}; <code>llmgw ctl guard judge status</code> follows it "
+                    f'(<a href="/guardrails">Guardrails</a>).{warnings}')
+        return await _result(session, "Enable the judge", "judge", act())
+
+    @console_route(app, "/do/system", ("POST",), action=True)
+    async def system(session: Session, deps: ControlDeps) -> str:
+        form = await _form()
+        to = form.get("to", "")
+        if to not in SYSTEM:
+            return await _result(session, "Stop / start the system", "system",
+                                 _refuse(f"to must be stop or start, not {to[:20]!r}"))
+        if form.get("confirm") != "yes":
+            said = ("Stop the system: every replica is stopped, every GPU freed, and the gateways answer every "
+                    "request 503 system_stopped until it is started; no model's definition changes."
+                    if to == "stop" else "Start the system: every model is placed again as it asks.")
+            return _page(f"{to.capitalize()} the system", f"<p>{esc(said)}</p>" + _confirm(
+                session, "/do/system", f"{to.capitalize()} the system", {"to": to}, "system"), session)
+
+        async def act() -> str:
+            answer = await admin_system.switch(deps, committer(deps, session, form.get("token")), SYSTEM[to])
+            state = "stopped" if answer["stopped"] else "started"
+            if not answer["changed"]:
+                return f"the system was already {state}: nothing changed (<code>llmgw status</code>)."
+            return (f"the system is {state}: {answer['models']} model(s), {answer['replicas_placed']} replica(s) "
+                    f"still placed on {answer['gpus_placed']} GPU(s) "
+                    f"{'being stopped' if answer['stopped'] else 'from before'} (<code>llmgw status</code>).")
+        return await _result(session, f"{to.capitalize()} the system", "system", act())
+
+    @console_route(app, "/do/guards", ("POST",), action=True)
+    async def guards(session: Session, deps: ControlDeps) -> str:
+        form = await _form()
+        to = form.get("to", "")
+        if to not in GUARDS:
+            return await _result(session, "Guards on / off", "guards",
+                                 _refuse(f"to must be on or off, not {to[:20]!r}"))
+        if form.get("confirm") != "yes":
+            said = ("Turn the guards off: every policy checks nothing, so no request is judged, until they are "
+                    "turned on." if to == "off" else "Turn the guards on: every policy checks again.")
+            return _page(f"Guards {to}", f"<p>{esc(said)}</p>" + _confirm(
+                session, "/do/guards", f"Turn the guards {to}", {"to": to}, "guards"), session)
+
+        async def act() -> str:
+            await committer(deps, session, form.get("token"))(
+                commands.put_setting("guard.enabled", GUARDS[to], deps.clock()))
+            return f"guards are {to} (guard.enabled = {str(GUARDS[to]).lower()}; <code>llmgw ctl guard list</code>)."
+        return await _result(session, f"Guards {to}", "guards", act())
+
+
+# --- the menu ---------------------------------------------------------------------------------------
+
+
+def menu(session: Session, deps: ControlDeps) -> str:
+    state = deps.store.snapshot()
+    csrf = csrf_field(session)
+    out = []
+    if session.role != "admin":
+        out.append('<p class="banner info" data-testid="viewer-notice">You are signed in with a viewer key: you see '
+                   'these forms, and each action is refused.</p>')
+    out.append('<section class="card" id="do-serve"><h2>Serve a model</h2><p>First the plan: where it would '
+               'run now (as <code>llmgw ctl plan</code> says), then a confirmation.</p>' + do_serve.form_html(csrf)
+               + "</section>")
+    parked = sorted(n for n in state.models if state.model_health(n).parked)
+    rows = [[n, state.model_health(n).failures_in_row, state.model_health(n).last_error or "",
+             _button("/do/retry", csrf, {"name": n}, "Retry…", f"retry-{n}")] for n in parked]
+    out.append('<section class="card" id="do-retry"><h2>Retry a parked model</h2>' +
+               table(["Model", "Failed starts", "Last error", ""], rows, sortable=False, testid="parked-table",
+                     empty="no model is parked") + "</section>")
+    out.append('<section class="card" id="do-judge"><h2>Enable the judge</h2>' + judge_form(deps, csrf) + "</section>")
+    stopped = bool(effective(state.settings, "serving.stopped"))
+    out.append(f'<section class="card" id="do-system"><h2>Stop / start the system</h2><p data-testid="system-state">'
+               f'The system is {"stopped" if stopped else "running"}.</p>' +
+               _button("/do/system", csrf, {"to": "start" if stopped else "stop"},
+                       "Start the system…" if stopped else "Stop the system…", "system-form") + "</section>")
+    on = guards_enabled(state)
+    out.append(f'<section class="card" id="do-guards"><h2>Guards on / off</h2><p data-testid="guards-state">Guards '
+               f'are {"on" if on else "off"}.</p>' +
+               _button("/do/guards", csrf, {"to": "off" if on else "on"},
+                       "Turn the guards off…" if on else "Turn the guards on…", "guards-form") + "</section>")
+    out.append(add_machines(request.host_url))
+    return '<div class="grid">' + "".join(out) + "</div>"
+
+
+def add_machines(control_url: str) -> str:
+    """How to add a node or a control plane: commands to run, since no form can install a machine yet."""
+    url = esc(control_url.rstrip("/"))
+    return (
+        '<section class="card" id="do-add" data-testid="do-add"><h2>Add a node or a control plane</h2>'
+        "<p>Not a form yet: adding a machine means installing llmgw on it and starting it there, which the console "
+        "cannot do until the operations work (installing over ssh, the floating address) lands. Run these:</p>"
+        f'<p>A node, on the new machine (it shows on <a href="/nodes">Nodes</a> once its agent connects):<br>'
+        f'<code data-testid="add-node-command">LLMGW_KEY=ADMIN_KEY llmgw agent --control {url} --state-dir '
+        f"/var/lib/llmgw/agent --engine-host THIS_MACHINES_ADDRESS [--storage /models:FABRIC:shared] "
+        f"[--fabric FABRIC]</code></p>"
+        "<p>A control plane: copy <code>STATE_DIR/cluster.secret</code> from a member to the new machine and start it "
+        'there with<br><code data-testid="add-control-command">llmgw control --join --state-dir /var/lib/llmgw/control '
+        "--raft-addr NEW_HOST:RAFT_PORT --admin-addr 0.0.0.0:ADMIN_PORT --cluster-secret-file cluster.secret "
+        "--peer RAFT_ADDR_OF_EACH_MEMBER [--floating-address ADDR/PREFIX --floating-interface IF]</code><br>"
+        'then add it to the group from here: <code data-testid="add-member-command">llmgw ctl members add '
+        "NEW_HOST:RAFT_PORT</code>. The Overview lists it with the leader and standbys.</p></section>")
+
+
+def judge_form(deps: ControlDeps, csrf: str) -> str:
+    state = deps.store.snapshot()
+    judges = judge_status(state, deps.hub.observed(), None, deps.clock())
+    wrong = [j for j in judges if j["status"] in ("missing", "not_a_judge")]
+    found = _found_source(deps)
+    said = ("no guard policy names a judge yet: add a policy first (<code>llmgw ctl guard set NAME --judge MODEL"
+            "</code>), or name the judge to serve" if not judges else
+            "the judges the policies ask for are defined: " + esc(", ".join(j["model"] for j in judges))
+            if not wrong else "missing: " + esc("; ".join(j["problem"] for j in wrong)))
+    hint = (f"found in the nodes' storage: {esc(found)}" if found else
+            "no Llama Guard 3 1B file found in the nodes' storage")
+    return (f'<p data-testid="judge-state">{said}</p><form method="post" action="/do/judge" data-testid="judge-form" '
+            f'class="do">{csrf}<label>Judge name <input name="name" placeholder="the one the policies ask for" '
+            f'data-testid="judge-name"></label> <label>Source <input name="source" size="40" '
+            f'placeholder="{esc(found or "/models/Llama-Guard-3-1B.Q4_K_M.gguf")}" data-testid="judge-source"></label>'
+            f' <label><input type="checkbox" name="replace" value="1" data-testid="judge-replace"> replace a model of '
+            f'that name that is not a judge</label><br><small>{hint}</small> '
+            f'<button type="submit" data-testid="judge-submit">Enable the judge…</button></form>')
+
+
+def _found_source(deps: ControlDeps) -> str | None:
+    found = pick_guard_file(deps.hub.observed())
+    return found[0] if found else None
+
+
+# --- the steps every action shares ----------------------------------------------------------------------
+
+
+def _page(title: str, body: str, session: Session) -> str:
+    """A Do page: never refreshed live (a form being filled in, a result being read, stay as they are)."""
+    return page(title, "Do", f"<div data-no-refresh>{body}</div>", session=session)
+
+
+async def _form() -> dict[str, str]:
+    form = await request.form
+    return {k: v for k, v in form.items() if isinstance(v, str)}
+
+
+def _button(action: str, csrf: str, fields: Mapping[str, str], label: str, testid: str) -> str:
+    hidden = "".join(f'<input type="hidden" name="{esc(k)}" value="{esc(v)}">' for k, v in fields.items())
+    return (f'<form method="post" action="{esc(action)}" class="inline" data-testid="{esc(testid)}">{csrf}{hidden}'
+            f'<button type="submit">{esc(label)}</button></form>')
+
+
+def _confirm(session: Session, action: str, what: str, fields: Mapping[str, str], testid: str) -> str:
+    """The confirmation step: the same fields again, `confirm=yes` and a fresh id (one commit per form)."""
+    hidden = "".join(f'<input type="hidden" name="{esc(k)}" value="{esc(v)}">' for k, v in fields.items())
+    return (f'<form method="post" action="{esc(action)}" id="confirm-form" data-testid="confirm-form" '
+            f'data-action="{esc(testid)}">{csrf_field(session)}{hidden}<input type="hidden" name="confirm" value="yes">'
+            f'<input type="hidden" name="token" value="{new_token()}"><p><strong>{esc(what)}?</strong> '
+            f'<button type="submit" data-testid="confirm">Confirm: {esc(what)}</button> '
+            f'<a href="/do" data-testid="cancel">Cancel</a></p></form>')
+
+
+async def _refuse(words: str) -> str:
+    raise ActionError(words)
+
+
+async def _result(session: Session, title: str, action: str, call: Any) -> str:
+    """Run the action; its result page: done, with what changed, or refused, with why (HTML words)."""
+    try:
+        words = await run(call)
+        ok = True
+    except ActionError as e:
+        words, ok = esc(e), False
+    return _page(title, _outcome(ok, words, action, html=True) + '<p><a href="/do">Back to Do</a></p>',
+                session=session)
+
+
+def _outcome(ok: bool, words: str, action: str, *, html: bool = False) -> str:
+    text = words if html else esc(words)
+    return (f'<section class="result {"done" if ok else "refused"}" id="action-result" data-testid="action-result" '
+            f'data-action="{esc(action)}" data-outcome="{"done" if ok else "refused"}">'
+            f'<strong>{"Done" if ok else "Not done"}:</strong> {text}</section>')
+
+
+def _json(doc: Any) -> str:
+    import json
+
+    return json.dumps(doc, separators=(",", ":"))

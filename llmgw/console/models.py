@@ -1,0 +1,257 @@
+"""The console's Models page (`/models`, `/models/NAME`): every definition with its state, replicas and where
+they run, last error and memory estimate, as `ctl models` shows them; the activation of a model loading.
+
+The rows come from the same state, agents' reports and reconciler views as `GET /api/v1/models`;
+the list is sorted, filtered and paged on the server, so 2,000 models are a page at a time.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from urllib.parse import quote
+
+from quart import request
+
+from llmgw.console import listing
+from llmgw.console.do_serve import labels
+from llmgw.console.auth import Session, console_route, csrf_field
+from llmgw.console.layout import UNKNOWN, bar, cell, esc, page, table
+from llmgw.domain import summary
+from llmgw.domain.memory import MemoryEstimate, WeightsIndex, estimate_for
+from llmgw.domain.model import ENGINES, ROLES, ModelDef
+from llmgw.domain.observed import ROUTE_STATES, Observed
+from llmgw.domain.state import ClusterState, Placement
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from llmgw.control.admin import ControlDeps
+
+STATES = (*ROUTE_STATES, "unknown")
+SORTS = {"name": "name", "state": "state", "engine": "engine", "ready": "ready replicas", "placed": "placed",
+         "failures": "failed starts in a row", "memory": "memory estimate"}
+WHERE_SHOWN = 4  # nodes named in a row; the rest counted
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Row:
+    """One model as the list shows it; None is unknown (the reconciler has not counted it yet)."""
+
+    model: ModelDef
+    state: str
+    reason: str
+    desired: int | None
+    ready: int | None
+    starting: int | None
+    placements: tuple[Placement, ...]
+    parked: bool
+    failures: int
+    last_error: str
+
+
+def register(app: QuartTrio) -> None:
+    @console_route(app, "/models")
+    def models_page(session: Session, deps: ControlDeps) -> str:
+        state, observed = deps.store.snapshot(), deps.hub.observed()
+        query = listing.Query.read("/models", request.args, list(SORTS), ("state", "engine", "role"))
+        return page("Models", "Models", render_list(state, observed, _views(deps), query, deps.clock()),
+                    session=session)
+
+    @console_route(app, "/models/<path:name>")
+    def model_page(session: Session, deps: ControlDeps, name: str) -> str:
+        body = render_model(deps.store.snapshot(), deps.hub.observed(), _views(deps), name, deps.clock(),
+                            session=session)
+        return page(f"Model {name}", "Models", body, session=session)
+
+
+def _views(deps: ControlDeps) -> Mapping[str, Any] | None:
+    plan = deps.reconciler.last_plan
+    return plan.views if plan else None
+
+
+def rows(state: ClusterState, views: Mapping[str, Any] | None, only: str | None = None) -> list[Row]:
+    """Every model's row (or the one named `only`); placements grouped once, not once per model."""
+    placed: dict[str, list[Placement]] = defaultdict(list)
+    for p in state.placements.values():
+        placed[p.model].append(p)
+    out = []
+    for name, m in state.models.items():
+        if only is not None and name != only:
+            continue
+        view = views.get(name) if views is not None else None
+        health = state.model_health(name)
+        out.append(Row(
+            model=m, state=view.state if view else "unknown",
+            reason=view.reason if view else "the reconciler has not run yet",
+            desired=view.desired if view else None, ready=view.ready if view else None,
+            starting=view.starting if view else None,
+            placements=tuple(sorted(placed.get(name, ()), key=lambda p: (p.placed_at, p.replica_id))),
+            parked=health.parked, failures=health.failures_in_row,
+            last_error=health.last_error or (view.last_error if view else "")))
+    return out
+
+
+def render_list(state: ClusterState, observed: Observed, views: Mapping[str, Any] | None, query: listing.Query,
+                now: float) -> str:
+    every = rows(state, views)
+    shown = [r for r in every if _wanted(r, query)]
+    index = WeightsIndex.of(observed.nodes)
+    estimates: dict[str, MemoryEstimate] = {}
+
+    def estimate(r: Row) -> MemoryEstimate:
+        if r.model.name not in estimates:
+            estimates[r.model.name] = estimate_for(r.model, observed.nodes, index)
+        return estimates[r.model.name]
+
+    keys = {"name": lambda r: r.model.name, "state": lambda r: STATES.index(r.state) if r.state in STATES else 99,
+            "engine": lambda r: r.model.engine, "ready": lambda r: r.ready, "placed": lambda r: len(r.placements),
+            "failures": lambda r: r.failures, "memory": lambda r: estimate(r).total_bytes}
+    part = listing.page_of(listing.sort_rows(shown, keys[query.sort], query.descending), query)
+    by_state: dict[str, int] = defaultdict(int)
+    for r in every:
+        by_state[r.state] += 1
+    said = ", ".join(f"{n} {s}" for s, n in sorted(by_state.items()))
+    head = (f'<p data-testid="models-counts">{len(every)} model(s){": " + esc(said) if said else ""}; '
+            f'{len(shown)} match.</p>')
+    if not every:
+        head = ('<p data-testid="models-counts">No model is defined: serve one from <a href="/do">Do</a> or with '
+                '<code>llmgw ctl model serve</code>.</p>')
+    controls = listing.controls(query, sorts=SORTS, testid="models", selects={
+        "state": ("State", STATES), "engine": ("Engine", ENGINES), "role": ("Role", ROLES)})
+    body = [[f'<a href="/models/{esc(quote(r.model.name, safe=""))}" data-testid="model-link">{esc(r.model.name)}</a>',
+             r.model.engine, r.model.role, r.model.mode, state_html(r, now), counts(r), where(r.placements),
+             r.last_error or "", estimate_html(estimate(r))] for r in part.rows]
+    return (head + controls + listing.pages(part, query) +
+            table(["Model", "Engine", "Role", "Mode", "State", "Ready / desired", "Runs on", "Last error",
+                   "Memory (one replica)"], body, testid="models-table", empty="no model matches") +
+            listing.pages(part, query))
+
+
+def _wanted(r: Row, query: listing.Query) -> bool:
+    f = query.filters
+    if f.get("state") and r.state != f["state"]:
+        return False
+    if f.get("engine") and r.model.engine != f["engine"]:
+        return False
+    if f.get("role") and r.model.role != f["role"]:
+        return False
+    return listing.matches(query.q, r.model.name, r.model.source, r.model.engine, r.last_error,
+                           *(p.node for p in r.placements))
+
+
+def state_html(r: Row, now: float) -> str:
+    text = f'<span class="state {esc(r.state)}" data-state="{esc(r.state)}" title="{esc(r.reason)}">' \
+           f'{esc(r.state)}</span>'
+    if r.parked and r.state != "parked":
+        text += " (parked)"
+    progress = activation(r, now)
+    if progress is not None:
+        text += "<br>" + progress_html(progress)
+    return text
+
+
+def counts(r: Row) -> str:
+    if r.ready is None or r.desired is None:
+        return UNKNOWN
+    starting = f", {r.starting} starting" if r.starting else ""
+    return esc(f"{r.ready} / {r.desired}{starting}")
+
+
+def where(placements: Sequence[Placement]) -> str:
+    nodes = list(dict.fromkeys(p.node for p in placements))
+    if not nodes:
+        return "nowhere"
+    more = f" +{len(nodes) - WHERE_SHOWN}" if len(nodes) > WHERE_SHOWN else ""
+    return esc(", ".join(nodes[:WHERE_SHOWN]) + more)
+
+
+def estimate_html(e: MemoryEstimate) -> str:
+    if e.total_bytes is None:
+        return f'{UNKNOWN} <small>{esc(e.detail)}</small>' if e.detail else UNKNOWN
+    at_least = "" if e.complete else "≥ "
+    per = f" ({e.devices} devices)" if e.devices > 1 else ""
+    return f'<span title="{esc(e.detail)}">{at_least}{e.total_bytes / GIB:.1f} GiB{esc(per)}</span>'
+
+
+# --- activation: a model that is loading -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Activation:
+    starting: int
+    since: float | None  # when the oldest replica still starting was placed (None: not placed yet)
+    elapsed_s: float | None
+    window_s: float
+
+
+def activation(r: Row, now: float) -> Activation | None:
+    """The progress of a model with replicas starting, against its activation window; None when none is."""
+    if not r.starting:
+        return None
+    since = min((p.placed_at for p in r.placements), default=None)
+    elapsed = None if since is None else max(now - since, 0.0)
+    return Activation(r.starting, since, elapsed, r.model.activation_window_s)
+
+
+def progress_html(a: Activation) -> str:
+    if a.elapsed_s is None:
+        words = f"{a.starting} replica(s) waiting for a place (activation window {a.window_s:g} s)"
+        return f'<span class="activation" data-testid="activation">{esc(words)}</span>'
+    if a.elapsed_s <= a.window_s:
+        words = f"{a.starting} starting for {a.elapsed_s:.0f} s of its {a.window_s:g} s activation window"
+    else:
+        words = (f"{a.starting} starting for {a.elapsed_s:.0f} s: past its {a.window_s:g} s activation window "
+                 f"by {a.elapsed_s - a.window_s:.0f} s")
+    return (f'<span class="activation" data-testid="activation" data-elapsed-s="{a.elapsed_s:.0f}" '
+            f'data-window-s="{a.window_s:g}">{bar(min(a.elapsed_s, a.window_s), a.window_s, label=words)}</span>')
+
+
+# --- one model --------------------------------------------------------------------------------------
+
+
+def render_model(state: ClusterState, observed: Observed, views: Mapping[str, Any] | None, name: str, now: float,
+                 *, session: Session) -> str:
+    m = state.models.get(name)
+    if m is None:
+        return (f'<p class="refusal" data-testid="model-missing">No model named {esc(name)} is defined. '
+                f'<a href="/models">All models</a></p>')
+    r = rows(state, views, only=name)[0]
+    status = summary.model_status(state, observed, name, views.get(name) if views is not None else None)
+    estimate = estimate_for(m, observed.nodes)
+    facts = [("State", state_html(r, now)), ("Why", esc(r.reason) if r.reason else ""),
+             ("Ready / desired", counts(r)), ("Parked", "yes" if r.parked else "no"),
+             ("Failed starts in a row", cell(r.failures)),
+             ("Last error", esc(r.last_error) if r.last_error else "none"),
+             ("Memory (one replica)", f'{estimate_html(estimate)} <small>{esc(estimate.detail)}</small>')]
+    out = [table(["Fact", "Value"], [[k, v] for k, v in facts], sortable=False, testid="model-status")]
+    if r.parked:
+        hint = ('<form method="post" action="/do/retry" data-testid="retry-form">'
+                f'<input type="hidden" name="name" value="{esc(name)}">'
+                f'{csrf_field(session)}<button type="submit">Retry…</button></form>' if session.role == "admin" else
+                "an admin can retry it from Do")
+        out.append(f'<p class="banner warn" data-testid="parked-notice">Parked after {r.failures} failed start(s): '
+                   f'not placed again until its definition changes or it is retried. {hint}</p>')
+    out.append("<h2>Replicas</h2>")
+    out.append(table(["Replica", "Node", "Devices", "State", "URL", "Error"],
+                     [[x["replica_id"], x["node"], labels(list(x["gpus"])) or "CPU", x["state"], x["url"] or "",
+                       x["error"] or ""] for x in status["replicas"]],
+                     testid="model-replicas", empty="no replica placed"))
+    out.append("<h2>Definition</h2>")
+    out.append(table(["Field", "Value"], [[k, _plain(v)] for k, v in m.to_doc().items()], sortable=False,
+                     testid="model-definition"))
+    return "".join(out)
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return esc(", ".join(f"{k}={_plain_text(v)}" for k, v in value.items()))
+    return esc(_plain_text(value))
+
+
+def _plain_text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return "unset" if value is None else str(value)

@@ -1,0 +1,168 @@
+"""The console's Overview (`/`): the cluster summary `ctl status` reads (`domain.summary.build`), shown
+as aggregates first (capacity per GPU class, fabrics, models by state) and the usage rollups' chart.
+
+Lists that grow with the fleet (warnings, parked models, idle models) show their first rows and how
+many more, with a link to the page that lists them all, so the page stays small at 2,000 models.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from llmgw.console import auth, chart
+from llmgw.console.layout import UNKNOWN, bar, cell, esc, page, table
+from llmgw.domain import summary, usage
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from llmgw.control.admin import ControlDeps
+
+SHOWN = 20  # rows of each growing list on the Overview; the rest are on their own pages
+CHART_HOURS = 24
+
+
+def _more(total: int, shown: int, href: str, what: str) -> str:
+    if total <= shown:
+        return ""
+    return f'<p class="more" data-testid="more-{esc(what)}">… and {total - shown} more: <a href="{esc(href)}">' \
+           f'all {esc(what)}</a></p>'
+
+
+def _section(title: str, testid: str, body: str) -> str:
+    return f'<section class="card" id="{testid}" data-testid="{testid}"><h2>{esc(title)}</h2>{body}</section>'
+
+
+def _capacity(rows: list[dict[str, Any]]) -> str:
+    body = table(["GPU class", "kind", "used", "free", "unusable", "usage", "nodes"], [
+        [esc(r["class"]), "MIG instance" if r["mig"] else "whole card", r["used"], r["free"], r["unusable"],
+         bar(r["used"], r["used"] + r["free"], label=f'{r["used"]} of {r["used"] + r["free"]} usable used'),
+         r["nodes"]] for r in rows], testid="capacity-table", empty="no GPUs reported (CPU nodes only, or none)")
+    return _section("Capacity per GPU class", "capacity", body)
+
+
+def _fabrics(rows: list[dict[str, Any]]) -> str:
+    body = table(["fabric", "nodes", "whole free nodes", "GPUs used", "GPUs free"], [
+        [esc(r["fabric"] or "(none)"), r["nodes"], r["whole_free_nodes"], r["gpus_used"], r["gpus_free"]]
+        for r in rows], testid="fabrics-table", empty="no nodes connected")
+    return _section("Free whole nodes per fabric", "fabrics", body)
+
+
+def _models(doc: Mapping[str, Any]) -> str:
+    totals = doc["totals"]
+    replicas = totals["replicas"]
+    counts = table(["models", "satisfied", "short", "starting", "parked", "unplaceable", "stopped", "unknown"],
+                   [[totals[k] for k in ("models", "satisfied", "short", "starting", "parked", "unplaceable",
+                                         "stopped", "unknown")]], sortable=False, testid="models-by-state")
+    reps = (f'<p data-testid="replica-counts">replicas: {replicas["ready"]} ready of {replicas["desired"]} '
+            f'desired, {replicas["starting"]} starting, {replicas["failed"]} failed</p>')
+    stuck = [m for m in doc["models"] if m.get("parked") or m.get("state") == "unplaceable"]
+    rows = [[f'<a href="/models?name={esc(m["name"])}">{esc(m["name"])}</a>',
+             "parked" if m.get("parked") else "unplaceable", esc(m.get("reason") or ""),
+             esc(m.get("last_error") or "")] for m in stuck[:SHOWN]]
+    stuck_html = ("<h3>Parked and unplaceable</h3>" + table(["model", "state", "why", "last error"], rows,
+                                                            testid="stuck-models", empty="none")
+                  + _more(len(stuck), SHOWN, "/models?state=stuck", "parked and unplaceable models"))
+    return _section("Models by state", "models", counts + reps + stuck_html)
+
+
+def _idle(rows: list[dict[str, Any]]) -> str:
+    def idle(r: Mapping[str, Any]) -> str:
+        seconds = float(r["idle_s"])
+        return UNKNOWN if seconds < 0 else esc(_duration(seconds))
+
+    body = table(["model", "mode", "replicas", "GPUs", "idle for", "idle timeout"], [
+        [esc(r["model"]), esc(r["mode"]), r["replicas"], r["gpus"], idle(r),
+         esc(_duration(r["idle_timeout_s"])) if r["idle_timeout_s"] is not None else "—"] for r in rows[:SHOWN]],
+        testid="idle-table", empty="no model holds a replica")
+    return _section("Idle models (longest first)", "idle", body + _more(len(rows), SHOWN, "/models", "models"))
+
+
+def _members(cluster: Mapping[str, Any]) -> str:
+    rows = cluster.get("members") or []
+    leader = cluster.get("leader")
+    floating = cluster.get("floating_address") or {}
+    standbys = [str(r.get("id")) for r in rows if r.get("id") != leader]
+    head = (f'<p>leader: <strong data-testid="leader">{cell(leader)}</strong>; standbys: '
+            f'<span data-testid="standbys">{esc(", ".join(standbys)) or "none"}</span></p>')
+    if floating:
+        words = esc(floating.get("state"))
+        if floating.get("reason"):
+            words += f": {esc(floating.get('reason'))}"
+        head += (f'<p data-testid="floating-address">floating address: {cell(floating.get("address"))} — '
+                 f'{words}</p>')
+    else:
+        head += '<p data-testid="floating-address">floating address: not configured</p>'
+    body = table(["member", "role", "state", "why", "admin URL", "version", "lag"], [
+        [esc(r.get("id")), cell(r.get("role")), esc(r.get("state")), esc(r.get("reason") or ""),
+         cell(r.get("admin_url")), cell(r.get("version")), cell(r.get("lag"))] for r in rows],
+        testid="members-table", empty="unknown: no member answered")
+    return _section("Control planes", "members", head + body)
+
+
+def _guard(guard: Mapping[str, Any]) -> str:
+    state = "on" if guard.get("enabled") else "off (guard.enabled is false: every policy checks nothing)"
+    head = (f'<p>guards: <strong data-testid="guards-state">{esc(state)}</strong>; '
+            f'{guard.get("policies", 0)} policies</p>')
+    body = table(["judge", "status", "what is wrong"], [
+        [esc(j.get("model")), esc(j.get("status")), esc(j.get("problem") or "")] for j in guard.get("judges") or []],
+        testid="judges-table", empty="no policy names a judge")
+    return _section("Judges and guards", "guard", head + body)
+
+
+def _warnings(doc: Mapping[str, Any]) -> str:
+    out = ""
+    if not doc["notify"]["webhooks"]:
+        out += ('<div class="banner warn" id="no-webhook" data-testid="no-webhook">No webhook set '
+                '(notify.webhooks): lost nodes, parked models and judges down reach nobody. Set one on '
+                '<a href="/settings">Settings</a> or with <code>llmgw ctl settings notify.webhooks '
+                '\'["https://..."]\'</code>.</div>')
+    warnings = [w for w in doc["warnings"] if not w.startswith("no notify.webhooks set")]
+    if warnings:
+        items = "".join(f"<li>{esc(w)}</li>" for w in warnings[:SHOWN])
+        out += (f'<section class="card" data-testid="warnings"><h2>Warnings ({len(warnings)})</h2><ul>{items}'
+                f'</ul>{_more(len(warnings), SHOWN, "/models", "models")}</section>')
+    return out
+
+
+def _usage(deps: ControlDeps) -> str:
+    now = deps.clock()
+    rows = usage.query(deps.store.snapshot(), since=now - CHART_HOURS * 3600, until=now + 3600, by="hour")
+    requests = chart.hourly(rows, now, CHART_HOURS, "requests")
+    tokens = chart.hourly(rows, now, CHART_HOURS, ("tokens_in", "tokens_out"))
+    body = (chart.bars("requests per hour", requests, testid="chart-requests") +
+            chart.bars("tokens per hour (prompt + completion)", tokens, testid="chart-tokens") +
+            f'<p data-testid="usage-totals">last {CHART_HOURS} h: {int(sum(v or 0 for _, v in requests))} requests, '
+            f'{int(sum(v or 0 for _, v in tokens))} tokens (the gateways\' usage rollups, as '
+            f'<code>GET /api/v1/usage</code> gives them)</p>')
+    return _section("Requests and tokens per hour (UTC)", "usage", body)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    if seconds < 172800:
+        return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+    return f"{seconds // 86400} d {seconds % 86400 // 3600} h"
+
+
+def render(doc: Mapping[str, Any], deps: ControlDeps) -> str:
+    """The Overview's body from the summary (`summary.build`'s document)."""
+    nodes = doc["node_counts"]
+    head = (f'<p data-testid="node-counts">{nodes["connected"]} nodes connected, {nodes["not_connected"]} not '
+            f'connected; state revision {esc(doc["cluster"].get("revision"))}</p>')
+    grid = "".join([_capacity(doc["capacity"]), _fabrics(doc["fabrics"]), _models(doc), _idle(doc["idle"]),
+                    _members(doc["cluster"]), _guard(doc["guard"]), _usage(deps)])
+    return head + _warnings(doc) + f'<div class="grid">{grid}</div>'
+
+
+def register(app: QuartTrio) -> None:
+    @auth.console_route(app, "/")
+    async def overview(session: auth.Session, deps: ControlDeps) -> str:
+        console = auth.console_of(app)
+        cluster = await console.cluster_info(auth.authorization(session))
+        doc = summary.build(deps.store.snapshot(), deps.hub.observed(), console.views(), cluster, deps.clock())
+        return page("Overview", "Overview", render(doc, deps), session=session)

@@ -1,0 +1,196 @@
+"""The Prometheus families: every model the reconciler judged has a ready series (0 included), unknown is
+left out, names follow Prometheus' rules, labels stay bounded, and the gateway's counters add up."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from llmgw.domain import summary
+from llmgw.domain.observed import NodeInfo
+from llmgw.gateway.guard import GuardStats
+from llmgw.gateway.requestlog import RequestRecord
+from llmgw.guard.prompt import JudgeFailure, Verdict
+from llmgw.metrics import gateway as gw
+from llmgw.domain.conditions import Condition
+from llmgw.metrics.control import Scrape, registry_for
+from llmgw.metrics.expose import render
+from llmgw.reconcile import ModelView
+from llmgw.testing.builders import NodeBuilder, model, node, observed, placed, replica, state_with
+
+NAME = re.compile(r"llmgw_[a-z0-9_]+\Z")
+# Every label the code may use: none carries a request id, a key or a prompt.
+BOUNDED_LABELS = {"model", "node", "class", "mig", "state", "code", "status", "member", "engine", "version",
+                  "judge", "hazard", "outcome", "standing", "direction", "kind", "subject", "severity", "role", "le"}
+
+
+def view(name: str, desired: int, ready: int, state: str, starting: int = 0, failures: int = 0) -> ModelView:
+    return ModelView(name, desired, ready + starting, ready, starting, state, "", failures)
+
+
+def with_engines(info: NodeInfo, versions: dict[str, str]) -> NodeInfo:
+    return NodeInfo(**{**info.__dict__, "engine_versions": versions})
+
+
+def fleet_doc() -> dict[str, Any]:
+    state = state_with([model("down").gpus(1), model("up").gpus(1), model("never").gpus(8), model("fresh")],
+                       [placed("up", "a", [0]), placed("down", "a", [1])])
+    nodes: list[NodeInfo | NodeBuilder] = [with_engines(node("a").gpus(4, unhealthy=[3]).build(), {"vllm": "0.9.1", "sim": ""}),
+             node("b").gpus(1, "a100-80g").mig(1, "a100-80g", ("3g.40gb", 40), ("3g.40gb", 40))]
+    obs = observed(nodes, [replica("up-r1", "a"), replica("down-r1", "a", "failed", error="boom")],
+                   lost={"gone": 1234.0})
+    views = {"down": view("down", 1, 0, "starting", failures=3), "up": view("up", 1, 1, "ready"),
+             "never": view("never", 1, 0, "unplaceable")}  # "fresh": not judged yet
+    return summary.build(state, obs, views, {}, 2000.0)
+
+
+RAFT = {"ready": True, "leader": "n1:1", "is_leader": True, "term": 4, "commit_index": 120, "last_applied": 118,
+        "partners": {"n2:1": 2, "n3:1": 0}, "match_index": {"n2:1": 119, "n3:1": 7}}
+
+
+def scrape_text(s: Scrape) -> str:
+    return render(registry_for(lambda: s)).decode()
+
+
+def parse(text: str) -> dict[str, list[Sample]]:
+    return {f.name: list(f.samples) for f in text_string_to_metric_families(text)}
+
+
+def value(samples: dict[str, list[Sample]], name: str, **labels: str) -> float | None:
+    found = [s.value for fam in samples.values() for s in fam if s.name == name and s.labels == labels]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+def test_every_judged_model_has_a_ready_series_and_unknown_has_none() -> None:
+    doc = fleet_doc()
+    found = [Condition("model_down", "down", "critical", "model down should have 1 replica(s) and none is ready")]
+    samples = parse(scrape_text(Scrape("n1:1", True, RAFT, doc, {"down": 57}, found)))
+    assert value(samples, "llmgw_model_ready_replicas", model="down") == 0.0  # should run, none ready: 0, not absent
+    assert value(samples, "llmgw_model_desired_replicas", model="down") == 1.0
+    assert value(samples, "llmgw_model_ready_replicas", model="up") == 1.0
+    assert value(samples, "llmgw_model_ready_replicas", model="never") == 0.0
+    assert value(samples, "llmgw_model_unplaceable", model="never") == 1.0
+    assert value(samples, "llmgw_model_consecutive_start_failures", model="down") == 3.0
+    assert value(samples, "llmgw_model_ready_replicas", model="fresh") is None  # unknown is not 0
+    assert value(samples, "llmgw_model_state", model="fresh", state="unknown") == 1.0
+    assert value(samples, "llmgw_model_restarts_total", model="down") == 57.0
+    assert value(samples, "llmgw_model_recent_restarts", model="down") == 0.0  # as the summary counts them
+    assert value(samples, "llmgw_condition", kind="model_down", subject="down", severity="critical") == 1.0
+
+
+def test_gpus_by_class_and_state_include_mig_and_unhealthy() -> None:
+    samples = parse(scrape_text(Scrape("n1:1", True, RAFT, fleet_doc())))
+    assert value(samples, "llmgw_gpus", **{"class": "h100-80g", "mig": "false", "state": "used"}) == 2.0
+    assert value(samples, "llmgw_gpus", **{"class": "h100-80g", "mig": "false", "state": "free"}) == 1.0
+    assert value(samples, "llmgw_gpus", **{"class": "h100-80g", "mig": "false", "state": "unusable"}) == 1.0
+    assert value(samples, "llmgw_gpus", **{"class": "a100-80g-mig-3g.40gb", "mig": "true", "state": "free"}) == 2.0
+    assert value(samples, "llmgw_gpus_unhealthy", **{"class": "h100-80g"}) == 1.0
+    assert value(samples, "llmgw_nodes", state="lost") == 1.0 and value(samples, "llmgw_nodes", state="connected") == 2
+    assert value(samples, "llmgw_node_connected", node="gone") == 0.0
+    assert value(samples, "llmgw_node_lost_since_timestamp_seconds", node="gone") == 1234.0
+    assert value(samples, "llmgw_node_engine_installed", node="a", engine="vllm", version="0.9.1") == 1.0
+    assert value(samples, "llmgw_engine_installs", engine="vllm") == 1.0
+
+
+def test_raft_lag_per_member_on_the_leader_and_a_standby_says_no_fleet() -> None:
+    samples = parse(scrape_text(Scrape("n1:1", True, RAFT, fleet_doc())))
+    assert value(samples, "llmgw_raft_member_lag_entries", member="n1:1") == 2.0
+    assert value(samples, "llmgw_raft_member_lag_entries", member="n3:1") == 113.0
+    assert value(samples, "llmgw_raft_member_connected", member="n3:1") == 0.0
+    assert value(samples, "llmgw_raft_term") == 4.0 and value(samples, "llmgw_control_leader") == 1.0
+    standby = parse(scrape_text(Scrape("n2:1", False, {**RAFT, "is_leader": False})))
+    assert value(standby, "llmgw_control_leader") == 0.0
+    assert value(standby, "llmgw_raft_member_lag_entries", member="n3:1") is None  # only the leader knows
+    assert not [n for n in standby if n.startswith(("llmgw_model", "llmgw_gpus", "llmgw_nodes"))], \
+        "a standby has no agents: its 0s would read as 'nothing ready'"
+
+
+def test_names_follow_prometheus_rules_and_labels_are_bounded() -> None:
+    stats = GuardStats()
+    stats.counted("guard", Verdict(("S1", "S6")))
+    m = gw.RequestMetrics()
+    m.count(RequestRecord("r", 0.0, "k", "demo", 200, latency_ms=12.0, ttft_ms=3.0, tokens_in=3, tokens_out=5))
+    texts = [scrape_text(Scrape("n1:1", True, RAFT, fleet_doc(), {"down": 1}, [Condition("no_leader", "", "critical", "w")],
+                             {"delivered": 1})),
+             render(gw.registry_for(m, stats)).decode()]
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            assert NAME.match(family.name), family.name
+            if family.type == "counter":
+                assert all(s.name.endswith(("_total", "_created")) for s in family.samples), family.name
+            else:
+                assert not family.name.endswith("_total"), f"{family.name}: _total is for counters"
+            for s in family.samples:
+                assert set(s.labels) <= BOUNDED_LABELS, (s.name, s.labels)
+
+
+def test_gateway_request_rows_are_bounded_whatever_codes_engines_invent() -> None:
+    m = gw.RequestMetrics()
+    for i in range(gw.MAX_REQUEST_ROWS + 500):
+        m.count(RequestRecord("r", 0.0, "", "demo", 502, error=f"engine_code_{i}", latency_ms=1.0))
+    assert len(m.requests) == gw.MAX_REQUEST_ROWS + 1  # the cap, then one "other" row
+    assert m.requests[("demo", gw.OTHER_CODE, 502)] == 500
+
+
+def test_gateway_histograms_are_cumulative_with_sums_and_tokens() -> None:
+    m = gw.RequestMetrics()
+    for ms in (4.0, 40.0, 400.0, 400_000.0):
+        m.count(RequestRecord("r", 0.0, "", "demo", 200, latency_ms=ms, ttft_ms=ms / 2, tokens_in=2, tokens_out=3))
+    m.count(RequestRecord("r", 0.0, "", "demo", 400, error="invalid_request", latency_ms=1.0))
+    samples = parse(render(gw.registry_for(m)).decode())
+    assert value(samples, "llmgw_gateway_requests_total", model="demo", code="", status="200") == 4.0
+    assert value(samples, "llmgw_gateway_requests_total", model="demo", code="invalid_request", status="400") == 1.0
+    bucket = "llmgw_gateway_request_duration_seconds_bucket"
+    assert value(samples, bucket, model="demo", le="0.005") == 2.0
+    assert value(samples, bucket, model="demo", le="0.05") == 3.0
+    assert value(samples, bucket, model="demo", le="300.0") == 4.0
+    assert value(samples, bucket, model="demo", le="+Inf") == 5.0
+    assert value(samples, "llmgw_gateway_request_duration_seconds_count", model="demo") == 5.0
+    assert abs((value(samples, "llmgw_gateway_request_duration_seconds_sum", model="demo") or 0) - 400.445) < 1e-9
+    assert value(samples, "llmgw_gateway_time_to_first_token_seconds_count", model="demo") == 4.0
+    assert value(samples, "llmgw_gateway_tokens_total", model="demo", direction="completion") == 12.0
+
+
+def test_guard_verdicts_by_hazard() -> None:
+    stats = GuardStats()
+    stats.counted("lg", Verdict(("S1", "S6")))
+    stats.counted("lg", Verdict())
+    stats.counted("lg", JudgeFailure("down"))
+    stats.counted("lg", Verdict(("S6",)))
+    samples = parse(render(gw.registry_for(None, stats)).decode())
+    assert value(samples, "llmgw_guard_verdicts_total", judge="lg", hazard="S6") == 2.0
+    assert value(samples, "llmgw_guard_verdicts_total", judge="lg", hazard="safe") == 1.0
+    assert value(samples, "llmgw_guard_verdicts_total", judge="lg", hazard="error") == 1.0
+    assert "llmgw_gateway_requests" not in samples  # counting off: no request families
+
+
+def test_registries_of_up_s_two_roles_never_collide() -> None:
+    """`llmgw up` serves both in one process: each role's own registry, the default one untouched."""
+    from prometheus_client import REGISTRY
+    before = set(REGISTRY._names_to_collectors)
+    control = registry_for(lambda: Scrape("n1:1", True, RAFT, fleet_doc()))
+    gateway = gw.registry_for(gw.RequestMetrics(), GuardStats())
+    both = CollectorRegistry()
+    for r in (control, gateway):
+        both.register(r)  # a registry is a collector of its collectors
+    names = [f.name for f in text_string_to_metric_families(render(both).decode())]
+    assert len(names) == len(set(names)) + 1, "only llmgw_build_info (role label) is in both"
+    assert set(REGISTRY._names_to_collectors) == before
+
+
+def test_a_scrape_renders_a_copy_so_requests_counted_meanwhile_never_tear_it() -> None:
+    """The gateway renders in a worker thread: what it renders is a copy taken on the loop."""
+    m, stats = gw.RequestMetrics(), GuardStats()
+    m.count(RequestRecord("r", 0.0, "", "demo", 200, latency_ms=2.0))
+    frozen = gw.Exporter(m, stats).frozen()
+    m.count(RequestRecord("r", 0.0, "", "demo", 200, latency_ms=2.0))  # counted after the copy
+    stats.counted("lg", Verdict())
+    samples = parse(render(frozen).decode())
+    assert value(samples, "llmgw_gateway_requests_total", model="demo", code="", status="200") == 1.0
+    assert value(samples, "llmgw_gateway_request_duration_seconds_count", model="demo") == 1.0
+    assert value(samples, "llmgw_guard_verdicts_total", judge="lg", hazard="safe") is None
