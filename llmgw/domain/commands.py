@@ -49,6 +49,12 @@ def encode(command: dict[str, Any]) -> bytes:
 def decode(blob: bytes) -> dict[str, Any]:
     """The command in `blob`, refused (CommandError) unless every member would accept its shape:
     the stateless checks run here, before a command enters the log."""
+    command = _loads(blob)
+    check(command)
+    return command
+
+
+def _loads(blob: bytes) -> dict[str, Any]:
     try:
         command = json.loads(blob)
     except ValueError:
@@ -56,7 +62,6 @@ def decode(blob: bytes) -> dict[str, Any]:
     # `type(...) is int`: JSON true and 1.0 equal 1 in Python but are not version 1.
     if not isinstance(command, dict) or type(command.get("v")) is not int or command["v"] != VERSION:
         raise CommandError("bad_command", f"unsupported command version: {command!r:.80}")
-    check(command)
     return command
 
 
@@ -231,9 +236,8 @@ def apply_entry(state: ClusterState, entry: bytes | dict[str, Any]) -> tuple[Clu
     try:
         if command is None:
             assert isinstance(entry, bytes)
-            command = decode(entry)  # checks it
-        else:
-            check(command)
+            command = _loads(entry)
+        # The id first: a retried command the checks refuse gets that refusal back, not a second one.
         raw_cid = command.get("cid")
         if isinstance(raw_cid, str) and 0 < len(raw_cid) <= CID_MAX_CHARS:
             cid = raw_cid
@@ -245,6 +249,7 @@ def apply_entry(state: ClusterState, entry: bytes | dict[str, Any]) -> tuple[Clu
                 raise
             if recorded is not None:
                 return state, recorded
+        check(command)
         new_state, result = _change(state, command)
         outcome = Outcome(new_state.revision, True, result, digest=fingerprint)
         return (_remember(new_state, cid, outcome) if cid else new_state), outcome

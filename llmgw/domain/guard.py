@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from llmgw.domain.model import DefinitionError
+
 if TYPE_CHECKING:
     from llmgw.domain.state import ClusterState
 
@@ -45,15 +47,9 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # a model's names t
 _KEYS = ("name", "judge", "check", "models", "categories", "on_error", "budget_s")
 
 
-class PolicyError(ValueError):
+class PolicyError(DefinitionError):
     """A policy that cannot be kept. `errors` holds every (field, message) found in one pass;
-    `field` and `message` are the first of them (like `model.DefinitionError`)."""
-
-    def __init__(self, field: str, message: str, *more: tuple[str, str]) -> None:
-        self.errors: tuple[tuple[str, str], ...] = ((field, message), *more)
-        super().__init__("; ".join(f"{f}: {m}" for f, m in self.errors))
-        self.field = field
-        self.message = message
+    `field` and `message` are the first of them (the same shape as a model definition's errors)."""
 
 
 @dataclass(frozen=True)

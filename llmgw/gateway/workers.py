@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket as stdlib_socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
+from llmgw.front import listen_socket
 from llmgw.logs import role_var
 from llmgw.net import url_host
 from llmgw.startup import CannotStart, waiting_for
@@ -75,22 +75,8 @@ def gateway_command(controls: Sequence[str], name: str, state_dir: Path | None, 
 
 async def reserve_port(host: str, port: int) -> trio.socket.SocketType:
     """Bind host:port (0: a free one) with `SO_REUSEPORT` and never listen: the workers' listeners
-    join it, the kernel gives it no connection, and the port stays ours while it is open. Resolved as
-    `front.listen_socket` resolves it, so the workers bind the same address."""
-    infos = await trio.socket.getaddrinfo(host or None, port, type=stdlib_socket.SOCK_STREAM,
-                                          flags=stdlib_socket.AI_PASSIVE)
-    family, kind, proto, _, address = infos[0]
-    sock = trio.socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_REUSEADDR, 1)
-        sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_REUSEPORT, 1)
-        if family == stdlib_socket.AF_INET6:
-            sock.setsockopt(stdlib_socket.IPPROTO_IPV6, stdlib_socket.IPV6_V6ONLY, 1)
-        await sock.bind(address)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    join it, the kernel gives it no connection, and the port stays ours while it is open."""
+    return await listen_socket(host, port, reuse_port=True, listen=False)
 
 
 @dataclass
