@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 SYSTEM = {"stop": True, "start": False}  # the form's `to` -> serving.stopped
 GUARDS = {"on": True, "off": False}  # the form's `to` -> guard.enabled
+PARKED_SHOWN = 50  # rows of the retry list; the rest are on Models (state parked), each page with its Retry
 
 
 def register(app: QuartTrio) -> None:
@@ -170,10 +171,13 @@ def menu(session: Session, deps: ControlDeps) -> str:
                + "</section>")
     parked = sorted(n for n in state.models if state.model_health(n).parked)
     rows = [[n, state.model_health(n).failures_in_row, state.model_health(n).last_error or "",
-             _button("/do/retry", csrf, {"name": n}, "Retry…", f"retry-{n}")] for n in parked]
+             _button("/do/retry", csrf, {"name": n}, "Retry…", f"retry-{n}")] for n in parked[:PARKED_SHOWN]]
+    more = (f'<p class="more" data-testid="more-parked">… and {len(parked) - PARKED_SHOWN} more parked: '
+            '<a href="/models?state=parked">all parked models</a>, each with its Retry.</p>'
+            if len(parked) > PARKED_SHOWN else "")
     out.append('<section class="card" id="do-retry"><h2>Retry a parked model</h2>' +
                table(["Model", "Failed starts", "Last error", ""], rows, sortable=False, testid="parked-table",
-                     empty="no model is parked") + "</section>")
+                     empty="no model is parked") + more + "</section>")
     out.append('<section class="card" id="do-judge"><h2>Enable the judge</h2>' + judge_form(deps, csrf) + "</section>")
     stopped = bool(effective(state.settings, "serving.stopped"))
     out.append(f'<section class="card" id="do-system"><h2>Stop / start the system</h2><p data-testid="system-state">'

@@ -8,6 +8,7 @@ many more, with a link to the page that lists them all, so the page stays small 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
+from urllib.parse import quote
 
 from llmgw.console import auth, chart
 from llmgw.console.layout import UNKNOWN, bar, cell, esc, page, table
@@ -57,12 +58,14 @@ def _models(doc: Mapping[str, Any]) -> str:
     reps = (f'<p data-testid="replica-counts">replicas: {replicas["ready"]} ready of {replicas["desired"]} '
             f'desired, {replicas["starting"]} starting, {replicas["failed"]} failed</p>')
     stuck = [m for m in doc["models"] if m.get("parked") or m.get("state") == "unplaceable"]
-    rows = [[f'<a href="/models?name={esc(m["name"])}">{esc(m["name"])}</a>',
+    rows = [[f'<a href="/models/{esc(quote(str(m["name"]), safe=""))}">{esc(m["name"])}</a>',
              "parked" if m.get("parked") else "unplaceable", esc(m.get("reason") or ""),
              esc(m.get("last_error") or "")] for m in stuck[:SHOWN]]
+    more = _more(len(stuck), SHOWN, "/models?state=unplaceable", "unplaceable models")
+    if more:  # Models filters one state at a time: a link to each
+        more = more.removesuffix("</p>") + ', <a href="/models?state=parked">all parked models</a></p>'
     stuck_html = ("<h3>Parked and unplaceable</h3>" + table(["model", "state", "why", "last error"], rows,
-                                                            testid="stuck-models", empty="none")
-                  + _more(len(stuck), SHOWN, "/models?state=stuck", "parked and unplaceable models"))
+                                                            testid="stuck-models", empty="none") + more)
     return _section("Models by state", "models", counts + reps + stuck_html)
 
 

@@ -168,7 +168,8 @@ class Console:
         return self.page.get_by_test_id(tid)
 
     def shot(self, name: str) -> None:
-        self.page.screenshot(path=str(self.cluster.shots / f"{name}.png"))
+        # The Overview whole (its chart, members and judges are below the fold); other pages as seen.
+        self.page.screenshot(path=str(self.cluster.shots / f"{name}.png"), full_page=name.startswith("overview"))
 
     def check_no_key(self) -> None:
         html = self.page.content()

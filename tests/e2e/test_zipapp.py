@@ -89,6 +89,12 @@ def test_up_from_the_zipapp(pyz: Path, tmp_path: Path) -> None:
             time.sleep(0.5)
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"] == "sim says: from one file"
+        # The console's page and its static files come from inside the file too (package data).
+        signin = httpx.get(creds["admin_url"] + "/signin", timeout=10)
+        assert signin.status_code == 200 and "Admin key" in signin.text
+        for name in ("console.js", "console.css"):
+            static = httpx.get(f"{creds['admin_url']}/console/static/{name}", timeout=10)
+            assert static.status_code == 200 and len(static.content) > 100, name
         if HAVE_LLAMACPP:  # the real model of the example catalog, its weights from inside the file
             real: dict[str, object] = {"model": "smollm2-135m", "temperature": 0, "max_tokens": 30, "messages": [
                 {"role": "system", "content": "You are a helpful assistant."},

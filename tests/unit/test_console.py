@@ -16,6 +16,7 @@ import trio
 from quart import Response
 
 from llmgw.console import auth
+from llmgw.console.layout import esc
 from llmgw.control.admin import ControlDeps, make_app
 from llmgw.control.hub import AgentHub
 from llmgw.control.reconciler import Reconciler
@@ -249,6 +250,10 @@ async def test_the_settings_page_lists_every_setting_with_help_default_and_value
         viewer_page = (await c.get("/settings")).text
     for key, spec in SETTINGS.items():
         assert f'id="setting-{key}"' in admin_page
+        row = re.search(rf'id="setting-{re.escape(key)}".*?</tr>', admin_page, re.S)
+        assert row is not None
+        cells = re.findall(r"<td>(.*?)</td>", "<td>" + row.group(0), re.S)
+        assert cells[2] == f"<code>{esc(json.dumps(spec.default))}</code>", (key, cells)  # its default
         assert spec.help.replace("'", "&#x27;").replace('"', "&quot;")[:40] in admin_page.replace("&amp;", "&")
     assert "SECRET" in admin_page and "SECRET" not in viewer_page and "hooks.example" in viewer_page
 
@@ -280,7 +285,7 @@ async def test_the_requests_page_lists_records_with_guard_rule_and_names_the_gat
         world.store.submit_nowait(usage.add_usage("gw2", "b", 1, one_row, "", NOW))
         async with world.client() as c:
             await sign_in(c, ADMIN)
-            r = await c.get("/requests?model=chat&status=4xx&since=2020-01-01")
+            r = await c.get("/requests?model=chat&status=4xx&since=2020-01-01&until=2030-01-01T00:00&key=key_abc")
             bad = await c.get("/requests?status=teapot")
         nursery.cancel_scope.cancel()
     assert r.status_code == 200
@@ -288,5 +293,6 @@ async def test_the_requests_page_lists_records_with_guard_rule_and_names_the_gat
                  '"gateways-unavailable"', "gw2", "announced no address"):
         assert fact in r.text, fact
     assert "model=chat" in asked[0] and "status=4xx" in asked[0] and "since=1577836800" in asked[0]
+    assert "until=1893456000" in asked[0] and "key=key_abc" in asked[0]  # every filter of the API
     assert f"authorization: Bearer {ADMIN}".lower() in asked[0].lower()  # asked with the signed-in key
     assert 'data-testid="requests-error"' in bad.text and "status must be a code" in bad.text

@@ -179,3 +179,20 @@ async def test_the_menu_shows_how_to_add_a_node_or_a_control_plane() -> None:
     assert "llmgw agent --control http://cp.test --state-dir" in text_of(menu, "add-node-command")
     assert "llmgw ctl members add NEW_HOST:RAFT_PORT" in text_of(menu, "add-member-command")
     assert "until the operations work" in text_of(menu, "do-add")
+
+
+async def test_the_retry_list_is_bounded_at_fleet_scale_and_points_to_the_rest() -> None:
+    from llmgw.console import do
+
+    store = store_with([model(f"m{i:03}").sim() for i in range(do.PARKED_SHOWN + 10)])
+    for i in range(do.PARKED_SHOWN + 10):
+        for _ in range(5):
+            store.submit_nowait(commands.start_failed(f"m{i:03}", f"m{i:03}-r1", "ImportError: torch", 1.0))
+    world = World(store=store)
+    async with world.client() as c:
+        await sign_in(c)
+        menu = (await c.get("/do")).text
+        rest = (await c.get(f"/models/m{do.PARKED_SHOWN + 9:03}")).text  # not on Do: its own page retries
+    assert len(rows(menu, "parked-table")) == do.PARKED_SHOWN
+    assert "… and 10 more parked" in text_of(menu, "more-parked") and 'href="/models?state=parked"' in menu
+    assert 'data-testid="retry-form"' in rest
