@@ -32,6 +32,8 @@ KINDS: Mapping[str, str] = {
     "no_leader": CRITICAL,
     "guards_off": WARNING,
     "webhook_failing": WARNING,
+    "gpu_problem": WARNING,
+    "storage_unreadable": WARNING,
 }
 
 # judges.STATUSES that are a failure of a judge (not "ok", not "unknown").
@@ -65,8 +67,8 @@ def conditions(summary: Mapping[str, Any], now: float | None = None, *, timeouts
     notifier's health of each webhook (`Notifier.health()`: `id`, `failing`, `failures_in_row`,
     `last_error`, `queued`, `dropped`). A running control plane's: `llmgw.notify.watch.control_conditions`."""
     found: dict[tuple[str, str], Condition] = {}
-    for c in (*_nodes(summary, now, timeouts), *_models(summary, timeouts), *_judges(summary),
-              *_members(summary), *_webhooks(webhooks)):
+    for c in (*_nodes(summary, now, timeouts), *_node_problems(summary), *_models(summary, timeouts),
+              *_judges(summary), *_members(summary), *_webhooks(webhooks)):
         found.setdefault(c.key, c)
     return sorted(found.values())
 
@@ -96,6 +98,29 @@ def _nodes(summary: Mapping[str, Any], now: float | None, timeouts: Timeouts) ->
             f"within {timeouts.lost_node_grace_s:g} s, so its replicas were placed elsewhere. Check the machine "
             f"and its `llmgw agent` (systemctl status, journalctl); once it is gone for good, "
             f"`llmgw ctl nodes forget {name}`"))
+
+
+def _node_problems(summary: Mapping[str, Any]) -> Iterable[Condition]:
+    """What a connected node's agent reports it cannot use: its GPU probe's words (a MIG card with nothing
+    carved, a MIG change pending, an unhealthy card, discovery that failed; a CPU node says nothing), and
+    each `--storage` directory it cannot read (removed, unmounted, no permission)."""
+    for n in _rows(summary, "nodes"):
+        if n.get("connected") is not True:
+            continue  # a lost node is node_lost; what it said before is stale
+        name = str(n.get("node"))
+        said = [str(w) for w in n.get("warnings") or () if w]
+        if said:
+            yield _c("gpu_problem", name, (
+                f"node {name}: {'; '.join(said)}. Devices in that state are neither used nor free, so what "
+                f"should run there runs elsewhere or not at all; `llmgw ctl nodes list` shows each device's reason"))
+        for report in n.get("storage") or ():
+            if isinstance(report, Mapping) and report.get("error"):
+                path = str(report.get("path"))
+                yield _c("storage_unreadable", f"{name}:{path}", (
+                    f"node {name} cannot read its storage directory {path} (fabric "
+                    f"{report.get('fabric') or '-'}): {report.get('error')}. Weights there are not seen, so models "
+                    f"held only there are not placed on it. Mount or restore the directory (or fix its "
+                    f"permissions); the agent rescans it every storage_rescan_s"))
 
 
 def _models(summary: Mapping[str, Any], timeouts: Timeouts) -> Iterable[Condition]:
