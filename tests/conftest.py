@@ -26,6 +26,19 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(
                 f"LLMGW_REQUIRE_LLAMACPP=1 but {', '.join(missing)} is not installed: run `make venv` again"
             )
+    # CI (.ci/run) installs the system tools too: there, a missing one is a broken setup, not a skip.
+    if os.environ.get("LLMGW_REQUIRE_TOOLS") == "1":
+        import shutil
+        import sys
+        from pathlib import Path
+
+        have_promtool = shutil.which("promtool") or (Path(sys.prefix) / "bin" / "promtool").exists()
+        missing = [name for name, found in (("promtool", have_promtool),
+                                            ("chromium", Path("/usr/bin/chromium").exists())) if not found]
+        if missing:
+            raise pytest.UsageError(
+                f"LLMGW_REQUIRE_TOOLS=1 but {', '.join(missing)} is not installed: run .ci/system-packages.sh as root"
+            )
 
 
 @pytest.fixture(scope="session", autouse=True)

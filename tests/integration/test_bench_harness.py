@@ -159,3 +159,20 @@ def test_wrk_script_posts_the_body_with_the_key() -> None:
     body_line = next(line for line in script.splitlines() if line.startswith("wrk.body = [==["))
     assert json.loads(body_line.removeprefix("wrk.body = [==[").removesuffix("]==]")) == {
         "model": "m", "note": "it's \"quoted\""}
+
+
+def test_the_metrics_bench_runs() -> None:
+    """tests/bench/metrics.py (docs/performance.md, "Metrics": what counting costs the request path, what a
+    scrape costs) on a toy size, so it cannot rot unseen; no timing is judged here."""
+    import gc
+
+    bench = _load("metrics")
+    switch = sys.getswitchinterval()
+    try:
+        cost = bench.gateway_cost(requests=50, rounds=1)
+        assert set(cost) == {"off_us", "on_us", "count_us"} and all(v > 0 for v in cost.values())
+        scrape = bench.scrape_cost(nodes=4, models=6, rounds=1)
+        assert scrape["control_kib"] > 0 and scrape["gateway_kib"] > 0 and scrape["pause_ms"] >= 0
+    finally:  # the bench sets both as the gateway does: not for the rest of this process
+        gc.unfreeze()
+        sys.setswitchinterval(switch)

@@ -120,6 +120,8 @@ def test_the_admin_port_metrics_agree_with_status(up: UpProcess, settled: dict[s
     assert samples["llmgw_raft_leader_known"][0].value == 1.0
     installed = {(s.labels["node"], s.labels["engine"]) for s in samples["llmgw_node_engine_installed"]}
     assert installed == {(n["node"], e) for n in doc["nodes"] for e in n["engine_versions"] or ()}
+    assert any(e == "sim" for _, e in installed), f"every node has the sim engine: {installed}"  # never vacuous
+    assert by_label(samples["llmgw_engine_installs"], "engine")["sim"] == float(doc["node_counts"]["connected"])
     recent = by_label(samples["llmgw_model_recent_restarts"], "model")
     assert recent == {n: float(m["restarts"]) for n, m in rows.items()}
     active = {(s.labels["kind"], s.labels["subject"], s.labels["severity"]) for s in samples["llmgw_condition"]}

@@ -194,3 +194,57 @@ def test_a_scrape_renders_a_copy_so_requests_counted_meanwhile_never_tear_it() -
     assert value(samples, "llmgw_gateway_requests_total", model="demo", code="", status="200") == 1.0
     assert value(samples, "llmgw_gateway_request_duration_seconds_count", model="demo") == 1.0
     assert value(samples, "llmgw_guard_verdicts_total", judge="lg", hazard="safe") is None
+
+
+def test_replicas_by_state_raft_indexes_and_webhook_deliveries_by_outcome() -> None:
+    samples = parse(scrape_text(Scrape("n1:1", True, RAFT, fleet_doc(), {}, [], {"delivered": 3, "failed": 1})))
+    assert {s.labels["state"]: s.value for s in samples["llmgw_replicas"]} == {"ready": 1, "starting": 0, "failed": 1}
+    assert value(samples, "llmgw_model_failed_replicas", model="down") == 1.0
+    assert value(samples, "llmgw_model_starting_replicas", model="up") == 0.0
+    assert value(samples, "llmgw_model_parked", model="up") == 0.0
+    assert {s.labels["standing"]: s.value for s in samples["llmgw_models"]} == {"satisfied": 1, "short": 2,
+                                                                                 "unknown": 1}
+    assert value(samples, "llmgw_raft_commit_index") == 120.0 and value(samples, "llmgw_raft_applied_index") == 118.0
+    assert value(samples, "llmgw_raft_members") == 3.0
+    assert value(samples, "llmgw_webhook_deliveries_total", outcome="delivered") == 3.0
+    assert value(samples, "llmgw_webhook_deliveries_total", outcome="failed") == 1.0
+    assert value(samples, "llmgw_webhooks_configured") == 0.0  # none set: the LlmgwNoWebhook alert reads this
+
+
+DOC_ROW = re.compile(r"^\| `(llmgw_[a-z0-9_]+)` \| (gauge|counter|histogram) \|([^|]*)\|")
+
+
+def test_every_exported_family_is_in_the_docs_and_every_documented_one_is_exported() -> None:
+    """docs/observability.md's tables and the code's families, both ways: name, type and labels."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text(encoding="utf-8")
+    documented: dict[tuple[str, str], tuple[str, set[str]]] = {}
+    role = "control"
+    for line in doc.splitlines():
+        role = "gateway" if line.startswith("### Gateway") else role
+        row = DOC_ROW.match(line)
+        if row:
+            documented[(role, row.group(1))] = (row.group(2), set(re.findall(r"`([a-z]+)`", row.group(3))))
+    stats = GuardStats()
+    stats.counted("lg", Verdict(("S1",)))
+    m = gw.RequestMetrics()
+    m.count(RequestRecord("r", 0.0, "k", "demo", 200, latency_ms=12.0, ttft_ms=3.0, tokens_in=3, tokens_out=5))
+    found = [Condition("no_leader", "", "critical", "w")]
+    exported: dict[tuple[str, str], tuple[str, set[str] | None]] = {}
+    for role, text in (
+            ("control", scrape_text(Scrape("n1:1", True, RAFT, fleet_doc(), {"down": 1}, found, {"delivered": 1}))),
+            ("gateway", render(gw.registry_for(m, stats, gw._Stats({"dropped": 0, "write_errors": 0,
+                                                                    "queued": 0}))).decode())):
+        for family in text_string_to_metric_families(text):
+            name = family.name + ("_total" if family.type == "counter" else "")
+            labels = {k for s in family.samples for k in s.labels} - {"le"} if family.samples else None
+            exported[(role, name)] = (family.type, labels)  # None: no sample here says what its labels are
+    missing = {k for k in exported if k not in documented}
+    assert not missing, f"exported, not in docs/observability.md's tables: {sorted(missing)}"
+    stale = {k for k in documented if k not in exported}
+    assert not stale, f"in docs/observability.md's tables, exported by no role: {sorted(stale)}"
+    for key, (kind, labels) in exported.items():
+        assert documented[key][0] == kind, (key, kind, documented[key])
+        if labels is not None:
+            assert documented[key][1] == labels, (key, labels, documented[key])

@@ -316,3 +316,55 @@ def test_event_bodies() -> None:
                    "cluster": {"leader": "a"}, "since": 900.0, "duration_s": 100.0}
     text = json.loads(body(Event("resolved", LOST, 1000.0, since=900.0, cluster={"leader": "a"}), "slack"))["text"]
     assert text.startswith("llmgw [RESOLVED] node_lost n1 (after 100 s) (leader a):")
+
+
+async def test_no_webhook_deliverable_is_posted_once_one_answers_again_then_resolved(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """The only webhook fails: `webhook_failing` turns critical ("no webhook is deliverable") and its event waits
+    in the queue; once the endpoint answers (within the tries) the receiver hears it, then its resolution."""
+    async with rig() as r:
+        r.receiver.answers["/h"] = 503
+        r.notifier.configure([r.hook()])
+
+        def check() -> list[Condition]:  # the leader's check: the conditions with the webhooks' health
+            return [LOST, *conditions({}, webhooks=r.notifier.health())]
+
+        r.notifier.observe(check(), trio.current_time())
+        await trio.sleep(retry_wait(1) + retry_wait(2) + 0.5)  # three failed tries: failing
+        (failing,) = [c for c in check() if c.kind == "webhook_failing"]
+        assert failing.severity == CRITICAL and "No webhook is deliverable" in failing.words
+        r.notifier.observe(check(), trio.current_time())
+        r.receiver.answers["/h"] = 200
+        await trio.sleep(retry_wait(3) + 0.5)  # the 4th try of the first event delivers; the queued one follows
+        assert [(e["event"], e["condition"]["kind"], e["condition"]["severity"]) for e in r.receiver.events()] == [
+            ("started", "node_lost", "critical"), ("started", "webhook_failing", "critical")]
+        for _ in range(int(HOLD) + 2):
+            r.notifier.observe(check(), trio.current_time())
+            await trio.sleep(1)
+        assert [(e["event"], e["condition"]["kind"]) for e in r.receiver.events()][2:] == [
+            ("resolved", "webhook_failing")]
+
+
+def test_the_documented_payloads_are_what_is_posted() -> None:
+    """docs/observability.md's example bodies have the fields, and the Slack lines the shape, of what is posted."""
+    import re
+    from pathlib import Path
+
+    from llmgw.notify.hooks import Event, EventKind, body
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text(encoding="utf-8")
+    examples = [json.loads(b) for b in re.findall(r"```json\n(\{.*?\})\n```", doc, re.DOTALL) if '"event"' in b]
+    cluster = {"leader": "10.0.0.1:7000", "admin_url": "http://10.0.0.1:8081"}  # what the control plane passes
+    assert [e["event"] for e in examples] == ["started", "resolved"]
+    for example in examples:
+        kind: EventKind = "started" if example["event"] == "started" else "resolved"
+        posted = json.loads(body(Event(kind, LOST, 1000.0, since=900.0, cluster=cluster), "json"))
+        assert set(example) == set(posted) and set(example["condition"]) == set(posted["condition"]), example
+        assert set(example["cluster"]) == set(cluster)
+    shape = re.compile(r"llmgw \[(CRITICAL|WARNING|RESOLVED)\] [a-z_]+ \S+ (\(after \d+ s\) )?\(leader \S+\): ")
+    lines = [json.loads(line)["text"] for line in re.findall(r'^\{"text": .*\}$', doc, re.MULTILINE)]
+    assert len(lines) == 2 and all(shape.match(t) for t in lines), lines
+    for event in (Event("started", LOST, 1000.0, since=1000.0, cluster=cluster),
+                  Event("resolved", LOST, 1000.0, since=900.0, cluster=cluster)):
+        text = json.loads(body(event, "slack"))["text"]
+        assert shape.match(text), text
