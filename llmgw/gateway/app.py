@@ -1,5 +1,6 @@
-"""The OpenAI-compatible `/v1` API (S4) as a raw ASGI app, and its hypercorn server.
-Owns authentication, request checks, which refusal (S14) each failure gets and the streaming proxy to engines.
+"""The OpenAI-compatible `/v1` API as a raw ASGI app, and its server (llmgw/front.py).
+Owns authentication, request checks, which refusal each failure gets, and the call to an engine
+(the answer is relayed by gateway/relay.py).
 
 Raw ASGI rather than a framework: the hot path is one key hash, one JSON parse
 and one upstream call, so the gateway adds little to a direct engine call.
@@ -22,7 +23,6 @@ import trio
 
 from llmgw.asgi import (
     MAX_BODY_BYTES,
-    Exchange,
     Receive,
     Scope,
     Send,
@@ -50,12 +50,13 @@ from llmgw.gateway.checks import (
 )
 from llmgw.gateway import upstream
 from llmgw.gateway.auth import KeyCheck
-from llmgw.gateway.guard import Checks, Guard, GuardStats
+from llmgw.gateway.guard import Guard, GuardStats
 from llmgw.front import BACKLOG, Front, listen_socket
-from llmgw.gateway.answers import HiddenUsage, StreamUsage, asking_usage, engine_error, usage_of
+from llmgw.gateway.answers import asking_usage
 from llmgw.gateway.pool import Limits, LimitsReader, Pool, raise_fd_limit
 from llmgw.gateway.router import Lease, NoEndpoint, Router
 from llmgw.gateway import requestlog_query
+from llmgw.gateway.relay import Progress, relay
 from llmgw.gateway.requestlog import RequestLog
 from llmgw.interfaces import StateReader
 from llmgw.logs import request_id_var, role_var
@@ -75,26 +76,6 @@ _access = logging.getLogger("llmgw.gateway.access")
 # A refused request's unread body is discarded up to this many times the cap
 # (for at most `Timeouts.gateway_drain_body_s`).
 DRAIN_FACTOR = 4
-
-# Hop-by-hop (RFC 9110 §7.6.1) plus what this server sets itself.
-_DROP_UPSTREAM = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"date",
-        b"server",
-        b"content-length",
-        b"x-request-id",
-    }
-)
-
 
 _UNLOGGED = ("/health", "/metrics", requestlog_query.PATH)  # probes and control's queries are not requests to log
 
@@ -121,29 +102,6 @@ class GatewayDeps:
 def make_app(deps: GatewayDeps) -> GatewayApp:
     """The ASGI app; whoever serves it calls `aclose()` when done (`serve` does)."""
     return GatewayApp(deps)
-
-
-class _Exchange(Exchange):
-    """One request's progress: what its log line reports and how far its answer got."""
-
-    __slots__ = ("request_id", "model", "replica", "status", "started", "tokens_in", "tokens_out", "key",
-                 "node", "error", "ttft", "guard_rule", "guard")  # from `node`: for the request log
-
-    def __init__(self, request_id: str) -> None:
-        super().__init__()
-        self.request_id = request_id
-        self.model = "-"
-        self.replica = "-"
-        self.status = 0
-        self.started = False
-        self.node = self.error = ""
-        self.ttft: float | None = None  # trio time of the first streamed chunk
-        # From the engine's `usage` (answers.py); None: not known (no usage chunk asked for, a failure).
-        self.tokens_in: int | None = None
-        self.tokens_out: int | None = None
-        self.key: ApiKey | None = None  # the client key admitted (auth.py); None until then
-        self.guard_rule = ""  # the judges' verdicts (gateway/guard.py); "" when no policy applied
-        self.guard: Checks | None = None  # this request's guard checks; None: none apply
 
 
 class GatewayApp:
@@ -174,7 +132,7 @@ class GatewayApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = trio.current_time()
-        ex = _Exchange(self.log.new_id())
+        ex = Progress(self.log.new_id())
         wall = time.time()
         token = request_id_var.set(ex.request_id)
         method: str = scope["method"]
@@ -214,7 +172,7 @@ class GatewayApp:
                     self.deps.metrics.count(record)  # plain ints, no lock: llmgw/metrics/gateway.py
             request_id_var.reset(token)
 
-    async def _dispatch(self, ex: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _dispatch(self, ex: Progress, scope: Scope, receive: Receive, send: Send) -> None:
         method: str = scope["method"]
         path: str = scope["path"]
         if path == "/health":
@@ -290,7 +248,7 @@ class GatewayApp:
     # --- the proxy --------------------------------------------------------------
 
     async def _exchange(
-        self, ex: _Exchange, lease: Lease, endpoint: Endpoint, path: str, raw: bytes, stream: bool, send: Send,
+        self, ex: Progress, lease: Lease, endpoint: Endpoint, path: str, raw: bytes, stream: bool, send: Send,
         limits: Limits, hide_usage: bool = False, waits: ModelTimeouts = NO_OVERRIDES,
     ) -> None:
         """Send the body unchanged to the replica and relay its answer (streamed chunk for chunk, or whole)."""
@@ -300,73 +258,18 @@ class GatewayApp:
         ex.replica, ex.node = endpoint.replica_id, endpoint.node
         if ex.guard is not None and ex.guard.checks_response:
             response = await ex.guard.hold(response, stream)  # judged whole before the client gets any of it
-        try:
-            headers = _response_headers(response.headers, ex.request_id)
-            if not stream or response.status >= 400:
-                try:
-                    body = await response.read()
-                except upstream.UpstreamFailed as error:
-                    raise upstream.failure(endpoint, ex.model, error) from None
-                if response.status >= 400:  # the engine's own refusal, in OpenAI's shape
-                    raise engine_error(response.status, body, f"replica {endpoint.replica_id}")
-                ex.tokens_in, ex.tokens_out = usage_of(body)
-                headers.append((b"content-length", str(len(body)).encode()))
-                ex.started = True
-                ex.status = response.status
-                await send({"type": "http.response.start", "status": response.status, "headers": headers})
-                ex.finished = True
-                await send({"type": "http.response.body", "body": body, "more_body": False})
-                return
-            ex.started = True
-            ex.status = response.status
-            await send({"type": "http.response.start", "status": response.status, "headers": headers})
-            usage = StreamUsage()
-            hidden = HiddenUsage() if hide_usage else None
-            # Read, then send: the engine is read no faster than the client takes the answer (no buffer).
-            while True:
-                try:
-                    chunk = await response.next_chunk()
-                    if chunk is None:
-                        break
-                    if ex.ttft is None:
-                        ex.ttft = trio.current_time()
-                    usage.feed(chunk)
-                except Exception as error:
-                    # The status is already sent: say so in the stream, where OpenAI's SDKs look for it, and end
-                    # it (a stream left open, or cut without its last chunk, is a client's hang or a protocol error).
-                    if isinstance(error, upstream.UpstreamFailed):
-                        err = upstream.failure(endpoint, ex.model, error, mid_stream=True)
-                    else:
-                        _log.exception("relaying replica %s of model %s failed mid-stream", endpoint.replica_id,
-                                       ex.model)
-                        err = OpenAIError(502, "upstream_error", f"replica {endpoint.replica_id} failed mid-stream")
-                    ex.error = err.code or ""
-                    await send({"type": "http.response.body", "body": b"data: " + dumps(err.doc()) + b"\n\n",
-                                "more_body": True})
-                    break
-                if hidden is not None:
-                    chunk = hidden.feed(chunk)
-                    if not chunk:
-                        continue
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            if hidden is not None and (rest := hidden.flush()):
-                await send({"type": "http.response.body", "body": rest, "more_body": True})
-            ex.tokens_in, ex.tokens_out = usage.tokens()
-            ex.finished = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            response.close()
+        await relay(ex, response, endpoint, stream, send, hide_usage)
 
     # --- responses --------------------------------------------------------------
 
     async def _send(
-        self, ex: _Exchange, send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+        self, ex: Progress, send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
     ) -> None:
         ex.started = True
         ex.status = status
         await send_json(send, status, body, [(b"x-request-id", ex.request_id.encode()), *(extra or ())])
 
-    async def _refuse(self, ex: _Exchange, scope: Scope, receive: Receive, send: Send, error: OpenAIError) -> None:
+    async def _refuse(self, ex: Progress, scope: Scope, receive: Receive, send: Send, error: OpenAIError) -> None:
         ex.error = error.code or ""
         if ex.body_done:
             if not ex.disconnected:
@@ -385,7 +288,7 @@ class GatewayApp:
         if not ex.disconnected:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _discard_body(self, ex: _Exchange, scope: Scope, receive: Receive) -> None:
+    async def _discard_body(self, ex: Progress, scope: Scope, receive: Receive) -> None:
         """Read (a bounded amount of) the unread body before refusing: HTTP/1.1 clients
         such as httpx read no answer until they have sent everything, and the server
         closing under them loses the refusal."""
@@ -406,21 +309,6 @@ class GatewayApp:
 
 
 # --- helpers ----------------------------------------------------------------------
-
-
-def _response_headers(raw: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
-    named: set[bytes] = set()
-    for name, value in raw:
-        if name.lower() == b"connection":
-            # Headers the upstream declared hop-by-hop for this connection only.
-            named.update(v.strip().lower() for v in value.split(b","))
-    headers = [
-        (lower, value)
-        for name, value in raw
-        if (lower := name.lower()) not in _DROP_UPSTREAM and lower not in named
-    ]
-    headers.append((b"x-request-id", request_id.encode()))
-    return headers
 
 
 # --- server -------------------------------------------------------------------------
