@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from collections.abc import Callable
+from typing import Any, Mapping, TypeVar
 
 from llmgw.domain.frozen import freeze, thaw
-from llmgw.domain.guard import GuardPolicy, PolicyError
+from llmgw.domain.guard import GuardPolicy
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.observed import ROUTE_STATES, Endpoint, ModelRoute
 from llmgw.domain.state import ApiKey, ClusterState
@@ -131,28 +132,31 @@ class GatewayTable:
     skipped: tuple[str, ...] = ()  # "model: why" for each model this gateway could not read
 
 
+_T = TypeVar("_T", ModelDef, GuardPolicy)
+
+
+def _readable(docs: Any, parse: Callable[[Any], _T], what: str, skipped: list[str]) -> dict[str, _T]:
+    """Each document `parse` accepts, by name; one it refuses is named in `skipped` and left out."""
+    found: dict[str, _T] = {}
+    for doc in docs:
+        try:
+            item = parse(doc)
+        except DefinitionError as e:  # (a guard policy's PolicyError too)
+            skipped.append(f"{what}{doc.get('name', '?') if isinstance(doc, dict) else '?'}: {e}")
+            continue
+        found[item.name] = item
+    return found
+
+
 def read_table(message: Mapping[str, Any]) -> GatewayTable:
     """Raises `ProtocolError` for a table that cannot be read at all; a model that does not
     validate here (an older gateway) is skipped and named in `skipped`, the rest still apply."""
     try:
-        models: dict[str, ModelDef] = {}
         skipped: list[str] = []
-        for doc in message["models"]:
-            try:
-                model = ModelDef.from_doc(doc)
-            except DefinitionError as e:
-                skipped.append(f"{doc.get('name', '?') if isinstance(doc, dict) else '?'}: {e}")
-                continue
-            models[model.name] = model
+        models = _readable(message["models"], ModelDef.from_doc, "", skipped)
         keys = {str(k["hash"]): key_from_doc(k) for k in message["keys"]}
-        policies: dict[str, GuardPolicy] = {}
-        for doc in message.get("guard_policies") or ():  # absent: an older leader (no policies)
-            try:
-                policy = GuardPolicy.from_doc(doc)
-            except PolicyError as e:
-                skipped.append(f"guard policy {doc.get('name', '?') if isinstance(doc, dict) else '?'}: {e}")
-                continue
-            policies[policy.name] = policy
+        # Absent: an older leader (no policies).
+        policies = _readable(message.get("guard_policies") or (), GuardPolicy.from_doc, "guard policy ", skipped)
         settings = message["settings"]
         if not isinstance(settings, dict):
             raise ProtocolError("the table's settings are not an object")

@@ -8,6 +8,8 @@ from functools import partial
 
 import trio
 
+from llmgw.testing.scripted_engine import read_request
+
 __all__ = ["Engine", "serving"]
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}"
@@ -25,20 +27,11 @@ class Engine:
     async def handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
         served = 0
-        buffer = b""
+        buffer = bytearray()
         async with stream:
             while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buffer += data
-                head, _, buffer = buffer.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                while len(buffer) < length:
-                    buffer += await stream.receive_some(65536)
-                buffer = buffer[length:]
+                if await read_request(stream, buffer) is None:
+                    return
                 self.requests += 1
                 if self.answer_none or served >= 1:
                     return  # close, not a byte of answer

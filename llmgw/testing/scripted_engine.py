@@ -13,6 +13,26 @@ import trio
 __all__ = ["Reply", "Request", "ScriptedEngine", "serving"]
 
 
+async def read_request(stream: trio.abc.ReceiveStream, buffer: bytearray) -> tuple[bytes, bytes] | None:
+    """The next request's head and (content-length) body off `stream`, `buffer` holding what was read past
+    it; None when the caller closed first. The test engines' whole HTTP parsing: naive on purpose."""
+    while b"\r\n\r\n" not in buffer:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None
+        buffer += data
+    end = buffer.index(b"\r\n\r\n")
+    head = bytes(buffer[:end])
+    del buffer[:end + 4]
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(buffer) < length:
+        buffer += await stream.receive_some(65536)
+    body = bytes(buffer[:length])
+    del buffer[:length]
+    return head, body
+
+
 @dataclass
 class Request:
     head: bytes
@@ -61,19 +81,10 @@ class ScriptedEngine:
         buffer = bytearray()
         async with stream:
             while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buffer += data
-                head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                buffer = bytearray(rest)
-                while len(buffer) < length:
-                    buffer += await stream.receive_some(65536)
-                request = Request(head, bytes(buffer[:length]))
-                del buffer[:length]
+                got = await read_request(stream, buffer)
+                if got is None:
+                    return
+                request = Request(*got)
                 self.requests.append(request)
                 self.arrived.set()
                 reply = Reply(stream)

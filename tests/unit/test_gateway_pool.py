@@ -16,6 +16,7 @@ import trio.testing
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway.pool import Overloaded, Pool, raise_fd_limit
 from llmgw.gateway.upstream import UpstreamTimeout, send
+from llmgw.testing.scripted_engine import read_request
 
 PATH = "/v1/chat/completions"
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}"
@@ -35,21 +36,12 @@ class Engine:
 
     async def handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
-        buffer = b""
+        buffer = bytearray()
         try:
             async with stream:
                 while True:
-                    while b"\r\n\r\n" not in buffer:
-                        data = await stream.receive_some(65536)
-                        if not data:
-                            return
-                        buffer += data
-                    head, _, buffer = buffer.partition(b"\r\n\r\n")
-                    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length:"))
-                    while len(buffer) < length:
-                        buffer += await stream.receive_some(65536)
-                    buffer = buffer[length:]
+                    if await read_request(stream, buffer) is None:
+                        return
                     if self.stream_then_silence:
                         await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nhi\n\r\n")
                         while await stream.receive_some(65536):  # silent until the gateway hangs up
