@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if importlib.util.find_spec("shiv") is None:
         print(
-            f"error: shiv is not installed for {sys.executable}; run `make venv` "
+            f"error: shiv is not installed for {sys.executable}; run `make dev` "
             "(or pip install -e '.[build]') and build with .venv/bin/python build.py",
             file=sys.stderr,
         )

@@ -8,7 +8,7 @@ Exception tree (each carries `status`, `code`, `message` and extra response `hea
     └── AdminError           `/api/v1` (admin API): {"error": {"code", "message"}}
 
 `doc()` returns the body as a JSON-ready dict; each server encodes it its own
-way (the raw ASGI apps compactly, see `llmgw.asgi.dumps`). Imports nothing
+way (the raw ASGI apps compactly, see `llmgw.wire.asgi.dumps`). Imports nothing
 beyond the standard library, so any role or engine may use it.
 """
 

@@ -46,7 +46,7 @@ def _no_engine_outlives_the_suite(tmp_path_factory: pytest.TempPathFactory):  # 
     """Agents that adopt leave engines running by design; a test that forgets to stop them must
     not leave them running after the suite (they would hold ports and CPU on a CI machine)."""
     yield
-    from llmgw.testing.processes import kill_engines_under
+    from tests.support.processes import kill_engines_under
 
     killed = kill_engines_under(tmp_path_factory.getbasetemp())
     if killed:

@@ -3,7 +3,7 @@ to the next leader when it goes; this node's inventory, observed again every `st
 
 Engines keep running while the stream is down; when it comes back (to any leader) the agent
 reports what it runs and control adopts it from there (level-triggered). Every message from
-control is checked against its schema (`llmgw.protocol_agent`): a malformed one is logged and
+control is checked against its schema (`llmgw.wire.protocol_agent`): a malformed one is logged and
 answered with `rejected`, and nothing running is touched. A control silent for three heartbeat
 intervals (`stream_silence_s`) is taken for gone: the agent looks for the leader again.
 """
@@ -12,27 +12,26 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import httpx
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError
 
-from llmgw import __version__, protocol
-from llmgw import protocol_agent as pa
+from llmgw import __version__
 from llmgw.agent.inventory import NvmlProbe
 from llmgw.agent.storage import StorageDir, StorageScanner
 from llmgw.agent.supervisor import Supervisor
 from llmgw.domain.observed import NodeInfo
-from llmgw.domain.timeouts import SILENT_BEATS, TIMEOUTS, Timeouts
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.engines import Group
-from llmgw.errors import describe, first_error
 from llmgw.interfaces import GpuProbe, ReplicaRunner
 from llmgw.logs import role_var
-from llmgw.stream_client import open_stream
+from llmgw.wire import protocol
+from llmgw.wire import protocol_agent as pa
+from llmgw.wire.follow import Refused, Welcomed, follow_leader, receive_within
+from llmgw.wire.stream_client import open_stream
 
 log = logging.getLogger("llmgw.agent")
 
@@ -100,120 +99,34 @@ async def _run(config: AgentConfig, scanner: StorageScanner, link: _Link, superv
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_observe, config, scanner, link)
-            nursery.start_soon(_connect_forever, config, supervisor, link)
+            nursery.start_soon(_follow, config, supervisor, link)
             await link.welcomed.wait()
             task_status.started()
     finally:
         supervisor.close()  # engines stop as `engines` unwinds, or keep running for the next agent
 
 
-class _Refused(Exception):
-    """A control plane will not lead this agent; `leader_url` says where to go, if it knows."""
-
-    def __init__(self, control: str, reason: str, leader: Any, leader_url: Any) -> None:
-        super().__init__(f"{control} refused the stream: {reason} (leader: {leader or 'unknown'})")
-        self.leader_url = leader_url if isinstance(leader_url, str) and leader_url.startswith("http") else None
-
-    @classmethod
-    def of(cls, control: str, message: pa.Refused) -> _Refused:
-        return cls(control, message.reason, message.leader, message.leader_url)
-
-
-class _Silent(Exception):
-    pass
-
-
-async def _connect_forever(config: AgentConfig, supervisor: ReplicaRunner, link: _Link) -> None:
-    """Find the leader among `controls` (or where a refusal points) and stay with it; again when it goes.
-
-    Every member is tried in turn, at once; only after a whole round failed does the agent pause
-    (with backoff and jitter), so the loss of a leader costs one failed connect, not a backoff;
-    while members answer that none leads (an election), the pause stays short.
-    A refusal that names the leader's URL is followed (one hop: two members pointing at each
-    other make no loop without pauses)."""
+async def _follow(config: AgentConfig, supervisor: ReplicaRunner, link: _Link) -> None:
+    """Find the leader among `controls` (or where a refusal points) and stay with it; again when it goes."""
     t = config.timeouts
-    controls = config.controls
-    delay = t.agent_reconnect_min_s
-    attempt = failed_in_round = 0
-    answered = False  # a member answered in this round (it refused: not the leader)
-    pointer: str | None = None
-    said: set[str] = set()  # failures logged since the last attach: a repeat goes to the debug log
-    while True:
-        followed = pointer is not None
-        if pointer is not None:
-            control, pointer = pointer, None
-        else:
-            control = controls[attempt % len(controls)]
-            attempt += 1
-        attached = trio.Event()
-        why, level = "", logging.WARNING
-        began = trio.current_time()
-        try:
-            await _connect_once(control, config, supervisor, link, attached)
-        # Nurseries wrap errors in groups (strict exception groups), hence except*.
-        except* _Refused as group:
-            refused = first_error(group)
-            assert isinstance(refused, _Refused)
-            why, level = str(refused), logging.INFO
-            answered = True
-            if refused.leader_url is not None and refused.leader_url != control and (
-                    not followed or attached.is_set()):
-                pointer = refused.leader_url
-        except* HandshakeError as group:
-            why = f"control {control} refused the stream: {describe(first_error(group))}"
-        except* _Silent:
-            why = (f"no word from control {control} for {t.stream_silence_s:g} s ({SILENT_BEATS} heartbeat intervals):"
-                   f" looking for the leader again")
-        except* (ConnectionClosed, OSError, trio.BrokenResourceError, trio.TooSlowError) as group:
-            why = f"stream to {control} lost: {describe(first_error(group))}"
-        except* protocol.ProtocolError as group:
-            why = f"control {control} spoke an unexpected protocol: {describe(first_error(group))}"
-        if attached.is_set():
-            said.clear()
-            delay, failed_in_round, answered = t.agent_reconnect_min_s, 0, False
-            log.warning("lost the leader at %s (%s); engines keep running while the agent looks for the leader",
-                        control, why or "closed")
-            if trio.current_time() - began < t.stream_silence_s:  # a leader that drops us at once: no busy loop
-                await trio.sleep(delay * (0.5 + random.random()))
-            continue  # the next member at once
-        if why:
-            log.log(logging.DEBUG if why in said else level, "%s", why)
-            said.add(why)
-        if pointer is not None:
-            continue
-        failed_in_round += 1
-        if failed_in_round >= len(controls):  # every member tried: pause before the next round
-            failed_in_round = 0
-            # Members answer but none leads: an election, over in a second or two; keep asking often.
-            longest = min(t.agent_election_retry_s, t.agent_reconnect_max_s) if answered else t.agent_reconnect_max_s
-            answered = False
-            delay = min(delay, longest)
-            await trio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, longest)
 
+    async def stream(control: str, welcomed: Welcomed) -> None:
+        async with open_stream(control, protocol.STREAM_PATH, config.key, connect_s=t.agent_connect_s,
+                               close_s=t.agent_stream_close_s) as ws:
+            await _session(ws.get_message, ws.send_message, control, config, supervisor, link, welcomed)
 
-async def _connect_once(control: str, config: AgentConfig, supervisor: ReplicaRunner, link: _Link,
-                        attached: trio.Event) -> None:
-    t = config.timeouts
-    async with open_stream(control, protocol.STREAM_PATH, config.key, connect_s=t.agent_connect_s,
-                           close_s=t.agent_stream_close_s) as ws:
-        await _session(ws.get_message, ws.send_message, control, config, supervisor, link, attached)
+    await follow_leader(config.controls, stream, role="agent", reconnect=t.agent_reconnect,
+                        lost=lambda: "engines keep running")
 
 
 Receive = Callable[[], Awaitable[str | bytes]]
 Send = Callable[[str], Awaitable[None]]
 
 
-async def _receive(receive: Receive, silence_s: float) -> str | bytes:
-    with trio.move_on_after(silence_s):
-        return await receive()
-    raise _Silent()
-
-
 async def _session(receive: Receive, send: Send, control: str, config: AgentConfig, supervisor: ReplicaRunner,
-                   link: _Link, attached: trio.Event) -> None:
+                   link: _Link, welcomed: Welcomed) -> None:
     """One stream: hello and inventory, welcome, then commands in and reports out until it ends.
-    Raises `_Refused`, `_Silent` or `ProtocolError` (a bad opening) to `_connect_forever`;
+    Raises `Refused`, `Silent` or `ProtocolError` (a bad opening) to `follow_leader`;
     never for a bad command once welcomed."""
     silence = config.timeouts.stream_silence_s
     await send(protocol.dumps({
@@ -221,22 +134,21 @@ async def _session(receive: Receive, send: Send, control: str, config: AgentConf
     }))
     sent = link.inventory
     await send(protocol.dumps({"type": "inventory", "inventory": sent.to_doc()}))
-    first = pa.read_down(protocol.loads(await _receive(receive, silence)))
+    first = pa.read_down(protocol.loads(await receive_within(receive, control, silence)))
     if isinstance(first, pa.Refused):
-        raise _Refused.of(control, first)
+        raise Refused(control, first.reason, first.leader, first.leader_url)
     if not isinstance(first, pa.Welcome):
         raise protocol.ProtocolError(f"expected welcome, got {type(first).__name__.lower()}")
-    log.info("connected to the leader at %s (member %s) as node %s", control, first.leader, config.node)
-    attached.set()
+    welcomed(first.leader, f"as node {config.node}")
     link.welcomed.set()
     link.outbox.clear()  # answers meant for an earlier stream
     link.mark()  # the first report says what runs here: the leader adopts it
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_report, send, supervisor, link, sent, config.timeouts.stream_heartbeat_s)
         while True:
-            message = _read(await _receive(receive, silence), link)
+            message = _read(await receive_within(receive, control, silence), link)
             if isinstance(message, pa.Refused):  # the leader stepped down: find the next one
-                raise _Refused.of(control, message)
+                raise Refused(control, message.reason, message.leader, message.leader_url)
             if message is not None:
                 _act(message, supervisor, link)
 

@@ -16,7 +16,7 @@ import trio
 from llmgw import catalog as catalog_mod
 from llmgw.cli import _ports
 from llmgw.cli._lifecycle import serve_until_signal
-from llmgw import logs, statedir
+from llmgw import console, logs, statedir
 from llmgw.agent import AgentConfig
 from llmgw.agent import serve as agent_serve
 from llmgw.control.service import ControlConfig, Seed
@@ -105,6 +105,7 @@ async def main(opts: UpOptions) -> int:
         seed=Seed(admin_key=keys["admin_key"], client_key=keys["client_key"], models=models),
         sinks=[router],
         demand=[router],
+        mounts=(console.register,),
     )
     return await serve_until_signal(_serve_all, opts, router, control_cfg, keys, cred_path)
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from cyclopts import Parameter
 
+from llmgw.cli._log_flags import LogFlags
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
@@ -96,8 +98,7 @@ def control(
     floating_address: str | None = None,
     floating_interface: str | None = None,
     journal_fsync: Literal["always", "off"] = "always",
-    log_json: bool = False,
-    log_level: str = "info",
+    log: LogFlags = LogFlags(),
 ) -> None:
     """Run a control plane: Raft member, reconciler, admin API and the agents' stream.
 
@@ -130,16 +131,12 @@ def control(
     journal_fsync
         always: each Raft entry is on disk before it counts (survives power loss); off: survives
         a process kill only, faster (docs/operations.md, Durability).
-    log_json
-        One JSON object per log line instead of text.
-    log_level
-        debug, info, warning or error.
     """
     import logging
 
     import trio
 
-    from llmgw import logs, statedir
+    from llmgw import console, statedir
     from llmgw.cli import _ports
     from llmgw.cli._lifecycle import serve_until_signal
     from llmgw.control.service import ControlConfig, Seed, serve
@@ -151,7 +148,7 @@ def control(
     key = os.environ.get("LLMGW_ADMIN_KEY")
     client_key = os.environ.get("LLMGW_CLIENT_KEY") or None
     with statedir.acquire_or_exit(state_dir, "llmgw control"):  # before anything in the dir is touched
-        logs.setup(json_lines=log_json, level=log_level, log_file=state_dir / "logs" / "control.log")
+        log.setup(state_dir / "logs" / "control.log")
         if client_key and not key:
             logging.getLogger("llmgw.control").warning(
                 "LLMGW_CLIENT_KEY is ignored: the first keys are given together, with LLMGW_ADMIN_KEY, at the first "
@@ -159,7 +156,8 @@ def control(
         cfg = ControlConfig(state_dir=state_dir, raft_addr=raft_addr, admin_host=admin_host, admin_port=admin_port,
                             peers=list(peer or []), seed=Seed(admin_key=key, client_key=client_key) if key else None,
                             floating=floating, cluster_secret=cluster_secret, join=join,
-                            admin_url=_admin_url(admin_url), journal_fsync=journal_fsync, timeouts=_timeouts())
+                            admin_url=_admin_url(admin_url), journal_fsync=journal_fsync, timeouts=_timeouts(),
+                            mounts=(console.register,))
 
         async def serve_naming_ports(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             async with trio.open_nursery() as nursery:
@@ -181,8 +179,7 @@ def agent(
     storage: list[str] | None = None,
     fabric: str | None = None,
     stop_engines_on_exit: bool = False,
-    log_json: bool = False,
-    log_level: str = "info",
+    log: LogFlags = LogFlags(),
 ) -> None:
     """Run an agent: report this node, start and stop engines as the leading control plane says.
 
@@ -207,16 +204,12 @@ def agent(
     stop_engines_on_exit
         Stop the engines when the agent stops. By default they keep serving, and the next agent
         on this state dir adopts them (an agent restart or upgrade does not interrupt serving).
-    log_json
-        One JSON object per log line instead of text.
-    log_level
-        debug, info, warning or error.
     """
     import socket
 
     import trio
 
-    from llmgw import logs, statedir
+    from llmgw import statedir
     from llmgw.agent import AgentConfig, serve
     from llmgw.cli._lifecycle import serve_until_signal
 
@@ -226,7 +219,7 @@ def agent(
     dirs = _storage(storage or [])
     timeouts = _timeouts()
     with statedir.acquire_or_exit(state_dir, "llmgw agent"):  # before anything in the dir is touched
-        logs.setup(json_lines=log_json, level=log_level, log_file=state_dir / "logs" / "agent.log")
+        log.setup(state_dir / "logs" / "agent.log")
         cfg = AgentConfig(controls=control, key=secret, state_dir=state_dir, node=node or socket.gethostname(),
                           engine_host=engine_host, storage=dirs, fabric=fabric or "", timeouts=timeouts,
                           stop_engines_on_exit=stop_engines_on_exit)
@@ -252,8 +245,7 @@ def gateway(
     key: str | None = None,
     workers: int = 1,
     worker_of: Annotated[int | None, Parameter(show=False)] = None,
-    log_json: bool = False,
-    log_level: str = "info",
+    log: LogFlags = LogFlags(),
 ) -> None:
     """Run a gateway: the OpenAI-compatible /v1 API, following the leading control plane's table.
 
@@ -276,17 +268,13 @@ def gateway(
         STATE_DIR/workers/wI; one that dies is started again.
     worker_of
         Internal: this process is a worker of that parent gateway's pid.
-    log_json
-        One JSON object per log line instead of text.
-    log_level
-        debug, info, warning or error.
     """
     import contextlib
     import socket
 
     import trio
 
-    from llmgw import logs, statedir
+    from llmgw import statedir
     from llmgw.cli import _ports
     from llmgw.cli._lifecycle import serve_until_signal
     from llmgw.gateway import workers as gateway_workers
@@ -308,8 +296,7 @@ def gateway(
     with contextlib.ExitStack() as held:
         if state_dir is not None:  # before anything in the dir is touched
             held.enter_context(statedir.acquire_or_exit(state_dir, "llmgw gateway"))
-        logs.setup(json_lines=log_json, level=log_level,
-                   log_file=state_dir / "logs" / "gateway.log" if state_dir is not None else None)
+        log.setup(state_dir / "logs" / "gateway.log" if state_dir is not None else None)
         cfg = GatewayConfig(controls=control, key=secret, listen_host=host, listen_port=port, name=name,
                             timeouts=timeouts, state_dir=state_dir)
         role: Callable[..., Awaitable[object]] = partial(serve, cfg)
@@ -319,8 +306,8 @@ def gateway(
         elif workers > 1:
             role = partial(gateway_workers.serve, gateway_workers.WorkersConfig(
                 count=workers, listen_host=host, listen_port=port, state_dir=state_dir, timeouts=timeouts,
-                command=gateway_workers.gateway_command(control, name, state_dir, log_json=log_json,
-                                                        log_level=log_level),
+                command=gateway_workers.gateway_command(control, name, state_dir, log_json=log.log_json,
+                                                        log_level=log.log_level),
                 env={**os.environ, "LLMGW_KEY": secret}))
 
         async def serve_naming_port(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:

@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+from llmgw.cli._log_flags import LogFlags
+
 
 def up(
     *,
@@ -15,8 +17,7 @@ def up(
     admin_port: int = 8081,
     raft_port: int = 0,
     catalog: Path | None = None,
-    log_json: bool = False,
-    log_level: str = "info",
+    log: LogFlags = LogFlags(),
 ) -> None:
     """Start a one-machine cluster (its help text is at its registration in llmgw/cli/__init__.py).
 
@@ -35,15 +36,11 @@ def up(
     catalog
         TOML file of [[models]] tables served on a fresh state dir (default: the built-in copy of
         examples/catalog.toml); a state dir that has a cluster keeps its own models.
-    log_json
-        One JSON object per log line instead of text.
-    log_level
-        debug, info, warning or error.
     """
     from llmgw.cli._up_run import UpOptions, run
 
     opts = UpOptions(state_dir=state_dir, host=host, gateway_port=gateway_port, admin_port=admin_port,
-                     raft_port=raft_port, catalog=catalog, log_json=log_json, log_level=log_level,
+                     raft_port=raft_port, catalog=catalog, log_json=log.log_json, log_level=log.log_level,
                      env_client_key=os.environ.get("LLMGW_CLIENT_KEY"),
                      env_admin_key=os.environ.get("LLMGW_ADMIN_KEY"))
     sys.exit(run(opts))

@@ -1,7 +1,7 @@
 """The web console (`/` on the control planes' admin URL): server-rendered pages over the same summary,
 request log and settings as `ctl`, signed in with an admin or viewer key (docs/console.md).
 
-`register(app, deps)` mounts it all on the admin app; each page module adds its routes through
+`register(app, ctx)` mounts it all on the admin app; each page module adds its routes through
 `auth.console_route`, so every page is signed-in, CSRF-checked and refused to viewers alike.
 """
 
@@ -9,21 +9,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llmgw.console import auth, do, guardrails, models, nodes, overview, requestlog, settings_page, signin
+from llmgw.console import auth, do, guardrails, models, nodes, overview, requestlog, sessions, settings_page, signin
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from llmgw.control.admin import ControlDeps
+    from llmgw.control.context import Context
 
 __all__ = ["register"]
 
 
-def register(app: QuartTrio, deps: ControlDeps, cluster_info: auth.ClusterInfo | None = None,
-             views: auth.PlanViews | None = None) -> None:
-    """Mount the console on the admin app: sign-in, static files, and every page. `cluster_info` and
-    `views` are the admin app's own (the members' table, the reconciler's model views)."""
-    auth.install(app, deps, cluster_info, views)
+def register(app: QuartTrio, ctx: Context) -> None:
+    """Mount the console on the admin app (an `api.Mount`): sign-in, static files, and every page, each
+    reading the control plane's `Context`, as the admin API's routes do."""
+    sessions.install(app, ctx)
     signin.register(app)  # /signin, /signout, /console/static/*
     overview.register(app)  # /
     requestlog.register(app)  # /requests

@@ -9,141 +9,30 @@ asking the gateways' request logs on the operator's behalf (as `ctl` does with i
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import inspect
 import logging
-import secrets
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 from urllib.parse import urlsplit
 
 from quart import Response, g, request
 
+from llmgw.console import layout
+from llmgw.console.sessions import Role, Session, Entry, console_of
 from llmgw.domain.keys import hash_key
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from llmgw.control.admin import ControlDeps
+    from llmgw.control.context import Context
 
 log = logging.getLogger("llmgw.console")
 
 COOKIE = "llmgw_session"
 SIGNIN_COOKIE = "llmgw_signin"  # the sign-in form's own CSRF token (double submit: there is no session yet)
 CONSOLE_ROLES = ("admin", "viewer")
-MAX_SESSIONS = 10_000  # a flood of sign-ins cannot grow the control plane's memory without bound
-_EXT = "llmgw_console"
 
-Role = Literal["admin", "viewer"]
 View = Callable[..., "Awaitable[str | Response] | str | Response"]
-
-
-@dataclass(frozen=True)
-class Session:
-    """Who is signed in: the key's public id and role, and this session's CSRF token."""
-
-    key_id: str
-    role: Role
-    csrf: str
-
-
-@dataclass
-class _Entry:
-    session: Session
-    key_hash: str
-    key: str  # the clear key, in memory only: the gateways' request logs answer an admin key
-    expires_at: float
-
-
-class Sessions:
-    """Signed-in sessions by the hash of their cookie token; each ends `idle_s` after its last request."""
-
-    def __init__(self, idle_s: float, clock: Callable[[], float]) -> None:
-        self.idle_s = idle_s
-        self.clock = clock
-        self._by_token: dict[str, _Entry] = {}
-
-    @staticmethod
-    def _digest(token: str) -> str:
-        return hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
-
-    def open(self, key: str, key_hash: str, key_id: str, role: Role) -> str:
-        """A new session for this key; its cookie token (shown to the browser only)."""
-        self._prune()
-        if len(self._by_token) >= MAX_SESSIONS:  # the oldest to end goes first
-            oldest = min(self._by_token, key=lambda d: self._by_token[d].expires_at)
-            del self._by_token[oldest]
-        token = secrets.token_urlsafe(32)
-        session = Session(key_id, role, secrets.token_urlsafe(32))
-        self._by_token[self._digest(token)] = _Entry(session, key_hash, key, self.clock() + self.idle_s)
-        return token
-
-    def find(self, token: str | None, key_role: Callable[[str], str | None]) -> _Entry | None:
-        """The live session of this token (its expiry moved on), or None: unknown, expired, or its key
-        revoked or no longer of the role it signed in with."""
-        if not token:
-            return None
-        digest = self._digest(token)
-        entry = self._by_token.get(digest)
-        if entry is None:
-            return None
-        now = self.clock()
-        if entry.expires_at <= now or key_role(entry.key_hash) != entry.session.role:
-            del self._by_token[digest]
-            return None
-        entry.expires_at = now + self.idle_s
-        return entry
-
-    def close(self, token: str | None) -> None:
-        if token:
-            self._by_token.pop(self._digest(token), None)
-
-    def __len__(self) -> int:
-        return len(self._by_token)
-
-    def _prune(self) -> None:
-        now = self.clock()
-        for digest in [d for d, e in self._by_token.items() if e.expires_at <= now]:
-            del self._by_token[digest]
-
-
-ClusterInfo = Callable[[str | None], Awaitable[dict[str, Any]]]
-PlanViews = Callable[[], "dict[str, Any] | None"]
-
-
-async def _no_cluster(authorization: str | None) -> dict[str, Any]:
-    return {}
-
-
-@dataclass
-class Console:
-    """What every console view shares: the control plane's collaborators, the sessions, and the admin
-    app's own readers (the members' table, the reconciler's views), so pages read what the API does."""
-
-    deps: ControlDeps
-    sessions: Sessions
-    cluster_info: ClusterInfo = _no_cluster
-    views: PlanViews = lambda: None
-
-
-def console_of(app: QuartTrio) -> Console:
-    found = app.extensions.get(_EXT)
-    assert isinstance(found, Console), "llmgw.console.register(app, deps) must run first"
-    return found
-
-
-def install(app: QuartTrio, deps: ControlDeps, cluster_info: ClusterInfo | None = None,
-            views: PlanViews | None = None) -> Console:
-    console = Console(deps, Sessions(deps.reconciler.timeouts.console_session_idle_s, deps.clock),
-                      cluster_info or _no_cluster, views or (lambda: None))
-    app.extensions[_EXT] = console
-    return console
-
-
-def csrf_field(session: Session) -> str:
-    """The hidden form field every console form carries (checked on every POST)."""
-    return f'<input type="hidden" name="csrf" value="{session.csrf}">'
 
 
 def html(body: str, status: int = 200) -> Response:
@@ -173,20 +62,14 @@ def authorization(session: Session) -> str:
     """The `Authorization` header that asks the other members and the gateways on this session's behalf
     (with its own key, as `ctl` would): built here, in memory, never logged."""
     entry = getattr(g, "console_entry", None)
-    return f"Bearer {entry.key}" if isinstance(entry, _Entry) and entry.session is session else ""
+    return f"Bearer {entry.key}" if isinstance(entry, Entry) and entry.session is session else ""
 
 
-def console_of_request() -> Console:
-    from quart import current_app
-
-    return console_of(current_app)  # type: ignore[arg-type]
-
-
-def current_entry() -> _Entry | None:
+def current_entry() -> Entry | None:
     from quart import current_app  # the app this request runs in: its console
 
     console = console_of(current_app)  # type: ignore[arg-type]
-    state = console.deps.store.snapshot()
+    state = console.ctx.state()
     return console.sessions.find(request.cookies.get(COOKIE), state.key_role)
 
 
@@ -201,8 +84,6 @@ def same_origin() -> bool:
 
 def refused(title: str, why: str, session: Session | None, status: int = 403) -> Response:
     """A refusal as a page: what was refused and why, in words, with the way out."""
-    from llmgw.console import layout
-
     body = (f'<section class="refusal" id="refusal" data-testid="refusal"><h2>{layout.esc(title)}</h2>'
             f'<p data-testid="refusal-reason">{layout.esc(why)}</p></section>')
     if session is None:
@@ -237,7 +118,7 @@ async def check_post(session: Session) -> Response | None:
 
 def console_route(app: QuartTrio, path: str, methods: Sequence[str] = ("GET",), *,
                   action: bool = False) -> Callable[[View], View]:
-    """Register a console view at `path`: it is called as `view(session, deps, **path_args)` and returns
+    """Register a console view at `path`: it is called as `view(session, ctx, **path_args)` and returns
     HTML (a full page from `layout.page`) or a Response (a `redirect`). Not signed in: to the sign-in
     page. Every POST needs this session's CSRF token (form field `csrf`); `action=True` also needs an
     admin key, on every method (a viewer is shown why not)."""
@@ -258,7 +139,7 @@ def console_route(app: QuartTrio, path: str, methods: Sequence[str] = ("GET",), 
                 refusal = await check_post(session)
                 if refusal is not None:
                     return refusal
-            result = view(session, console_of(app).deps, **kwargs)
+            result = view(session, console_of(app).ctx, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
             return result if isinstance(result, Response) else html(str(result))
@@ -270,13 +151,13 @@ def console_route(app: QuartTrio, path: str, methods: Sequence[str] = ("GET",), 
     return wrap
 
 
-def role_of(key: str, deps: ControlDeps) -> tuple[str, str, Role] | None:
+def role_of(key: str, ctx: Context) -> tuple[str, str, Role] | None:
     """(hash, id, role) of a key that may sign in (admin or viewer, not expired); None otherwise."""
     key_hash = hash_key(key)
-    found = deps.store.snapshot().keys.get(key_hash)
+    found = ctx.state().keys.get(key_hash)
     if found is None or found.role not in CONSOLE_ROLES:
         return None
-    if found.expires_at is not None and found.expires_at <= deps.clock():
+    if found.expires_at is not None and found.expires_at <= ctx.clock():
         return None
     role: Role = "admin" if found.role == "admin" else "viewer"
     return key_hash, found.id, role

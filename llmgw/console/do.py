@@ -2,7 +2,7 @@
 enable the judge, stop / start the system, guards on / off; and how to add a node or a control plane.
 
 Every action is two POSTs: the first shows what will happen and asks to confirm, the second does it
-through the admin API's own code (commands, `admin_system`, `admin_guard.enable`) and shows the result,
+through the admin API's own operations (`control/ops`: models, system, judges) and shows the result,
 so its effect shows in `ctl` too. Viewers and forms without this session's CSRF token are refused
 by `console_route(action=True)`.
 """
@@ -15,10 +15,12 @@ from quart import request
 
 from llmgw.console import do_serve
 from llmgw.console.actions import ActionError, committer, new_token, run
-from llmgw.console.auth import Session, console_route, csrf_field
+from llmgw.console.auth import console_route
+from llmgw.console.sessions import Session, csrf_field
 from llmgw.console.layout import esc, page, table
-from llmgw.control import admin_guard, admin_system
-from llmgw.control.admin_plan import plan_doc
+from llmgw.control.ops import judges as judge_ops
+from llmgw.control.ops import system as system_ops
+from llmgw.control.ops.plan import plan_doc
 from llmgw.domain import commands
 from llmgw.domain.guard import enabled as guards_enabled
 from llmgw.domain.judges import judge_status, pick_guard_file
@@ -27,7 +29,7 @@ from llmgw.domain.settings import effective
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from llmgw.control.admin import ControlDeps
+    from llmgw.control.context import Context
 
 SYSTEM = {"stop": True, "start": False}  # the form's `to` -> serving.stopped
 GUARDS = {"on": True, "off": False}  # the form's `to` -> guard.enabled
@@ -36,11 +38,11 @@ PARKED_SHOWN = 50  # rows of the retry list; the rest are on Models (state parke
 
 def register(app: QuartTrio) -> None:
     @console_route(app, "/do")
-    def do_page(session: Session, deps: ControlDeps) -> str:
-        return _page("Do", menu(session, deps), session)
+    def do_page(session: Session, ctx: Context) -> str:
+        return _page("Do", menu(session, ctx), session)
 
     @console_route(app, "/do/serve", ("POST",), action=True)
-    async def serve(session: Session, deps: ControlDeps) -> str:
+    async def serve(session: Session, ctx: Context) -> str:
         form = await _form()
         try:
             doc = do_serve.definition(form)
@@ -50,13 +52,13 @@ def register(app: QuartTrio) -> None:
                     do_serve.form_html(csrf_field(session), form))
             return _page("Serve a model", body, session)
         if form.get("confirm") != "yes":
-            plan = plan_doc(model, deps.store.snapshot(), deps.hub.observed())
+            plan = plan_doc(model, ctx.state(), ctx.observed())
             body = do_serve.plan_html(plan) + _confirm(session, "/do/serve", f"Serve {model.name}",
                                                        {"definition": _json(model.to_doc())}, "serve")
             return _page(f"Serve {model.name}: the plan", body, session)
 
         async def act() -> str:
-            result = await committer(deps, session, form.get("token"))(commands.put_model(model, deps.clock()))
+            result = await committer(ctx, session, form.get("token"))(commands.put_model(model, ctx.clock()))
             verb = "defined" if result.get("created") else "replaced (its replicas are replaced by the new definition)"
             return (f"model {model.name} {verb}; the reconciler places it now. Follow it on "
                     f'<a href="/models/{esc(model.name)}">its page</a> or with '
@@ -64,11 +66,11 @@ def register(app: QuartTrio) -> None:
         return await _result(session, f"Serve {model.name}", "serve", act())
 
     @console_route(app, "/do/retry", ("POST",), action=True)
-    async def retry(session: Session, deps: ControlDeps) -> str:
+    async def retry(session: Session, ctx: Context) -> str:
         form = await _form()
         name = form.get("name", "")
         if form.get("confirm") != "yes":
-            health = deps.store.snapshot().model_health(name)
+            health = ctx.state().model_health(name)
             said = (f"{name} is parked after {health.failures_in_row} failed start(s): "
                     f"{health.last_error or 'no error'}"
                     if health.parked else f"{name} is not parked now; retrying clears its failed starts anyway")
@@ -77,22 +79,22 @@ def register(app: QuartTrio) -> None:
                                                                 {"name": name}, "retry"), session)
 
         async def act() -> str:
-            await committer(deps, session, form.get("token"))(commands.retry_model(name, deps.clock()))
+            await committer(ctx, session, form.get("token"))(commands.retry_model(name, ctx.clock()))
             return (f"model {esc(name)} retried: its failed starts are cleared and the reconciler places it again "
                     f'(<a href="/models/{esc(name)}">its page</a>, <code>llmgw ctl model show {esc(name)}</code>).')
         return await _result(session, f"Retry {name}", "retry", act())
 
     @console_route(app, "/do/judge", ("POST",), action=True)
-    async def judge(session: Session, deps: ControlDeps) -> str:
+    async def judge(session: Session, ctx: Context) -> str:
         form = await _form()
         doc: dict[str, Any] = {k: form[k].strip() for k in ("name", "source") if form.get(k, "").strip()}
         if form.get("replace"):
             doc["replace"] = True
         if form.get("confirm") != "yes":
-            missing = [j["model"] for j in judge_status(deps.store.snapshot(), deps.hub.observed(), None, None)
+            missing = [j["model"] for j in judge_status(ctx.state(), ctx.observed(), None, None)
                        if j["status"] in ("missing", "not_a_judge")]
             name = doc.get("name") or " or ".join(missing) or "the judge the policies ask for"
-            source = doc.get("source") or _found_source(deps) or "(none given, and none found in the nodes' storage)"
+            source = doc.get("source") or _found_source(ctx) or "(none given, and none found in the nodes' storage)"
             said = (f"Serve {name} as a judge: Llama Guard on CPU via llama.cpp, role guard, one replica, from "
                     f"{source}." + (" A model of that name that is not a judge is replaced." if doc.get("replace")
                                     else ""))
@@ -101,7 +103,7 @@ def register(app: QuartTrio) -> None:
                 session, "/do/judge", "Enable the judge", fields, "judge"), session)
 
         async def act() -> str:
-            answer, _ = await admin_guard.enable(deps, committer(deps, session, form.get("token")), doc)
+            answer = await judge_ops.enable(ctx, committer(ctx, session, form.get("token")), doc)
             name = esc(answer["judge"])
             words = (f"judge {name} served from {esc(answer['model']['source'])}" if answer["changed"] else
                      f"judge {name} was already defined this way: nothing changed")
@@ -113,7 +115,7 @@ def register(app: QuartTrio) -> None:
         return await _result(session, "Enable the judge", "judge", act())
 
     @console_route(app, "/do/system", ("POST",), action=True)
-    async def system(session: Session, deps: ControlDeps) -> str:
+    async def system(session: Session, ctx: Context) -> str:
         form = await _form()
         to = form.get("to", "")
         if to not in SYSTEM:
@@ -127,7 +129,7 @@ def register(app: QuartTrio) -> None:
                 session, "/do/system", f"{to.capitalize()} the system", {"to": to}, "system"), session)
 
         async def act() -> str:
-            answer = await admin_system.switch(deps, committer(deps, session, form.get("token")), SYSTEM[to])
+            answer = await system_ops.switch(ctx, committer(ctx, session, form.get("token")), SYSTEM[to])
             state = "stopped" if answer["stopped"] else "started"
             if not answer["changed"]:
                 return f"the system was already {state}: nothing changed (<code>llmgw status</code>)."
@@ -137,7 +139,7 @@ def register(app: QuartTrio) -> None:
         return await _result(session, f"{to.capitalize()} the system", "system", act())
 
     @console_route(app, "/do/guards", ("POST",), action=True)
-    async def guards(session: Session, deps: ControlDeps) -> str:
+    async def guards(session: Session, ctx: Context) -> str:
         form = await _form()
         to = form.get("to", "")
         if to not in GUARDS:
@@ -150,8 +152,8 @@ def register(app: QuartTrio) -> None:
                 session, "/do/guards", f"Turn the guards {to}", {"to": to}, "guards"), session)
 
         async def act() -> str:
-            await committer(deps, session, form.get("token"))(
-                commands.put_setting("guard.enabled", GUARDS[to], deps.clock()))
+            await committer(ctx, session, form.get("token"))(
+                commands.put_setting("guard.enabled", GUARDS[to], ctx.clock()))
             return f"guards are {to} (guard.enabled = {str(GUARDS[to]).lower()}; <code>llmgw ctl guard list</code>)."
         return await _result(session, f"Guards {to}", "guards", act())
 
@@ -159,8 +161,8 @@ def register(app: QuartTrio) -> None:
 # --- the menu ---------------------------------------------------------------------------------------
 
 
-def menu(session: Session, deps: ControlDeps) -> str:
-    state = deps.store.snapshot()
+def menu(session: Session, ctx: Context) -> str:
+    state = ctx.state()
     csrf = csrf_field(session)
     out = []
     if session.role != "admin":
@@ -178,7 +180,7 @@ def menu(session: Session, deps: ControlDeps) -> str:
     out.append('<section class="card" id="do-retry"><h2>Retry a parked model</h2>' +
                table(["Model", "Failed starts", "Last error", ""], rows, sortable=False, testid="parked-table",
                      empty="no model is parked") + more + "</section>")
-    out.append('<section class="card" id="do-judge"><h2>Enable the judge</h2>' + judge_form(deps, csrf) + "</section>")
+    out.append('<section class="card" id="do-judge"><h2>Enable the judge</h2>' + judge_form(ctx, csrf) + "</section>")
     stopped = bool(effective(state.settings, "serving.stopped"))
     out.append(f'<section class="card" id="do-system"><h2>Stop / start the system</h2><p data-testid="system-state">'
                f'The system is {"stopped" if stopped else "running"}.</p>' +
@@ -212,11 +214,11 @@ def add_machines(control_url: str) -> str:
         "NEW_HOST:RAFT_PORT</code>. The Overview lists it with the leader and standbys.</p></section>")
 
 
-def judge_form(deps: ControlDeps, csrf: str) -> str:
-    state = deps.store.snapshot()
-    judges = judge_status(state, deps.hub.observed(), None, deps.clock())
+def judge_form(ctx: Context, csrf: str) -> str:
+    state = ctx.state()
+    judges = judge_status(state, ctx.observed(), None, ctx.clock())
     wrong = [j for j in judges if j["status"] in ("missing", "not_a_judge")]
-    found = _found_source(deps)
+    found = _found_source(ctx)
     said = ("no guard policy names a judge yet: add a policy first (<code>llmgw ctl guard set NAME --judge MODEL"
             "</code>), or name the judge to serve" if not judges else
             "the judges the policies ask for are defined: " + esc(", ".join(j["model"] for j in judges))
@@ -232,8 +234,8 @@ def judge_form(deps: ControlDeps, csrf: str) -> str:
             f'<button type="submit" data-testid="judge-submit">Enable the judge…</button></form>')
 
 
-def _found_source(deps: ControlDeps) -> str | None:
-    found = pick_guard_file(deps.hub.observed())
+def _found_source(ctx: Context) -> str | None:
+    found = pick_guard_file(ctx.observed())
     return found[0] if found else None
 
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from quart import request
 
-from llmgw.console import auth
+from llmgw.console import auth, sessions
 from llmgw.console.layout import UNKNOWN, cell, esc, page, table
-from llmgw.control.admin_requests import list_page
+from llmgw.control.ops.requests import list_page
 from llmgw.domain.guard import CATEGORIES, enabled
 from llmgw.domain.judges import GUARDS_OFF, guard_files, judge_status
 from llmgw.errors import AdminError
@@ -26,7 +26,7 @@ from llmgw.gateway.requestlog_query import MAX_LIMIT
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from llmgw.control.admin import ControlDeps
+    from llmgw.control.context import Context
 
 HOURS = (1, 24, 168)  # the refusal windows offered (the last hour, day, week)
 DEFAULT_HOURS = 24
@@ -75,10 +75,10 @@ def count(records: Iterable[Mapping[str, Any]]) -> Refusals:
 
 def register(app: QuartTrio) -> None:
     @auth.console_route(app, "/guardrails")
-    async def guardrails_page(session: auth.Session, deps: ControlDeps) -> str:
-        state, now = deps.store.snapshot(), deps.clock()
-        views = deps.reconciler.last_plan.views if deps.reconciler.last_plan else None
-        judges = judge_status(state, deps.hub.observed(), views, now)
+    async def guardrails_page(session: sessions.Session, ctx: Context) -> str:
+        state, now = ctx.state(), ctx.clock()
+        views = ctx.views()
+        judges = judge_status(state, ctx.observed(), views, now)
         try:
             hours = int(request.args.get("hours", DEFAULT_HOURS))
         except ValueError:
@@ -86,11 +86,11 @@ def register(app: QuartTrio) -> None:
         hours = hours if hours in HOURS else DEFAULT_HOURS
         args = {"status": "400", "since": str(now - hours * 3600), "limit": str(MAX_LIMIT)}
         try:
-            doc: dict[str, Any] | str = await list_page(deps, args, auth.authorization(session))
+            doc: dict[str, Any] | str = await list_page(ctx, args, auth.authorization(session))
         except AdminError as e:
             doc = e.message
         body = (switch_html(enabled(state)) + policies_html(state.guard_policies.values()) + judges_html(judges) +
-                files_html(guard_files(deps.hub.observed())) + refusals_html(doc, hours, now))
+                files_html(guard_files(ctx.observed())) + refusals_html(doc, hours, now))
         return page("Guardrails", "Guardrails", body, session=session)
 
 

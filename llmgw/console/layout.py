@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from quart import current_app, request
 
 if TYPE_CHECKING:
-    from llmgw.console.auth import Session
+    from llmgw.console.sessions import Session
 
 NAV = (("Overview", "/"), ("Nodes", "/nodes"), ("Models", "/models"), ("Requests", "/requests"),
        ("Guardrails", "/guardrails"), ("Settings", "/settings"), ("Do", "/do"))
@@ -92,11 +92,11 @@ def bar(used: float | None, total: float | None, *, label: str = "") -> str:
 
 def _banners() -> str:
     """The banners every page shows: the system stopped, this member a standby."""
-    from llmgw.console.auth import console_of
+    from llmgw.console.sessions import console_of
     from llmgw.domain.settings import effective
 
     console = console_of(current_app)  # type: ignore[arg-type]
-    store = console.deps.store
+    store = console.ctx.store
     out = []
     if effective(store.snapshot().settings, "serving.stopped"):
         out.append('<div class="banner stopped" id="stopped-banner" data-testid="stopped-banner">The system is '
@@ -119,10 +119,10 @@ def page(title: str, active: str, body: str, *, session: Session) -> str:
     content = f'<div id="banners">{_banners()}</div><h1>{esc(title)}</h1>{body}'
     if is_fragment():
         return content
-    from llmgw.console.auth import console_of, csrf_field
+    from llmgw.console.sessions import console_of, csrf_field
 
     current = ' class="active" aria-current="page"'
-    refresh_s = console_of(current_app).deps.reconciler.timeouts.console_refresh_s  # type: ignore[arg-type]
+    refresh_s = console_of(current_app).ctx.reconciler.timeouts.console_refresh_s  # type: ignore[arg-type]
     nav = "".join(f'<a href="{href}" id="nav-{name.lower()}" data-testid="nav-{name.lower()}"'
                   f'{current if name == active else ""}>{name}</a>' for name, href in NAV)
     who = (f'<span class="who" data-testid="signed-in-as">{esc(session.key_id)} ({esc(session.role)})'

@@ -16,7 +16,8 @@ from quart import request
 
 from llmgw.console import listing
 from llmgw.console.do_serve import labels
-from llmgw.console.auth import Session, console_route, csrf_field
+from llmgw.console.auth import console_route
+from llmgw.console.sessions import Session, csrf_field
 from llmgw.console.layout import UNKNOWN, bar, cell, esc, page, table
 from llmgw.domain import summary
 from llmgw.domain.memory import MemoryEstimate, WeightsIndex, estimate_for
@@ -27,7 +28,7 @@ from llmgw.domain.state import ClusterState, Placement
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from llmgw.control.admin import ControlDeps
+    from llmgw.control.context import Context
 
 STATES = (*ROUTE_STATES, "unknown")
 SORTS = {"name": "name", "state": "state", "engine": "engine", "ready": "ready replicas", "placed": "placed",
@@ -54,22 +55,17 @@ class Row:
 
 def register(app: QuartTrio) -> None:
     @console_route(app, "/models")
-    def models_page(session: Session, deps: ControlDeps) -> str:
-        state, observed = deps.store.snapshot(), deps.hub.observed()
+    def models_page(session: Session, ctx: Context) -> str:
+        state, observed = ctx.state(), ctx.observed()
         query = listing.Query.read("/models", request.args, list(SORTS), ("state", "engine", "role"))
-        return page("Models", "Models", render_list(state, observed, _views(deps), query, deps.clock()),
+        return page("Models", "Models", render_list(state, observed, ctx.views(), query, ctx.clock()),
                     session=session)
 
     @console_route(app, "/models/<path:name>")
-    def model_page(session: Session, deps: ControlDeps, name: str) -> str:
-        body = render_model(deps.store.snapshot(), deps.hub.observed(), _views(deps), name, deps.clock(),
+    def model_page(session: Session, ctx: Context, name: str) -> str:
+        body = render_model(ctx.state(), ctx.observed(), ctx.views(), name, ctx.clock(),
                             session=session)
         return page(f"Model {name}", "Models", body, session=session)
-
-
-def _views(deps: ControlDeps) -> Mapping[str, Any] | None:
-    plan = deps.reconciler.last_plan
-    return plan.views if plan else None
 
 
 def rows(state: ClusterState, views: Mapping[str, Any] | None, only: str | None = None) -> list[Row]:

@@ -13,14 +13,15 @@ from urllib.parse import quote
 from quart import request
 
 from llmgw.console import listing
-from llmgw.console.auth import Session, console_route
+from llmgw.console.auth import console_route
+from llmgw.console.sessions import Session
 from llmgw.console.layout import UNKNOWN, cell, esc, page, table
-from llmgw.control.admin_nodes import node_docs
+from llmgw.control.ops.nodes import node_docs
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from llmgw.control.admin import ControlDeps
+    from llmgw.control.context import Context
 
 STATES = ("connected", "disconnected", "lost", "unknown")
 SORTS = {"node": "name", "state": "state", "fabric": "fabric", "gpus": "usable GPUs", "free": "free GPUs",
@@ -30,14 +31,14 @@ GIB = 1 << 30
 
 def register(app: QuartTrio) -> None:
     @console_route(app, "/nodes")
-    def nodes_page(session: Session, deps: ControlDeps) -> str:
-        docs = node_docs(deps)
+    def nodes_page(session: Session, ctx: Context) -> str:
+        docs = node_docs(ctx)
         query = listing.Query.read("/nodes", request.args, list(SORTS), ("state", "class"))
         return page("Nodes", "Nodes", render_list(docs, query), session=session)
 
     @console_route(app, "/nodes/<path:name>")
-    def node_page(session: Session, deps: ControlDeps, name: str) -> str:
-        doc = next((d for d in node_docs(deps) if d.get("node") == name), None)
+    def node_page(session: Session, ctx: Context, name: str) -> str:
+        doc = next((d for d in node_docs(ctx) if d.get("node") == name), None)
         return page(f"Node {name}", "Nodes", render_node(doc, name), session=session)
 
 

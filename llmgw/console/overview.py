@@ -1,4 +1,4 @@
-"""The console's Overview (`/`): the cluster summary `ctl status` reads (`domain.summary.build`), shown
+"""The console's Overview (`/`): the cluster summary `ctl status` reads (`domain.summary.Summary`), shown
 as aggregates first (capacity per GPU class, fabrics, models by state) and the usage rollups' chart.
 
 Lists that grow with the fleet (warnings, parked models, idle models) show their first rows and how
@@ -7,17 +7,21 @@ many more, with a link to the page that lists them all, so the page stays small 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from llmgw.console import auth, chart
+from llmgw.console import auth, chart, sessions
 from llmgw.console.layout import UNKNOWN, bar, cell, esc, page, table
-from llmgw.domain import summary, usage
+from llmgw.domain import usage
+from llmgw.domain.judges import Guard
+from llmgw.domain.summary import ClusterPart, Summary
+from llmgw.domain.summary_fleet import CapacityRow, Fabric, IdleRow
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from llmgw.control.admin import ControlDeps
+    from llmgw.control.context import Context
 
 SHOWN = 20  # rows of each growing list on the Overview; the rest are on their own pages
 CHART_HOURS = 24
@@ -34,33 +38,32 @@ def _section(title: str, testid: str, body: str) -> str:
     return f'<section class="card" id="{testid}" data-testid="{testid}"><h2>{esc(title)}</h2>{body}</section>'
 
 
-def _capacity(rows: list[dict[str, Any]]) -> str:
+def _capacity(rows: Sequence[CapacityRow]) -> str:
     body = table(["GPU class", "kind", "used", "free", "unusable", "usage", "nodes"], [
-        [esc(r["class"]), "MIG instance" if r["mig"] else "whole card", r["used"], r["free"], r["unusable"],
-         bar(r["used"], r["used"] + r["free"], label=f'{r["used"]} of {r["used"] + r["free"]} usable used'),
-         r["nodes"]] for r in rows], testid="capacity-table", empty="no GPUs reported (CPU nodes only, or none)")
+        [esc(r.gpu_class), "MIG instance" if r.mig else "whole card", r.used, r.free, r.unusable,
+         bar(r.used, r.used + r.free, label=f"{r.used} of {r.used + r.free} usable used"),
+         r.nodes] for r in rows], testid="capacity-table", empty="no GPUs reported (CPU nodes only, or none)")
     return _section("Capacity per GPU class", "capacity", body)
 
 
-def _fabrics(rows: list[dict[str, Any]]) -> str:
+def _fabrics(rows: Sequence[Fabric]) -> str:
     body = table(["fabric", "nodes", "whole free nodes", "GPUs used", "GPUs free"], [
-        [esc(r["fabric"] or "(none)"), r["nodes"], r["whole_free_nodes"], r["gpus_used"], r["gpus_free"]]
+        [esc(r.fabric or "(none)"), r.nodes, r.whole_free_nodes, r.gpus_used, r.gpus_free]
         for r in rows], testid="fabrics-table", empty="no nodes connected")
     return _section("Free whole nodes per fabric", "fabrics", body)
 
 
-def _models(doc: Mapping[str, Any]) -> str:
-    totals = doc["totals"]
-    replicas = totals["replicas"]
+def _models(s: Summary) -> str:
+    totals = s.totals
+    replicas = totals.replicas
     counts = table(["models", "satisfied", "short", "starting", "parked", "unplaceable", "stopped", "unknown"],
-                   [[totals[k] for k in ("models", "satisfied", "short", "starting", "parked", "unplaceable",
-                                         "stopped", "unknown")]], sortable=False, testid="models-by-state")
-    reps = (f'<p data-testid="replica-counts">replicas: {replicas["ready"]} ready of {replicas["desired"]} '
-            f'desired, {replicas["starting"]} starting, {replicas["failed"]} failed</p>')
-    stuck = [m for m in doc["models"] if m.get("parked") or m.get("state") == "unplaceable"]
-    rows = [[f'<a href="/models/{esc(quote(str(m["name"]), safe=""))}">{esc(m["name"])}</a>',
-             "parked" if m.get("parked") else "unplaceable", esc(m.get("reason") or ""),
-             esc(m.get("last_error") or "")] for m in stuck[:SHOWN]]
+                   [[totals.models, totals.satisfied, totals.short, totals.starting, totals.parked,
+                     totals.unplaceable, totals.stopped, totals.unknown]], sortable=False, testid="models-by-state")
+    reps = (f'<p data-testid="replica-counts">replicas: {replicas.ready} ready of {replicas.desired} '
+            f'desired, {replicas.starting} starting, {replicas.failed} failed</p>')
+    stuck = [m for m in s.models if m.parked or m.state == "unplaceable"]
+    rows = [[f'<a href="/models/{esc(quote(m.name, safe=""))}">{esc(m.name)}</a>',
+             "parked" if m.parked else "unplaceable", esc(m.reason), esc(m.last_error)] for m in stuck[:SHOWN]]
     more = _more(len(stuck), SHOWN, "/models?state=unplaceable", "unplaceable models")
     if more:  # Models filters one state at a time: a link to each
         more = more.removesuffix("</p>") + ', <a href="/models?state=parked">all parked models</a></p>'
@@ -69,58 +72,56 @@ def _models(doc: Mapping[str, Any]) -> str:
     return _section("Models by state", "models", counts + reps + stuck_html)
 
 
-def _idle(rows: list[dict[str, Any]]) -> str:
-    def idle(r: Mapping[str, Any]) -> str:
-        seconds = float(r["idle_s"])
-        return UNKNOWN if seconds < 0 else esc(_duration(seconds))
+def _idle(rows: Sequence[IdleRow]) -> str:
+    def idle(r: IdleRow) -> str:
+        return esc(_duration(r.idle_s)) if r.idle_known else UNKNOWN
 
     body = table(["model", "mode", "replicas", "GPUs", "idle for", "idle timeout"], [
-        [esc(r["model"]), esc(r["mode"]), r["replicas"], r["gpus"], idle(r),
-         esc(_duration(r["idle_timeout_s"])) if r["idle_timeout_s"] is not None else "—"] for r in rows[:SHOWN]],
+        [esc(r.model), esc(r.mode), r.replicas, r.gpus, idle(r),
+         esc(_duration(r.idle_timeout_s)) if r.idle_timeout_s is not None else "—"] for r in rows[:SHOWN]],
         testid="idle-table", empty="no model holds a replica")
     return _section("Idle models (longest first)", "idle", body + _more(len(rows), SHOWN, "/models", "models"))
 
 
-def _members(cluster: Mapping[str, Any]) -> str:
-    rows = cluster.get("members") or []
-    leader = cluster.get("leader")
-    floating = cluster.get("floating_address") or {}
-    standbys = [str(r.get("id")) for r in rows if r.get("id") != leader]
+def _members(cluster: ClusterPart) -> str:
+    rows = cluster.members or ()
+    leader = cluster.leader
+    floating = cluster.floating_address
+    standbys = [r.id for r in rows if r.id != leader]
     head = (f'<p>leader: <strong data-testid="leader">{cell(leader)}</strong>; standbys: '
             f'<span data-testid="standbys">{esc(", ".join(standbys)) or "none"}</span></p>')
-    if floating:
-        words = esc(floating.get("state"))
-        if floating.get("reason"):
-            words += f": {esc(floating.get('reason'))}"
-        head += (f'<p data-testid="floating-address">floating address: {cell(floating.get("address"))} — '
+    if floating is not None:
+        words = esc(floating.state)
+        if floating.reason:
+            words += f": {esc(floating.reason)}"
+        head += (f'<p data-testid="floating-address">floating address: {cell(floating.address)} — '
                  f'{words}</p>')
     else:
         head += '<p data-testid="floating-address">floating address: not configured</p>'
     body = table(["member", "role", "state", "why", "admin URL", "version", "lag"], [
-        [esc(r.get("id")), cell(r.get("role")), esc(r.get("state")), esc(r.get("reason") or ""),
-         cell(r.get("admin_url")), cell(r.get("version")), cell(r.get("lag"))] for r in rows],
-        testid="members-table", empty="unknown: no member answered")
+        [esc(r.id), cell(r.role), esc(r.state), esc(r.reason), cell(r.admin_url), cell(r.version), cell(r.lag)]
+        for r in rows], testid="members-table", empty="unknown: no member answered")
     return _section("Control planes", "members", head + body)
 
 
-def _guard(guard: Mapping[str, Any]) -> str:
-    state = "on" if guard.get("enabled") else "off (guard.enabled is false: every policy checks nothing)"
+def _guard(guard: Guard) -> str:
+    state = "on" if guard.enabled else "off (guard.enabled is false: every policy checks nothing)"
     head = (f'<p>guards: <strong data-testid="guards-state">{esc(state)}</strong>; '
-            f'{guard.get("policies", 0)} policies</p>')
+            f'{guard.policies} policies</p>')
     body = table(["judge", "status", "what is wrong"], [
-        [esc(j.get("model")), esc(j.get("status")), esc(j.get("problem") or "")] for j in guard.get("judges") or []],
+        [esc(j.model), esc(j.status), esc(j.problem)] for j in guard.judges],
         testid="judges-table", empty="no policy names a judge")
     return _section("Judges and guards", "guard", head + body)
 
 
-def _warnings(doc: Mapping[str, Any]) -> str:
+def _warnings(s: Summary) -> str:
     out = ""
-    if not doc["notify"]["webhooks"]:
+    if not s.notify.webhooks:
         out += ('<div class="banner warn" id="no-webhook" data-testid="no-webhook">No webhook set '
                 '(notify.webhooks): lost nodes, parked models and judges down reach nobody. Set one on '
                 '<a href="/settings">Settings</a> or with <code>llmgw ctl settings notify.webhooks '
                 '\'["https://..."]\'</code>.</div>')
-    warnings = [w for w in doc["warnings"] if not w.startswith("no notify.webhooks set")]
+    warnings = [w for w in s.warnings if not w.startswith("no notify.webhooks set")]
     if warnings:
         items = "".join(f"<li>{esc(w)}</li>" for w in warnings[:SHOWN])
         out += (f'<section class="card" data-testid="warnings"><h2>Warnings ({len(warnings)})</h2><ul>{items}'
@@ -128,9 +129,9 @@ def _warnings(doc: Mapping[str, Any]) -> str:
     return out
 
 
-def _usage(deps: ControlDeps) -> str:
-    now = deps.clock()
-    rows = usage.query(deps.store.snapshot(), since=now - CHART_HOURS * 3600, until=now + 3600, by="hour")
+def _usage(ctx: Context) -> str:
+    now = ctx.clock()
+    rows = usage.query(ctx.state(), since=now - CHART_HOURS * 3600, until=now + 3600, by="hour")
     requests = chart.hourly(rows, now, CHART_HOURS, "requests")
     tokens = chart.hourly(rows, now, CHART_HOURS, ("tokens_in", "tokens_out"))
     body = (chart.bars("requests per hour", requests, testid="chart-requests") +
@@ -152,20 +153,18 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 86400} d {seconds % 86400 // 3600} h"
 
 
-def render(doc: Mapping[str, Any], deps: ControlDeps) -> str:
-    """The Overview's body from the summary (`summary.build`'s document)."""
-    nodes = doc["node_counts"]
-    head = (f'<p data-testid="node-counts">{nodes["connected"]} nodes connected, {nodes["not_connected"]} not '
-            f'connected; state revision {esc(doc["cluster"].get("revision"))}</p>')
-    grid = "".join([_capacity(doc["capacity"]), _fabrics(doc["fabrics"]), _models(doc), _idle(doc["idle"]),
-                    _members(doc["cluster"]), _guard(doc["guard"]), _usage(deps)])
-    return head + _warnings(doc) + f'<div class="grid">{grid}</div>'
+def render(s: Summary, ctx: Context) -> str:
+    """The Overview's body from the summary (the context's `look`)."""
+    nodes = s.node_counts
+    head = (f'<p data-testid="node-counts">{nodes.connected} nodes connected, {nodes.not_connected} not '
+            f'connected; state revision {esc(s.cluster.revision)}</p>')
+    grid = "".join([_capacity(s.capacity), _fabrics(s.fabrics), _models(s), _idle(s.idle),
+                    _members(s.cluster), _guard(s.guard), _usage(ctx)])
+    return head + _warnings(s) + f'<div class="grid">{grid}</div>'
 
 
 def register(app: QuartTrio) -> None:
     @auth.console_route(app, "/")
-    async def overview(session: auth.Session, deps: ControlDeps) -> str:
-        console = auth.console_of(app)
-        cluster = await console.cluster_info(auth.authorization(session))
-        doc = summary.build(deps.store.snapshot(), deps.hub.observed(), console.views(), cluster, deps.clock())
-        return page("Overview", "Overview", render(doc, deps), session=session)
+    async def overview(session: sessions.Session, ctx: Context) -> str:
+        look = ctx.look(await ctx.cluster(auth.authorization(session)))
+        return page("Overview", "Overview", render(look.summary, ctx), session=session)

@@ -11,15 +11,15 @@ import calendar
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from llmgw.console import auth
+from llmgw.console import auth, sessions
 from llmgw.console.layout import cell, esc, page, table, with_query
-from llmgw.control.admin_requests import list_page
+from llmgw.control.ops.requests import list_page
 from llmgw.errors import AdminError
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from llmgw.control.admin import ControlDeps
+    from llmgw.control.context import Context
 
 FILTERS = ("model", "key", "status", "since", "until")
 PER_PAGE = 50
@@ -105,12 +105,12 @@ def render(doc: Mapping[str, Any], args: Mapping[str, str]) -> str:
 
 def register(app: QuartTrio) -> None:
     @auth.console_route(app, "/requests")
-    async def requests_page(session: auth.Session, deps: ControlDeps) -> str:
+    async def requests_page(session: sessions.Session, ctx: Context) -> str:
         from quart import request
 
         args = {k: v for k, v in request.args.items() if k in (*FILTERS, "cursor")}
         try:
-            doc = await list_page(deps, api_args(args), auth.authorization(session))
+            doc = await list_page(ctx, api_args(args), auth.authorization(session))
         except AdminError as e:
             body = _form(args) + (f'<div class="banner warn" data-testid="requests-error">{esc(e.message)}</div>')
             return page("Requests", "Requests", body, session=session)

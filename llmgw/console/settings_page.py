@@ -10,14 +10,14 @@ import json
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from llmgw.console import auth
+from llmgw.console import auth, sessions
 from llmgw.console.layout import esc, page, table
 from llmgw.domain.settings import SETTINGS, effective
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from llmgw.control.admin import ControlDeps
+    from llmgw.control.context import Context
 
 SECRET_BEARING = ("notify.webhooks",)
 
@@ -56,5 +56,5 @@ def render(stored: Any, role: str) -> str:
 
 def register(app: QuartTrio) -> None:
     @auth.console_route(app, "/settings")
-    async def settings(session: auth.Session, deps: ControlDeps) -> str:
-        return page("Settings", "Settings", render(deps.store.snapshot().settings, session.role), session=session)
+    async def settings(session: sessions.Session, ctx: Context) -> str:
+        return page("Settings", "Settings", render(ctx.state().settings, session.role), session=session)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from quart import Response, request
 
-from llmgw.console import auth, layout
+from llmgw.console import auth, layout, sessions
 from llmgw.console.layout import esc
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def register(app: QuartTrio) -> None:
 
     @app.route("/signin", methods=["POST"])
     async def console_signin() -> Response:
-        console = auth.console_of(app)
+        console = sessions.console_of(app)
         if not auth.same_origin():
             return _signin_page(auth.ORIGIN_WHY, 403)
         sent = await auth.form_value("csrf") or ""
@@ -67,7 +67,7 @@ def register(app: QuartTrio) -> None:
             return _signin_page("This sign-in form is stale or came from another site (its CSRF token does not "
                                 "match); nothing was checked. Enter the key again.", 403)
         key = (await auth.form_value("key") or "").strip()
-        found = auth.role_of(key, console.deps) if 0 < len(key) <= KEY_MAX_CHARS else None
+        found = auth.role_of(key, console.ctx) if 0 < len(key) <= KEY_MAX_CHARS else None
         if found is None:
             log.warning("console: a sign-in from %s with a key that is not an admin or viewer key",
                         request.remote_addr)
@@ -82,8 +82,8 @@ def register(app: QuartTrio) -> None:
         return response
 
     @auth.console_route(app, "/signout", methods=("POST",))
-    async def signout(session: auth.Session, deps: object) -> Response:
-        auth.console_of(app).sessions.close(request.cookies.get(auth.COOKIE))
+    async def signout(session: sessions.Session, ctx: object) -> Response:
+        sessions.console_of(app).sessions.close(request.cookies.get(auth.COOKIE))
         log.info("console: key %s signed out", session.key_id)
         response = auth.redirect("/signin")
         response.delete_cookie(auth.COOKIE, path="/", httponly=True, samesite="Strict", secure=auth.is_tls())

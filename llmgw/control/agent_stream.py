@@ -1,65 +1,27 @@
 """The leader's end of each agent's stream (`protocol.STREAM_PATH`): hello and inventory, then
-reports in and commands out, with heartbeats both ways; and its WebSocket route.
+reports in and commands out, with heartbeats both ways (its WebSocket route: control/api/streams.py).
 
-Every message is checked against its schema (`llmgw.protocol_agent`): a malformed one is logged
+Every message is checked against its schema (`llmgw.wire.protocol_agent`): a malformed one is logged
 and answered with `rejected`, and the stream goes on; an agent silent for `stream_silence_s`
 (three heartbeat intervals) is taken for gone, and its node's grace period starts.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import trio
-from quart import Response, websocket
 
-from llmgw import protocol
-from llmgw import protocol_agent as pa
 from llmgw.control.hub import AgentHub, AgentLink
 from llmgw.domain.observed import NodeInfo
-from llmgw.domain.keys import hash_key
-from llmgw.errors import AdminError
-
-if TYPE_CHECKING:
-    from quart_trio import QuartTrio
-
-    from llmgw.control.admin import ControlDeps
+from llmgw.wire import protocol
+from llmgw.wire import protocol_agent as pa
 
 log = logging.getLogger("llmgw.control.agents")
 
 Receive = Callable[[], Awaitable[str | bytes]]
 Send = Callable[[str], Awaitable[None]]
-
-
-def register(app: QuartTrio, deps: ControlDeps) -> None:
-    """Add the agents' stream route to the admin app."""
-
-    @app.websocket(protocol.STREAM_PATH)
-    async def agent_stream() -> Any:
-        refusal = authenticate_stream(deps, websocket.headers)
-        if refusal is not None:
-            return Response(json.dumps(refusal.doc()), status=refusal.status, content_type="application/json")
-        await websocket.accept()
-
-        async def send(text: str) -> None:
-            await websocket.send(text)
-
-        await session(websocket.receive, send, deps.hub, is_leader=deps.store.is_leader,
-                      leader_info=deps.store_status, self_id=deps.self_id)
-        return None
-
-
-def authenticate_stream(deps: ControlDeps, headers: Any) -> AdminError | None:
-    """The one check for a stream to control (agents and gateways): an admin key for now;
-    per-role credentials come later."""
-    scheme, _, key = headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key:
-        return AdminError(401, "unauthorized", "send the admin key as 'Authorization: Bearer <key>'")
-    if deps.store.snapshot().key_role(hash_key(key.strip())) != "admin":
-        return AdminError(401, "unauthorized", "this key is not an admin key of this cluster")
-    return None
 
 
 async def session(receive: Receive, send: Send, hub: AgentHub, *, is_leader: Callable[[], bool],

@@ -1,5 +1,6 @@
 """The leader's side of remote gateways: `GatewayHub` (the table they follow; an `EndpointSink`
-and a `DemandReport` to the reconciler: uses, asks, requests in flight) and their WebSocket route, `GATEWAY_STREAM_PATH`.
+and a `DemandReport` to the reconciler: uses, asks, requests in flight) and each gateway's stream
+(`session`; its WebSocket route, `GATEWAY_STREAM_PATH`, is in control/api/streams.py).
 
 Level-triggered: a gateway gets the whole table on connect and again on every change,
 numbered by `version`; nothing it holds depends on a message it might have missed.
@@ -7,31 +8,27 @@ numbered by `version`; nothing it holds depends on a message it might have misse
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import trio
-from quart import Response, websocket
-from quart_trio import QuartTrio
 
-from llmgw import protocol
-from llmgw.control.agent_stream import authenticate_stream
+from llmgw.control.agent_stream import Receive, Send
+from llmgw.control.context import Context
 from llmgw.control.hub import AgentHub
-from llmgw.domain import usage
-from llmgw.domain.commands import CommandError
+from llmgw.control.reconciler import Reconciler
+from llmgw.domain.commands import CommandError, usage
 from llmgw.domain.observed import ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import StateReader
 from llmgw.net import url_host
-
-if TYPE_CHECKING:
-    from llmgw.control.admin import ControlDeps
+from llmgw.wire import protocol
 
 log = logging.getLogger("llmgw.control.gateways")
+
 
 
 @dataclass
@@ -215,58 +212,46 @@ def _ages(value: Any) -> list[tuple[str, float]]:
     return out
 
 
-def hub_of(deps: ControlDeps) -> GatewayHub | None:
+def hub_of(reconciler: Reconciler) -> GatewayHub | None:
     """The hub the reconciler publishes to (`control.service` wires one in), or None."""
-    for sink in deps.reconciler.sinks:
+    for sink in reconciler.sinks:
         if isinstance(sink, GatewayHub):
             return sink
     return None
 
 
-def register(app: QuartTrio, deps: ControlDeps) -> None:
-    """Add the gateways' stream route to the admin app."""
-
-    @app.websocket(protocol.GATEWAY_STREAM_PATH)
-    async def gateway_stream() -> Any:
-        refusal = authenticate_stream(deps, websocket.headers)
-        if refusal is not None:
-            return Response(json.dumps(refusal.doc()), status=refusal.status, content_type="application/json")
-        await websocket.accept()
-        await _session(deps, hub_of(deps))
-        return None
-
-
-def _refusal(deps: ControlDeps, reason: str) -> str:
-    status = deps.store_status()
+def _refusal(ctx: Context, reason: str) -> str:
+    status = ctx.store_status()
     return protocol.dumps({"type": "refused", "reason": reason, "leader": status.get("leader"),
                            "leader_url": status.get("leader_url")})
 
 
-async def _session(deps: ControlDeps, hub: GatewayHub | None) -> None:
-    """One gateway's stream: hello, then tables and heartbeats down, demand reports up."""
-    hello = protocol.loads(await websocket.receive())
+async def session(ctx: Context, receive: Receive, send: Send, remote: str) -> None:
+    """One gateway's stream (`remote`: the address it connected from): hello, then tables and heartbeats
+    down, demand reports and usage up."""
+    hub = hub_of(ctx.reconciler)
+    hello = protocol.loads(await receive())
     if hello.get("type") != "hello" or hello.get("protocol") != protocol.GATEWAY_PROTOCOL_VERSION:
-        await websocket.send(_refusal(deps, f"unsupported gateway protocol (this control speaks "
-                                            f"{protocol.GATEWAY_PROTOCOL_VERSION})"))
+        await send(_refusal(ctx, f"unsupported gateway protocol (this control speaks "
+                                 f"{protocol.GATEWAY_PROTOCOL_VERSION})"))
         return
     if hub is None:
-        await websocket.send(_refusal(deps, "this control plane publishes no table to gateways"))
+        await send(_refusal(ctx, "this control plane publishes no table to gateways"))
         return
-    if not deps.store.is_leader():
-        await websocket.send(_refusal(deps, "not the leader"))
+    if not ctx.store.is_leader():
+        await send(_refusal(ctx, "not the leader"))
         return
     name = str(hello.get("gateway") or "") or "unnamed"
-    remote = websocket.remote_addr
-    link = hub.connect(name, str(remote) if remote else "?")
+    link = hub.connect(name, remote or "?")
     link.query_url = reachable_url(hello.get("query_url"), link.address)
     timeouts = hub.timeouts
     try:
-        await websocket.send(protocol.dumps({"type": "welcome", "leader": hub.leader}))
+        await send(protocol.dumps({"type": "welcome", "leader": hub.leader}))
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_push, deps, hub, nursery.cancel_scope)
+            nursery.start_soon(_push, ctx, hub, send, nursery.cancel_scope)
             while True:
                 with trio.move_on_after(timeouts.gateway_silence_s) as quiet:
-                    message = protocol.loads(await websocket.receive())
+                    message = protocol.loads(await receive())
                 if quiet.cancelled_caught:
                     log.warning("gateway %s said nothing for %g s: closing its stream", name, timeouts.gateway_silence_s)
                     break
@@ -274,10 +259,10 @@ async def _session(deps: ControlDeps, hub: GatewayHub | None) -> None:
                 if message["type"] == "demand":
                     hub.report_demand(link, message)
                 elif message["type"] == "usage":
-                    nursery.start_soon(_commit_usage, deps, link, message)
+                    nursery.start_soon(_commit_usage, ctx, link, send, message)
                 elif message["type"] == "judge_failure":  # `ctl guard judge status` shows it
                     try:
-                        deps.hub.record_judge_failure(*protocol.read_judge_failure(message))
+                        ctx.hub.record_judge_failure(*protocol.read_judge_failure(message))
                     except protocol.ProtocolError as e:
                         log.warning("gateway %s: %s", name, e)
                 # A "heartbeat" records only the contact: it keeps traffic on the stream, so a dead one shows.
@@ -298,41 +283,41 @@ def reachable_url(url: Any, address: str) -> str:
     return url
 
 
-async def _commit_usage(deps: ControlDeps, link: GatewayLink, message: Mapping[str, Any]) -> None:
+async def _commit_usage(ctx: Context, link: GatewayLink, send: Send, message: Mapping[str, Any]) -> None:
     """Commit one batch of a gateway's usage rollups, then acknowledge it (a refused batch too: sending
     it again cannot help). Not committed: no answer; the gateway sends the same batch again."""
     boot, seq = message.get("boot"), message.get("seq")
     command = usage.add_usage(link.name, str(boot), seq if isinstance(seq, int) else 0,
-                              message.get("rows") or [], link.query_url, deps.clock())
+                              message.get("rows") or [], link.query_url, ctx.clock())
     try:
-        await deps.store.submit(command)
+        await ctx.store.submit(command)
     except CommandError as e:
         log.warning("gateway %s: usage batch %s refused: %s", link.name, seq, e.message)
     except Exception as e:  # not committed now (no leader, store busy): the gateway sends it again
         log.info("gateway %s: usage batch %s not committed: %s", link.name, seq, e)
         return
-    await websocket.send(protocol.dumps({"type": "usage_ack", "boot": boot, "seq": seq}))
+    await send(protocol.dumps({"type": "usage_ack", "boot": boot, "seq": seq}))
 
 
-async def _push(deps: ControlDeps, hub: GatewayHub, scope: trio.CancelScope) -> None:
+async def _push(ctx: Context, hub: GatewayHub, send: Send, scope: trio.CancelScope) -> None:
     """The table whenever it changes, a heartbeat when quiet; a member that stops leading
     says so and closes the stream (its gateway looks for the new leader)."""
     sent: int | None = None
     while True:
-        if not deps.store.is_leader():
+        if not ctx.store.is_leader():
             log.info("no longer the leader: letting gateways go")
-            await websocket.send(_refusal(deps, "this member no longer leads"))
+            await send(_refusal(ctx, "this member no longer leads"))
             scope.cancel()
             return
         routes_changed = hub.change_event()
-        revision = deps.store.snapshot().revision
+        revision = ctx.store.snapshot().revision
         version, text = hub.table()
-        await websocket.send(text if version != sent else protocol.dumps({"type": "heartbeat"}))
+        await send(text if version != sent else protocol.dumps({"type": "heartbeat"}))
         sent = version
         with trio.move_on_after(hub.timeouts.gateway_heartbeat_s):
             async with trio.open_nursery() as nursery:
                 async def state_changed() -> None:
-                    await deps.store.wait_changed(revision)
+                    await ctx.store.wait_changed(revision)
                     nursery.cancel_scope.cancel()
 
                 async def routes_updated() -> None:

@@ -14,11 +14,11 @@ import json
 import logging
 import urllib.parse
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import httpx
 import trio
-from quart import Response
 
 from llmgw import __version__
 from llmgw.domain import commands, summary
@@ -78,6 +78,16 @@ def member_addr(text: Any) -> str:
         raise AdminError(400, "invalid_member", f"{text} names no machine: give the member's --raft-addr as its "
                                                 f"peers dial it")
     return text
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """The leader's answer to a request a standby forwarded, relayed as it came (`answered_by`: the leader)."""
+
+    status: int
+    body: bytes
+    content_type: str
+    answered_by: str
 
 
 class Members:
@@ -197,7 +207,7 @@ class Members:
 
     # -- forwarding -------------------------------------------------------------------------
 
-    async def forward(self, method: str, path: str, body: bytes, headers: Any) -> Response:
+    async def forward(self, method: str, path: str, body: bytes, headers: Any) -> Forwarded:
         """Send a request this standby got to the leader's admin API and relay its answer as is.
 
         With no leader, or none reachable, an `AdminError` (503) says so; a write whose answer
@@ -232,10 +242,7 @@ class Members:
             if method in _READS:
                 raise AdminError(503, "leader_unreachable", f"this member is a standby; the request was {what}")
             raise CommitUnknown(what) from None
-        answered = Response(r.content, status=r.status_code,
-                            content_type=r.headers.get("content-type", "application/json"))
-        answered.headers[ANSWERED_BY] = leader
-        return answered
+        return Forwarded(r.status_code, r.content, r.headers.get("content-type", "application/json"), leader)
 
     # -- the member table -------------------------------------------------------------------
 

@@ -18,8 +18,8 @@ import httpx
 import trio
 from hypercorn.trio import serve as hyper_serve
 
-from llmgw.asgi import hypercorn_config
-from llmgw.control.admin import ControlDeps, make_app
+from llmgw.control.api import Mount, make_app
+from llmgw.control.context import Context
 from llmgw.control.floating import FloatingDuty
 from llmgw.control.gateway_stream import GatewayHub
 from llmgw.control.hub import AgentHub
@@ -35,6 +35,7 @@ from llmgw.notify.notifier import Notifier
 from llmgw.notify.watch import control_conditions, http_post, watch
 from llmgw.store import RaftStore
 from llmgw.store.journal import DEFAULT_FSYNC, FsyncPolicy
+from llmgw.wire.asgi import hypercorn_config
 
 log = logging.getLogger("llmgw.control")
 
@@ -74,6 +75,8 @@ class ControlConfig:
     # The admin URL other members forward to (`--admin-url`); None: the bound address, a wildcard
     # host replaced by the Raft address's host.
     admin_url: str | None = None
+    # More pages on the admin app: the CLI mounts the web console here (`llmgw.console.register`).
+    mounts: tuple[Mount, ...] = ()
 
 
 @dataclass
@@ -142,10 +145,10 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
         webhook_client = httpx.AsyncClient(timeout=None, follow_redirects=False)
         notifier = Notifier(http_post(webhook_client), clock=config.clock, timeouts=timeouts,
                             cluster=lambda: {"leader": config.raft_addr, "admin_url": members.admin_url})
-        deps = ControlDeps(store=store, hub=hub, reconciler=reconciler, clock=config.clock,
-                           self_id=config.raft_addr, store_status=members.status, members=members,
-                           notifier=notifier, webhook_deliveries=notifier.deliveries)
-        app = make_app(deps)
+        ctx = Context(store=store, hub=hub, reconciler=reconciler, clock=config.clock,
+                      self_id=config.raft_addr, store_status=members.status, members=members,
+                      notifier=notifier, webhook_deliveries=notifier.deliveries)
+        app = make_app(ctx, config.mounts)
         # graceful_s: agents' streams close at once, not drained.
         hc = hypercorn_config(config.admin_host, config.admin_port, logger="llmgw.control.server",
                               graceful_s=timeouts.admin_shutdown_grace_s, keep_alive_s=timeouts.admin_keep_alive_s)
@@ -154,7 +157,7 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
                 await nursery.start(floating.run)
             await nursery.start(reconciler.run)
             await nursery.start(notifier.run)
-            await nursery.start(functools.partial(watch, notifier, lambda: control_conditions(deps),
+            await nursery.start(functools.partial(watch, notifier, lambda: control_conditions(ctx),
                                                   lambda: store.snapshot().settings, store.is_leader,
                                                   clock=config.clock, timeouts=timeouts))
             await nursery.start(gateways.watch_leadership, store.is_leader)

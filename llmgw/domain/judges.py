@@ -10,6 +10,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from llmgw.domain.guard import enabled, judges_asked
@@ -28,30 +29,70 @@ def enable_hint(model: str, *, replace: bool = False) -> str:
     return f"`llmgw ctl guard judge enable {model} --source FILE.gguf{' --replace' if replace else ''}`"
 
 
+@dataclass(frozen=True)
+class Judge:
+    """A judge model the guard policies name, as the summary shows it: what it is, its replicas, its
+    last failure to answer, and `status` (one of STATUSES) with the `problem` in words ("" when ok)."""
+
+    model: str
+    policies: tuple[str, ...]  # the policies naming it
+    defined: bool
+    role: str | None  # None: no model of that name
+    engine: str | None
+    source: str | None
+    judge: bool  # defined with role guard
+    desired: int | None  # None: the reconciler has no view of it
+    ready: int | None
+    starting: int | None
+    state: str | None
+    parked: bool | None
+    last_failure: str | None  # a gateway's words when it last failed to answer; None: never reported
+    last_failure_at: float | None
+    last_failure_age_s: float | None
+    status: str
+    problem: str
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"model": self.model, "policies": list(self.policies), "defined": self.defined, "role": self.role,
+                "engine": self.engine, "source": self.source, "judge": self.judge, "desired": self.desired,
+                "ready": self.ready, "starting": self.starting, "state": self.state, "parked": self.parked,
+                "last_failure": self.last_failure, "last_failure_at": self.last_failure_at,
+                "last_failure_age_s": self.last_failure_age_s, "status": self.status, "problem": self.problem}
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The summary's guard part: whether guards are on, how many policies, and each judge they name."""
+
+    enabled: bool
+    policies: int
+    judges: tuple[Judge, ...]
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "policies": self.policies, "judges": [j.to_doc() for j in self.judges]}
+
+
+def judge_rows(state: ClusterState, observed: Observed, views: Mapping[str, Any] | None, now: float | None,
+               recent_s: float = TIMEOUTS.judge_failure_recent_s) -> tuple[Judge, ...]:
+    """One `Judge` per judge model the policies ask for, by name. `views`: the reconciler's ModelView
+    per model (None: it has not run); `now`: unix time (None: ages unknown)."""
+    return tuple(_one(state, observed, views.get(m) if views is not None else None, views is None, m, policies,
+                      now, recent_s) for m, policies in judges_asked(state).items())
+
+
 def judge_status(state: ClusterState, observed: Observed, views: Mapping[str, Any] | None, now: float | None,
                  recent_s: float = TIMEOUTS.judge_failure_recent_s) -> list[dict[str, Any]]:
-    """One document per judge model the policies ask for, by name. `views`: the reconciler's ModelView
-    per model (None: it has not run); `now`: unix time (None: ages unknown)."""
-    return [_one(state, observed, views.get(m) if views is not None else None, views is None, m, policies, now,
-                 recent_s) for m, policies in judges_asked(state).items()]
+    """`judge_rows` as the API shows them: one document per judge model the policies ask for."""
+    return [j.to_doc() for j in judge_rows(state, observed, views, now, recent_s)]
 
 
 def _one(state: ClusterState, observed: Observed, view: Any | None, unplanned: bool, name: str,
-         policies: tuple[str, ...], now: float | None, recent_s: float) -> dict[str, Any]:
+         policies: tuple[str, ...], now: float | None, recent_s: float) -> Judge:
     model = state.models.get(name)
     failure = observed.judge_failures.get(name)
     at, words = failure if failure is not None else (None, None)
     age = None if at is None or now is None else round(max(now - at, 0.0), 3)
     health = state.model_health(name)
-    doc: dict[str, Any] = {
-        "model": name, "policies": list(policies), "defined": model is not None,
-        "role": model.role if model else None, "engine": model.engine if model else None,
-        "source": model.source if model else None, "judge": model.role == "guard" if model else False,
-        "desired": view.desired if view else None, "ready": view.ready if view else None,
-        "starting": view.starting if view else None, "state": view.state if view else None,
-        "parked": health.parked if model else None,
-        "last_failure": words, "last_failure_at": at, "last_failure_age_s": age,
-    }
     if model is None:
         status, problem = "missing", f"no model named {name}: define it with role guard, or {enable_hint(name)}"
     elif model.role != "guard":
@@ -73,20 +114,27 @@ def _one(state: ClusterState, observed: Observed, view: Any | None, unplanned: b
         status, problem = "failing", f"{name} failed to answer {when}: {words}"
     else:
         status, problem = "ok", ""
-    return {**doc, "status": status, "problem": problem}
+    return Judge(
+        model=name, policies=tuple(policies), defined=model is not None,
+        role=model.role if model else None, engine=model.engine if model else None,
+        source=model.source if model else None, judge=model.role == "guard" if model else False,
+        desired=view.desired if view else None, ready=view.ready if view else None,
+        starting=view.starting if view else None, state=view.state if view else None,
+        parked=health.parked if model else None,
+        last_failure=words, last_failure_at=at, last_failure_age_s=age, status=status, problem=problem)
 
 
 def guard_summary(state: ClusterState, observed: Observed, views: Mapping[str, Any] | None,
-                  now: float | None) -> tuple[dict[str, Any], list[str]]:
+                  now: float | None) -> tuple[Guard, list[str]]:
     """The summary's `guard` part (enabled, how many policies, the judges) and its warnings: guards off,
     and each judge with something wrong (an unknown one is not warned of: the models table says why)."""
     on = enabled(state)
-    judges = judge_status(state, observed, views, now)
+    judges = judge_rows(state, observed, views, now)
     warnings = [] if on else [GUARDS_OFF]
     for j in judges:
-        if j["status"] not in ("ok", "unknown"):
-            warnings.append(f"judge {j['model']} (policies {', '.join(j['policies'])}): {j['problem']}")
-    return {"enabled": on, "policies": len(state.guard_policies), "judges": judges}, warnings
+        if j.status not in ("ok", "unknown"):
+            warnings.append(f"judge {j.model} (policies {', '.join(j.policies)}): {j.problem}")
+    return Guard(on, len(state.guard_policies), judges), warnings
 
 
 def guard_files(observed: Observed) -> list[dict[str, Any]]:

@@ -202,7 +202,7 @@ class ClusterState:
     # ("gateway/boot"): see `domain.usage`. Bounded by `usage.retention_days`.
     usage: MappingProxyType[str, UsageHour] = field(default_factory=_empty)
     usage_marks: MappingProxyType[str, UsageMark] = field(default_factory=_empty)
-    # Guardrail policies by name (`guard.set`, `guard.remove`; domain/guard.py, domain/guard_commands.py).
+    # Guardrail policies by name (`guard.set`, `guard.remove`; domain/guard.py, domain/commands/guard.py).
     guard_policies: MappingProxyType[str, GuardPolicy] = field(default_factory=_empty)
 
     def __post_init__(self) -> None:

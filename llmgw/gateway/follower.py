@@ -10,7 +10,6 @@ serves from the last table it had and says how old it is (log and `GET /health`)
 from __future__ import annotations
 
 import logging
-import random
 import socket
 from dataclasses import dataclass, field
 from functools import partial
@@ -18,19 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
+from trio_websocket import WebSocketConnection
 
-from llmgw import __version__, protocol
+from llmgw import __version__
 from llmgw.domain.state import ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
-from llmgw.errors import OpenAIError, describe, first_error
+from llmgw.errors import OpenAIError
 from llmgw.gateway import app as gateway_app
 from llmgw.gateway.guard import GuardStats
 from llmgw.gateway.requestlog import RequestLog
 from llmgw.gateway.router import Router
 from llmgw.logs import role_var
-from llmgw.stream_client import open_stream
 from llmgw.net import url_host
+from llmgw.wire import protocol
+from llmgw.wire.follow import Refused, Welcomed, follow_leader, receive_within
+from llmgw.wire.stream_client import open_stream
 
 log = logging.getLogger("llmgw.gateway.follower")
 
@@ -141,18 +142,6 @@ class _Feeds:
     judges: JudgeFailures
 
 
-class _Refused(Exception):
-    """A control plane answered but will not lead this gateway; `leader_url` says where to go, if known."""
-
-    def __init__(self, control: str, reason: str, leader: Any, leader_url: Any) -> None:
-        super().__init__(f"{control} refused: {reason} (leader: {leader or 'unknown'})")
-        self.leader_url = leader_url if isinstance(leader_url, str) and leader_url.startswith("http") else None
-
-
-class _Silent(Exception):
-    pass
-
-
 async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Listen at once (so /health says what the gateway knows), then follow the leader until cancelled."""
     role_var.set(config.role)
@@ -177,100 +166,48 @@ async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IG
 
 
 async def _follow(config: GatewayConfig, state: FollowedState, router: Router, feeds: _Feeds) -> None:
-    """Find the leader among `controls` (or where a refusal points) and follow it; again when it goes.
-
-    Every member is tried in turn; only after a whole round failed does the gateway pause (with
-    backoff and jitter), so the death of a leader costs one failed connect, not a backoff.
-    """
+    """Find the leader among `controls` (or where a refusal points) and follow it; again when it goes."""
     t = config.timeouts
-    controls = config.controls
-    delay = t.gateway_reconnect_min_s
-    attempt = 0
-    pointer: str | None = None
-    failed_in_round = 0
-    said: set[str] = set()  # failures logged since the last attach: a repeat goes to the debug log
-    while True:
-        followed_pointer = pointer is not None
-        if pointer is not None:
-            control, pointer = pointer, None
-        else:
-            control = controls[attempt % len(controls)]
-            attempt += 1
-        attached = trio.Event()
-        why, level = "", logging.WARNING
-        try:
-            await _follow_once(control, config, state, router, feeds, attached)
-        # Nurseries wrap errors in groups (strict exception groups), hence except*.
-        except* _Refused as group:
-            refused = first_error(group)
-            assert isinstance(refused, _Refused)
-            why, level = str(refused), logging.INFO
-            # One hop only: two members pointing at each other must not make a loop without pauses.
-            if refused.leader_url is not None and refused.leader_url != control and not followed_pointer:
-                pointer = refused.leader_url
-        except* HandshakeError as group:
-            why = f"control {control} refused the gateway's stream: {describe(first_error(group))}"
-        except* _Silent:
-            why = f"no word from the leader at {control} for {t.gateway_silence_s:g} s: looking for the leader again"
-        except* (ConnectionClosed, OSError, trio.BrokenResourceError, trio.TooSlowError) as group:
-            why = f"stream to {control} lost: {describe(first_error(group))}"
-        except* protocol.ProtocolError as group:
-            why = f"control {control} spoke an unexpected protocol: {describe(first_error(group))}"
-        if attached.is_set():
-            said.clear()
-            delay, failed_in_round = t.gateway_reconnect_min_s, 0
-            state.leader = None
-            age = state.table_age(trio.current_time())
-            log.warning("lost the leader at %s (%s): serving from table version %s, %s s old, until a leader answers",
-                        control, why or "closed", state.version, "?" if age is None else f"{age:.1f}")
-            continue  # the next member at once
-        if why:
-            log.log(logging.DEBUG if why in said else level, "%s", why)
-            said.add(why)
-        if pointer is not None:
-            continue
-        failed_in_round += 1
-        if failed_in_round >= len(controls):  # every member tried: pause before the next round
-            failed_in_round = 0
-            await trio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, t.gateway_reconnect_max_s)
+
+    async def stream(control: str, welcomed: Welcomed) -> None:
+        async with open_stream(control, protocol.GATEWAY_STREAM_PATH, config.key, connect_s=t.gateway_silence_s,
+                               close_s=t.gateway_stream_close_s) as ws:
+            await _session(ws, control, config, state, router, feeds, welcomed)
+
+    def lost() -> str:
+        state.leader = None
+        age = state.table_age(trio.current_time())
+        return (f"serving from table version {state.version}, {'?' if age is None else f'{age:.1f}'} s old, "
+                f"until a leader answers")
+
+    await follow_leader(config.controls, stream, role="gateway", reconnect=t.gateway_reconnect, lost=lost)
 
 
-async def _follow_once(control: str, config: GatewayConfig, state: FollowedState, router: Router,
-                       feeds: _Feeds, attached: trio.Event) -> None:
-    t = config.timeouts
-    async with open_stream(control, protocol.GATEWAY_STREAM_PATH, config.key, connect_s=t.gateway_silence_s,
-                           close_s=t.gateway_stream_close_s) as ws:
-        await _session(ws, control, config, state, router, feeds, attached)
-
-
-async def _receive(ws: WebSocketConnection, silence_s: float) -> dict[str, Any]:
-    with trio.move_on_after(silence_s):
-        return protocol.loads(await ws.get_message())
-    raise _Silent()
+async def _receive(ws: WebSocketConnection, control: str, silence_s: float) -> dict[str, Any]:
+    return protocol.loads(await receive_within(ws.get_message, control, silence_s))
 
 
 async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig, state: FollowedState,
-                   router: Router, feeds: _Feeds, attached: trio.Event) -> None:
+                   router: Router, feeds: _Feeds, welcomed: Welcomed) -> None:
+    """One stream: hello, welcome, then tables in and demand, usage and judges' failures out until it ends.
+    Raises `Refused`, `Silent` or `ProtocolError` (a bad opening) to `follow_leader`."""
     t = config.timeouts
     await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.GATEWAY_PROTOCOL_VERSION,
                                           "gateway": config.name, "version": __version__,
                                           "query_url": feeds.rlog.query_url}))  # where control asks its log
-    first = await _receive(ws, t.gateway_silence_s)
+    first = await _receive(ws, control, t.gateway_silence_s)
     if first["type"] == "refused":
-        raise _Refused(control, str(first.get("reason", "")), first.get("leader"), first.get("leader_url"))
+        raise Refused.of(control, first)
     if first["type"] != "welcome":
         raise protocol.ProtocolError(f"expected welcome, got {first['type']!r}")
     old = state.table_age(trio.current_time())
     state.leader = control
-    attached.set()
-    log.info("following the leader at %s (member %s)%s", control, first.get("leader", "?"),
-             "" if old is None else f"; the table held was {old:.1f} s old")
+    welcomed(str(first.get("leader", "?")), "" if old is None else f"the table held was {old:.1f} s old")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_report, ws, router, t, feeds.judges)
         nursery.start_soon(_send_usage, ws, feeds.rlog, t)
         while True:
-            message = await _receive(ws, t.gateway_silence_s)
+            message = await _receive(ws, control, t.gateway_silence_s)
             kind = message["type"]
             now = trio.current_time()
             if kind == "table":
@@ -287,8 +224,7 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
                 if isinstance(message.get("seq"), int):
                     feeds.rlog.rollups.acked(str(message.get("boot")), message["seq"])
             elif kind == "refused":
-                raise _Refused(control, str(message.get("reason", "")), message.get("leader"),
-                               message.get("leader_url"))
+                raise Refused.of(control, message)
             else:
                 log.debug("ignoring message %r", kind)
 

@@ -1,5 +1,5 @@
 """The gateway's upstream connections: one pool per engine endpoint, each a free-list of kept-alive HTTP/1.1
-connections (trio streams + llmgw/http1.py), a limit on how many are open and a bounded queue of requests waiting for one.
+connections (trio streams + llmgw/wire/http1.py), a limit on how many are open and a bounded queue of requests waiting for one.
 
 Why not httpx/httpcore: httpcore's pool scans every connection for every request (its cost grows with the
 number of requests in flight: at 256 concurrent requests half the gateway's CPU went there), and a call
@@ -24,8 +24,8 @@ import trio
 
 from llmgw.domain.settings import effective
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
-from llmgw.http1 import ResponseReader
 from llmgw.net import url_host
+from llmgw.wire.http1 import ResponseReader
 
 __all__ = [
     "ConnectFailed",

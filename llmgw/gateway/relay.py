@@ -11,13 +11,13 @@ import logging
 
 import trio
 
-from llmgw.asgi import Exchange, Send, dumps
 from llmgw.domain.observed import Endpoint
 from llmgw.domain.state import ApiKey
 from llmgw.errors import OpenAIError
 from llmgw.gateway import upstream
 from llmgw.gateway.answers import HiddenUsage, StreamUsage, engine_error, usage_of
 from llmgw.gateway.guard import Checks
+from llmgw.wire.asgi import Exchange, Send, dumps
 
 __all__ = ["Progress", "relay", "response_headers"]
 

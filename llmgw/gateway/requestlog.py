@@ -24,11 +24,11 @@ from typing import Any
 
 import trio
 
-from llmgw.domain import usage
-from llmgw.domain.commands import CommandError
+from llmgw.domain.commands import CommandError, usage
 from llmgw.domain.settings import SETTINGS
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import RequestFacts
+from llmgw.wire.logquery import gateway_tag
 
 log = logging.getLogger("llmgw.gateway.requestlog")
 
@@ -36,18 +36,11 @@ SEGMENT_BYTES = 8 << 20  # a segment is sealed (summary written) past this size
 RARE = 64  # a segment's summary lists the lines of each key, model and status seen at most this often
 QUEUE_RECORDS = 100_000  # records waiting for the writer; beyond, new ones are dropped and counted
 SEGMENT_RE = re.compile(r"seg-(\d{10})\.log\Z")
-_TAG_RE = re.compile(r"[^a-z0-9]")
-ID_RE = re.compile(r"req-([a-z0-9]{1,24})-[0-9a-f]{16}\Z")
 
 # The fields, in the order every line has them: the query module finds `"key":...,` and
 # `"model":...,` and `"status":N,` as bytes, so their order and separators never change.
 FIELDS = ("id", "time", "key", "model", "status", "error", "replica", "node", "endpoint", "tokens_in",
           "tokens_out", "latency_ms", "ttft_ms", "guard_rule", "gateway")
-
-
-def gateway_tag(name: str) -> str:
-    """The part of a request id that names its gateway: the name's lowercase letters and digits."""
-    return _TAG_RE.sub("", name.lower())[:24] or "gw"
 
 
 @dataclass(slots=True)

@@ -11,116 +11,20 @@ from __future__ import annotations
 import json
 import mmap
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
 import trio
 
-from llmgw.asgi import dumps
 from llmgw.domain.keys import hash_key
 from llmgw.errors import OpenAIError
-from llmgw.gateway.requestlog import ID_RE, RequestLog, read_summary, record_doc, segments
+from llmgw.gateway.requestlog import RequestLog, read_summary, record_doc, segments
 from llmgw.interfaces import StateReader
+from llmgw.wire.asgi import dumps
+from llmgw.wire.logquery import ID_RE, MAX_LIMIT, PATH, Filters, QueryError, json_bytes
 
-PATH = "/api/v1/gateway/requests"
-MAX_LIMIT = 1000
 _CURSOR_RE = re.compile(r"(\d{1,10}):(\d{1,15})\Z")
-_STATUS_RE = re.compile(r"[1-5](\d\d|xx)\Z")
-
-
-class QueryError(ValueError):
-    """A filter or cursor that cannot be read; the message names it."""
-
-
-@dataclass(frozen=True)
-class Filters:
-    model: str | None = None
-    key: str | None = None
-    status: str | None = None  # "429", or a class: "4xx"
-    since: float | None = None  # on the record's `time` (arrival), unix seconds, inclusive
-    until: float | None = None  # exclusive
-
-    @classmethod
-    def parse(cls, query: dict[str, str]) -> Filters:
-        status = query.get("status") or None
-        if status is not None and not _STATUS_RE.match(status):
-            raise QueryError(f"status must be a code (429) or a class (4xx), not {status!r:.40}")
-        return cls(query.get("model") or None, query.get("key") if "key" in query else None, status,
-                   _time(query, "since"), _time(query, "until"))
-
-    def match(self, doc: dict[str, Any]) -> bool:
-        if self.model is not None and doc.get("model") != self.model:
-            return False
-        if self.key is not None and doc.get("key") != self.key:
-            return False
-        if self.status is not None:
-            code = str(doc.get("status"))
-            if code != self.status and not (self.status.endswith("xx") and code[:1] == self.status[0]):
-                return False
-        t = doc.get("time")
-        return isinstance(t, (int, float)) and self.in_time(t)
-
-    def in_time(self, t: float | None) -> bool:
-        if t is None:
-            return True  # unknown here: the record's own check decides
-        return (self.since is None or t >= self.since) and (self.until is None or t < self.until)
-
-    def fields(self) -> list[tuple[str, str, bytes]]:
-        """(field, value, bytes every matching line holds) for each equality in the filter."""
-        out = []
-        if self.key is not None:
-            out.append(("key", self.key, b'"key":' + _json(self.key) + b","))
-        if self.model is not None:
-            out.append(("model", self.model, b'"model":' + _json(self.model) + b","))
-        if self.status is not None:
-            out.append(("status", self.status, b'"status":' + self.status.rstrip("x").encode()))
-        return out
-
-    def plan(self, summary: dict[str, Any] | None) -> tuple[bool, list[bytes], list[int] | None]:
-        """How to read one segment: (skip it, needles with the rarest first, the candidate lines'
-        offsets when the summary lists them). Without a summary (the open segment, or one left by a
-        crash): every needle, no skipping."""
-        fields = self.fields()
-        needles = [n for _, _, n in fields]
-        if summary is None:
-            return False, needles, None
-        try:
-            if (self.since is not None and summary["end_max"] < self.since) or \
-                    (self.until is not None and summary["time_min"] >= self.until):
-                return True, [], None
-            ranked = []
-            for field, value, needle in fields:
-                counts, rare = summary["counts"][field], summary["rare"][field]
-                values = [v for v in counts if v.startswith(value[0])] if value.endswith("xx") else [value]
-                n = sum(counts.get(v, 0) for v in values)
-                if n == 0:
-                    return True, [], None
-                listed = [rare[v] for v in values if v in rare]
-                offsets = sorted(o for group in listed for o in group) if len(listed) == len(values) else None
-                ranked.append((n, needle, offsets))
-        except (KeyError, TypeError, AttributeError):
-            return False, needles, None
-        ranked.sort(key=lambda r: r[0])
-        return False, [needle for _, needle, _ in ranked], ranked[0][2] if ranked else None
-
-
-def _json(value: str) -> bytes:
-    return json.dumps(value, ensure_ascii=False).encode()
-
-
-def _time(query: dict[str, str], name: str) -> float | None:
-    raw = query.get(name)
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise QueryError(f"{name} must be unix seconds, not {raw!r:.40}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise QueryError(f"{name} must be a finite number")
-    return value
 
 
 def parse_cursor(raw: str | None) -> tuple[int, int] | None:
@@ -156,7 +60,7 @@ def query(directory: Path, filters: Filters, limit: int,
 
 def find(directory: Path, request_id: str) -> dict[str, Any] | None:
     """The record of one request id, or None. Synchronous."""
-    needle = b'"id":' + _json(request_id) + b","
+    needle = b'"id":' + json_bytes(request_id) + b","
     for _, path in reversed(segments(directory)):
         for _, doc in _scan(path, None, [needle], None, Filters(), 1):
             if doc.get("id") == request_id:

@@ -1,4 +1,4 @@
-"""The gateway's call to an engine over one pooled HTTP/1.1 connection (llmgw/http1.py): the request sent, the answer
+"""The gateway's call to an engine over one pooled HTTP/1.1 connection (llmgw/wire/http1.py): the request sent, the answer
 read as it comes, under explicit timeouts; and sent once more when an engine dropped a reused connection.
 
 The retry: llama.cpp's server closes an idle kept-alive connection on its own schedule; a request that
@@ -23,7 +23,7 @@ from llmgw.domain.observed import Endpoint
 from llmgw.errors import OpenAIError
 from llmgw.gateway.pool import ConnectFailed, Connection, Limits, Overloaded, Pool
 from llmgw.gateway.router import Lease
-from llmgw.http1 import BadRequest, request_bytes
+from llmgw.wire.http1 import BadRequest, request_bytes
 
 __all__ = ["Dropped", "Response", "UpstreamFailed", "UpstreamTimeout", "answer", "failure", "send"]
 

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
-from llmgw.front import listen_socket
 from llmgw.logs import role_var
 from llmgw.net import url_host
 from llmgw.startup import CannotStart, waiting_for
+from llmgw.wire.front import listen_socket
 
 if TYPE_CHECKING:
     from llmgw.gateway.follower import GatewayConfig

@@ -1,5 +1,6 @@
-"""The control plane's families, built at each scrape from the status summary (the document `ctl status` and
-GET /api/v1/status read: they cannot disagree) and this member's Raft status. No state of its own.
+"""The control plane's families, built at each scrape from the status summary (`domain.summary.Summary`,
+what `ctl status` and GET /api/v1/status read: they cannot disagree) and this member's Raft status. No state
+of its own.
 
 The fleet's families (models, replicas, GPUs, nodes, engines, judges, conditions) come from the leader alone:
 a standby has no agents, and a 0 from it would read as "nothing ready". Every member says its Raft view.
@@ -18,6 +19,8 @@ from prometheus_client.registry import Collector
 
 from llmgw import __version__
 from llmgw.domain.conditions import Condition
+from llmgw.domain.judges import Guard
+from llmgw.domain.summary import ModelRow, Notify, Summary
 from llmgw.metrics.expose import counter, gauge, one
 
 
@@ -28,7 +31,7 @@ class Scrape:
     self_id: str
     leading: bool
     raft: Mapping[str, Any]  # RaftStore.status(): term, commit_index, last_applied, partners, match_index
-    summary: Mapping[str, Any] | None = None  # summary.build(...): None on a standby
+    summary: Summary | None = None  # summary.summarize(...): None on a standby
     restarts: Mapping[str, int] = field(default_factory=dict)  # model -> restarts counted (AgentHub.restarts_total)
     conditions: Sequence[Condition] | None = None  # llmgw.domain.conditions' (None on a standby)
     deliveries: Mapping[str, int] | None = None  # webhook deliveries by outcome (llmgw/notify); None: none kept
@@ -66,8 +69,8 @@ def families(s: Scrape) -> Iterator[Metric]:
     if s.summary is not None:
         yield from model_families(s.summary, s.restarts)
         yield from fleet_families(s.summary)
-        yield from guard_families(s.summary)
-        yield from notify_families(s.summary, s.deliveries)
+        yield from guard_families(s.summary.guard)
+        yield from notify_families(s.summary.notify, s.deliveries)
     if s.conditions is not None:
         yield gauge("llmgw_condition", "1 for each failure true now, by kind and subject (what alerts and webhooks "
                     "both see; docs/observability.md lists the kinds).", ("kind", "subject", "severity"),
@@ -105,116 +108,106 @@ def raft_families(self_id: str, raft: Mapping[str, Any]) -> Iterator[Metric]:
                 ("member",), lags)
 
 
-def model_families(doc: Mapping[str, Any], restarts: Mapping[str, int]) -> Iterator[Metric]:
-    models = [m for m in doc.get("models") or () if isinstance(m, Mapping)]
+def model_families(summary: Summary, restarts: Mapping[str, int]) -> Iterator[Metric]:
+    models = summary.models
 
-    def rows(key: str, conv: Callable[[Any], float | None] = _num) -> list[tuple[Sequence[str], float]]:
-        return [((str(m["name"]),), v) for m in models if (v := conv(m.get(key))) is not None]
+    def rows(read: Callable[[ModelRow], float | None]) -> list[tuple[Sequence[str], float]]:
+        return [((m.name,), v) for m in models if (v := read(m)) is not None]
 
     yield gauge("llmgw_model_desired_replicas", "Replicas the model should have now (demand, idle and "
-                "stop counted); absent until the reconciler has judged it.", ("model",), rows("desired"))
+                "stop counted); absent until the reconciler has judged it.", ("model",),
+                rows(lambda m: _num(m.desired)))
     yield gauge("llmgw_model_ready_replicas", "Ready replicas of the model: published, 0 included, for every "
                 "model the reconciler has judged (so 'should run, none ready' can alert).", ("model",),
-                rows("ready"))
-    yield gauge("llmgw_model_starting_replicas", "Replicas of the model starting now.", ("model",), rows("starting"))
+                rows(lambda m: _num(m.ready)))
+    yield gauge("llmgw_model_starting_replicas", "Replicas of the model starting now.", ("model",),
+                rows(lambda m: _num(m.starting)))
     yield gauge("llmgw_model_failed_replicas", "Replicas of the model whose agents report a failed start.",
-                ("model",), rows("failed"))
+                ("model",), rows(lambda m: _num(m.failed)))
     yield gauge("llmgw_model_consecutive_start_failures", "Failed starts in a row across the model's replicas "
-                "(it is parked at the limit).", ("model",), rows("failures_in_row"))
+                "(it is parked at the limit).", ("model",), rows(lambda m: float(m.failures_in_row)))
     yield gauge("llmgw_model_parked", "1 while the model is parked after failed starts (`llmgw ctl model retry`).",
-                ("model",), rows("parked", _flag))
+                ("model",), rows(lambda m: float(m.parked)))
     yield gauge("llmgw_model_unplaceable", "1 while no node can take the model's replica.", ("model",),
-                rows("unplaceable", _flag))
+                rows(lambda m: _flag(m.unplaceable)))
     yield gauge("llmgw_model_state", "1 for the model's state now: ready, starting, unplaceable, parked, "
                 "stopped, absent or unknown.", ("model", "state"),
-                [((str(m["name"]), str(m.get("state") or "unknown")), 1.0) for m in models])
+                [((m.name, m.state or "unknown"), 1.0) for m in models])
     yield gauge("llmgw_model_recent_restarts", "Restarts of the model's replicas (failed starts, crashes) "
                 "within restart_window_s, as `ctl status` counts them (a storm at health.restart_storm_restarts).",
-                ("model",), rows("restarts"))
+                ("model",), rows(lambda m: float(m.restarts)))
     yield counter("llmgw_model_restarts", "Restarts of the model's replicas (failed starts, crashes) the leader "
                   "counted since it started (a crash loop is a high rate; a new leader counts from 0).", ("model",),
                   [((name,), float(n)) for name, n in sorted(restarts.items())])
-    totals = doc.get("totals") if isinstance(doc.get("totals"), Mapping) else {}
-    assert isinstance(totals, Mapping)
+    totals = summary.totals
     yield gauge("llmgw_models", "Models by standing: satisfied (has what it should now), short, or unknown "
                 "(not judged yet).", ("standing",),
-                [((k,), float(totals.get(k) or 0)) for k in ("satisfied", "short", "unknown")])
-    replicas = totals.get("replicas") if isinstance(totals.get("replicas"), Mapping) else {}
-    assert isinstance(replicas, Mapping)
+                [(("satisfied",), float(totals.satisfied)), (("short",), float(totals.short)),
+                 (("unknown",), float(totals.unknown))])
+    replicas = totals.replicas
     yield gauge("llmgw_replicas", "Replicas by state, summed over the models the reconciler has judged.",
-                ("state",), [((k,), float(replicas.get(k) or 0)) for k in ("ready", "starting", "failed")])
+                ("state",), [(("ready",), float(replicas.ready)), (("starting",), float(replicas.starting)),
+                             (("failed",), float(replicas.failed))])
     yield from one("llmgw_replicas_desired", "Replicas the models should have now, summed.",
-                   _num(replicas.get("desired")))
+                   float(replicas.desired))
 
 
-def fleet_families(doc: Mapping[str, Any]) -> Iterator[Metric]:
-    capacity = [c for c in doc.get("capacity") or () if isinstance(c, Mapping)]
-    node_docs = [n for n in doc.get("nodes") or () if isinstance(n, Mapping)]
+def fleet_families(summary: Summary) -> Iterator[Metric]:
+    node_rows = summary.nodes
     yield gauge("llmgw_gpus", "Devices of connected nodes by class (MIG instance profiles are classes of their "
                 "own) and state: used by a placement, free, or unusable (unhealthy or not placeable).",
                 ("class", "mig", "state"),
-                [((str(c["class"]), str(bool(c.get("mig"))).lower(), st), float(c.get(st) or 0))
-                 for c in capacity for st in ("used", "free", "unusable")])
+                [((c.gpu_class, str(c.mig).lower(), st), float(n)) for c in summary.capacity
+                 for st, n in (("used", c.used), ("free", c.free), ("unusable", c.unusable))])
     unhealthy: dict[str, int] = {}
-    for n in node_docs:
-        for u in (n.get("gpu_counts") or {}).get("unusable") or ():
-            if u.get("healthy") is False:
-                unhealthy[str(u.get("class"))] = unhealthy.get(str(u.get("class")), 0) + 1
+    for n in node_rows:
+        for u in n.gpu_counts.unusable if n.gpu_counts else ():
+            if not u.healthy:
+                unhealthy[u.gpu_class] = unhealthy.get(u.gpu_class, 0) + 1
     yield gauge("llmgw_gpus_unhealthy", "Devices the probe reports unhealthy, by class (counted in "
                 "llmgw_gpus{state=\"unusable\"} too).", ("class",),
                 [((k,), float(v)) for k, v in sorted(unhealthy.items())])
     yield gauge("llmgw_node_gpus", "Each connected node's devices: used, free or unusable.", ("node", "state"),
-                [((str(n["node"]), st), float(len(n["gpu_counts"][st]) if st == "unusable" else n["gpu_counts"][st]))
-                 for n in node_docs if n.get("gpu_counts") for st in ("used", "free", "unusable")])
-    counts = doc.get("node_counts") if isinstance(doc.get("node_counts"), Mapping) else {}
-    assert isinstance(counts, Mapping)
+                [((n.node, st), float(v)) for n in node_rows if n.gpu_counts
+                 for st, v in (("used", n.gpu_counts.used), ("free", n.gpu_counts.free),
+                               ("unusable", len(n.gpu_counts.unusable)))])
+    counts = summary.node_counts
     yield gauge("llmgw_nodes", "Nodes by state: connected, or lost (known but not connected).", ("state",),
-                [(("connected",), float(counts.get("connected") or 0)),
-                 (("lost",), float(counts.get("not_connected") or 0))])
+                [(("connected",), float(counts.connected)), (("lost",), float(counts.not_connected))])
     yield gauge("llmgw_node_connected", "1 while the node's agent is connected, 0 once lost (until forgotten).",
-                ("node",), [((str(n["node"]),), float(bool(n.get("connected")))) for n in node_docs])
+                ("node",), [((n.node,), float(n.connected)) for n in node_rows])
     yield gauge("llmgw_node_lost_since_timestamp_seconds", "When a lost node's agent went away (unix time).",
-                ("node",), [((str(n["node"]),), float(n["lost_at"])) for n in node_docs
-                            if _num(n.get("lost_at")) is not None])
+                ("node",), [((n.node,), float(n.lost_at)) for n in node_rows if n.lost_at is not None])
     installs: dict[str, int] = {}
     rows: list[tuple[Sequence[str], float]] = []
-    for n in node_docs:
-        for engine, version in sorted((n.get("engine_versions") or {}).items()):
-            rows.append(((str(n["node"]), str(engine), str(version)), 1.0))
-            installs[str(engine)] = installs.get(str(engine), 0) + 1
+    for n in node_rows:
+        for engine, version in sorted((n.engine_versions or {}).items()):
+            rows.append(((n.node, engine, version), 1.0))
+            installs[engine] = installs.get(engine, 0) + 1
     yield gauge("llmgw_node_engine_installed", "1 for each engine installed on a connected node, with its version "
                 "(\"\": not said).", ("node", "engine", "version"), rows)
     yield gauge("llmgw_engine_installs", "Connected nodes with each engine installed.", ("engine",),
                 [((k,), float(v)) for k, v in sorted(installs.items())])
-    cluster = doc.get("cluster") if isinstance(doc.get("cluster"), Mapping) else {}
-    assert isinstance(cluster, Mapping)
     yield from one("llmgw_serving_stopped", "1 while serving is stopped (`llmgw stop`): every model wants 0.",
-                   _flag(cluster.get("stopped")))
+                   float(summary.cluster.stopped))
     yield from one("llmgw_state_revision", "The replicated state's revision (commands applied).",
-                   _num(cluster.get("revision")))
+                   float(summary.cluster.revision))
     yield gauge("llmgw_status_warnings", "Warnings `ctl status` prints now (each in words there).", (),
-                [((), float(len(doc.get("warnings") or ())))])
+                [((), float(len(summary.warnings)))])
 
 
-def guard_families(doc: Mapping[str, Any]) -> Iterator[Metric]:
-    guard = doc.get("guard") if isinstance(doc.get("guard"), Mapping) else None
-    if guard is None:
-        return
+def guard_families(guard: Guard) -> Iterator[Metric]:
     yield from one("llmgw_guard_enabled", "1 while guardrails are on (guard.enabled), 0 while off.",
-                   _flag(guard.get("enabled")))
-    yield from one("llmgw_guard_policies", "Guard policies defined.", _num(guard.get("policies")))
-    judges = [j for j in guard.get("judges") or () if isinstance(j, Mapping)]
+                   float(guard.enabled))
+    yield from one("llmgw_guard_policies", "Guard policies defined.", float(guard.policies))
     yield gauge("llmgw_judge_status", "1 for each judge model's status: ok, failing, down, missing, not_a_judge "
-                "or unknown.", ("judge", "status"), [((str(j["model"]), str(j["status"])), 1.0) for j in judges])
+                "or unknown.", ("judge", "status"), [((j.model, j.status), 1.0) for j in guard.judges])
     yield gauge("llmgw_judge_last_failure_timestamp_seconds", "When a gateway last reported the judge failing "
                 "to answer (unix time).", ("judge",),
-                [((str(j["model"]),), float(j["last_failure_at"])) for j in judges
-                 if _num(j.get("last_failure_at")) is not None])
+                [((j.model,), float(j.last_failure_at)) for j in guard.judges if j.last_failure_at is not None])
 
 
-def notify_families(doc: Mapping[str, Any], deliveries: Mapping[str, int] | None) -> Iterator[Metric]:
-    notify = doc.get("notify") if isinstance(doc.get("notify"), Mapping) else {}
-    assert isinstance(notify, Mapping)
-    yield from one("llmgw_webhooks_configured", "Webhook URLs in notify.webhooks.", _num(notify.get("webhooks")))
+def notify_families(notify: Notify, deliveries: Mapping[str, int] | None) -> Iterator[Metric]:
+    yield from one("llmgw_webhooks_configured", "Webhook URLs in notify.webhooks.", float(notify.webhooks))
     yield counter("llmgw_webhook_deliveries", "Webhook deliveries by outcome, since this leader began.",
                   ("outcome",), [((k,), float(v)) for k, v in sorted((deliveries or {}).items())])

@@ -13,10 +13,8 @@ import httpx
 import trio
 
 from llmgw import __version__
-from llmgw.control.admin import ControlDeps
-from llmgw.control.admin_metrics import local_cluster
-from llmgw.domain import summary
-from llmgw.domain.conditions import Condition, conditions
+from llmgw.control.context import Context
+from llmgw.domain.conditions import Condition
 from llmgw.domain.settings import effective
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.notify.hooks import webhooks_of
@@ -36,16 +34,11 @@ def http_post(client: httpx.AsyncClient) -> Post:
     return post
 
 
-def control_conditions(deps: ControlDeps, now: float | None = None) -> list[Condition]:
-    """The conditions of a running control plane now (`now`: its clock's, by default): from the summary
-    `GET /api/v1/status` builds, with the members as this member's Raft links see them (no probe of the
-    others), and its notifier's webhook health. Meaningful on the leader, which alone hears the agents."""
-    now = deps.clock() if now is None else now
-    plan = deps.reconciler.last_plan
-    doc = summary.build(deps.store.snapshot(), deps.hub.observed(), plan.views if plan else None,
-                        local_cluster(deps), now)
-    return conditions(doc, now, timeouts=deps.reconciler.timeouts,
-                      webhooks=deps.notifier.health() if deps.notifier is not None else ())
+def control_conditions(ctx: Context, now: float | None = None) -> list[Condition]:
+    """The conditions of a running control plane now (`now`: its clock's, by default): the context's one
+    look, as `GET /api/v1/status` reads it, with the members as this member's Raft links see them (no probe
+    of the others). Meaningful on the leader, which alone hears the agents."""
+    return list(ctx.look(ctx.local_cluster(), now).conditions)
 
 
 async def watch(notifier: Notifier, evaluate: Callable[[], list[Condition]], settings: Callable[[], Any],

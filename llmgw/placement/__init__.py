@@ -24,8 +24,9 @@ from llmgw.placement.filters import (
     Need,
     PlacementResult,
     Refusal,
+    Verdict,
 )
-from llmgw.placement.fleet import FleetView, Verdict
+from llmgw.placement.fleet import FleetView
 from llmgw.placement.scores import WEIGHTS, Score
 
 __all__ = [

@@ -12,6 +12,7 @@ from typing import Mapping
 from llmgw.domain.memory import MemoryEstimate
 from llmgw.domain.model import ModelDef, is_mig_class
 from llmgw.domain.observed import Gpu, NodeInfo
+from llmgw.placement.scores import Score
 
 FITS = "fits"  # a verdict (`FleetView.verdicts`): the node can take the replica now
 NOT_NOW = "not_now"  # could fit once something changes (a GPU frees, an engine installs)
@@ -43,6 +44,19 @@ REASONS: dict[str, tuple[str, str]] = {
     "no_fabric": (NEVER, "a multi-node replica on a node with no fabric configured"),
     "node_busy": (NOT_NOW, "a multi-node replica needs a whole free node"),
 }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One node's verdict on one more replica: FITS (with its score and devices), NOT_NOW or NEVER."""
+
+    node: str
+    verdict: str  # FITS | NOT_NOW | NEVER
+    code: str = ""
+    message: str = ""
+    numbers: Mapping[str, float] | None = None
+    score: Score | None = None
+    gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

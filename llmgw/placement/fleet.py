@@ -29,23 +29,11 @@ from llmgw.placement.filters import (
     devices,
     engine_refusal,
     gib,
+    Verdict,
     mig_refusal,
 )
 from llmgw.placement.holdings import Held, Holdings, node_fabrics
 from llmgw.placement.scores import Score, combine, cpu_pack, gpu_pack
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One node's verdict on one more replica: FITS (with its score and devices), NOT_NOW or NEVER."""
-
-    node: str
-    verdict: str  # FITS | NOT_NOW | NEVER
-    code: str = ""
-    message: str = ""
-    numbers: Mapping[str, float] | None = None
-    score: Score | None = None
-    gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

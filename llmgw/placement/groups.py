@@ -18,9 +18,14 @@ The rules, as docs/engines.md states them:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from llmgw.domain.model import ModelDef
-from llmgw.placement.filters import NEVER, NOT_NOW, Choice, Member, PlacementResult, Refusal, engine_host, engine_refusal
-from llmgw.placement.fleet import FleetView, Verdict
+from llmgw.placement.filters import (NEVER, NOT_NOW, Choice, Member, PlacementResult, Refusal, Verdict, engine_host,
+                                     engine_refusal)
+
+if TYPE_CHECKING:  # FleetView hands its index over and calls these: a type, not a dependency
+    from llmgw.placement.fleet import FleetView
 
 
 def place_group(model: ModelDef, view: FleetView) -> PlacementResult:

@@ -6,9 +6,21 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from typing import Annotated
 
 from cyclopts import Parameter
+
+from llmgw.cli._log_flags import LogFlags
+
+
+@Parameter(name="*")
+@dataclass(frozen=True)
+class FleetLogFlags(LogFlags):
+    """The log flags, quieter by default: a thousand agents say a lot at info."""
+
+    log_level: str = "warning"
+    """debug, info, warning or error (default warning: a thousand agents say a lot at info)."""
 
 
 def sim_fleet(
@@ -25,8 +37,7 @@ def sim_fleet(
     first: int = 1,
     engine_host: str = "127.0.0.1",
     engine_port: int = 0,
-    log_json: bool = False,
-    log_level: str = "warning",
+    log: FleetLogFlags = FleetLogFlags(),
 ) -> None:
     """Simulate a fleet: N nodes in one process, each a real agent on its own stream to control.
 
@@ -56,14 +67,9 @@ def sim_fleet(
         Address the engines' one HTTP server listens on; gateways must reach it.
     engine_port
         Its port (default: any free one).
-    log_json
-        One JSON object per log line instead of text.
-    log_level
-        debug, info, warning or error (default warning: a thousand agents say a lot at info).
     """
     import trio
 
-    from llmgw import logs
     from llmgw.cli._lifecycle import serve_until_signal
     from llmgw.simfleet.fleet import FleetConfig, serve
     from llmgw.simfleet.nodes import HeldModel, NodeShape
@@ -80,7 +86,7 @@ def sim_fleet(
         shape.check()
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    logs.setup(json_lines=log_json, level=log_level)
+    log.setup()
     if logging.getLogger().level > logging.INFO:  # the fleet's own few lines (ready, counts) still show
         logging.getLogger("llmgw.simfleet").setLevel(logging.INFO)
     config = FleetConfig(controls=control, key=key, nodes=nodes, shape=shape, prefix=prefix, first=first,

@@ -3,7 +3,7 @@ and `EngineServer`, the one HTTP server every replica answers on at `/r/<replica
 
 A replica honours the sim engine's own flags (`--startup-delay`, `--fail-start`, `--tokens-per-s`,
 `--embedding-dim`) and is refused for what the real agent refuses (bad args, unknown GPUs), with
-the same words; its answers are the sim engine's app (`engines/sim.py`), not a copy of it.
+the same words; its answers are the sim engine's app (`engines/sim/app.py`), not a copy of it.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import trio
 from hypercorn.trio import serve as hypercorn_serve
 
 from llmgw.agent.adoption import launch_hash, replica_id_problem
-from llmgw.asgi import Receive, Scope, Send, dumps, hypercorn_config, lifespan, send_json
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.observed import NodeInfo, ReplicaObs
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.engines import EngineError, Group, launch_spec, parse_engine_args, start_failure
 from llmgw.engines.sim import FAIL_START_STATUS, SimApp, SimOptions, make_app
 from llmgw.errors import OpenAIError
+from llmgw.wire.asgi import Receive, Scope, Send, dumps, hypercorn_config, lifespan, send_json
 
 log = logging.getLogger("llmgw.simfleet")
 

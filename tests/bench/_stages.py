@@ -21,7 +21,7 @@ STAGES = (FRONT, APP, UPSTREAM, REQLOG, ACCESS, OTHER)
 HANDLER = (APP, UPSTREAM, REQLOG)
 
 _OWN = (  # path fragment -> stage; first match wins
-    ("llmgw/front.py", FRONT), ("llmgw/gateway/front", FRONT), ("llmgw/asgi", FRONT), ("/hypercorn/", FRONT), ("/wsproto/", FRONT),
+    ("llmgw/wire/front.py", FRONT), ("llmgw/gateway/front", FRONT), ("llmgw/wire/asgi", FRONT), ("/hypercorn/", FRONT), ("/wsproto/", FRONT),
     ("/httptools/", FRONT),
     ("llmgw/gateway/pool", UPSTREAM), ("llmgw/gateway/upstream", UPSTREAM), ("/httpx/", UPSTREAM),
     ("/httpcore/", UPSTREAM),

@@ -1,7 +1,7 @@
 """The fault catalog, long: every fault of docs/faults.md several times, in random order, on one world (a control
 plane, agents, sim engines, a webhook receiver) and one group of three control plane processes; each time it
 must show in all its places within two reconcile ticks of being true and resolve once fixed
-(llmgw/testing/fault_catalog.py). Prints each run's timings, then the slowest per fault.
+(tests/support/fault_catalog.py). Prints each run's timings, then the slowest per fault.
 
 Run: `.venv/bin/python tests/bench/faults.py [--rounds 5] [--seed N] [--only agent_lost,no_quorum]`.
 A round of the twelve takes about 40 s. Exit status 1 when a fault was not shown or not resolved in time.
@@ -18,8 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from llmgw.testing.fault_catalog import FAULTS, Fault, GroupFault, run_world_fault
-from llmgw.testing.faults import Group, World
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.support.fault_catalog import FAULTS, Fault, GroupFault, run_world_fault  # noqa: E402
+from tests.support.faults import Group, World  # noqa: E402
 
 GROUP_TICK_S = 1.0  # the group's reconcile_tick_s (GROUP_TIMEOUTS leaves it at its default)
 

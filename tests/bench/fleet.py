@@ -28,7 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from llmgw.testing.cluster import Member  # noqa: E402
+from tests.support.cluster import Member  # noqa: E402
 
 GOAL_MS = 300.0
 KEY = "sk-bench-fleet"

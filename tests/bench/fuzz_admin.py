@@ -13,14 +13,17 @@ import argparse
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import requests
 from hypothesis import HealthCheck, given, seed, settings
 
-from llmgw.control.openapi import document
-from llmgw.testing.admin_fuzz import (Tally, coverage_cases, fuzz_cases, live_control, load_schema, operation,
-                                      send_and_check)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from llmgw.control.api.openapi import document  # noqa: E402
+from tests.support.admin_fuzz import (Tally, coverage_cases, fuzz_cases, live_control, load_schema,  # noqa: E402
+                                      operation, send_and_check)
 
 
 def _broken(error: BaseException) -> str:

@@ -12,13 +12,17 @@ import argparse
 import collections
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from llmgw.testing.fuzz_http import Probe, admin_probes, check_answer, live_admin, live_gateway, v1_probes
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.support.fuzz_http import (Probe, admin_probes, check_answer, live_admin, live_gateway,  # noqa: E402
+                                     v1_probes)
 
 
 def _run(name: str, examples: int, rng_seed: int, client: httpx.Client, probes: Any, shape: str) -> bool:

@@ -100,7 +100,7 @@ async def _open_loop(url: str, rate: float, duration: float) -> OpenLoop:
     The client is the gateway's own upstream pool (h11, O(1) per request): httpx's pool scans its
     connections per request and, with hundreds open, became the bottleneck it was meant to measure."""
     from llmgw.gateway.pool import Pool
-    from llmgw.http1 import request_bytes
+    from llmgw.wire.http1 import request_bytes
 
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
     statuses: dict[int, list[float]] = {}

@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from llmgw.domain import commands  # noqa: E402
+from llmgw.domain.commands import set_policy  # noqa: E402
 from llmgw.domain.guard import GuardPolicy  # noqa: E402
-from llmgw.domain.guard_commands import set_policy  # noqa: E402
 from llmgw.domain.keys import hash_key  # noqa: E402
 from llmgw.domain.model import ModelDef  # noqa: E402
 from llmgw.domain.observed import Endpoint, ModelRoute  # noqa: E402

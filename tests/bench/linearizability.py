@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from llmgw.testing.linearizability import (  # noqa: E402
+from tests.support.linearizability import (  # noqa: E402
     KV_MODEL,
     KvInput,
     KvOutput,

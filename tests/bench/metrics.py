@@ -159,9 +159,9 @@ def scrape_cost(nodes: int, models: int, rounds: int) -> dict[str, float]:
     builds, families, sizes = [], [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        doc = summary.build(state, observed, views, {}, 100.0)
+        built = summary.summarize(state, observed, views, {}, 100.0)
         t1 = time.perf_counter()
-        text = render(control.registry_for(lambda: control.Scrape("a:1", True, raft, doc, {})))
+        text = render(control.registry_for(lambda: control.Scrape("a:1", True, raft, built, {})))
         builds.append(t1 - t0)
         families.append(time.perf_counter() - t1)
         sizes.append(len(text))

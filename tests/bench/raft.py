@@ -7,7 +7,7 @@
   commands submitted in one scheduler pass go as one entry: `llmgw.store.batching`);
 - single write latency p50/p99 through the admin API of three `llmgw control` processes, at
   the leader and through a standby (which forwards to the leader);
-- the fsync policy's cost: sequential commits on one member per policy (`llmgw.testing.fsync_cost`);
+- the fsync policy's cost: sequential commits on one member per policy (`tests.support.fsync_cost`);
 - failover p50/p99: SIGKILL of the leader -> the next write acknowledged through a survivor;
   and in the same kills, an `llmgw agent` and an `llmgw gateway` given every member's URL:
   the kill -> the agent listed as connected by the new leader, and the gateway's /health naming it.
@@ -41,9 +41,9 @@ from llmgw.domain import commands  # noqa: E402
 from llmgw.net import free_port  # noqa: E402
 from llmgw.store import RaftStore  # noqa: E402
 from llmgw.store.batching import MAX_COMMANDS  # noqa: E402
-from llmgw.testing.campaign import model_doc  # noqa: E402
-from llmgw.testing.cluster import Cluster, Member  # noqa: E402
-from llmgw.testing.fsync_cost import measure_commits  # noqa: E402
+from tests.support.campaign import model_doc  # noqa: E402
+from tests.support.cluster import Cluster, Member  # noqa: E402
+from tests.support.fsync_cost import measure_commits  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:

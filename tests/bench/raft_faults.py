@@ -22,8 +22,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from llmgw.testing.campaign import RoundConfig, RoundResult, campaign  # noqa: E402
-from llmgw.testing.cluster import Cluster  # noqa: E402
+from tests.support.campaign import RoundConfig, RoundResult, campaign  # noqa: E402
+from tests.support.cluster import Cluster  # noqa: E402
 
 
 async def run(args: argparse.Namespace, root: Path) -> bool:

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from llmgw.domain.state import ApiKey  # noqa: E402
 from llmgw.gateway.requestlog import RequestLog, RequestRecord, SegmentWriter  # noqa: E402
-from llmgw.gateway.requestlog_query import Filters, parse_cursor, query  # noqa: E402
+from llmgw.gateway.requestlog_query import parse_cursor, query  # noqa: E402
+from llmgw.wire.logquery import Filters  # noqa: E402
 
 QUERY_BOUND_MS = 100.0
 ENQUEUE_BOUND_US = 20.0

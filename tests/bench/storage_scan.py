@@ -2,7 +2,7 @@
 (the rescan re-reads no file: it only lists directories and stats entries).
 
 Run: `.venv/bin/python tests/bench/storage_scan.py [--files 2000] [--repeat 3] [--dir PATH]`.
-The tree (`llmgw.testing.weights_tree.build_tree`): 20-file folders of 8 GGUFs, one 3-shard
+The tree (`tests.support.weights_tree.build_tree`): 20-file folders of 8 GGUFs, one 3-shard
 safetensors model, 3 partial downloads and 4 junk files. Each time is the median of `--repeat`
 scans (the first scan: each on a fresh scanner, so each reads every header). Exits 1 when the
 unchanged rescan takes 1 s or more.
@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from llmgw.agent.storage import StorageDir, StorageScanner  # noqa: E402
-from llmgw.testing.weights_tree import build_tree  # noqa: E402
+from tests.support.weights_tree import build_tree  # noqa: E402
 
 RESCAN_BOUND_S = 1.0
 

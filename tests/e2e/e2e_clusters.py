@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from llmgw.testing.processes import free_port, kill_engines_under
+from tests.support.processes import free_port, kill_engines_under
 
 SIM_MODELS = ({"name": "demo", "engine": "sim", "source": "sim://demo"},
               {"name": "demo-embed", "engine": "sim", "source": "sim://demo-embed", "role": "embedding"})

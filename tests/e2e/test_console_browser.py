@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from llmgw.domain.settings import SETTINGS
-from llmgw.testing.processes import UpProcess
+from tests.support.processes import UpProcess
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.testing.processes import free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

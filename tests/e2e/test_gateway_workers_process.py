@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from llmgw.cli import _ports
-from llmgw.gateway.requestlog import ID_RE
-from llmgw.testing.processes import alive, children_of, free_port, kill_engines_under
+from llmgw.wire.logquery import ID_RE
+from tests.support.processes import alive, children_of, free_port, kill_engines_under
 
 pytestmark = pytest.mark.slow
 

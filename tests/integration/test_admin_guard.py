@@ -13,10 +13,10 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
-from llmgw import protocol
 from llmgw.control.service import ControlConfig, ControlHandle, Seed, serve
 from llmgw.domain.model import ModelDef
-from llmgw.testing.processes import free_port
+from llmgw.wire import protocol
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

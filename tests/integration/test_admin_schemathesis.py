@@ -16,8 +16,8 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 
-from llmgw.control.openapi import document
-from llmgw.testing.admin_fuzz import (Tally, coverage_cases, fuzz_cases, live_control, load_schema, operation,
+from llmgw.control.api.openapi import document
+from tests.support.admin_fuzz import (Tally, coverage_cases, fuzz_cases, live_control, load_schema, operation,
                                       send_and_check)
 
 pytestmark = [

@@ -22,7 +22,7 @@ from llmgw.domain.observed import NodeInfo
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway.router import Router
 from llmgw.testing import FakeGpuProbe
-from llmgw.testing.processes import free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -13,11 +13,10 @@ import trio
 from hypercorn.trio import serve as hyper_serve
 from trio_websocket import WebSocketRequest, open_websocket_url, serve_websocket
 
-from llmgw import protocol
 from llmgw.agent import AgentConfig
 from llmgw.agent import serve as agent_serve
-from llmgw.asgi import hypercorn_config
-from llmgw.control.admin import ControlDeps, make_app
+from llmgw.control.api import make_app
+from llmgw.control.context import Context
 from llmgw.control.hub import AgentHub
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.service import ControlConfig, ControlHandle, Seed
@@ -27,7 +26,9 @@ from llmgw.domain.keys import hash_key
 from llmgw.domain.observed import NodeInfo
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.testing import FakeGpuProbe, MemoryStore
-from llmgw.testing.processes import free_port
+from llmgw.wire import protocol
+from llmgw.wire.asgi import hypercorn_config
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,7 @@ class StandbyStore(MemoryStore):
 async def serve_standby(leader_url: str, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     store = StandbyStore(leader_url)
     hub = AgentHub()
-    app = make_app(ControlDeps(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: 0.0,
+    app = make_app(Context(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: 0.0,
                                self_id="standby", store_status=store.status))
     config = hypercorn_config("127.0.0.1", 0, logger="test.standby", graceful_s=FAST.admin_shutdown_grace_s,
                               keep_alive_s=FAST.admin_keep_alive_s)

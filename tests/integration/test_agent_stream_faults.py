@@ -22,7 +22,6 @@ import pytest
 import trio
 from trio_websocket import WebSocketConnection, WebSocketRequest, serve_websocket
 
-from llmgw import protocol
 from llmgw.agent import AgentConfig
 from llmgw.agent import serve as agent_serve
 from llmgw.control.service import ControlConfig, ControlHandle, Seed
@@ -30,7 +29,8 @@ from llmgw.control.service import serve as control_serve
 from llmgw.domain.observed import NodeInfo
 from llmgw.domain.timeouts import SILENT_BEATS, TIMEOUTS
 from llmgw.testing import FakeGpuProbe
-from llmgw.testing.processes import free_port
+from llmgw.wire import protocol
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from llmgw.cli.ctl import run_ctl
-from llmgw.testing.processes import free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

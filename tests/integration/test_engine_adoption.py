@@ -27,7 +27,7 @@ from llmgw.domain.observed import Gpu, NodeInfo, ReplicaObs, mig_index
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway.router import Router
 from llmgw.testing import FakeGpuProbe
-from llmgw.testing.processes import alive, children_of, free_port
+from tests.support.processes import alive, children_of, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from llmgw.testing.processes import alive, children_of, free_port
+from tests.support.processes import alive, children_of, free_port
 
 pytestmark = pytest.mark.slow
 

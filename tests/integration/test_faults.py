@@ -1,7 +1,7 @@
 """The fault catalog (docs/faults.md): each fault injected into a real control plane with real agents (and sim
 engine processes where one must crash), or into a group of real control plane processes, and seen within two
 reconcile ticks in `ctl status`, `GET /api/v1/status`, /metrics and a webhook POST to a loopback server; then
-fixed and seen resolved in each (llmgw/testing/fault_catalog.py has each fault; tests/bench/faults.py repeats
+fixed and seen resolved in each (tests/support/fault_catalog.py has each fault; tests/bench/faults.py repeats
 them in random order). One world is shared by the faults that do not interfere; each leaves it as it found it.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.testing.fault_catalog import FAULTS, PLACES, Fault, GroupFault, run_world_fault
-from llmgw.testing.faults import Group, World
+from tests.support.fault_catalog import FAULTS, PLACES, Fault, GroupFault, run_world_fault
+from tests.support.faults import Group, World
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "faults.md"
 WORLD_FAULTS = [n for n, f in FAULTS.items() if isinstance(f, Fault)]

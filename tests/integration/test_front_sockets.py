@@ -1,4 +1,4 @@
-"""The lean HTTP/1.1 server (llmgw/front.py) on real loopback sockets: its listening sockets (`SO_REUSEPORT`,
+"""The lean HTTP/1.1 server (llmgw/wire/front.py) on real loopback sockets: its listening sockets (`SO_REUSEPORT`,
 IPv6), the gentle close that keeps an answer alive when a body was left unread, and its graceful stop."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw.asgi import Receive, Scope, Send
 from llmgw.domain.timeouts import TIMEOUTS
-from llmgw.front import App, Front, listen_socket
+from llmgw.wire.asgi import Receive, Scope, Send
+from llmgw.wire.front import App, Front, listen_socket
 
 
 @dataclass

@@ -15,11 +15,10 @@ import trio
 from hypercorn.trio import serve as hyper_serve
 from trio_websocket import WebSocketRequest, serve_websocket
 
-from llmgw import protocol
 from llmgw.agent import AgentConfig
 from llmgw.agent import serve as agent_serve
-from llmgw.asgi import hypercorn_config
-from llmgw.control.admin import ControlDeps, make_app
+from llmgw.control.api import make_app
+from llmgw.control.context import Context
 from llmgw.control.gateway_stream import GatewayHub
 from llmgw.control.hub import AgentHub
 from llmgw.control.reconciler import Reconciler
@@ -33,7 +32,9 @@ from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway.follower import GatewayConfig, GatewayHandle
 from llmgw.gateway.follower import serve as gateway_serve
 from llmgw.testing import FakeGpuProbe, MemoryStore
-from llmgw.testing.processes import free_port
+from llmgw.wire import protocol
+from llmgw.wire.asgi import hypercorn_config
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -177,7 +178,7 @@ async def serve_standby(leader_url: str, *, task_status: Any = trio.TASK_STATUS_
     hub = AgentHub()
     gateways = GatewayHub(store, "standby")
     reconciler = Reconciler(store, hub, sinks=[gateways], demand=[gateways])
-    app = make_app(ControlDeps(store=store, hub=hub, reconciler=reconciler, clock=lambda: 0.0, self_id="standby",
+    app = make_app(Context(store=store, hub=hub, reconciler=reconciler, clock=lambda: 0.0, self_id="standby",
                                store_status=store.status))
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(lambda task_status: hyper_serve(

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from llmgw.testing.fuzz_http import Probe, admin_probes, check_answer, live_admin, live_gateway, v1_probes
+from tests.support.fuzz_http import Probe, admin_probes, check_answer, live_admin, live_gateway, v1_probes
 
 BUDGET = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

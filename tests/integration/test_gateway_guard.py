@@ -19,14 +19,14 @@ import trio
 import trio.testing
 
 from llmgw.domain import commands
+from llmgw.domain.commands import set_policy
 from llmgw.domain.guard import GuardPolicy
-from llmgw.domain.guard_commands import set_policy
 from llmgw.domain.keys import hash_key
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.engines import self_command, sim
-from llmgw.engines.sim_requests import judged_text
+from llmgw.engines.sim.requests import judged_text
 from llmgw.gateway import requestlog_query
 from llmgw.gateway.app import GatewayDeps, serve
 from llmgw.gateway.guard import GuardStats

@@ -16,7 +16,7 @@ from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.errors import first_error
 from llmgw.gateway import workers
 from llmgw.startup import CannotStart
-from llmgw.testing.processes import alive, children_of
+from tests.support.processes import alive, children_of
 
 pytestmark = pytest.mark.slow
 

@@ -25,10 +25,10 @@ from llmgw.control.service import serve as control_serve
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo
 from llmgw.domain.timeouts import TIMEOUTS
-from llmgw.engines.sim_group import GROUP_LOST_STATUS
+from llmgw.engines.sim.group import GROUP_LOST_STATUS
 from llmgw.gateway.router import Router
 from llmgw.testing import FakeGpuProbe
-from llmgw.testing.processes import children_of, free_port
+from tests.support.processes import children_of, free_port
 
 pytestmark = pytest.mark.slow
 

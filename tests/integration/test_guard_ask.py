@@ -24,7 +24,7 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.testing import FakeGpuProbe
-from llmgw.testing.processes import free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -32,8 +32,8 @@ from llmgw.store.journal import JournalDamaged, RaftJournal, encode_record, open
 from llmgw.store.snapshot import SnapshotDamaged
 from llmgw.store.snapshot import read as read_snapshot
 from llmgw.testing import MemoryStore
-from llmgw.testing.fsync_cost import measure_commits
-from llmgw.testing.processes import UpProcess, free_port
+from tests.support.fsync_cost import measure_commits
+from tests.support.processes import UpProcess, free_port
 
 pytestmark = pytest.mark.slow  # real Raft members (each start elects itself), a real tmpfs, a real `llmgw up`
 

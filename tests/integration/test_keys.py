@@ -30,7 +30,7 @@ from llmgw.gateway.follower import GatewayConfig, GatewayHandle
 from llmgw.gateway.follower import serve as gateway_serve
 from llmgw.gateway.router import Router
 from llmgw.testing import MemoryStore
-from llmgw.testing.processes import free_port
+from tests.support.processes import free_port
 
 ADMIN, CLIENT = "sk-admin-keys-test", "sk-client-keys-test"
 FAST = dataclasses.replace(TIMEOUTS, gateway_heartbeat_s=0.2, gateway_silence_s=2.0, gateway_reconnect_min_s=0.05,

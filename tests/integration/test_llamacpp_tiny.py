@@ -29,7 +29,7 @@ START_S = 60.0
 
 
 def tiny(tmp_path: Path, arch: str = "llama") -> str:
-    from llmgw.testing.tiny_gguf import write_tiny_llama
+    from tests.support.tiny_gguf import write_tiny_llama
 
     return str(write_tiny_llama(tmp_path / f"{arch}.gguf", arch=arch))
 
@@ -117,7 +117,7 @@ def test_chat_from_a_tiny_gguf_streamed_and_not(tmp_path: Path, engines: list[En
 
 
 def test_embeddings_from_the_llama_cpp_engine(tmp_path: Path, engines: list[Engine]) -> None:
-    from llmgw.testing.tiny_gguf import N_EMBD
+    from tests.support.tiny_gguf import N_EMBD
 
     weights = tiny(tmp_path)
     port = free_port("127.0.0.1")
@@ -140,7 +140,7 @@ def test_an_unknown_architecture_is_the_reason(tmp_path: Path, engines: list[Eng
 
 
 def test_truncated_and_lying_files_never_reach_the_engine(tmp_path: Path) -> None:
-    from llmgw.testing.tiny_gguf import truncate, write_lying_header
+    from tests.support.tiny_gguf import truncate, write_lying_header
 
     cut = truncate(tiny(tmp_path), 4096)
     lying = write_lying_header(tmp_path / "lying.gguf")

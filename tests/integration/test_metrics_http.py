@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from llmgw.testing.processes import UpProcess
+from tests.support.processes import UpProcess
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import trio
 
 from llmgw.control.service import ControlConfig, Seed, serve
 from llmgw.domain.timeouts import TIMEOUTS
-from llmgw.testing.processes import free_port
 from llmgw.testing.webhooks import WebhookReceiver
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -30,8 +30,8 @@ from llmgw.store.appends import KeepsMatchingEntries, keep_matching
 from llmgw.store.journal import RaftJournal, open_journal
 from llmgw.store.membership import GROUP_FILE, group_at_start
 from llmgw.store.snapshot import Snapshot
-from llmgw.testing.campaign import FAULTS, Read, RoundConfig, RoundResult, Write, campaign, judge, model_doc
-from llmgw.testing.cluster import Cluster
+from tests.support.campaign import FAULTS, Read, RoundConfig, RoundResult, Write, campaign, judge, model_doc
+from tests.support.cluster import Cluster
 
 ROUNDS = 30
 # A try cut by its timeout (a paused member) leaves httpx's request body iterator unfinished;

@@ -29,7 +29,7 @@ from llmgw.domain.model import ModelDef
 from llmgw.startup import CannotStart
 from llmgw.store import RaftStore
 from llmgw.store.secret import FILE_NAME, raft_password
-from llmgw.testing.processes import free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway.follower import GatewayConfig, GatewayHandle
 from llmgw.gateway.follower import serve as gateway_serve
 from llmgw.testing import FakeGpuProbe
-from llmgw.testing.processes import free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway.follower import GatewayConfig, GatewayHandle
 from llmgw.gateway.follower import serve as gateway_serve
 from llmgw.simfleet.nodes import node_names
-from llmgw.testing.processes import free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

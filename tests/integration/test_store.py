@@ -21,7 +21,7 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.startup import CannotStart
 from llmgw.store import RaftStore, StoreNotReady
-from llmgw.testing.processes import free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

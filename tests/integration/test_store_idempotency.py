@@ -12,7 +12,7 @@ import trio
 from llmgw.domain import commands
 from llmgw.domain.model import ModelDef
 from llmgw.store import CommitUnknown, RaftStore
-from llmgw.testing.processes import free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

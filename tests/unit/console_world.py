@@ -10,7 +10,9 @@ from typing import Any, Iterable
 import httpx
 import trio
 
-from llmgw.control.admin import ControlDeps, make_app
+from llmgw import console
+from llmgw.control.api import make_app
+from llmgw.control.context import Context
 from llmgw.control.hub import AgentHub, AgentLink
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands
@@ -42,8 +44,8 @@ class World:
         self.reconciler = Reconciler(self.store, self.hub, clock=lambda: self.now)
         if views is not None:
             self.reconciler.last_plan = Plan(commands=(), actions=(), routes={}, views=views, unplaceable={})
-        self.deps = ControlDeps(store=self.store, hub=self.hub, reconciler=self.reconciler, clock=lambda: self.now)
-        self.app: Any = make_app(self.deps)
+        self.deps = Context(store=self.store, hub=self.hub, reconciler=self.reconciler, clock=lambda: self.now)
+        self.app: Any = make_app(self.deps, (console.register,))
 
     def client(self, key: str | None = None) -> httpx.AsyncClient:
         headers = {"authorization": f"Bearer {key}"} if key else {}

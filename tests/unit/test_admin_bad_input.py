@@ -8,7 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from llmgw.control.admin import ControlDeps, make_app
+from llmgw.control.api import make_app
+from llmgw.control.context import Context
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import member_addr
 from llmgw.control.reconciler import Reconciler
@@ -23,7 +24,7 @@ ADMIN = "sk-bad-input-admin"
 def client() -> httpx.AsyncClient:
     store, hub = MemoryStore(), AgentHub()
     store.submit_nowait(commands.add_key(hash_key(ADMIN), "admin", "admin", 0.0))
-    app: Any = make_app(ControlDeps(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: 0.0))
+    app: Any = make_app(Context(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: 0.0))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://control.test",
                              headers={"Authorization": f"Bearer {ADMIN}"})
 

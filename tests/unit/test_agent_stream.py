@@ -16,7 +16,6 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw import protocol
 from llmgw.agent import service
 from llmgw.agent.storage import StorageDir, StorageScanner
 from llmgw.agent.supervisor import Supervisor
@@ -25,6 +24,8 @@ from llmgw.control.hub import AgentHub
 from llmgw.domain.observed import NodeInfo
 from llmgw.domain.timeouts import SILENT_BEATS, TIMEOUTS
 from llmgw.testing import FakeGpuProbe
+from llmgw.wire import protocol
+from llmgw.wire.follow import Silent
 
 T = TIMEOUTS
 BEAT = T.stream_heartbeat_s
@@ -198,7 +199,8 @@ async def agent(clock: trio.testing.MockClock, tmp_path: Path) -> AsyncIterator[
 
         async def run() -> None:
             try:
-                await service._session(pipe.receive, pipe.send, "http://c", config, supervisor, link, trio.Event())
+                await service._session(pipe.receive, pipe.send, "http://c", config, supervisor, link,
+                                       lambda member, note: None)
             except BaseException as e:  # noqa: BLE001 - the test reads how the session ended
                 outcome["error"] = e
 
@@ -218,7 +220,7 @@ async def test_the_agent_takes_a_silent_control_for_gone_within_three_intervals(
     silent_from = trio.current_time()
     gone_at = await wait_until(lambda: "error" in outcome)
     assert (SILENT_BEATS - 1) * BEAT < gone_at - silent_from <= SILENT_BEATS * BEAT + BEAT / 50
-    assert any(isinstance(e, service._Silent) for e in _leaves(outcome["error"]))
+    assert any(isinstance(e, Silent) for e in _leaves(outcome["error"]))
     beats = [at for at, m in pipe.sent if m["type"] == "heartbeat"]
     assert beats and all(b - a <= BEAT * 1.01 for a, b in zip(beats, beats[1:])), "the agent beats too"
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import trio
 
-from llmgw.asgi import MAX_BODY_BYTES, Exchange, dumps, hypercorn_config, parse_object, read_body
 from llmgw.errors import OpenAIError
+from llmgw.wire.asgi import MAX_BODY_BYTES, Exchange, dumps, hypercorn_config, parse_object, read_body
 
 
 def receiver(*messages: dict[str, Any]) -> tuple[Callable[[], Awaitable[dict[str, Any]]], list[int]]:
@@ -120,7 +120,7 @@ def test_hypercorn_config_sets_the_knobs_and_logs_through_ours() -> None:
 async def test_a_server_built_from_it_listens_on_ipv6_loopback() -> None:
     from hypercorn.trio import serve
 
-    from llmgw.asgi import lifespan
+    from llmgw.wire.asgi import lifespan
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":

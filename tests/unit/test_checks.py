@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from llmgw.asgi import parse_object
 from llmgw.errors import OpenAIError
 from llmgw.domain.model import Limits
 from llmgw.gateway.checks import ENGINE_PRIVATE, FIELDS, check_limits, check_request
+from llmgw.wire.asgi import parse_object
 
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 BASE = {"chat": CHAT, "completion": {"model": "m", "prompt": "hi"}, "embedding": {"model": "m", "input": "hi"}}

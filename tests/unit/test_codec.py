@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.domain import codec, commands, guard_commands, usage
+from llmgw.domain import codec, commands
+from llmgw.domain.commands import usage
 from llmgw.domain.codec import CodecError, state_from_json, state_to_json
 from llmgw.domain.frozen import freeze
 from llmgw.domain.guard import GuardPolicy
@@ -57,10 +58,10 @@ some_commands = st.one_of(
     st.builds(lambda p, url, t: commands.announce_member(f"10.0.0.1:{p}", url, "0.1", t),
               st.integers(7000, 7002), st.sampled_from(["http://10.0.0.1:8081", "https://c1.example"]), times),
     st.builds(lambda p, t: commands.forget_member(f"10.0.0.1:{p}", t), st.integers(7000, 7002), times),
-    st.builds(lambda n, j, cats, t: guard_commands.set_policy(GuardPolicy.from_doc(
+    st.builds(lambda n, j, cats, t: commands.set_policy(GuardPolicy.from_doc(
         {"name": n, "judge": j, "categories": cats}), t), names, st.sampled_from(["lg", "lg2"]),
         st.lists(st.sampled_from(["S1", "S6", "S14"]), max_size=3), times),
-    st.builds(lambda n, t: guard_commands.remove_policy(n, t), names, times),
+    st.builds(lambda n, t: commands.remove_policy(n, t), names, times),
 )
 # Some commands carry an idempotency id (recorded outcomes), some ids repeat (replays, reuse).
 entries = st.tuples(some_commands, st.one_of(st.none(), st.sampled_from(["c1", "c2", "c3"])))
@@ -101,7 +102,7 @@ def test_the_generated_states_are_not_trivial() -> None:
         (commands.remove_model("ghost", 6.0), "c3"),
         (commands.announce_member("10.0.0.1:7000", "http://10.0.0.1:8081", "0.1", 7.0), None),
         (usage.add_usage("gw1", "b1", 1, [usage.row_doc(3600, "key_a", "a", 2, 10, 20, 0, 1)], "", 8.0), None),
-        (guard_commands.set_policy(GuardPolicy.from_doc({"name": "p", "judge": "lg", "categories": ["S6"]}), 9.0),
+        (commands.set_policy(GuardPolicy.from_doc({"name": "p", "judge": "lg", "categories": ["S6"]}), 9.0),
          None),
     ])
     for f in dataclasses.fields(ClusterState):

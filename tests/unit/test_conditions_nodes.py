@@ -11,15 +11,18 @@ from typing import Any
 from llmgw.agent.storage import StorageReport
 from llmgw.domain import summary
 from llmgw.domain.conditions import KINDS, WARNING, conditions
+from llmgw.domain.observed import Observed
+from llmgw.domain.state import ClusterState
+from llmgw.domain.summary import NodeRow
 from llmgw.testing.builders import ReconcileLoop, cpu_node, model, store_with
-from llmgw.testing.faults import mig_node
+from tests.support.faults import mig_node
 
 NOW = 10_000.0
 
 
 def found(loop: ReconcileLoop) -> dict[tuple[str, str], Any]:
     plan = loop.decide()
-    doc = summary.build(loop.state, loop.observed(), plan.views, {}, loop.now)
+    doc = summary.summarize(loop.state, loop.observed(), plan.views, {}, loop.now)
     return {c.key: c for c in conditions(doc, loop.now)}
 
 
@@ -52,6 +55,8 @@ def test_an_unreadable_storage_directory_until_it_is_back() -> None:
 
 
 def test_a_lost_nodes_last_words_are_not_conditions_of_their_own() -> None:
-    doc = {"nodes": [{"node": "g1", "connected": False, "lost_at": NOW, "warnings": ["GPU 0: broken"],
-                      "storage": [{"path": "/x", "error": "gone"}]}]}
+    lost = NodeRow("g1", False, hostname=None, cpus=None, memory_total=None, gpus=None, gpu_counts=None,
+                   engines=None, engine_versions=None, cpu_flags=None, fabric=None,
+                   storage=({"path": "/x", "error": "gone"},), probe=None, warnings=("GPU 0: broken",), lost_at=NOW)
+    doc = replace(summary.summarize(ClusterState(), Observed(), None, {}), nodes=(lost,))
     assert {c.kind for c in conditions(doc, NOW)} == set(), "within its grace: nothing; after it, node_lost alone"

@@ -15,12 +15,15 @@ import pytest
 import trio
 from quart import Response
 
-from llmgw.console import auth
+from llmgw.console import auth, sessions
 from llmgw.console.layout import esc
-from llmgw.control.admin import ControlDeps, make_app
+from llmgw import console
+from llmgw.control.api import make_app
+from llmgw.control.context import Context
 from llmgw.control.hub import AgentHub
 from llmgw.control.reconciler import Reconciler
-from llmgw.domain import commands, usage
+from llmgw.domain import commands
+from llmgw.domain.commands import usage
 from llmgw.domain.keys import hash_key
 from llmgw.domain.observed import NodeInfo
 from llmgw.testing import MemoryStore
@@ -43,8 +46,8 @@ class World:
             send, _ = trio.open_memory_channel[dict[str, Any]](10)
             self.hub.report_inventory(self.hub.connect(info.node, send), info)
         self.reconciler = Reconciler(self.store, self.hub, clock=lambda: self.now)
-        self.app: Any = make_app(ControlDeps(store=self.store, hub=self.hub, reconciler=self.reconciler,
-                                             clock=lambda: self.now))
+        self.app: Any = make_app(Context(store=self.store, hub=self.hub, reconciler=self.reconciler,
+                                         clock=lambda: self.now), (console.register,))
 
     def client(self, base: str = "http://cp.test") -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url=base)
@@ -90,7 +93,7 @@ async def test_sign_in_sets_an_httponly_strict_cookie_that_is_not_the_key_and_si
         out = await c.post("/signout", data={"csrf": csrf_of(home.text)})
         assert out.status_code == 303 and out.headers["location"] == "/signin"
         assert (await c.get("/")).status_code == 303
-    assert len(auth.console_of(world.app).sessions) == 0
+    assert len(sessions.console_of(world.app).sessions) == 0
 
 
 async def test_the_cookie_is_secure_when_the_request_came_over_tls() -> None:
@@ -139,7 +142,7 @@ def with_action(world: World) -> list[str]:
     done: list[str] = []
 
     @auth.console_route(world.app, "/test-action", methods=("GET", "POST"), action=True)
-    async def act(session: auth.Session, deps: Any) -> str | Response:
+    async def act(session: sessions.Session, deps: Any) -> str | Response:
         done.append(session.key_id)
         return auth.redirect("/")
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from console_world import ADMIN, VIEWER, World, csrf_of, hidden, rows, sign_in, text_of
-from llmgw.domain import commands, guard_commands
+from llmgw.domain import commands
 from llmgw.domain.guard import GuardPolicy
 from llmgw.testing.builders import model, node, store_with
 
@@ -99,7 +99,7 @@ async def test_retry_of_an_unknown_model_is_refused_with_the_apis_words() -> Non
 
 async def test_enable_the_judge_serves_the_missing_one_as_the_api_does() -> None:
     store = store_with([model("chat").sim()])
-    store.submit_nowait(guard_commands.set_policy(GuardPolicy("strict", "guard-1"), 0.0))
+    store.submit_nowait(commands.set_policy(GuardPolicy("strict", "guard-1"), 0.0))
     world = World(store=store)
     async with world.client() as c:
         await sign_in(c)

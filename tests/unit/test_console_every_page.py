@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from console_world import World, csrf_of, sign_in
-from llmgw.domain import commands, guard_commands
+from llmgw.domain import commands
 from llmgw.domain.guard import GuardPolicy
 from llmgw.testing.builders import model, node, store_with
 
@@ -31,7 +31,7 @@ def world() -> World:
     store = store_with([model("chat").sim(), model("broken").sim()])
     for _ in range(5):
         store.submit_nowait(commands.start_failed("broken", "broken-r1", "ImportError: torch", 1.0))
-    store.submit_nowait(guard_commands.set_policy(GuardPolicy("strict", "guard-1"), 0.0))
+    store.submit_nowait(commands.set_policy(GuardPolicy("strict", "guard-1"), 0.0))
     return World(store, [node("n1").gpus(2, "h100-80g").fabric("ib-a").engines("sim").build()], views={})
 
 

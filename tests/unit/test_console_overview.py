@@ -6,11 +6,15 @@ warning only when no webhook is set. A constructed state through the admin app, 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from console_world import ADMIN, NOW, World, rows, sign_in, text_of
 from llmgw.console import overview
-from llmgw.domain import commands, guard_commands, summary
+from llmgw.domain import commands, summary
 from llmgw.domain.guard import GuardPolicy
+from llmgw.domain.observed import Observed
+from llmgw.domain.state import ClusterState
+from llmgw.domain.summary import ModelRow
 from llmgw.reconcile import ModelView
 from llmgw.testing.builders import model, node, placed, store_with
 
@@ -26,7 +30,7 @@ def overview_world(*, webhooks: bool = False, guards: bool = True) -> World:
                         placed("unseen", "n3")], settings)
     for _ in range(5):
         store.submit_nowait(commands.start_failed("broken", "broken-r1", "ImportError: no module named torch", 1.0))
-    store.submit_nowait(guard_commands.set_policy(GuardPolicy("strict", "guard-1"), 0.0))
+    store.submit_nowait(commands.set_policy(GuardPolicy("strict", "guard-1"), 0.0))
     views = {"chat": ModelView("chat", 1, 1, 1, 0, "ready", ""),
              "old": ModelView("old", 1, 1, 1, 0, "ready", ""), "recent": ModelView("recent", 1, 1, 1, 0, "ready", ""),
              "unseen": ModelView("unseen", 1, 1, 1, 0, "ready", ""),
@@ -79,10 +83,9 @@ async def test_parked_and_unplaceable_models_show_with_their_reasons_and_link_to
 
 
 def test_the_more_link_of_a_long_stuck_list_leads_to_a_listing_of_them() -> None:
-    html = overview._models({"totals": {k: 0 for k in ("models", "satisfied", "short", "starting", "parked",
-                                                       "unplaceable", "stopped", "unknown")} | {
-        "replicas": {"ready": 0, "desired": 0, "starting": 0, "failed": 0}},
-        "models": [{"name": f"m{i:02}", "state": "unplaceable", "reason": "no node fits"} for i in range(25)]})
+    stuck = tuple(ModelRow(f"m{i:02}", "sim", "chat", "always", 1, 0, 0, 0, 0, "unplaceable", "no node fits", False,
+                           True, False, 0, "", 0, False) for i in range(25))
+    html = overview._models(replace(summary.summarize(ClusterState(), Observed(), None, {}), models=stuck))
     assert "… and 5 more" in html
     from llmgw.console.models import STATES
     hrefs = re.findall(r'href="/models\?state=([a-z]+)"', html)
@@ -108,15 +111,16 @@ def test_members_show_the_leader_the_standbys_and_the_floating_address() -> None
     cluster = {"leader": "cp1:7000", "members": members,
                "floating_address": {"configured": True, "address": "10.0.0.9/24", "on_leader": False,
                                     "state": "not on the leader", "reason": "the leader has not claimed it yet"}}
-    doc = summary.build(world.store.snapshot(), world.hub.observed(), None, cluster, NOW)
-    html = overview.render(doc, world.deps)
+    html = overview.render(summary.summarize(world.store.snapshot(), world.hub.observed(), None, cluster, NOW),
+                           world.deps)
     assert 'data-testid="leader">cp1:7000</strong>' in html
     assert 'data-testid="standbys">cp2:7000, cp3:7000</span>' in html
     assert text_of(html, "floating-address") == ("floating address: 10.0.0.9/24 — not on the leader: the leader has "
                                                   "not claimed it yet")
     table = {r[0]: r for r in rows(html, "members-table")}
     assert table["cp3:7000"][2:4] == ["missing", "it did not answer"] and table["cp1:7000"][1] == "leader"
-    alone = overview.render(summary.build(world.store.snapshot(), world.hub.observed(), None, {}, NOW), world.deps)
+    alone = overview.render(summary.summarize(world.store.snapshot(), world.hub.observed(), None, {}, NOW),
+                            world.deps)
     assert re.search(r'data-testid="leader"><span class="unknown">unknown', alone)  # unknown, not "none"
     assert "not configured" in text_of(alone, "floating-address")
 

@@ -13,7 +13,8 @@ import trio
 
 from console_world import ADMIN, NOW, VIEWER, World, rows, sign_in, text_of
 from llmgw.console import guardrails
-from llmgw.domain import commands, guard_commands, usage
+from llmgw.domain import commands
+from llmgw.domain.commands import usage
 from llmgw.domain.guard import GuardPolicy
 from llmgw.domain.observed import Gpu, NodeInfo
 from llmgw.reconcile import ModelView
@@ -219,8 +220,8 @@ def test_hazards_are_read_from_guard_rule_each_once() -> None:
 
 def guard_world() -> World:
     store = store_with([model("chat").sim(), model("guard-a").sim()])
-    store.submit_nowait(guard_commands.set_policy(GuardPolicy("strict", "guard-1", categories=("S1", "S6")), 0.0))
-    store.submit_nowait(guard_commands.set_policy(GuardPolicy("code", "guard-a"), 0.0))
+    store.submit_nowait(commands.set_policy(GuardPolicy("strict", "guard-1", categories=("S1", "S6")), 0.0))
+    store.submit_nowait(commands.set_policy(GuardPolicy("code", "guard-a"), 0.0))
     return World(store=store, views={})
 
 

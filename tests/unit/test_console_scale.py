@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from llmgw.console import layout, overview
-from llmgw.control.admin import ControlDeps
+from llmgw.control.context import Context
 from llmgw.control.hub import AgentHub
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands, summary
@@ -22,7 +22,7 @@ NODES, MODELS = 200, 2000
 NOW = 1_800_000_000.0
 
 
-def big_world() -> tuple[ControlDeps, dict[str, ModelView]]:
+def big_world() -> tuple[Context, dict[str, ModelView]]:
     store = MemoryStore()
     for i in range(MODELS):
         store.submit_nowait(commands.put_model(model(f"m{i:04}").sim().build(), 0.0))
@@ -34,14 +34,14 @@ def big_world() -> tuple[ControlDeps, dict[str, ModelView]]:
     # Every third model cannot be placed: the lists that grow with the fleet are long.
     views = {f"m{i:04}": ModelView(f"m{i:04}", 1, 0, 0, 0, "unplaceable", f"no node fits m{i:04}") if i % 3 == 0
              else ModelView(f"m{i:04}", 1, 1, 1, 0, "ready", "") for i in range(MODELS)}
-    deps = ControlDeps(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: NOW)
+    deps = Context(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: NOW)
     return deps, views
 
 
 def test_the_overview_at_200_nodes_and_2000_models_is_aggregates_and_bounded_lists() -> None:
     deps, views = big_world()
-    doc = summary.build(deps.store.snapshot(), deps.hub.observed(), views, {"members": []}, NOW)
-    html = overview.render(doc, deps)
+    html = overview.render(summary.summarize(deps.store.snapshot(), deps.hub.observed(), views, {"members": []}, NOW),
+                           deps)
     assert len(html) < 60_000, len(html)  # ~2 KB per 100 rows shown; the fleet's size does not show
     assert html.count("<tr>") < 6 * overview.SHOWN + 40
     stuck = re.search(r'data-testid="stuck-models">(.*?)</table>', html)

@@ -13,8 +13,9 @@ import pytest
 import trio
 
 from ctl_fakes import CATALOG, MODEL, FakeApi, columns, ctl
-from llmgw.control.admin import ControlDeps, make_app
-from llmgw.control.admin_plan import groups, plan_doc
+from llmgw.control.api import make_app
+from llmgw.control.context import Context
+from llmgw.control.ops.plan import groups, plan_doc
 from llmgw.control.hub import AgentHub
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands
@@ -167,7 +168,7 @@ def app_with(nodes: list[NodeInfo]) -> tuple[Any, Any]:
     for info in nodes:
         send, _ = trio.open_memory_channel[dict[str, Any]](10)
         hub.report_inventory(hub.connect(info.node, send), info)
-    deps = ControlDeps(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: 1000.0)
+    deps = Context(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: 1000.0)
     return store, make_app(deps)
 
 

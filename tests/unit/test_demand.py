@@ -10,7 +10,6 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw import protocol
 from llmgw.control.gateway_stream import GatewayHub
 from llmgw.control.hub import AgentHub
 from llmgw.domain.model import ModelDef
@@ -23,6 +22,7 @@ from llmgw.reconcile import decide
 from llmgw.reconcile.demand import desired, idle_for, idle_json, idle_words
 from llmgw.testing import MemoryStore
 from llmgw.testing.builders import cpu_node, model, observed, placed, replica, state_with
+from llmgw.wire import protocol
 
 NOW = 10_000.0
 IDLE = 1800.0  # longer than scale_down_delay_s: the demand rule, not the load rule, is what holds

@@ -13,7 +13,7 @@ import pytest
 
 from llmgw.engines import EngineError, Group, LaunchSpec, launch_spec
 from llmgw.engines.vllm import ray_argvs
-from llmgw.testing.tiny_gguf import minimal_gguf, truncate
+from tests.support.tiny_gguf import minimal_gguf, truncate
 
 HOST = "10.0.0.1"
 

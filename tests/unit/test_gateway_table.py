@@ -11,7 +11,6 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw import protocol
 from llmgw.control.gateway_stream import GatewayHub
 from llmgw.control.hub import AgentHub
 from llmgw.domain import commands
@@ -22,6 +21,7 @@ from llmgw.domain.settings import effective
 from llmgw.errors import OpenAIError
 from llmgw.gateway.follower import FollowedState
 from llmgw.testing import MemoryStore
+from llmgw.wire import protocol
 
 CLIENT, ADMIN = "sk-client-table-test", "sk-admin-table-test"
 ROUTES = {"demo": ModelRoute("demo", "chat", "ready", (Endpoint("demo-r1", "http://10.0.0.5:4000"),)),

@@ -15,9 +15,9 @@ import trio.testing
 from llmgw.cli import _ports
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway import workers
-from llmgw.front import listen_socket
-from llmgw.gateway.requestlog import gateway_tag
+from llmgw.wire.logquery import gateway_tag
 from llmgw.startup import CannotStart
+from llmgw.wire.front import listen_socket
 
 
 async def _connect(port: int) -> trio.SocketStream:

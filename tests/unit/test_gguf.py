@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from llmgw.testing.tiny_gguf import minimal_gguf, truncate, write_lying_header, write_tiny_llama
 from llmgw.weights import WeightsError
 from llmgw.weights.gguf import FILE_TYPES, GGML_TYPES, GgufArray, check_gguf, read_gguf
+from tests.support.tiny_gguf import minimal_gguf, truncate, write_lying_header, write_tiny_llama
 
 gguf = pytest.importorskip("gguf")
 

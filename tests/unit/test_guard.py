@@ -1,4 +1,4 @@
-"""Guard policies (llmgw/domain/guard.py, guard_commands.py): validation naming each field, documents
+"""Guard policies (llmgw/domain/guard.py, commands/guard.py): validation naming each field, documents
 that round-trip, the commands through the store and the snapshot, and which policies apply to a model."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw import protocol
-from llmgw.domain import commands, guard_commands
+from llmgw.domain import commands
 from llmgw.domain.codec import state_from_json, state_to_json
 from llmgw.domain.commands import CommandError
 from llmgw.domain.guard import CATEGORIES, CHECKS, GuardPolicy, PolicyError, enabled, policies_for, verdict_text
 from llmgw.domain.model import ModelDef
 from llmgw.domain.state import ClusterState
 from llmgw.testing import MemoryStore
+from llmgw.wire import protocol
 
 
 def policy(**doc: Any) -> GuardPolicy:
@@ -29,7 +29,7 @@ def state_with(*policies: GuardPolicy, models: tuple[ModelDef, ...] = ()) -> Clu
     for m in models:
         s, _ = commands.apply(s, commands.put_model(m, 1.0))
     for p in policies:
-        s, _ = commands.apply(s, guard_commands.set_policy(p, 2.0))
+        s, _ = commands.apply(s, commands.set_policy(p, 2.0))
     return s
 
 
@@ -110,23 +110,23 @@ def test_a_policy_document_round_trips(doc: dict[str, Any]) -> None:
     p = GuardPolicy.from_doc(doc)
     assert GuardPolicy.from_doc(p.to_doc()) == p
     assert p.to_doc() == GuardPolicy.from_doc(p.to_doc()).to_doc()
-    s, _ = commands.apply(ClusterState(), guard_commands.set_policy(p, 1.0))
+    s, _ = commands.apply(ClusterState(), commands.set_policy(p, 1.0))
     assert state_from_json(state_to_json(s)).guard_policies == {p.name: p}
-    blob = commands.encode(guard_commands.set_policy(p, 1.0))
+    blob = commands.encode(commands.set_policy(p, 1.0))
     assert commands.apply(ClusterState(), commands.decode(blob))[0].guard_policies[p.name] == p
 
 
 def test_set_is_idempotent_and_remove_says_whether_it_removed() -> None:
     p = policy(categories=["S6"])
-    s, r = commands.apply(ClusterState(), guard_commands.set_policy(p, 1.0))
+    s, r = commands.apply(ClusterState(), commands.set_policy(p, 1.0))
     assert r == {"created": True, "changed": True} and s.guard_policies == {"p": p}
-    s2, r = commands.apply(s, guard_commands.set_policy(p, 2.0))
+    s2, r = commands.apply(s, commands.set_policy(p, 2.0))
     assert r == {"created": False, "changed": False} and s2.guard_policies == s.guard_policies
-    s3, r = commands.apply(s2, guard_commands.set_policy(policy(on_error="open"), 3.0))
+    s3, r = commands.apply(s2, commands.set_policy(policy(on_error="open"), 3.0))
     assert r == {"created": False, "changed": True} and s3.guard_policies["p"].on_error == "open"
-    s4, r = commands.apply(s3, guard_commands.remove_policy("p", 4.0))
+    s4, r = commands.apply(s3, commands.remove_policy("p", 4.0))
     assert r == {"removed": True, "name": "p"} and not s4.guard_policies
-    s5, r = commands.apply(s4, guard_commands.remove_policy("p", 5.0))
+    s5, r = commands.apply(s4, commands.remove_policy("p", 5.0))
     assert r == {"removed": False, "name": "p"} and s5.revision == s4.revision + 1
     assert pickle.loads(pickle.dumps(s3)).guard_policies == s3.guard_policies
     with pytest.raises(TypeError):
@@ -144,9 +144,9 @@ def test_a_bad_command_is_refused_before_the_log() -> None:
 
 async def test_the_commands_through_the_store() -> None:
     store = MemoryStore()
-    await store.submit(guard_commands.set_policy(policy(), 1.0))
+    await store.submit(commands.set_policy(policy(), 1.0))
     assert store.snapshot().guard_policies["p"] == policy()
-    assert (await store.submit(guard_commands.remove_policy("p", 2.0)))["removed"] is True
+    assert (await store.submit(commands.remove_policy("p", 2.0)))["removed"] is True
     assert not store.snapshot().guard_policies
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from llmgw.domain.guard import CATEGORIES
-from llmgw.engines.sim_requests import judged_text, parse_unsafe
+from llmgw.engines.sim.requests import judged_text, parse_unsafe
 from llmgw.guard.cache import VerdictCache, cache_key
 from llmgw.guard.prompt import AGENT, SAFE, USER, JudgeFailure, Verdict, build, judge_request, parse, read, rule
 from llmgw.guard.texts import answer_text, conversation, stream_text

@@ -1,4 +1,4 @@
-"""HTTP/1.1 on the wire (llmgw/http1.py): what the readers make of bytes however they are split, what they
+"""HTTP/1.1 on the wire (llmgw/wire/http1.py): what the readers make of bytes however they are split, what they
 refuse, and the bytes the writers produce (checked by h11, an independent strict implementation)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.http1 import (
+from llmgw.wire.http1 import (
     BODY,
     END,
     HEAD,

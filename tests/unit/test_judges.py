@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from llmgw import protocol
 from llmgw.control.hub import MAX_JUDGES_REMEMBERED, AgentHub
-from llmgw.domain import commands, guard_commands, summary
+from llmgw.domain import commands, summary
 from llmgw.domain.guard import GuardPolicy
 from llmgw.domain.judges import GUARDS_OFF, guard_summary, judge_status, pick_guard_file
 from llmgw.domain.model import ModelDef
@@ -19,6 +18,7 @@ from llmgw.domain.observed import NodeInfo, Observed
 from llmgw.domain.state import ClusterState, ModelHealth
 from llmgw.gateway.follower import JudgeFailures
 from llmgw.reconcile import ModelView
+from llmgw.wire import protocol
 
 NOW = 10_000.0
 
@@ -34,7 +34,7 @@ def state(*models: ModelDef, judge: str = "lg") -> ClusterState:
         s, _ = commands.apply(s, commands.put_model(m, 1.0))
     for name in ("a", "b"):
         p = GuardPolicy.from_doc({"name": name, "judge": judge})
-        s, _ = commands.apply(s, guard_commands.set_policy(p, 2.0))
+        s, _ = commands.apply(s, commands.set_policy(p, 2.0))
     return s
 
 
@@ -104,12 +104,12 @@ def test_a_healthy_judge() -> None:
 
 def test_the_summary_carries_the_judges_and_says_when_guards_are_off() -> None:
     s = state()
-    doc, warnings = guard_summary(s, Observed(), view(0), NOW)
-    assert doc["enabled"] is True and doc["policies"] == 2 and doc["judges"][0]["status"] == "missing"
-    assert warnings == ["judge lg (policies a, b): " + doc["judges"][0]["problem"]]
+    guard, warnings = guard_summary(s, Observed(), view(0), NOW)
+    assert guard.enabled is True and guard.policies == 2 and guard.judges[0].status == "missing"
+    assert warnings == ["judge lg (policies a, b): " + guard.judges[0].problem]
     off, _ = commands.apply(s, commands.put_setting("guard.enabled", False, 3.0))
-    doc, warnings = guard_summary(off, Observed(), view(0), NOW)
-    assert doc["enabled"] is False and warnings[0] == GUARDS_OFF
+    guard, warnings = guard_summary(off, Observed(), view(0), NOW)
+    assert guard.enabled is False and warnings[0] == GUARDS_OFF
     built = summary.build(off, Observed(), view(0), {"leader": "cp"}, NOW)
     assert built["guard"]["enabled"] is False and GUARDS_OFF in built["warnings"]
     assert any(w.startswith("judge lg") for w in built["warnings"])
@@ -163,10 +163,10 @@ def test_a_down_or_failing_judge_is_a_warning_of_the_summary() -> None:
             (s, view(0, starting=1), Observed(), "lg has no ready replica (1 starting)"),
             (parked, view(0), Observed(), "lg is parked after 3 failed start(s): bad magic"),
             (s, view(1), failing, "lg failed to answer 5 s ago: no answer within the 2 s budget")):
-        doc, warnings = guard_summary(st, observed, views, NOW)
-        assert warnings == [f"judge lg (policies a, b): {doc['judges'][0]['problem']}"] and words in warnings[0]
+        guard, warnings = guard_summary(st, observed, views, NOW)
+        assert warnings == [f"judge lg (policies a, b): {guard.judges[0].problem}"] and words in warnings[0]
         built = summary.build(st, observed, views, {"leader": "cp"}, NOW)
-        assert f"judge lg (policies a, b): {doc['judges'][0]['problem']}" in built["warnings"]
+        assert f"judge lg (policies a, b): {guard.judges[0].problem}" in built["warnings"]
     assert guard_summary(s, Observed(), view(1), NOW)[1] == []
     assert guard_summary(s, Observed(), None, NOW)[1] == []  # unknown: the models table says why
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from llmgw import protocol
 from llmgw.domain import commands as C
 from llmgw.domain.codec import state_from_json, state_to_json
 from llmgw.domain.keys import KEY_PREFIX, hash_key, legacy_key_id, new_key, new_key_id
@@ -17,6 +16,7 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.state import ApiKey, ClusterState
 from llmgw.errors import OpenAIError
 from llmgw.gateway.auth import KeyCheck
+from llmgw.wire import protocol
 
 CLIENT = "sk-llmgw-client-for-tests"
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
-from llmgw.testing.linearizability import (
+from tests.support.linearizability import (
     KV_MODEL,
     UNKNOWN,
     CheckResult,

@@ -13,7 +13,8 @@ import trio
 import trio.testing
 from pysyncobj import FAIL_REASON
 
-from llmgw.control.admin import ControlDeps, make_app
+from llmgw.control.api import make_app
+from llmgw.control.context import Context
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import ANSWERED_BY, FORWARDED_BY, Members, advertised_url
 from llmgw.control.reconciler import Reconciler
@@ -27,7 +28,7 @@ from llmgw.store import StoreUnavailable
 from llmgw.store.membership import MemberChanges, MembershipBusy, keep_a_group_of_one
 from llmgw.store.snapshot import Snapshot, SnapshotFiles
 from llmgw.testing.group import FakeGroup
-from llmgw.testing.processes import free_port
+from tests.support.processes import free_port
 
 ADMIN = "sk-members-admin"
 A, B, C = "10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"
@@ -55,7 +56,7 @@ def member(self_addr: str = B, *, leader: str | None = A, leader_url: str | None
     members = Members(group, group, self_addr=self_addr, clock=lambda: 1000.0,
                       transport=httpx.MockTransport(handler))
     members.admin_url = f"http://{self_addr.split(':')[0]}:8081"
-    deps = ControlDeps(store=group, hub=AgentHub(), reconciler=Reconciler(group, AgentHub()), clock=lambda: 1000.0,
+    deps = Context(store=group, hub=AgentHub(), reconciler=Reconciler(group, AgentHub()), clock=lambda: 1000.0,
                        self_id=self_addr, store_status=group.status, members=members)
     return group, make_app(deps)
 

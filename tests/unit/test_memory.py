@@ -15,9 +15,9 @@ from llmgw.domain.memory import (
 )
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo
-from llmgw.testing.weights_tree import write_safetensors_model
+from tests.support.weights_tree import write_safetensors_model
 
-# The tiny llama (llmgw.testing.tiny_gguf): 21 F32 tensors; 2 layers, 2 KV heads of 64 / 4 = 16.
+# The tiny llama (tests.support.tiny_gguf): 21 F32 tensors; 2 layers, 2 KV heads of 64 / 4 = 16.
 TINY_WEIGHTS = 4 * (2 * 512 * 64 + 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64 + 2 * 64) + 64)
 TINY_KV_PER_TOKEN = 2 * 2 * 2 * 16 * 2  # K and V x layers x kv heads x head dim x 2 bytes (f16)
 
@@ -34,7 +34,7 @@ def node(name: str, root: Path) -> NodeInfo:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("gguf")
-    from llmgw.testing.tiny_gguf import write_tiny_llama
+    from tests.support.tiny_gguf import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("models") / "tiny.gguf")
 
@@ -169,7 +169,8 @@ async def test_the_admin_api_sends_the_estimate_and_ctl_shows_it(tiny: Path) -> 
     import trio
 
     from llmgw.cli.ctl.render import render_model
-    from llmgw.control.admin import ControlDeps, make_app
+    from llmgw.control.api import make_app
+    from llmgw.control.context import Context
     from llmgw.control.hub import AgentHub
     from llmgw.control.reconciler import Reconciler
     from llmgw.domain import commands
@@ -183,7 +184,7 @@ async def test_the_admin_api_sends_the_estimate_and_ctl_shows_it(tiny: Path) -> 
         store.submit_nowait(commands.put_model(ModelDef.from_doc(doc), 0.0))
     send, _receive = trio.open_memory_channel[dict[str, Any]](1)
     hub.report_inventory(hub.connect("n1", send), node("n1", tiny.parent))
-    app = make_app(ControlDeps(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: 0.0))
+    app = make_app(Context(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: 0.0))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),  # type: ignore[arg-type]
                                  base_url="http://member",
                                  headers={"Authorization": "Bearer sk-admin"}) as c:

@@ -4,7 +4,6 @@ left out, names follow Prometheus' rules, labels stay bounded, and the gateway's
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,6 +16,7 @@ from llmgw.gateway.requestlog import RequestRecord
 from llmgw.guard.prompt import JudgeFailure, Verdict
 from llmgw.metrics import gateway as gw
 from llmgw.domain.conditions import Condition
+from llmgw.domain.summary import Summary
 from llmgw.metrics.control import Scrape, registry_for
 from llmgw.metrics.expose import render
 from llmgw.reconcile import ModelView
@@ -36,7 +36,7 @@ def with_engines(info: NodeInfo, versions: dict[str, str]) -> NodeInfo:
     return NodeInfo(**{**info.__dict__, "engine_versions": versions})
 
 
-def fleet_doc() -> dict[str, Any]:
+def fleet_doc() -> Summary:
     state = state_with([model("down").gpus(1), model("up").gpus(1), model("never").gpus(8), model("fresh")],
                        [placed("up", "a", [0]), placed("down", "a", [1])])
     nodes: list[NodeInfo | NodeBuilder] = [with_engines(node("a").gpus(4, unhealthy=[3]).build(), {"vllm": "0.9.1", "sim": ""}),
@@ -45,7 +45,7 @@ def fleet_doc() -> dict[str, Any]:
                    lost={"gone": 1234.0})
     views = {"down": view("down", 1, 0, "starting", failures=3), "up": view("up", 1, 1, "ready"),
              "never": view("never", 1, 0, "unplaceable")}  # "fresh": not judged yet
-    return summary.build(state, obs, views, {}, 2000.0)
+    return summary.summarize(state, obs, views, {}, 2000.0)
 
 
 RAFT = {"ready": True, "leader": "n1:1", "is_leader": True, "term": 4, "commit_index": 120, "last_applied": 118,

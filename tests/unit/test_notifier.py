@@ -18,6 +18,9 @@ from llmgw.control.hub import AgentHub
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands
 from llmgw.domain.conditions import CRITICAL, WARNING, Condition, conditions
+from llmgw.domain.observed import Observed
+from llmgw.domain.state import ClusterState
+from llmgw.domain.summary import summarize
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.notify.hooks import Webhook, hook_id, webhooks_of
 from llmgw.notify.notifier import ATTEMPTS, KEPT_DELIVERIES, Notifier, retry_wait
@@ -29,6 +32,7 @@ from llmgw.testing.webhooks import HANG, WebhookReceiver
 LOST = Condition("node_lost", "n1", CRITICAL, "node n1 has been unreachable for 31 s")
 PARKED = Condition("model_parked", "m", CRITICAL, "model m is parked")
 HOLD = TIMEOUTS.notify_resolve_hold_s
+NOTHING = summarize(ClusterState(), Observed(), None, {})  # no node, no model: the webhooks alone make conditions
 
 
 @dataclass
@@ -120,14 +124,14 @@ async def test_a_failing_endpoint_is_retried_with_backoff_then_delivered(
         assert [round(b - a, 3) for a, b in zip(times, times[1:])] == [retry_wait(1), retry_wait(2)]
         health = r.notifier.health()[0]
         assert health["failing"] and health["failures_in_row"] == 3 and health["last_error"] == "answered HTTP 503"
-        assert [c.kind for c in conditions({}, webhooks=r.notifier.health())] == ["webhook_failing"]
+        assert [c.kind for c in conditions(NOTHING, webhooks=r.notifier.health())] == ["webhook_failing"]
         r.receiver.answers["/h"] = 200  # it comes back: the 4th try delivers
         await trio.sleep(retry_wait(3) + 0.5)
         assert [e["event"] for e in r.receiver.events()] == ["started"]
         delivery = r.notifier.status()["webhooks"][0]["deliveries"][0]
         assert (delivery["outcome"], delivery["attempts"], delivery["status"]) == ("delivered", 4, 200)
         assert not r.notifier.health()[0]["failing"]
-        assert conditions({}, webhooks=r.notifier.health()) == []
+        assert conditions(NOTHING, webhooks=r.notifier.health()) == []
 
 
 async def test_an_event_no_try_delivers_is_failed_and_counted(autojump_clock: trio.testing.MockClock) -> None:
@@ -327,7 +331,7 @@ async def test_no_webhook_deliverable_is_posted_once_one_answers_again_then_reso
         r.notifier.configure([r.hook()])
 
         def check() -> list[Condition]:  # the leader's check: the conditions with the webhooks' health
-            return [LOST, *conditions({}, webhooks=r.notifier.health())]
+            return [LOST, *conditions(NOTHING, webhooks=r.notifier.health())]
 
         r.notifier.observe(check(), trio.current_time())
         await trio.sleep(retry_wait(1) + retry_wait(2) + 0.5)  # three failed tries: failing

@@ -13,7 +13,8 @@ import httpx
 import pytest
 import trio
 
-from llmgw.control.admin import ControlDeps, make_app
+from llmgw.control.api import make_app
+from llmgw.control.context import Context
 from llmgw.control.hub import AgentHub
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands
@@ -33,7 +34,7 @@ ADMIN = "sk-notify-admin"
 @dataclass
 class Api:
     client: httpx.AsyncClient
-    deps: ControlDeps
+    deps: Context
     receiver: WebhookReceiver
     url: str
 
@@ -47,7 +48,7 @@ async def api() -> AsyncIterator[Api]:
         url = await nursery.start(receiver.serve)
         notifier = Notifier(http_post(out), clock=trio.current_time, cluster=lambda: {"leader": "local"})
         await nursery.start(notifier.run)
-        deps = ControlDeps(store=store, hub=hub, reconciler=Reconciler(store, hub, clock=trio.current_time),
+        deps = Context(store=store, hub=hub, reconciler=Reconciler(store, hub, clock=trio.current_time),
                            clock=trio.current_time, notifier=notifier)
         app: Any = make_app(deps)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://control.test",

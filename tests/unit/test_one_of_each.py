@@ -69,13 +69,13 @@ def defines_class(*names: str) -> Callable[[ast.Module], bool]:
 # (what, its one home, the check that finds a copy)
 RULES: list[tuple[str, str, Callable[[ast.Module], bool]]] = [
     ("ROLES", "llmgw/domain/model.py", lambda t: assigns(t, "ROLES")),
-    ("the engines' accepted arguments", "llmgw/engines/__init__.py",
+    ("the engines' accepted arguments", "llmgw/engines/args.py",
      lambda t: assigns(t, "ENGINE_ARGS") or assigns(t, "_ALLOWED_ARGS") or assigns(t, "_FLAGS")),
     ("a Protocol (a seam)", "llmgw/interfaces.py", defines_protocol),
-    ("a hypercorn Config", "llmgw/asgi.py", builds_hypercorn_config),
+    ("a hypercorn Config", "llmgw/wire/asgi.py", builds_hypercorn_config),
     ("first_error", "llmgw/errors.py", unwraps_exception_groups),
     ("an API error type", "llmgw/errors.py", defines_class("ApiError", "OpenAIError", "AdminError", "RequestError")),
-    ("the /v1 body reader, dumps, disconnect watch", "llmgw/asgi.py",
+    ("the /v1 body reader, dumps, disconnect watch", "llmgw/wire/asgi.py",
      defines_function("read_body", "_read_body", "_read_json", "_dumps", "cancel_on_disconnect",
                       "_cancel_on_disconnect")),
     ("a timeout table", "llmgw/domain/timeouts.py", defines_class("Timeouts")),
@@ -139,8 +139,15 @@ def test_docs_cite_nothing_a_clone_lacks() -> None:
     assert not bad, "\n".join(bad)
 
 
-def test_no_module_over_500_lines() -> None:
-    """A module stays small enough to hold in one's head; past 500 lines, split it along a seam."""
-    long = {str(p.relative_to(REPO)): n for p in LLMGW.rglob("*.py")
-            if "__pycache__" not in p.parts and (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
-    assert not long, long
+REVIEW_LINES = 800
+
+
+def test_long_modules_are_due_a_review() -> None:
+    """A module past ~800 lines is named for a review, not cut to fit: the review splits it by concept
+    if it holds more than one (docs/architecture.md, Splitting a module)."""
+    long = [f"{p.relative_to(REPO)}: {n} lines" for p in sorted(LLMGW.rglob("*.py"))
+            if "__pycache__" not in p.parts and (n := len(p.read_text(encoding="utf-8").splitlines())) > REVIEW_LINES]
+    assert not long, (
+        f"these modules are over {REVIEW_LINES} lines and due a review: split one by concept if it holds more "
+        "than one, never to get under a number (docs/architecture.md, Splitting a module):\n" + "\n".join(long)
+    )

@@ -1,5 +1,6 @@
-"""The admin API's OpenAPI document (`llmgw/control/openapi.py`): valid OpenAPI 3.1, served without a key
-as the code builds it, and holding exactly the app's routes, so that it cannot drift from them."""
+"""The admin API's OpenAPI document (`llmgw/control/api/openapi.py`): valid OpenAPI 3.1, served without a key
+as the code builds it, and holding exactly the route table's routes and the app's, so that it cannot drift
+from them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 import httpx
 from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
 
-from llmgw.control import admin, openapi
-from llmgw.control.admin import ControlDeps, make_app
+from llmgw.control.api import make_app, openapi, route
+from llmgw.control.api.table import ROUTES
+from llmgw.control.context import Context
 from llmgw.control.hub import AgentHub
 from llmgw.control.reconciler import Reconciler
 from llmgw.testing import MemoryStore
@@ -20,7 +22,7 @@ IGNORED_METHODS = {"HEAD", "OPTIONS"}  # added by Quart to every GET / every rou
 
 def app() -> Any:
     store, hub = MemoryStore(), AgentHub()
-    return make_app(ControlDeps(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: 0.0))
+    return make_app(Context(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: 0.0))
 
 
 def routes(quart_app: Any) -> dict[str, set[str]]:
@@ -35,6 +37,25 @@ def routes(quart_app: Any) -> dict[str, set[str]]:
 def test_every_route_is_in_the_document_and_every_operation_is_a_route() -> None:
     documented = {path: {m.upper() for m in ops} for path, ops in openapi.document()["paths"].items()}
     assert documented == routes(app())
+
+
+def test_the_document_is_the_route_table_and_says_who_may_call_each() -> None:
+    """Every line of the table is an operation of the document and back (the streams aside); a public line
+    needs no key there, every other one the admin key."""
+    table = {(openapi.rule_path(r.rule), r.method.lower()): r for r in ROUTES}
+    documented = {(path, method): op for path, ops in openapi.document()["paths"].items()
+                  for method, op in ops.items() if path not in openapi.WEBSOCKET_PATHS}
+    assert set(documented) == set(table)
+    for at, op in documented.items():
+        assert (op.get("security") == []) == (table[at].role == route.PUBLIC), at
+
+
+def test_every_route_of_the_table_takes_the_key_its_method_needs() -> None:
+    """Reads take a viewer key (the console's), writes an admin key; only the probes take none."""
+    for r in ROUTES:
+        if r.role != route.PUBLIC:
+            assert r.role == (route.ADMIN if r.writes else route.VIEWER), (r.method, r.rule)
+    assert {r.rule for r in ROUTES if r.role == route.PUBLIC} == {"/health", "/metrics", openapi.PATH}
 
 
 def test_a_werkzeug_rule_reads_as_an_openapi_path() -> None:
@@ -65,9 +86,11 @@ def test_every_admin_operation_needs_the_admin_key_and_says_what_refuses_it() ->
 
 
 def test_the_bounds_it_states_are_the_ones_the_code_checks() -> None:
-    assert openapi.IDEMPOTENCY_KEY_MAX_CHARS == admin.IDEMPOTENCY_KEY_MAX_CHARS
+    posted = openapi.document()["paths"]["/api/v1/models"]["post"]["parameters"]
+    idempotency = next(p for p in posted if p["name"] == "Idempotency-Key")["schema"]
+    assert idempotency["maxLength"] == route.IDEMPOTENCY_KEY_MAX_CHARS
     assert "1 MiB" in openapi.document()["components"]["responses"]["E413"]["description"]
-    assert admin.MAX_BODY_BYTES == 1 << 20
+    assert route.MAX_BODY_BYTES == 1 << 20
 
 
 async def test_it_is_served_without_a_key_as_json() -> None:

@@ -1,4 +1,4 @@
-"""The agent ↔ control messages (`llmgw.protocol_agent`): each type read into its typed value,
+"""The agent ↔ control messages (`llmgw.wire.protocol_agent`): each type read into its typed value,
 each malformed one refused with a reason that names the field, unknown types passed on as such."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from llmgw import protocol_agent as pa
 from llmgw.domain.observed import Gpu, NodeInfo, ReplicaObs
-from llmgw.protocol import ProtocolError
+from llmgw.wire import protocol_agent as pa
+from llmgw.wire.protocol import ProtocolError
 
 MODEL = {"name": "demo", "engine": "sim", "source": "sim://demo"}
 START = {"type": "start_replica", "replica_id": "demo-r1", "model": MODEL, "gpus": [0, 1]}

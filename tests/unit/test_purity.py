@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "llmgw"
 PURE = ("llmgw.domain", "llmgw.placement", "llmgw.reconcile")
 SERVER_STACK = ("quart", "hypercorn", "trio", "rich")
-CTL_FILES = sorted(p.relative_to(REPO).as_posix() for p in (PACKAGE / "cli" / "ctl").glob("*.py"))
+CTL_FILES = sorted(p.relative_to(REPO).as_posix() for p in (PACKAGE / "cli" / "ctl").rglob("*.py")
+                   if "__pycache__" not in p.parts)
 CLI_FILES = ("llmgw/cli/__init__.py", *CTL_FILES)
 
 

@@ -13,19 +13,19 @@ import trio
 import trio.testing
 
 from llmgw.domain import codec, commands, usage
+from llmgw.domain.commands.usage import add_usage, row_doc
 from llmgw.domain.state import ClusterState
 from llmgw.gateway.requestlog import (
     FIELDS,
-    ID_RE,
     Limits,
     RequestLog,
     RequestRecord,
     Rollups,
     SegmentWriter,
-    gateway_tag,
     segments,
 )
-from llmgw.gateway.requestlog_query import Filters, QueryError, find, parse_cursor, query
+from llmgw.gateway.requestlog_query import find, parse_cursor, query
+from llmgw.wire.logquery import ID_RE, Filters, QueryError, gateway_tag
 
 
 def rec(i: int, *, key: str | None = None, model: str | None = None, status: int = 200, replica: str = "r1",
@@ -158,28 +158,28 @@ def apply(state: ClusterState, command: dict[str, object]) -> ClusterState:
 
 
 def test_usage_batches_apply_once_per_gateway_boot_and_seq_and_expire() -> None:
-    row = usage.row_doc(7200, "key_a", "demo", 3, 30, 60, 1, 0)
-    state = apply(ClusterState(), usage.add_usage("gw", "b1", 1, [row], "http://10.0.0.2:8080", 8000.0))
-    again = apply(state, usage.add_usage("gw", "b1", 1, [row], "http://10.0.0.2:8080", 8001.0))
+    row = row_doc(7200, "key_a", "demo", 3, 30, 60, 1, 0)
+    state = apply(ClusterState(), add_usage("gw", "b1", 1, [row], "http://10.0.0.2:8080", 8000.0))
+    again = apply(state, add_usage("gw", "b1", 1, [row], "http://10.0.0.2:8080", 8001.0))
     assert usage.query(again, since=0, until=1e9) == usage.query(state, since=0, until=1e9)  # a retry: no change
-    other = apply(again, usage.add_usage("gw", "b2", 1, [row], "", 8002.0))  # the gateway restarted
+    other = apply(again, add_usage("gw", "b2", 1, [row], "", 8002.0))  # the gateway restarted
     (total,) = usage.query(other, since=0, until=1e9)
     assert (total["requests"], total["tokens_in"], total["tokens_out"], total["errors"]) == (6, 60, 120, 2)
     assert usage.gateways(other)["gw"].seq == 1 and usage.query(other, since=0, until=7200) == []
     # Round trips: the snapshot codec and pickle (pysyncobj's snapshot).
     assert codec.state_from_json(codec.state_to_json(other)) == other
     assert pickle.loads(pickle.dumps(other)) == other
-    later = apply(other, usage.add_usage("gw", "b2", 2, [usage.row_doc(100 * 86400, "k", "m", 1, 0, 0, 0, 0)], "",
+    later = apply(other, add_usage("gw", "b2", 2, [row_doc(100 * 86400, "k", "m", 1, 0, 0, 0, 0)], "",
                                          100 * 86400.0))
     assert [h.start for h in later.usage.values()] == [100 * 86400]  # past usage.retention_days: dropped
 
 
 @pytest.mark.parametrize("bad", [
     {"seq": 0}, {"rows": []}, {"rows": [{"hour": 5}]}, {"gateway": ""},
-    {"rows": [usage.row_doc(3600, "k", "m", -1, 0, 0, 0, 0)]},
+    {"rows": [row_doc(3600, "k", "m", -1, 0, 0, 0, 0)]},
 ])
 def test_a_malformed_usage_batch_is_refused_before_the_log(bad: dict[str, object]) -> None:
-    command = {**usage.add_usage("gw", "b", 1, [usage.row_doc(3600, "k", "m", 1, 0, 0, 0, 0)], "", 1.0), **bad}
+    command = {**add_usage("gw", "b", 1, [row_doc(3600, "k", "m", 1, 0, 0, 0, 0)], "", 1.0), **bad}
     with pytest.raises(commands.CommandError):
         commands.check(command)
 

@@ -14,8 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw.asgi import MAX_BODY_BYTES
 from llmgw.engines.sim import SimOptions, make_app, serve
+from llmgw.wire.asgi import MAX_BODY_BYTES
 
 
 def options(role: str = "chat", **overrides: Any) -> SimOptions:

@@ -13,8 +13,8 @@ import pytest
 from llmgw.agent.storage import (
     MAX_CONFIG_BYTES, MAX_NOT_WEIGHTS, StorageDir, StorageReport, StorageScanner, parse_storage_flag, parse_storage_flags,
 )
-from llmgw.testing.tiny_gguf import minimal_gguf, truncate
-from llmgw.testing.weights_tree import write_safetensors, write_safetensors_model
+from tests.support.tiny_gguf import minimal_gguf, truncate
+from tests.support.weights_tree import write_safetensors, write_safetensors_model
 
 AS_ROOT = os.geteuid() == 0
 GGUF_SIZE = len(minimal_gguf())
@@ -139,7 +139,7 @@ def test_a_split_gguf_is_one_model_when_every_part_is_there(tmp_path: Path) -> N
 
 def test_a_gguf_entry_carries_the_facts_a_memory_estimate_needs(tmp_path: Path) -> None:
     pytest.importorskip("gguf")
-    from llmgw.testing.tiny_gguf import write_tiny_llama
+    from tests.support.tiny_gguf import write_tiny_llama
 
     write_tiny_llama(tmp_path / "tiny.gguf")
     (entry,) = StorageScanner([StorageDir(tmp_path, "ib-a")]).scan()[0]["models"]

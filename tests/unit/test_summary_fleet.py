@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmgw.cli.ctl.render_fleet import bar, idle_for, render_status
+from llmgw.cli.ctl.render.fleet import bar, idle_for, render_status
 from llmgw.domain import summary
 from llmgw.domain.observed import NodeInfo, Observed
 from llmgw.reconcile import ModelView

@@ -202,8 +202,8 @@ def test_no_module_writes_a_timeout_as_a_number() -> None:
 
 def test_the_scan_covers_the_roles() -> None:
     scanned = {p.relative_to(REPO).as_posix() for p in _scanned()}
-    for rel in ("llmgw/agent/service.py", "llmgw/control/hub.py", "llmgw/gateway/app.py", "llmgw/protocol.py",
-                "llmgw/reconcile/__init__.py", "llmgw/engines/sim.py", "llmgw/cli/ctl/session.py"):
+    for rel in ("llmgw/agent/service.py", "llmgw/control/hub.py", "llmgw/gateway/app.py", "llmgw/wire/protocol.py",
+                "llmgw/reconcile/__init__.py", "llmgw/engines/sim/process.py", "llmgw/cli/ctl/session.py"):
         assert rel in scanned
     assert all((PACKAGE.parent / rel).exists() for rel in NOT_SCANNED), "a file left out of the scan is gone: drop it"
 

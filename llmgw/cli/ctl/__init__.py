@@ -7,7 +7,8 @@ The layout, one concern per module:
     target.py       where the API is and with which key (flags > env > credentials file)
     session.py      one run's HTTP session; answers that are not 2xx JSON become errors
     errors.py       CtlError / UsageError / Refused and the exit codes
-    render.py       tables, the status page, models, one model, settings
+    render/         what each command prints: tables, models, settings (`__init__`), the
+                    status and plan pages (`fleet`), guardrails (`guard`)
     definitions.py  model definitions from a TOML file or from flags
     models.py, settings.py, status.py
                     one command group each, with `register(app)`

@@ -3,15 +3,46 @@ the JSON documents the admin API validates; ctl checks only what the API cannot 
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import tomllib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from cyclopts import Parameter
 
 from llmgw.cli.ctl.errors import UsageError
 
 REQUIRED_FLAGS = ("--name", "--engine", "--source")
+
+
+@Parameter(name="*")  # flattened: `--name`, `--engine`, ... on the command that takes it
+@dataclass(frozen=True)
+class ModelFlags:
+    """What a model is, as flags: the ones `model serve` and `plan` both take (a command's
+    docstring may say more of one, as `flags.name`)."""
+
+    name: str | None = None
+    """Model name (without --file)."""
+    engine: str | None = None
+    """sim, llama.cpp or vllm."""
+    source: str | None = None
+    """A path on storage, mirror://NAME, hf://ORG/REPO or sim://NAME."""
+    role: str | None = None
+    """chat, embedding or guard."""
+    mode: str | None = None
+    """always or on-demand."""
+
+    def given(self) -> dict[str, str]:
+        """The flags given, as a definition's fields."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def missing(self) -> list[str]:
+        """The flags a definition from flags alone needs and that were not given."""
+        values = (self.name, self.engine, self.source)
+        return [flag for flag, value in zip(REQUIRED_FLAGS, values, strict=True) if not value]
 
 
 def definitions_from_file(path: Path) -> tuple[list[dict[str, Any]], bool]:
@@ -39,33 +70,24 @@ def definitions_from_file(path: Path) -> tuple[list[dict[str, Any]], bool]:
 
 
 def definition_from_flags(
+    flags: ModelFlags,
     *,
-    name: str | None,
-    engine: str | None,
-    source: str | None,
-    role: str | None,
-    mode: str | None,
-    min_: int | None,
-    max_: int | None,
-    gpus: int | None,
-    cpu: bool,
-    args: Sequence[str] | None,
+    min_: int | None = None,
+    max_: int | None = None,
+    gpus: int | None = None,
+    cpu: bool = False,
+    args: Sequence[str] | None = None,
     max_tokens: int | None = None,
     max_n: int | None = None,
     timeouts: dict[str, float | None] | None = None,
 ) -> dict[str, Any]:
-    given = dict(zip(REQUIRED_FLAGS, (name, engine, source), strict=True))
-    missing = [flag for flag, value in given.items() if not value]
+    missing = flags.missing()
     if missing:
         raise UsageError(
             f"model serve needs --name, --engine and --source (missing: {', '.join(missing)}); "
-            f"e.g. {example_serve(name=name, engine=engine, source=source)}, or --file FILE"
+            f"e.g. {example_serve(name=flags.name, engine=flags.engine, source=flags.source)}, or --file FILE"
         )
-    doc: dict[str, Any] = {"name": name, "engine": engine, "source": source}
-    if role is not None:
-        doc["role"] = role
-    if mode is not None:
-        doc["mode"] = mode
+    doc: dict[str, Any] = flags.given()
     replicas = {k: v for k, v in (("min", min_), ("max", max_)) if v is not None}
     if replicas:
         doc["replicas"] = replicas

@@ -15,7 +15,7 @@ from cyclopts import Parameter
 
 from llmgw.cli.ctl.errors import EXIT_OK, Refused, UsageError
 from llmgw.cli.ctl.guard_judge import judge_app
-from llmgw.cli.ctl.render_guard import render_policies, render_policy_set, render_switch
+from llmgw.cli.ctl.render.guard import render_policies, render_policy_set, render_switch
 from llmgw.cli.ctl.session import Session, SessionParam, api_path
 
 
@@ -29,18 +29,15 @@ guard_app.command(judge_app)
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*\Z")
 
 
-@guard_app.default
-def guard(*, session: SessionParam) -> int:
-    """Every guard policy, and whether guards are on."""
-    return guard_list(session=session)
-
-
 @guard_app.command(name="list")
 def guard_list(*, session: SessionParam) -> int:
     """Every guard policy, and whether guards are on."""
     _, doc = session.request("GET", api_path("guard", "policies"))
     session.show(doc, render_policies)
     return EXIT_OK
+
+
+guard_app.default(guard_list)  # `ctl guard` alone does the same
 
 
 @guard_app.command(name="set")

@@ -11,7 +11,7 @@ from cyclopts import Parameter
 
 from llmgw.cli.ctl.errors import EXIT_OK
 from llmgw.cli.ctl.render import clean
-from llmgw.cli.ctl.render_guard import render_enabled, render_judges
+from llmgw.cli.ctl.render.guard import render_enabled, render_judges
 from llmgw.cli.ctl.session import SessionParam, api_path
 
 judge_app = cyclopts.App(name="judge", help="The judge models the policies ask for: status, enable, ask.")

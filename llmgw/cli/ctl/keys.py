@@ -27,18 +27,15 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])\Z")
 
 
-@keys_app.default
-def keys(*, session: SessionParam) -> int:
-    """Every key: id, name, role, models, expiry, limits (never a secret or a hash)."""
-    return keys_list(session=session)
-
-
 @keys_app.command(name="list")
 def keys_list(*, session: SessionParam) -> int:
     """Every key: id, name, role, models, expiry, limits (never a secret or a hash)."""
     _, doc = session.request("GET", api_path("keys"))
     session.show(doc, render_keys)
     return EXIT_OK
+
+
+keys_app.default(keys_list)  # `ctl keys` alone does the same
 
 
 @keys_app.command(name="create")

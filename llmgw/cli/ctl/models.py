@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import cyclopts
 from cyclopts import Parameter
 
-from llmgw.cli.ctl.definitions import definition_from_flags, definitions_from_file
+from llmgw.cli.ctl.definitions import ModelFlags, definition_from_flags, definitions_from_file
 from llmgw.cli.ctl.errors import EXIT_OK, CtlError, Refused, UsageError
 from llmgw.cli.ctl.render import cell, dig, render_model, render_models
 from llmgw.cli.ctl.session import SessionParam, api_path
@@ -48,11 +48,7 @@ def model_show(name: str, /, *, session: SessionParam) -> int:
 def model_serve(
     *,
     file: Annotated[Path | None, Parameter(name="--file")] = None,
-    name: Annotated[str | None, Parameter(name="--name")] = None,
-    engine: Annotated[str | None, Parameter(name="--engine")] = None,
-    source: Annotated[str | None, Parameter(name="--source")] = None,
-    role: Annotated[str | None, Parameter(name="--role")] = None,
-    mode: Annotated[str | None, Parameter(name="--mode")] = None,
+    flags: ModelFlags = ModelFlags(),
     min_: Annotated[int | None, Parameter(name="--min")] = None,
     max_: Annotated[int | None, Parameter(name="--max")] = None,
     gpus: Annotated[int | None, Parameter(name="--gpus")] = None,
@@ -71,16 +67,6 @@ def model_serve(
     ----------
     file
         TOML with [[models]] tables (like examples/catalog.toml), or one model table.
-    name
-        Model name (without --file).
-    engine
-        sim, llama.cpp or vllm.
-    source
-        A path on storage, mirror://NAME, hf://ORG/REPO or sim://NAME.
-    role
-        chat, embedding or guard.
-    mode
-        always or on-demand.
     min_
         Fewest replicas.
     max_
@@ -103,31 +89,16 @@ def model_serve(
         An extra engine argument; repeat for more (--arg=--ctx-size --arg=4096).
     """
     timeouts = {"connect_s": connect_timeout, "first_byte_s": first_byte_timeout, "chunk_s": chunk_timeout}
-    flags_given = any(v is not None for v in (name, engine, source, role, mode, min_, max_, gpus, arg, max_tokens, max_n,
-                                              *timeouts.values())) or cpu
+    flags_given = bool(flags.given()) or cpu or any(
+        v is not None for v in (min_, max_, gpus, arg, max_tokens, max_n, *timeouts.values()))
     if file is not None:
         if flags_given:
             raise UsageError("model serve takes --file FILE or the model flags, not both")
         definitions, catalog = definitions_from_file(file)
     else:
         catalog = False
-        definitions = [
-            definition_from_flags(
-                name=name,
-                engine=engine,
-                source=source,
-                role=role,
-                mode=mode,
-                min_=min_,
-                max_=max_,
-                gpus=gpus,
-                cpu=cpu,
-                args=arg,
-                max_tokens=max_tokens,
-                max_n=max_n,
-                timeouts=timeouts,
-            )
-        ]
+        definitions = [definition_from_flags(flags, min_=min_, max_=max_, gpus=gpus, cpu=cpu, args=arg,
+                                             max_tokens=max_tokens, max_n=max_n, timeouts=timeouts)]
     answers: list[Any] = []
     failed = 0
     for definition in definitions:

@@ -20,18 +20,15 @@ def register(app: cyclopts.App) -> None:
 nodes_app = cyclopts.App(name="nodes", help="The nodes (agents) the leader knows; forget a lost one.")
 
 
-@nodes_app.default
-def nodes(*, session: SessionParam) -> int:
-    """Every node: state, address, fabric, GPUs (card/migN, class, health), engines, storage."""
-    return nodes_list(session=session)
-
-
 @nodes_app.command(name="list")
 def nodes_list(*, session: SessionParam) -> int:
     """Every node: state, address, fabric, GPUs (card/migN, class, health), engines, storage."""
     _, doc = session.request("GET", api_path("nodes"))
     session.show(doc, render_nodes)
     return EXIT_OK
+
+
+nodes_app.default(nodes_list)  # `ctl nodes` alone does the same
 
 
 @nodes_app.command(name="forget")

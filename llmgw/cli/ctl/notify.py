@@ -23,18 +23,15 @@ def register(app: cyclopts.App) -> None:
 notify_app = cyclopts.App(name="notify", help="Webhooks: their deliveries and the conditions posted (status), a test.")
 
 
-@notify_app.default
-def notify(*, session: SessionParam) -> int:
-    """Each webhook's health and recent deliveries, and the conditions active now."""
-    return notify_status(session=session)
-
-
 @notify_app.command(name="status")
 def notify_status(*, session: SessionParam) -> int:
     """Each webhook's health and recent deliveries, and the conditions active now."""
     _, doc = session.request("GET", api_path("notify", "status"))
     session.show(doc, render_notify_status)
     return EXIT_OK
+
+
+notify_app.default(notify_status)  # `ctl notify` alone does the same
 
 
 @notify_app.command(name="test")

@@ -1,6 +1,6 @@
 """The `plan` command: a what-if placement of a model definition (a file as `model serve`
 takes, flags, or a defined model's definition with flags changing it) against the live state,
-through `POST /api/v1/plan`. Nothing changes; the page is `render_fleet.render_plan`."""
+through `POST /api/v1/plan`. Nothing changes; the page is `render.fleet.render_plan`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Annotated, Any
 import cyclopts
 from cyclopts import Parameter
 
-from llmgw.cli.ctl.definitions import REQUIRED_FLAGS, definition_from_flags, definitions_from_file
+from llmgw.cli.ctl.definitions import ModelFlags, definition_from_flags, definitions_from_file
 from llmgw.cli.ctl.errors import EXIT_OK, UsageError
 from llmgw.cli.ctl.render import dig
-from llmgw.cli.ctl.render_fleet import render_plan
+from llmgw.cli.ctl.render.fleet import render_plan
 from llmgw.cli.ctl.session import SessionParam, api_path
 
 # A definition's fields: what `GET /api/v1/models/NAME` adds (status, estimate, ...) is left out.
@@ -29,11 +29,7 @@ def plan(
     *,
     file: Annotated[Path | None, Parameter(name="--file")] = None,
     model: Annotated[str | None, Parameter(name="--model")] = None,
-    name: Annotated[str | None, Parameter(name="--name")] = None,
-    engine: Annotated[str | None, Parameter(name="--engine")] = None,
-    source: Annotated[str | None, Parameter(name="--source")] = None,
-    role: Annotated[str | None, Parameter(name="--role")] = None,
-    mode: Annotated[str | None, Parameter(name="--mode")] = None,
+    flags: ModelFlags = ModelFlags(),
     gpus: Annotated[int | None, Parameter(name="--gpus")] = None,
     nodes: Annotated[int | None, Parameter(name="--nodes")] = None,
     gpu_class: Annotated[list[str] | None, Parameter(name="--class", negative_iterable="")] = None,
@@ -51,16 +47,8 @@ def plan(
         TOML as `model serve --file` takes; with several models, each is planned on its own (--name picks one).
     model
         Plan a defined model: its definition, changed by any flags given.
-    name
+    flags.name
         Model name (with --engine and --source, or picks one model of --file).
-    engine
-        sim, llama.cpp or vllm.
-    source
-        A path on storage, mirror://NAME, hf://ORG/REPO or sim://NAME.
-    role
-        chat, embedding or guard.
-    mode
-        always or on-demand.
     gpus
         GPUs per replica (per node for --nodes > 1), tensor-parallel across them (tp = gpus × nodes).
     nodes
@@ -76,28 +64,28 @@ def plan(
     """
     changes = _profile_changes(gpus=gpus, nodes=nodes, classes=gpu_class, memory_gib=memory_gib, cpu=cpu)
     if file is not None:
-        if model is not None or any(v is not None for v in (engine, source, role, mode, arg)) or changes:
+        if model is not None or any(k != "name" for k in flags.given()) or arg is not None or changes:
             raise UsageError("plan takes --file FILE (and --name to pick one of its models), --model NAME, "
                              "or the model flags, not more than one")
         definitions, _ = definitions_from_file(file)
-        if name is not None:
-            definitions = [d for d in definitions if d.get("name") == name]
+        if flags.name is not None:
+            definitions = [d for d in definitions if d.get("name") == flags.name]
             if not definitions:
-                raise UsageError(f"{file} has no model named {name!r}")
+                raise UsageError(f"{file} has no model named {flags.name!r}")
     elif model is not None:
         _, doc = session.request("GET", api_path("models", model))
         base = {k: v for k, v in (dig(doc, "model") or {}).items() if k in DEFINITION_KEYS}
-        base.update({k: v for k, v in (("name", name), ("engine", engine), ("source", source), ("role", role),
-                                       ("mode", mode), ("args", arg)) if v is not None})
+        base.update(flags.given())
+        if arg is not None:
+            base["args"] = arg
         definitions = [_with_profile(base, changes)]
     else:
-        missing = [flag for flag, value in zip(REQUIRED_FLAGS, (name, engine, source), strict=True) if not value]
+        missing = flags.missing()
         if missing:
             raise UsageError(f"plan needs --file FILE, --model NAME, or --name, --engine and --source "
                              f"(missing: {', '.join(missing)}); e.g. llmgw ctl plan --name big --engine vllm "
                              f"--source hf://ORG/REPO --gpus 4")
-        doc = definition_from_flags(name=name, engine=engine, source=source, role=role, mode=mode, min_=None,
-                                    max_=None, gpus=None, cpu=False, args=arg)
+        doc = definition_from_flags(flags, args=arg)
         definitions = [_with_profile(doc, changes)]
     answers = [session.request("POST", api_path("plan"), body=d, send_body=True)[1] for d in definitions]
     if session.as_json:

@@ -1,5 +1,5 @@
 """The `status` command: the cluster summary (leader, control planes, nodes, models, warnings)
-in one page, drawn by `render_fleet.render_status`. With no leader to ask, the control planes as the
+in one page, drawn by `render.fleet.render_status`. With no leader to ask, the control planes as the
 member asked sees them, then the error."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import cyclopts
 
 from llmgw.cli.ctl.errors import EXIT_OK, CtlError, Refused
 from llmgw.cli.ctl.render import render_members
-from llmgw.cli.ctl.render_fleet import render_status
+from llmgw.cli.ctl.render.fleet import render_status
 from llmgw.cli.ctl.session import SessionParam, api_path
 
 # A standby answers these when it has no leader to forward to (`Refused` reads `code: message`).

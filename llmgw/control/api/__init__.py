@@ -1,0 +1,37 @@
+"""The admin API (`/api/v1/...`, docs/api.md) as a quart-trio app over a control plane's `Context`.
+
+`make_app(ctx)` registers the route table (`table.py`) through the one wrapper (`route.py`), the
+streams' WebSocket routes (`streams.py`) and the answer to whatever no route answered (`errors.py`).
+Other web parts (the console) mount themselves on the app through `mounts`: this package never
+imports them. The only place of the control plane that imports Quart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from quart_trio import QuartTrio
+
+from llmgw.control.api import errors, streams
+from llmgw.control.api.route import MAX_BODY_BYTES, Router
+from llmgw.control.api.table import ROUTES
+from llmgw.control.context import Context
+
+__all__ = ["Mount", "make_app"]
+
+# Mounts more pages on the admin app (the console: `llmgw.console.register`).
+Mount = Callable[[QuartTrio, Context], None]
+
+
+def make_app(ctx: Context, mounts: Sequence[Mount] = ()) -> QuartTrio:
+    app = QuartTrio("llmgw.control")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.config["RESPONSE_TIMEOUT"] = None
+    router = Router(app, ctx)
+    for route in ROUTES:
+        router.add(route)
+    streams.register(app, ctx)
+    for mount in mounts:
+        mount(app, ctx)
+    errors.register(app, MAX_BODY_BYTES)  # what no route answered (404, 405, 413, 500...): JSON, never HTML
+    return app

@@ -1,0 +1,465 @@
+"""The admin API's OpenAPI 3.1 document, served at `GET /api/v1/openapi.json`: every route of the table
+(`api/table.py`), its parameters, bodies, answers and the error shape, as the code accepts and answers them.
+
+Built from the same constants the routes check (model enums, key limits, settings, request-log filters),
+so a bound that changes there changes here; tests/unit/test_openapi.py holds it to the route table and the app.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from typing import Any
+
+from llmgw import __version__
+from llmgw.control.api.route import IDEMPOTENCY_KEY_MAX_CHARS
+from llmgw.domain import conditions, guard, model, usage
+from llmgw.domain.judges import STATUSES
+from llmgw.domain.keys import KEY_ROLES, LIMIT_MAX, NAME_MAX_CHARS, SCOPE_MAX_MODELS
+from llmgw.domain.settings import SETTINGS
+
+__all__ = ["PATH", "WEBSOCKET_PATHS", "document", "rule_path", "text"]
+
+PATH = "/api/v1/openapi.json"
+# The streams' routes: a plain GET (no WebSocket upgrade) is answered 400, so they are listed as such.
+WEBSOCKET_PATHS = frozenset({"/api/v1/agent/stream", "/api/v1/gateway/stream"})
+
+Schema = dict[str, Any]
+
+
+@cache
+def text() -> bytes:
+    return json.dumps(document()).encode()
+
+
+def rule_path(rule: str) -> str:
+    """A werkzeug rule as an OpenAPI path: `/api/v1/models/<path:name>` -> `/api/v1/models/{name}`."""
+    return re.sub(r"<(?:[a-z_]+:)?([A-Za-z_][A-Za-z0-9_]*)>", r"{\1}", rule)
+
+
+# --- schema helpers ----------------------------------------------------------------------------
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _obj(props: dict[str, Schema], required: tuple[str, ...] | None = None, *, closed: bool = False) -> Schema:
+    """An object with these properties; all required unless `required` says which. `closed`: no others
+    (request bodies the code refuses unknown keys of); answers stay open, so adding a field breaks no client."""
+    doc: Schema = {"type": "object", "properties": props, "required": list(props if required is None else required)}
+    if closed:
+        doc["additionalProperties"] = False
+    return doc
+
+
+def _arr(items: Schema, **extra: Any) -> Schema:
+    return {"type": "array", "items": items, **extra}
+
+
+def _null(schema: Schema) -> Schema:
+    """`schema` or null (unknown, never, no limit)."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+_STR: Schema = {"type": "string"}
+_INT: Schema = {"type": "integer"}
+_NUM: Schema = {"type": "number"}
+_BOOL: Schema = {"type": "boolean"}
+_ANY: Schema = {}  # any JSON value
+_OBJ: Schema = {"type": "object"}
+
+
+def _int(low: int, high: int) -> Schema:
+    return {"type": "integer", "minimum": low, "maximum": high}
+
+
+# --- components --------------------------------------------------------------------------------
+
+_MODEL_NAME = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"}
+_REPLICAS_MAX = model.MAX_REPLICAS
+_LIMIT = _null(_int(1, model.MAX_LIMIT))
+# A per-model upstream wait: seconds above 0, at most a day (None: the gateway's default).
+_WAIT = _null({"type": "number", "exclusiveMinimum": 0, "maximum": model.LONGEST_WAIT})
+
+
+def _definition() -> Schema:
+    """A model definition as `ModelDef.from_doc` takes it: `name`, `engine`, `source` required."""
+    size = _int(1, 64)
+    return _obj({
+        "name": _MODEL_NAME,
+        "engine": {"type": "string", "enum": list(model.ENGINES)},
+        "role": {"type": "string", "enum": list(model.ROLES)},
+        # sim://NAME (engine sim), an absolute path, mirror://NAME, hf://ORG/REPO or pkg://PACKAGE/FILE.
+        "source": {"type": "string", "minLength": 1, "maxLength": 1024},
+        "mode": {"type": "string", "enum": list(model.MODES)},
+        "replicas": _obj({"min": _int(0, _REPLICAS_MAX), "max": _int(1, _REPLICAS_MAX)}, (), closed=True),
+        "idle_timeout_s": {"type": "number", "exclusiveMinimum": 0},
+        "activation_window_s": {"type": "number", "exclusiveMinimum": 0},
+        "args": _arr(_STR),
+        "profile": _obj({"gpus": size, "tp": size, "pp": size, "nodes": size,
+                         "classes": _arr({"type": "string", "minLength": 1}),
+                         "memory_gib": {"type": "number", "minimum": 0}, "cpu": _BOOL}, (), closed=True),
+        "limits": _obj({"max_tokens": _LIMIT, "max_n": _LIMIT}, (), closed=True),
+        "timeouts": _obj({name: _WAIT for name in ("connect_s", "first_byte_s", "chunk_s")}, (), closed=True),
+    }, ("name", "engine", "source"), closed=True)
+
+
+def _stored_definition() -> Schema:
+    """A definition as the API shows it: every field, defaults filled."""
+    size = _int(1, 64)
+    return _obj({
+        "name": _STR, "engine": _STR, "role": _STR, "source": _STR, "mode": _STR,
+        "replicas": _obj({"min": _INT, "max": _INT}), "idle_timeout_s": _NUM, "activation_window_s": _NUM,
+        "args": _arr(_STR),
+        "profile": _obj({"gpus": size, "tp": size, "pp": size, "nodes": size, "classes": _arr(_STR),
+                         "memory_gib": _NUM, "cpu": _BOOL}),
+        "limits": _obj({"max_tokens": _null(_INT), "max_n": _null(_INT)}),
+        "timeouts": _obj({name: _null(_NUM) for name in ("connect_s", "first_byte_s", "chunk_s")}),
+    })
+
+
+def _estimate() -> Schema:
+    return _obj({"bytes": _null(_INT), "source": _STR, "detail": _STR, "devices": _INT,
+                 "per_device": _null(_NUM), "complete": _BOOL}, ("bytes", "source", "detail"))
+
+
+def _model() -> Schema:
+    status = _obj({"desired": _null(_INT), "ready": _null(_INT), "starting": _null(_INT), "state": _STR,
+                   "reason": _STR, "parked": _BOOL, "failures_in_row": _INT, "last_error": _STR,
+                   "replicas": _arr(_OBJ)})
+    return {"allOf": [_ref("StoredDefinition"), _obj({"status": status})]}
+
+
+def _key() -> Schema:
+    return _obj({
+        "id": {"type": "string", "pattern": "^key_[A-Za-z0-9]+$"}, "name": _STR,
+        "role": {"type": "string", "enum": list(KEY_ROLES)}, "created_at": _null(_NUM), "models": _arr(_STR),
+        "expires_at": _null(_NUM), "expired": _BOOL, "requests_per_min": _null(_INT),
+        "tokens_per_min": _null(_INT),
+    })
+
+
+def _key_create() -> Schema:
+    limit = _null(_int(1, LIMIT_MAX))
+    return _obj({
+        "name": {"type": "string", "minLength": 1, "maxLength": NAME_MAX_CHARS},
+        "role": {"type": "string", "enum": list(KEY_ROLES)},
+        # Scope, expiry and limits: client keys only (an admin key with one is refused, 400 invalid_key).
+        "models": _arr({"type": "string", "minLength": 1}, maxItems=SCOPE_MAX_MODELS),
+        "expires_at": _null({"type": "number", "exclusiveMinimum": 0}),
+        "requests_per_min": limit, "tokens_per_min": limit,
+    }, ("name",), closed=True)
+
+
+def _member() -> Schema:
+    return _obj({"id": _STR, "admin_url": _null(_STR), "version": _null(_STR), "role": _null(_STR),
+                 "state": _STR, "reason": _STR, "leader": _null(_STR), "term": _null(_INT),
+                 "commit_index": _null(_INT), "applied_index": _null(_INT), "revision": _null(_INT),
+                 "lag": _null(_INT), "last_contact": _null(_NUM), "last_contact_age_s": _null(_NUM),
+                 "state_hash": _null(_STR)}, ("id", "state"))
+
+
+def _policy(*, stored: bool = False) -> Schema:
+    """A guard policy as `GuardPolicy.from_doc` takes it (`judge` required; `name` may come from the path),
+    or as stored (every field)."""
+    models = _arr(_MODEL_NAME, minItems=1, maxItems=guard.MAX_MODELS)
+    props: dict[str, Schema] = {
+        "name": _MODEL_NAME, "judge": _MODEL_NAME, "check": {"type": "string", "enum": list(guard.CHECKS)},
+        "models": _arr(_STR) if stored else {"anyOf": [models, {"type": "array", "items": {"const": "*"},
+                                                                  "minItems": 1, "maxItems": 1}]},
+        "categories": _arr({"type": "string", "enum": list(guard.CATEGORIES)}),
+        "on_error": {"type": "string", "enum": list(guard.ON_ERROR)},
+        "budget_s": {"type": "number", "exclusiveMinimum": 0, "maximum": guard.LONGEST_BUDGET},
+    }
+    return _obj(props) if stored else _obj(props, ("judge",), closed=True)
+
+
+def _judge() -> Schema:
+    return _obj({"model": _STR, "policies": _arr(_STR), "defined": _BOOL, "role": _null(_STR), "judge": _BOOL,
+                 "desired": _null(_INT), "ready": _null(_INT), "starting": _null(_INT), "state": _null(_STR),
+                 "last_failure": _null(_STR), "last_failure_at": _null(_NUM), "last_failure_age_s": _null(_NUM),
+                 "status": {"type": "string", "enum": list(STATUSES)}, "problem": _STR},
+                ("model", "policies", "defined", "status", "problem"))
+
+
+def _components() -> Schema:
+    counts = {name: _INT for name in usage.COUNTS}
+    error = _obj({"error": _obj({"code": {"type": "string", "minLength": 1},
+                                 "message": {"type": "string", "minLength": 1}}, closed=True)}, closed=True)
+    return {
+        "Error": error,
+        # A failure true now (domain/conditions.py): GET /api/v1/status, /api/v1/notify/status, webhook events.
+        "Condition": _obj({"kind": {"type": "string", "enum": sorted(conditions.KINDS)}, "subject": _STR,
+                           "severity": {"type": "string", "enum": list(conditions.SEVERITIES)}, "words": _STR}),
+        "Definition": _definition(),
+        "StoredDefinition": _stored_definition(),
+        "Estimate": _estimate(),
+        "Model": _model(),
+        "ModelWithEstimate": {"allOf": [_ref("Model"), _obj({"estimate": _ref("Estimate")})]},
+        "Key": _key(),
+        "KeyCreate": _key_create(),
+        "KeyCreated": {"allOf": [_ref("Key"), _obj({"key": {"type": "string", "pattern": "^sk-"},
+                                                    "warnings": _arr(_STR)})]},
+        "Member": _member(),
+        "Members": _obj({"self": _STR, "leader": _null(_STR), "version": _STR, "members": _arr(_ref("Member"))}),
+        "UsageRow": _obj(counts, tuple(counts)),
+        "GuardPolicyIn": _policy(),
+        "GuardPolicy": _policy(stored=True),
+        "Judge": _judge(),
+    }
+
+
+# --- operations --------------------------------------------------------------------------------
+
+_ERRORS = {
+    "400": "refused: the body, a parameter or the Idempotency-Key cannot be read or is not valid",
+    "401": "no admin key, a client key, or an unknown key (`unauthorized`)",
+    "404": "no such model, key, node, setting, member, request or guard policy",
+    "409": "the cluster's state forbids it now (the message says what to do)",
+    "413": "a body over 1 MiB (`request_too_large`)",
+    "422": "this Idempotency-Key was used for a different request (`idempotency_key_reused`)",
+    "502": "the engine asked did not answer, or failed (`judge_failed`)",
+    "503": "not committed, or not answered: `not_leader`, `no_leader`, `leader_unreachable`, `commit_unknown`,"
+           " `store_unavailable`, `gateway_unavailable`",
+}
+
+
+def _json(schema: Schema) -> Schema:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _path_param(name: str, schema: Schema, words: str) -> Schema:
+    return {"name": name, "in": "path", "required": True, "schema": schema, "description": words}
+
+
+def _query(name: str, schema: Schema, words: str) -> Schema:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": words}
+
+
+_IDEMPOTENCY = {
+    "name": "Idempotency-Key", "in": "header", "required": False,
+    "description": "a write retried with the same key is applied once and answered as the first time",
+    "schema": {"type": "string", "minLength": 1, "maxLength": IDEMPOTENCY_KEY_MAX_CHARS, "pattern": "^[ -~]+$"},
+}
+
+
+def _op(summary: str, ok: Schema, *, status: str = "200", also: dict[str, Schema] | None = None,
+        errors: tuple[str, ...] = (), params: tuple[Schema, ...] = (), body: Schema | None = None,
+        write: bool = False, body_required: bool = True, example: Any = None) -> Schema:
+    """One admin operation: the admin key, every route's 401 and 503, a write's Idempotency-Key (400, 422),
+    a body's 400 and 413, and the `errors` it has of its own."""
+    codes = {"401", "503", *errors}
+    if write:
+        codes |= {"400", "422"}
+    if body is not None:
+        codes |= {"400", "413"}
+    responses: Schema = {status: {"description": "done", **_json(ok)}, **(also or {})}
+    for code in sorted(codes):
+        responses[code] = {"$ref": f"#/components/responses/E{code}"}
+    op: Schema = {"summary": summary, "responses": responses}
+    parameters = [*params, *([_IDEMPOTENCY] if write else [])]
+    if parameters:
+        op["parameters"] = parameters
+    if body is not None:
+        op["requestBody"] = {"required": body_required, **_json(body)}
+        if example is not None:
+            op["requestBody"]["content"]["application/json"]["example"] = example
+    return op
+
+
+_DEMO = {"name": "demo", "engine": "sim", "source": "sim://demo", "mode": "on-demand"}
+
+
+def _paths() -> Schema:
+    name = _path_param("name", _MODEL_NAME, "a model's name")
+    setting = _path_param("key", {"type": "string", "enum": sorted(SETTINGS)}, "a setting's key (the known ones)")
+    member = _path_param("member", {"type": "string", "minLength": 1}, "a member's Raft address, HOST:PORT")
+    key_id = _path_param("key_id", {"type": "string", "pattern": "^key_[A-Za-z0-9]{1,64}$"}, "a key's public id")
+    node = _path_param("name", {"type": "string", "minLength": 1}, "a node's name")
+    request_id = _path_param("request_id", {"type": "string", "pattern": "^req-[a-z0-9]{1,24}-[0-9a-f]{16}$"},
+                             "a request id, as `x-request-id` gave it (it names its gateway)")
+    unix = {"type": "number"}
+    filters = (
+        _query("model", _STR, "only this model's requests (empty: any)"),
+        _query("key", _STR, "only this client key's, by its id (empty: the requests that had no valid key)"),
+        _query("status", {"type": "string", "pattern": r"^[1-5](\d\d|xx)$"}, "a status (429) or a class (4xx)"),
+        _query("since", unix, "unix seconds, inclusive"),
+        _query("until", unix, "unix seconds, exclusive"),
+        _query("limit", _int(1, 1000), "records per page (default 50)"),
+        _query("cursor", _STR, "`next_cursor` of the page before"),
+    )
+    switch = _obj({"stopped": _BOOL, "changed": _BOOL, "models": _INT, "replicas_placed": _INT,
+                   "gpus_placed": _INT})
+    websocket = {"101": {"description": "switched to a WebSocket (an agent's or a gateway's stream)"},
+                 "400": {"$ref": "#/components/responses/E400"}}
+    page = _obj({
+        "requests": _arr(_OBJ), "next_cursor": _null(_STR),
+        "gateways": _obj({"asked": _arr(_STR), "answered": _arr(_STR),
+                          "unavailable": _arr(_obj({"gateway": _STR, "reason": _STR})), "dropped": _OBJ}),
+    })
+    return {
+        "/health": {"get": {"summary": "liveness (no key)", "security": [], "responses": {
+            "200": {"description": "this member serves", **_json(_obj({"status": _STR, "leader": _BOOL}))}}}},
+        "/metrics": {"get": {"summary": "Prometheus metrics, the text exposition (no key; docs/observability.md)",
+                             "security": [], "responses": {"200": {"description": "the control plane's families",
+                                                                   "content": {"text/plain": {"schema": _STR}}}}}},
+        PATH: {"get": {"summary": "this document (no key)", "security": [], "responses": {
+            "200": {"description": "the OpenAPI document", **_json(_OBJ)}}}},
+        "/api/v1/status": {"get": _op("the cluster summary (`ctl status`)", _obj({
+            "cluster": _OBJ, "nodes": _arr(_OBJ), "node_counts": _OBJ, "capacity": _arr(_OBJ),
+            "fabrics": _arr(_OBJ), "weights": _arr(_OBJ), "models": _arr(_OBJ), "totals": _OBJ,
+            "idle": _arr(_OBJ), "warnings": _arr(_ANY), "notify": _ANY, "conditions": _arr(_ref("Condition"))}))},
+        **_notify_paths(),
+        "/api/v1/plan": {"post": _op("where one more replica would land now; changes nothing", _obj({
+            "model": _STR, "revision": _INT, "nodes": _INT, "fits": _BOOL, "choice": _null(_OBJ), "reason": _STR,
+            "groups": _arr(_OBJ), "refusals": _arr(_OBJ), "estimate": _ref("Estimate"),
+            "existing": _obj({"defined": _BOOL, "same_definition": _BOOL, "replicas": _INT})}),
+            params=(_IDEMPOTENCY,), body=_ref("Definition"), example=_DEMO)},  # checked, as on every POST
+        "/api/v1/models": {
+            "get": _op("every model, with its status", _obj({"models": _arr(_ref("Model"))})),
+            "post": _op("define or replace a model", _obj({"model": _ref("Model")}), status="201",
+                        also={"200": {"description": "replaced", **_json(_obj({"model": _ref("Model")}))}},
+                        body=_ref("Definition"), write=True, example=_DEMO),
+        },
+        "/api/v1/models/{name}": {
+            "get": _op("one model, with its memory estimate", _obj({"model": _ref("ModelWithEstimate")}),
+                       errors=("404",), params=(name,)),
+            "delete": _op("remove a model; its replicas are stopped", _obj({"removed": _STR}),
+                          errors=("404",), params=(name,), write=True),
+        },
+        "/api/v1/models/{name}/retry": {"post": _op("un-park a model", _obj({"retried": _STR}), errors=("404",),
+                                                    params=(name,), write=True)},
+        "/api/v1/settings": {"get": _op("every setting", _obj({"settings": {
+            "type": "object", "additionalProperties": _obj({"value": _ANY, "default": _ANY, "help": _STR,
+                                                            "set": _BOOL})}}))},
+        "/api/v1/settings/{key}": {
+            "get": _op("one setting", _obj({"key": _STR, "value": _ANY, "default": _ANY, "set": _BOOL}),
+                       errors=("404",), params=(setting,)),
+            "put": _op("change a setting live (400 invalid_setting: wrong type or value)",
+                       _obj({"key": _STR, "value": _ANY}), errors=("404",), params=(setting,), body=_ANY,
+                       write=True),
+        },
+        "/api/v1/nodes": {"get": _op("every node the leader knows", _obj({"nodes": _arr(_obj(
+            {"node": _STR, "state": _STR, "gpus": _null(_arr(_OBJ)), "replicas": _null(_arr(_STR))}))}))},
+        "/api/v1/nodes/{name}": {"delete": _op("forget a lost node", _obj({"forgotten": _STR}),
+                                               errors=("404", "409"), params=(node,), write=True)},
+        "/api/v1/system/stop": {"post": _op("stop serving (`serving.stopped` = true)", switch, write=True)},
+        "/api/v1/system/start": {"post": _op("serve again (`serving.stopped` = false)", switch, write=True)},
+        "/api/v1/keys": {
+            "get": _op("every key by its public id, oldest first", _obj({"keys": _arr(_ref("Key"))})),
+            "post": _op("a new key; its secret is in this answer only", _ref("KeyCreated"), status="201",
+                        errors=("409",), body=_ref("KeyCreate"), write=True,
+                        example={"name": "team-a", "models": ["demo"], "requests_per_min": 600}),
+        },
+        "/api/v1/keys/{key_id}": {"delete": _op("revoke a key", _obj({"revoked": _STR}), errors=("404", "409"),
+                                                params=(key_id,), write=True)},
+        "/api/v1/requests": {"get": _op("the newest request records of every gateway, merged", page,
+                                        errors=("400",), params=filters)},
+        "/api/v1/requests/{request_id}": {"get": _op("one request's record, from the gateway its id names",
+                                                     _obj({"request": _OBJ, "gateway": _STR}), errors=("404",),
+                                                     params=(request_id,))},
+        "/api/v1/usage": {"get": _op("hourly usage rollups", _obj({
+            "since": _NUM, "until": _NUM, "by": _STR, "usage": _arr(_OBJ), "totals": _ref("UsageRow")}),
+            errors=("400",), params=(
+                _query("since", unix, "unix seconds (default: a day ago)"),
+                _query("until", unix, "unix seconds (default: an hour from now)"),
+                _query("key", _STR, "one client key's id"), _query("model", _STR, "one model"),
+                _query("by", {"type": "string", "enum": ["total", "hour", "day"]}, "the period of each row")))},
+        **_guard_paths(),
+        "/api/v1/cluster/members": {
+            "get": _op("the control planes, as the member asked sees them", _ref("Members")),
+            "post": _op("add a running member (`--join`)", _obj({"added": _STR, "members": _arr(_STR)}),
+                        status="201", errors=("409",), body=_obj({"raft_addr": {"type": "string",
+                                                                                "pattern": "^.+:[0-9]{1,5}$"}}),
+                        write=True),
+        },
+        "/api/v1/cluster/members/{member}": {"delete": _op("remove a member (not the leader)", _obj(
+            {"removed": _STR, "members": _arr(_STR)}), errors=("404", "409"), params=(member,), write=True)},
+        "/api/v1/cluster/self": {"get": _op("this member alone", _obj({
+            "raft_addr": _STR, "role": _STR, "ready": _BOOL, "revision": _INT, "group": _arr(_STR)}),
+            errors=("404",))},
+        "/api/v1/agent/stream": {"get": {"summary": "the agents' stream (WebSocket; admin key)",
+                                         "responses": websocket}},
+        "/api/v1/gateway/stream": {"get": {"summary": "the remote gateways' stream (WebSocket; admin key)",
+                                           "responses": websocket}},
+    }
+
+
+def _notify_paths() -> Schema:
+    """The notifier's routes (admin_notify.py); webhooks by id (scheme, host, hash), never their URLs."""
+    delivery = _obj({"event": _STR, "kind": _STR, "subject": _STR, "queued_at": _NUM, "outcome": _STR,
+                     "attempts": _INT, "status": _null(_INT), "error": _STR, "finished_at": _null(_NUM)})
+    hook = _obj({"id": _STR, "format": _STR, "failing": _BOOL, "failures_in_row": _INT, "last_error": _STR,
+                 "queued": _INT, "dropped": _INT, "delivered": _INT, "failed": _INT, "attempts": _INT,
+                 "last_ok_at": _null(_NUM), "last_failure_at": _null(_NUM), "deliveries": _arr(delivery)})
+    active = {"allOf": [_ref("Condition"), _obj({"since": _NUM, "clearing_since": _null(_NUM)})]}
+    tested = {"allOf": [delivery, _obj({"id": _STR, "format": _STR})]}
+    return {
+        "/api/v1/notify/status": {"get": _op("the webhooks' deliveries and the conditions active now", _obj({
+            "configured": _INT, "hint": _STR, "running": _BOOL, "checked_at": _null(_NUM), "webhooks": _arr(hook),
+            "active": _arr(active)}))},
+        "/api/v1/notify/test": {"post": _op("a test event to every webhook, one try each (409 no_webhooks)",
+                                            _obj({"delivered": _INT, "webhooks": _arr(tested)}), errors=("409",),
+                                            write=True)},
+    }
+
+
+def _guard_paths() -> Schema:
+    name = _path_param("name", _MODEL_NAME, "a guard policy's name")
+    on = {"enabled": _BOOL, "notice": _STR}  # `guard.enabled`, and the words when guards are off
+    policy_doc = _obj({**on, "policy": _ref("GuardPolicy")})
+    set_doc = _obj({**on, "policy": _ref("GuardPolicy"), "created": _BOOL, "changed": _BOOL, "warnings": _arr(_STR)})
+    ask_doc = _obj({"judge": _STR, "replica": _STR, "checked": _STR, "raw": _STR, "parsed": {"type": "object"},
+                    "latency_ms": {"type": "number"}, "cached": _BOOL})
+    enabled_doc = _obj({"model": _ref("StoredDefinition"), "judge": _STR, "changed": _BOOL, "replaced": _null(_STR),
+                        "found_on": _arr(_STR), "warnings": _arr(_STR)})
+    return {
+        "/api/v1/guard/policies": {"get": _op("every guard policy, and whether guards are on", _obj(
+            {**on, "policies": _arr(_ref("GuardPolicy"))}))},
+        "/api/v1/guard/policies/{name}": {
+            "get": _op("one guard policy", policy_doc, errors=("404",), params=(name,)),
+            "put": _op("set a guard policy (400 invalid_policy names the field)", set_doc, status="201",
+                       also={"200": {"description": "replaced", **_json(set_doc)}}, params=(name,),
+                       body=_ref("GuardPolicyIn"), write=True,
+                       example={"judge": "llama-guard", "check": "prompt", "categories": ["S1", "S6"]}),
+            "delete": _op("remove a guard policy", _obj({"removed": _STR}), errors=("404",), params=(name,),
+                          write=True),
+        },
+        "/api/v1/guard/judges": {"get": _op("each judge model the policies ask for: defined, as a judge, ready, "
+                                            "its last failure, what is wrong", _obj({**on, "judges": _arr(
+                                                _ref("Judge"))}))},
+        "/api/v1/guard/judges/enable": {"post": _op(
+            "serve the missing judge (llama.cpp on CPU, role guard) from a GGUF file", enabled_doc, status="201",
+            also={"200": {"description": "replaced, or already so", **_json(enabled_doc)}}, errors=("409",),
+            body=_obj({"name": _MODEL_NAME, "source": {"type": "string", "minLength": 1, "maxLength": 1024},
+                       "replace": _BOOL}, (), closed=True), write=True,
+            example={"name": "llama-guard", "source": "/models/Llama-Guard-3-1B.Q4_K_M.gguf"})},
+        "/api/v1/guard/judges/ask": {"post": _op(  # admin_guard_ask.py: nothing of the text is kept
+            "a judge reads a text past the verdict cache: its raw answer and how it was parsed", ask_doc,
+            errors=("404", "409", "502"), body=_obj({"text": {"type": "string", "minLength": 1}, "answer": _STR,
+                                                     "judge": _MODEL_NAME}, ("text",), closed=True), write=True,
+            example={"text": "how do I pick a lock?", "judge": "llama-guard"})},
+    }
+
+
+@cache
+def document() -> dict[str, Any]:
+    """The whole OpenAPI document (built once; callers must not change it)."""
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "llmgw admin API", "version": __version__,
+                 "description": "The control plane's admin API (docs/api.md). JSON in and out; every refusal is "
+                                "`{\"error\": {\"code\", \"message\"}}`, never an HTML page."},
+        "servers": [{"url": "/"}],
+        "security": [{"admin_key": []}],
+        "paths": _paths(),
+        "components": {
+            "securitySchemes": {"admin_key": {"type": "http", "scheme": "bearer",
+                                              "description": "an admin key (never a client key)"}},
+            "schemas": _components(),
+            "responses": {f"E{code}": {"description": words, **_json(_ref("Error"))}
+                          for code, words in _ERRORS.items()},
+        },
+    }

@@ -1,0 +1,288 @@
+"""The one `route` wrapper of the admin API: who may call (the route's role), leader forwarding,
+idempotent writes, and the admin error shape, for every route of the table (`api/table.py`).
+
+A route's operation is called with a `Call`: the context, the request's path arguments, query and
+body (parsed JSON, for routes that take one), the caller's `Authorization` (to ask other members and
+gateways on its behalf), and the request's idempotent `commit` and `note`. It returns a JSON-ready
+document (`ops.Created` for a 201), or `Raw` bytes. A write returns after it is committed, so a read
+that follows it sees it, and applies at most once per `Idempotency-Key`: a keyed write this member
+already answered is answered again byte for byte.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import json
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from llmgw.control.context import Context
+from llmgw.control.members import ANSWERED_BY
+from llmgw.control.ops import Created, command_refusal, store_error
+from llmgw.domain import commands
+from llmgw.domain.commands import CommandError
+from llmgw.domain.keys import hash_key
+from llmgw.errors import AdminError
+
+log = logging.getLogger("llmgw.control.admin")
+
+MAX_BODY_BYTES = 1 << 20
+IDEMPOTENCY_KEY_MAX_CHARS = 200
+KEPT_REPLIES = 1024  # answers to keyed writes this member replays byte for byte
+WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
+
+# Who may call a route: anyone (probes, scrapers, API tools), a viewer or admin key (reads), an admin key.
+Role = Literal["public", "viewer", "admin"]
+PUBLIC: Role = "public"
+VIEWER: Role = "viewer"
+ADMIN: Role = "admin"
+
+
+@dataclass(frozen=True)
+class Raw:
+    """An answer that is not JSON built per request: its bytes and content type as they are."""
+
+    body: bytes
+    content_type: str
+    status: int = 200
+
+
+Answer = dict[str, Any] | Raw
+
+
+@dataclass
+class Call:
+    """One request as an operation sees it."""
+
+    ctx: Context
+    path: Mapping[str, str]
+    args: Mapping[str, str]
+    authorization: str | None
+    body: Any = None  # the parsed JSON body (routes with `body=True`)
+    commit: Callable[[dict[str, Any]], Awaitable[Any]] = field(default=lambda c: _no_write())
+    note: Callable[[str], None] = field(default=lambda d: None)
+
+
+async def _no_write() -> Any:
+    raise AssertionError("a read route committed a command")
+
+
+Op = Callable[[Call], Awaitable[Answer]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One line of the route table: method, rule (werkzeug's), role, the operation, and whether it reads
+    a JSON body, and whether a standby answers it itself (`local`) rather than forwarding to the leader."""
+
+    method: str
+    rule: str
+    role: Role
+    op: Op
+    body: bool = False
+    local: bool = False
+
+    @property
+    def writes(self) -> bool:
+        return self.method in WRITE_METHODS
+
+
+@dataclass
+class _Write:
+    """One write request's idempotency: its command id, and the fingerprint of what it asked."""
+
+    cid: str
+    keyed: bool  # the client sent an Idempotency-Key (else `cid` is fresh, never seen again)
+    digest: str = ""
+
+
+@dataclass(frozen=True)
+class _Reply:
+    digest: str
+    status: int
+    body: bytes
+
+
+class _Replayed(Exception):
+    """A keyed write this member already answered: the first answer is sent again."""
+
+    def __init__(self, reply: _Reply) -> None:
+        self.reply = reply
+
+
+_write: contextvars.ContextVar[_Write] = contextvars.ContextVar("llmgw_admin_write")
+
+
+def idempotency_key(headers: Any) -> str | None:
+    """The request's `Idempotency-Key` (None when absent); 400 unless 1..200 printable ASCII."""
+    key: str | None = headers.get("idempotency-key")
+    if key is None:
+        return None
+    if not (0 < len(key) <= IDEMPOTENCY_KEY_MAX_CHARS and all(" " <= ch <= "~" for ch in key)):
+        raise AdminError(400, "invalid_idempotency_key",
+                         f"Idempotency-Key must be 1..{IDEMPOTENCY_KEY_MAX_CHARS} printable ASCII characters"
+                         " (a UUID is a good one)")
+    return key
+
+
+def scoped_cid(key_hash: str, key: str) -> str:
+    """The command id of a client's key: scoped to its admin key, so two clients never collide."""
+    return "k:" + hashlib.sha256(f"{key_hash}\n{key}".encode()).hexdigest()[:32]
+
+
+def caller_key(ctx: Context, headers: Any, role: Role) -> str:
+    """The caller's key hash; 401 unless it carries a key of this cluster that `role` admits (a viewer key
+    reads what the console shows, and is refused every change with a 403)."""
+    auth = headers.get("authorization", "")
+    scheme, _, key = auth.partition(" ")
+    if scheme.lower() != "bearer" or not key:
+        raise AdminError(401, "unauthorized", "send the admin key as 'Authorization: Bearer <key>'")
+    key_hash = hash_key(key.strip())
+    found = ctx.state().key_role(key_hash)
+    if found == "viewer" and role == ADMIN:
+        raise AdminError(403, "viewer_key", "this is a viewer key: it reads (GET) but changes nothing; "
+                                            "use an admin key")
+    if found != "admin" and found != "viewer":
+        raise AdminError(401, "unauthorized", "this key is not an admin key of this cluster")
+    return key_hash
+
+
+def json_response(doc: Any, status: int = 200) -> Response:
+    return Response(json.dumps(doc), status=status, content_type="application/json")
+
+
+async def body_json() -> Any:
+    """The request's body as JSON; 400 `invalid_json` when empty, not JSON, or nested too deeply."""
+    data = await request.get_data(as_text=False)
+    if not data:
+        raise AdminError(400, "invalid_json", "the request body is empty; send JSON")
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise AdminError(400, "invalid_json", f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise AdminError(400, "invalid_json", "the request body is nested too deeply") from None
+
+
+class Router:
+    """Registers the table's routes on an app, sharing this member's kept replies."""
+
+    def __init__(self, app: QuartTrio, ctx: Context) -> None:
+        self.app = app
+        self.ctx = ctx
+        self._replies: OrderedDict[str, _Reply] = OrderedDict()
+
+    # -- idempotency --------------------------------------------------------------------------
+
+    def _note(self, digest: str) -> None:
+        """Note what this write asks (`digest`); a keyed write this member already answered is answered
+        again as it was (`_Replayed`), and the same key for another request is refused."""
+        write = _write.get()
+        write.digest = digest
+        kept = self._replies.get(write.cid) if write.keyed else None
+        if kept is not None:
+            if kept.digest != write.digest:
+                raise AdminError(422, "idempotency_key_reused", "this Idempotency-Key was already used for a"
+                                 " different request; send a new key for a new request")
+            raise _Replayed(kept)
+
+    async def _commit(self, command: dict[str, Any]) -> Any:
+        """Commit this request's command under its idempotency id; its result once applied. A keyed
+        write another member answered, or this one before a restart, returns the result it recorded."""
+        command = commands.with_cid(command, _write.get().cid)
+        self._note(commands.digest(command))
+        try:
+            return await self.ctx.store.submit(command)
+        except CommandError as e:
+            raise command_refusal(e) from None
+
+    async def _keep(self, write: _Write, response: Response) -> None:
+        if write.keyed and write.digest and 200 <= response.status_code < 300:
+            self._replies[write.cid] = _Reply(write.digest, response.status_code,
+                                              await response.get_data(as_text=False))
+            while len(self._replies) > KEPT_REPLIES:
+                self._replies.popitem(last=False)
+
+    # -- the wrapper ----------------------------------------------------------------------------
+
+    def add(self, route: Route) -> None:
+        ctx = self.ctx
+
+        async def answer(path: dict[str, str]) -> Response:
+            call = Call(ctx, path, request.args, request.headers.get("authorization"),
+                        commit=self._commit, note=self._note)
+            if route.body:
+                call.body = await body_json()
+            done = await route.op(call)
+            if isinstance(done, Raw):
+                return Response(done.body, status=done.status, content_type=done.content_type)
+            return json_response(done, 201 if isinstance(done, Created) else 200)
+
+        async def handler(**path: str) -> Response:
+            write: _Write | None = None
+            try:
+                if route.role == PUBLIC:
+                    return await answer(path)
+                if not route.local and ctx.members is not None and not ctx.store.is_leader():
+                    body = await request.get_data(as_text=False)
+                    assert isinstance(body, bytes)
+                    relayed = await ctx.members.forward(request.method, _raw_path(), body, request.headers)
+                    response = Response(relayed.body, status=relayed.status, content_type=relayed.content_type)
+                    response.headers[ANSWERED_BY] = relayed.answered_by
+                    return response
+                key_hash = caller_key(ctx, request.headers, route.role)
+                if not route.writes:
+                    return await answer(path)
+                key = idempotency_key(request.headers)
+                write = _Write(scoped_cid(key_hash, key) if key else "u:" + uuid.uuid4().hex, key is not None)
+                token = _write.set(write)
+                try:
+                    response = await answer(path)
+                finally:
+                    _write.reset(token)
+                await self._keep(write, response)
+                return response
+            except AdminError as e:
+                return json_response(e.doc(), e.status)
+            except _Replayed as r:
+                return Response(r.reply.body, status=r.reply.status, content_type="application/json")
+            except HTTPException:
+                raise  # 404, 405, 413: answered by the error handlers (api/errors.py), in the same shape
+            except Exception as e:
+                keyed = write.keyed if write is not None else "idempotency-key" in request.headers
+                known = store_error(e, keyed)
+                if known is None:
+                    log.exception("admin request %s %s failed", request.method, request.path)
+                    known = AdminError(500, "internal_error", f"this member failed on the request "
+                                                              f"({type(e).__name__}); it is logged")
+                else:
+                    log.warning("%s %s: %s", request.method, request.path, known.message)
+                return json_response(known.doc(), known.status)
+
+        handler.__name__ = f"{route.method.lower()}_{_endpoint_name(route.rule)}"
+        self.app.route(route.rule, methods=[route.method])(handler)
+
+
+def _endpoint_name(rule: str) -> str:
+    """A unique endpoint name for Quart from a rule: `/api/v1/models/<path:name>` -> `api_v1_models_name`."""
+    out = []
+    for part in rule.strip("/").split("/"):
+        out.append(part.strip("<>").rpartition(":")[2] if part.startswith("<") else part)
+    return "_".join(p.replace("-", "_").replace(".", "_") for p in out) or "root"
+
+
+def _raw_path() -> str:
+    """The request's path and query as the client sent them (escapes kept: `a%2Fb` stays one segment)."""
+    raw = request.scope.get("raw_path")
+    path = raw.decode("latin-1") if isinstance(raw, bytes) else request.path
+    query = request.query_string.decode("latin-1")
+    return f"{path}?{query}" if query else path

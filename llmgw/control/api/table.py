@@ -1,0 +1,80 @@
+"""Every route of the admin API in one table: method, path, who may call it, and the operation it runs.
+
+Each line calls one operation of `control/ops/` (or, for the public probes, one answer of the API
+itself); `api/route.py` does the rest alike for all (role, leader forwarding, idempotency, error
+shape). The OpenAPI document (`api/openapi.py`) is held to this table by tests/unit/test_openapi.py.
+A new admin route is one line here, beside its operation.
+"""
+
+from __future__ import annotations
+
+from llmgw.control.api import metrics, openapi
+from llmgw.control.api.route import ADMIN, PUBLIC, VIEWER, Call, Raw, Route
+from llmgw.control.ops import (guard, judges, keys, members, models, nodes, notify, plan, requests, settings, status,
+                               system)
+
+
+async def _health(c: Call) -> dict[str, object]:
+    return {"status": "ok", "leader": c.ctx.store.is_leader()}
+
+
+async def _openapi(c: Call) -> Raw:
+    return Raw(openapi.text(), "application/json")
+
+
+ROUTES: tuple[Route, ...] = (
+    # Probes and tools: no key (they say what docs/api.md and the dashboards say).
+    Route("GET", "/health", PUBLIC, _health),
+    Route("GET", "/metrics", PUBLIC, lambda c: metrics.scrape(c.ctx)),
+    Route("GET", openapi.PATH, PUBLIC, _openapi),
+    # The cluster.
+    Route("GET", "/api/v1/status", VIEWER, lambda c: status.status(c.ctx, c.authorization)),
+    Route("POST", "/api/v1/plan", ADMIN, lambda c: plan.plan(c.ctx, c.body), body=True),
+    Route("POST", "/api/v1/system/stop", ADMIN, lambda c: system.stop(c.ctx, c.commit)),
+    Route("POST", "/api/v1/system/start", ADMIN, lambda c: system.start(c.ctx, c.commit)),
+    # Models.
+    Route("GET", "/api/v1/models", VIEWER, lambda c: models.list_models(c.ctx)),
+    Route("POST", "/api/v1/models", ADMIN, lambda c: models.serve(c.ctx, c.commit, c.body), body=True),
+    Route("GET", "/api/v1/models/<path:name>", VIEWER, lambda c: models.show(c.ctx, c.path["name"])),
+    Route("DELETE", "/api/v1/models/<path:name>", ADMIN, lambda c: models.remove(c.ctx, c.commit, c.path["name"])),
+    Route("POST", "/api/v1/models/<path:name>/retry", ADMIN,
+          lambda c: models.retry(c.ctx, c.commit, c.path["name"])),
+    # Settings.
+    Route("GET", "/api/v1/settings", VIEWER, lambda c: settings.list_settings(c.ctx)),
+    Route("GET", "/api/v1/settings/<path:key>", VIEWER, lambda c: settings.get(c.ctx, c.path["key"])),
+    Route("PUT", "/api/v1/settings/<path:key>", ADMIN,
+          lambda c: settings.put(c.ctx, c.commit, c.path["key"], c.body), body=True),
+    # Nodes.
+    Route("GET", "/api/v1/nodes", VIEWER, lambda c: nodes.list_nodes(c.ctx)),
+    Route("DELETE", "/api/v1/nodes/<path:name>", ADMIN, lambda c: nodes.forget(c.ctx, c.path["name"])),
+    # The request log (fanned out to the gateways) and usage.
+    Route("GET", "/api/v1/requests", VIEWER, lambda c: requests.list_page(c.ctx, c.args, c.authorization)),
+    Route("GET", "/api/v1/requests/<path:request_id>", VIEWER,
+          lambda c: requests.one(c.ctx, c.path["request_id"], c.authorization)),
+    Route("GET", "/api/v1/usage", VIEWER, lambda c: requests.usage_rollups(c.ctx, c.args)),
+    # API keys.
+    Route("GET", "/api/v1/keys", VIEWER, lambda c: keys.list_keys(c.ctx)),
+    Route("POST", "/api/v1/keys", ADMIN, lambda c: keys.create(c.ctx, c.commit, c.body), body=True),
+    Route("DELETE", "/api/v1/keys/<path:key_id>", ADMIN, lambda c: keys.revoke(c.ctx, c.commit, c.path["key_id"])),
+    # Guardrails: policies and judges.
+    Route("GET", "/api/v1/guard/policies", VIEWER, lambda c: guard.list_policies(c.ctx)),
+    Route("GET", "/api/v1/guard/policies/<path:name>", VIEWER, lambda c: guard.show(c.ctx, c.path["name"])),
+    Route("PUT", "/api/v1/guard/policies/<path:name>", ADMIN,
+          lambda c: guard.put(c.ctx, c.commit, c.path["name"], c.body), body=True),
+    Route("DELETE", "/api/v1/guard/policies/<path:name>", ADMIN,
+          lambda c: guard.remove(c.ctx, c.commit, c.path["name"])),
+    Route("GET", "/api/v1/guard/judges", VIEWER, lambda c: judges.list_judges(c.ctx)),
+    Route("POST", "/api/v1/guard/judges/enable", ADMIN, lambda c: judges.enable(c.ctx, c.commit, c.body), body=True),
+    # Nothing of the text is logged or kept.
+    Route("POST", "/api/v1/guard/judges/ask", ADMIN, lambda c: judges.ask(c.ctx, c.body), body=True),
+    # Webhooks: the leader's notifier.
+    Route("GET", "/api/v1/notify/status", VIEWER, lambda c: notify.status(c.ctx)),
+    Route("POST", "/api/v1/notify/test", ADMIN, lambda c: notify.test(c.ctx)),
+    # The control planes: the table and this member's view are answered by the member asked, from its
+    # own view (so it also answers while there is no leader).
+    Route("GET", "/api/v1/cluster/members", VIEWER, lambda c: members.table(c.ctx, c.authorization), local=True),
+    Route("GET", "/api/v1/cluster/self", VIEWER, lambda c: members.self_view(c.ctx), local=True),
+    Route("POST", "/api/v1/cluster/members", ADMIN, lambda c: members.add(c.ctx, c.note, c.body), body=True),
+    Route("DELETE", "/api/v1/cluster/members/<path:member>", ADMIN,
+          lambda c: members.remove(c.ctx, c.note, c.path["member"])),
+)

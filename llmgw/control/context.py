@@ -1,0 +1,158 @@
+"""One view of the cluster: what every reader of a control plane needs, in one object.
+
+A `Context` holds this member's collaborators (the store, the agents' hub, the reconciler, the
+member table, the notifier) and answers what routes, console pages, the metrics scrape and the
+notifier read: the snapshot, what agents report, the reconciler's last views, the control planes'
+table, and `look`, the typed summary with the conditions true now. `look` is computed by one
+function (`Look.compute`), so `ctl status`, the Overview, `/metrics` and the webhooks cannot
+disagree: they read the same computation of the same inputs.
+
+No HTTP here: `control/api/` adapts this and `control/ops/` to routes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmgw import __version__
+from llmgw.control.hub import AgentHub
+from llmgw.control.members import Members
+from llmgw.control.reconciler import Reconciler
+from llmgw.domain import summary
+from llmgw.domain.conditions import Condition, conditions
+from llmgw.domain.observed import Observed
+from llmgw.domain.state import ClusterState
+from llmgw.domain.summary import Summary
+from llmgw.domain.timeouts import Timeouts
+from llmgw.interfaces import WritableStore
+from llmgw.notify.notifier import Notifier
+
+LINK_UP = 2  # pysyncobj's word for a connected partner
+
+Views = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Look:
+    """The cluster as one reader sees it at one moment: the typed summary (conditions included) and the
+    conditions on their own. Built by `compute` alone, from values taken on the loop, so it may run in a
+    worker thread (a scrape at 1,000 nodes does)."""
+
+    summary: Summary
+    conditions: tuple[Condition, ...]
+    now: float
+
+    @classmethod
+    def compute(cls, state: ClusterState, observed: Observed, views: Views | None, cluster: Mapping[str, Any],
+                now: float, timeouts: Timeouts, webhooks: Sequence[Mapping[str, Any]]) -> Look:
+        """The one computation of the summary and its conditions (webhook health included)."""
+        built = summary.summarize(state, observed, views, cluster, now)
+        found = conditions(built, now, timeouts=timeouts, webhooks=webhooks)
+        return cls(built.with_conditions(found), tuple(found), now)
+
+
+@dataclass(frozen=True)
+class LookInputs:
+    """What `Look.compute` reads, taken on the loop (values and copies): `compute()` may then run anywhere."""
+
+    state: ClusterState
+    observed: Observed
+    views: Views | None
+    cluster: Mapping[str, Any]
+    now: float
+    timeouts: Timeouts
+    webhooks: tuple[Mapping[str, Any], ...]
+
+    def compute(self) -> Look:
+        return Look.compute(self.state, self.observed, self.views, self.cluster, self.now, self.timeouts,
+                            self.webhooks)
+
+
+@dataclass
+class Context:
+    """A control plane's collaborators and the one view of the cluster they make."""
+
+    store: WritableStore
+    hub: AgentHub
+    reconciler: Reconciler
+    clock: Callable[[], float]
+    self_id: str = "local"
+    store_status: Callable[[], dict[str, Any]] = field(default=lambda: {})
+    # The Raft group this member is one of: forwarding to the leader, the member table, changes.
+    # None: a store without a group (tests' MemoryStore); this member answers everything itself.
+    members: Members | None = None
+    # Webhook deliveries by outcome (the notifier's) for GET /metrics; None: none kept.
+    webhook_deliveries: Callable[[], Mapping[str, int]] | None = None
+    # The leader's notifier (llmgw/notify): webhook health for the conditions, /api/v1/notify/*; None: none.
+    notifier: Notifier | None = None
+
+    # -- the facts, read where they live ---------------------------------------------------------
+
+    def state(self) -> ClusterState:
+        return self.store.snapshot()
+
+    def observed(self) -> Observed:
+        return self.hub.observed()
+
+    def views(self) -> dict[str, Any] | None:
+        """The reconciler's model views of its last pass (None: it has not run in this term)."""
+        plan = self.reconciler.last_plan
+        return plan.views if plan else None
+
+    @property
+    def timeouts(self) -> Timeouts:
+        return self.reconciler.timeouts
+
+    def webhook_health(self) -> tuple[Mapping[str, Any], ...]:
+        return tuple(self.notifier.health()) if self.notifier is not None else ()
+
+    # -- the control planes' table ---------------------------------------------------------------
+
+    async def cluster(self, authorization: str | None) -> dict[str, Any]:
+        """The control planes' table, each member asked with `authorization` (`GET /api/v1/cluster/members`)."""
+        if self.members is not None:
+            return await self.members.table(authorization)
+        st = self.store_status()
+        leading = self.store.is_leader()
+        leader = st.get("leader") or (self.self_id if leading else None)
+        answer = {"role": "leader" if leading else "standby", "leader": leader, "ready": True,
+                  "commit_index": st.get("commit_index"), "applied_index": st.get("last_applied"),
+                  "revision": self.state().revision}
+        return {"leader": leader, "self": self.self_id, "version": __version__,
+                "members": summary.member_rows([{"id": self.self_id, "answer": answer}], self.clock())}
+
+    def local_cluster(self) -> dict[str, Any]:
+        """The table as this member's Raft links see the group, asking no one (a scrape or the notifier
+        carries no admin key to ask with). A partner whose link is down reads as missing."""
+        st = self.store_status()
+        leading = self.store.is_leader()
+        leader = st.get("leader") or (self.self_id if leading else None)
+        me = {"role": "leader" if leading else "standby", "leader": leader, "ready": st.get("ready", True),
+              "term": st.get("term"), "commit_index": st.get("commit_index"), "applied_index": st.get("last_applied"),
+              "revision": self.state().revision}
+        views: list[dict[str, Any]] = [{"id": self.self_id, "answer": me}]
+        partners: Mapping[str, Any] = st["partners"] if isinstance(st.get("partners"), Mapping) else {}
+        match: Mapping[str, Any] = st["match_index"] if isinstance(st.get("match_index"), Mapping) else {}
+        for member, link in sorted(partners.items()):
+            if link != LINK_UP:
+                views.append({"id": member, "error": f"its Raft link to {self.self_id} is down"})
+            else:
+                views.append({"id": member, "answer": {"role": "leader" if member == leader else "standby",
+                                                       "leader": leader, "ready": True,
+                                                       "applied_index": match.get(member)}})
+        return {"leader": leader, "self": self.self_id, "version": __version__,
+                "members": summary.member_rows(views, self.clock())}
+
+    # -- the one view ----------------------------------------------------------------------------
+
+    def look_inputs(self, cluster: Mapping[str, Any], now: float | None = None) -> LookInputs:
+        """What a look reads now, taken on the loop."""
+        return LookInputs(self.state(), self.observed(), self.views(), cluster,
+                          self.clock() if now is None else now, self.timeouts, self.webhook_health())
+
+    def look(self, cluster: Mapping[str, Any], now: float | None = None) -> Look:
+        """The summary and conditions now, with `cluster` as the members' table (`cluster()` when a caller's
+        key may ask the others, `local_cluster()` when not)."""
+        return self.look_inputs(cluster, now).compute()

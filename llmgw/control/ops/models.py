@@ -1,0 +1,68 @@
+"""Models: list, define (serve), show, remove, retry a parked one."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from llmgw.control.context import Context
+from llmgw.control.ops import Commit, Created
+from llmgw.domain import commands, summary
+from llmgw.domain.memory import estimate_for
+from llmgw.domain.model import DefinitionError, ModelDef
+from llmgw.domain.observed import Observed
+from llmgw.domain.state import ClusterState
+from llmgw.errors import AdminError
+
+log = logging.getLogger("llmgw.control.admin")
+
+
+def model_doc(name: str, state: ClusterState, observed: Observed, views: Any | None) -> dict[str, Any]:
+    """A model's definition and its status (`views`: the reconciler's; None, it has not run); 404 if none."""
+    m = state.models.get(name)
+    if m is None:
+        raise AdminError(404, "model_not_found", f"no model named {name!r}")
+    view = views.get(name) if views else None
+    return {**m.to_doc(), "status": summary.model_status(state, observed, name, view)}
+
+
+def definition(doc: Any) -> ModelDef:
+    """A model definition from its document; 400 `invalid_model` naming every problem."""
+    try:
+        return ModelDef.from_doc(doc)
+    except DefinitionError as e:
+        raise AdminError(400, "invalid_model", str(e)) from None
+
+
+async def list_models(ctx: Context) -> dict[str, Any]:
+    state, observed, views = ctx.state(), ctx.observed(), ctx.views()
+    return {"models": [model_doc(n, state, observed, views) for n in sorted(state.models)]}
+
+
+async def serve(ctx: Context, commit: Commit, doc: Any) -> dict[str, Any]:
+    """Define (or replace) a model; `Created` when it is new."""
+    model = definition(doc)
+    result = await commit(commands.put_model(model, ctx.clock()))
+    log.info("model %s %s", model.name, "created" if result["created"] else "replaced")
+    # A retry answered from the recorded result may find the model removed since: its definition, then.
+    state = ctx.state()
+    shown = model_doc(model.name, state, ctx.observed(), ctx.views()) if model.name in state.models else model.to_doc()
+    return Created(model=shown) if result["created"] else {"model": shown}
+
+
+async def show(ctx: Context, name: str) -> dict[str, Any]:
+    """A model with its status and the memory one replica needs, as placement counts it."""
+    state, observed = ctx.state(), ctx.observed()
+    doc = model_doc(name, state, observed, ctx.views())
+    return {"model": {**doc, "estimate": estimate_for(state.models[name], observed.nodes).to_doc()}}
+
+
+async def remove(ctx: Context, commit: Commit, name: str) -> dict[str, Any]:
+    await commit(commands.remove_model(name, ctx.clock()))
+    log.info("model %s removed", name)
+    return {"removed": name}
+
+
+async def retry(ctx: Context, commit: Commit, name: str) -> dict[str, Any]:
+    await commit(commands.retry_model(name, ctx.clock()))
+    return {"retried": name}

@@ -1,0 +1,67 @@
+"""Nodes: every node the leader knows (connected, disconnected within its grace period, or lost),
+and forgetting a lost one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmgw.control.context import Context
+from llmgw.domain import summary
+from llmgw.domain.observed import NodeInfo
+from llmgw.errors import AdminError
+
+
+async def list_nodes(ctx: Context) -> dict[str, Any]:
+    return {"nodes": node_docs(ctx)}
+
+
+async def forget(ctx: Context, name: str) -> dict[str, Any]:
+    """Forget a lost node (its placements go); 409 while it is within its grace period."""
+    if ctx.hub.node_state(name) == "unknown":
+        raise AdminError(404, "node_not_found", f"no node named {name!r} is known to the leader")
+    refusal = ctx.hub.forget(name)
+    if refusal is not None:
+        raise AdminError(409, "node_not_lost", refusal)
+    return {"forgotten": name}
+
+
+def node_docs(ctx: Context) -> list[dict[str, Any]]:
+    """Each node as the summary lists it, with how the leader sees it: `state` (connected,
+    disconnected: within its grace period, lost: past it, unknown: placed on but never heard of
+    in this term), since when, and the rest of its inventory. Unknown values are None."""
+    hub = ctx.hub
+    observed = hub.observed()
+    now = ctx.clock()
+
+    def age(at: float | None) -> float | None:
+        return None if at is None else round(max(now - at, 0.0), 3)
+
+    docs = []
+    for doc in summary.nodes(ctx.state(), observed):
+        name = str(doc["node"])
+        info = observed.nodes.get(name)
+        lost_at = hub.lost.get(name)
+        gpus = None if info is None else [{**g.to_doc(), "label": g.label} for g in info.gpus]
+        reported = hub.replicas.get(name)
+        docs.append({
+            **doc,
+            **_inventory(info),
+            "gpus": gpus,
+            "state": hub.node_state(name),
+            "lost_at": lost_at,
+            "grace_s": hub.grace_s,
+            "lost_after": None if lost_at is None else lost_at + hub.grace_s,
+            "gone_for_s": age(lost_at),
+            "last_contact": hub.last_contact.get(name),
+            "last_contact_age_s": age(hub.last_contact.get(name)),
+            "replicas": None if reported is None else sorted(reported),
+        })
+    return docs
+
+
+def _inventory(info: NodeInfo | None) -> dict[str, Any]:
+    keys = ("address", "fabric", "version", "probe", "warnings", "engine_versions", "storage", "cpu_flags")
+    if info is None:
+        return {k: None for k in keys}
+    doc = info.to_doc()
+    return {k: doc.get(k) for k in keys}

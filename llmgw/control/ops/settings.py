@@ -1,0 +1,46 @@
+"""Cluster settings: every one with its value, default and help; read one; change one."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from llmgw.control.context import Context
+from llmgw.control.ops import Commit
+from llmgw.domain import commands
+from llmgw.domain.settings import SETTINGS, SettingError, effective, validate
+from llmgw.errors import AdminError
+
+log = logging.getLogger("llmgw.control.admin")
+
+
+def _unknown(key: str) -> AdminError:
+    return AdminError(404, "unknown_setting", f"unknown setting {key!r}; known: {', '.join(sorted(SETTINGS))}")
+
+
+async def list_settings(ctx: Context) -> dict[str, Any]:
+    stored = ctx.state().settings
+    return {"settings": {
+        k: {"value": effective(stored, k), "default": s.default, "help": s.help, "set": k in stored}
+        for k, s in sorted(SETTINGS.items())
+    }}
+
+
+async def get(ctx: Context, key: str) -> dict[str, Any]:
+    if key not in SETTINGS:
+        raise _unknown(key)
+    stored = ctx.state().settings
+    return {"key": key, "value": effective(stored, key), "default": SETTINGS[key].default, "set": key in stored}
+
+
+async def put(ctx: Context, commit: Commit, key: str, value: Any) -> dict[str, Any]:
+    """Change a setting; refused at once (nothing stored) when the key is unknown or the value wrong."""
+    try:
+        validate(key, value)
+    except SettingError as e:
+        if key not in SETTINGS:
+            raise AdminError(404, "unknown_setting", str(e)) from None
+        raise AdminError(400, "invalid_setting", str(e)) from None
+    await commit(commands.put_setting(key, value, ctx.clock()))
+    log.info("setting %s changed", key)
+    return {"key": key, "value": value}

@@ -1,0 +1,56 @@
+"""The guard commands: `guard.set` (put a policy, idempotent) and `guard.remove` (by name); their
+builders, stateless checks and changes. A policy's shape and validation are `domain.guard`'s.
+
+A removal of a name no longer held is no change (`removed` false), so a retry is harmless; the admin
+API answers it 404.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from llmgw.domain.commands.core import CommandError, make, readonly
+from llmgw.domain.guard import GuardPolicy, PolicyError
+from llmgw.domain.state import ClusterState
+
+
+def set_policy(policy: GuardPolicy, at: float) -> dict[str, Any]:
+    return make("guard.set", at, policy=policy.to_doc())
+
+
+def remove_policy(name: str, at: float) -> dict[str, Any]:
+    return make("guard.remove", at, name=name)
+
+
+def _parse(c: dict[str, Any]) -> GuardPolicy:
+    try:
+        return GuardPolicy.from_doc(c.get("policy"))
+    except PolicyError as e:
+        raise CommandError("invalid_policy", str(e)) from None
+
+
+def check_set(c: dict[str, Any]) -> None:
+    _parse(c)
+
+
+def check_remove(c: dict[str, Any]) -> None:
+    name = c.get("name")
+    if not isinstance(name, str) or not name:
+        raise CommandError("invalid_policy", "name must be a non-empty string")
+
+
+def apply_set(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    """Stores the policy under its name; the same policy again changes nothing but the revision."""
+    policy = _parse(c)
+    old = s.guard_policies.get(policy.name)
+    policies = readonly(s.guard_policies | {policy.name: policy})
+    return replace(s, guard_policies=policies), {"created": old is None, "changed": old != policy}
+
+
+def apply_remove(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    name = c["name"]
+    if name not in s.guard_policies:
+        return s, {"removed": False, "name": name}
+    policies = readonly({k: v for k, v in s.guard_policies.items() if k != name})
+    return replace(s, guard_policies=policies), {"removed": True, "name": name}

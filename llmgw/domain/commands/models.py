@@ -1,0 +1,71 @@
+"""The model commands: `model.put` (a definition, new or changed), `model.remove` and `model.retry`
+(by name); their builders, stateless checks and changes.
+
+A definition whose launch (source or profile) changed un-parks its model; a removal leaves the
+model's placements to the reconciler, which stops their replicas and removes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from llmgw.domain.commands.core import CommandError, make, readonly, required
+from llmgw.domain.model import DefinitionError, ModelDef
+from llmgw.domain.state import ClusterState
+
+
+def put_model(model: ModelDef, at: float) -> dict[str, Any]:
+    return make("model.put", at, model=model.to_doc())
+
+
+def remove_model(name: str, at: float) -> dict[str, Any]:
+    return make("model.remove", at, name=name)
+
+
+def retry_model(name: str, at: float) -> dict[str, Any]:
+    return make("model.retry", at, name=name)
+
+
+def _parse(c: dict[str, Any]) -> ModelDef:
+    try:
+        return ModelDef.from_doc(c.get("model"))
+    except DefinitionError as e:
+        raise CommandError("invalid_model", str(e)) from None
+
+
+def check_put(c: dict[str, Any]) -> None:
+    _parse(c)
+
+
+def check_name(c: dict[str, Any]) -> None:
+    """`model.remove` and `model.retry` name the model."""
+    required(c, "name")
+
+
+def apply_put(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    model = _parse(c)
+    health = s.health.copy()
+    old = s.models.get(model.name)
+    if old is not None and old.launch_hash() != model.launch_hash():
+        health.pop(model.name, None)  # a new source or profile un-parks
+    models = s.models | {model.name: model}
+    return replace(s, models=readonly(models), health=readonly(health)), {"created": old is None}
+
+
+def apply_remove(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    model = c["name"]
+    if model not in s.models:
+        raise CommandError("model_not_found", f"no model named {model!r}")
+    models = {k: v for k, v in s.models.items() if k != model}
+    health = {k: v for k, v in s.health.items() if k != model}
+    # Placements stay until the reconciler stops their replicas and removes them.
+    return replace(s, models=readonly(models), health=readonly(health)), {"removed": model}
+
+
+def apply_retry(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    model = c["name"]
+    if model not in s.models:
+        raise CommandError("model_not_found", f"no model named {model!r}")
+    health = {k: v for k, v in s.health.items() if k != model}
+    return replace(s, health=readonly(health)), {"retried": model}

@@ -1,0 +1,311 @@
+"""The simulator's answers: a raw ASGI app (chat, completions, guard, embeddings) with deterministic replies.
+Owns `SimOptions` (what a sim process is told), `make_app` and `SimApp`; `process.py` serves it.
+
+A raw ASGI app rather than Quart: the simulator is the baseline of the
+gateway-overhead benchmark, so a request costs one JSON parse and one dump.
+Replies echo the last user message after "sim says:"; a token is a
+whitespace-separated word. As a judge (`--role guard`) it answers in Llama Guard's format: `safe`, or
+`unsafe` and the codes of the `--unsafe WORD=CODE` words (and `[unsafe:S6]` markers) in the last turn of
+the Llama Guard prompt it was given (requests.judged_text). Prompts and replies are never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import re
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from llmgw.domain.model import ROLES
+from llmgw.engines.sim.group import GroupRole
+from llmgw.engines.sim.requests import (
+    check_input,
+    check_messages,
+    check_optional,
+    check_prompt,
+    content_text,
+    count_words,
+    embed,
+    focus_text,
+    judged_text,
+    max_tokens,
+)
+from llmgw.errors import OpenAIError
+from llmgw.wire.asgi import (
+    Exchange,
+    Receive,
+    Scope,
+    Send,
+    cancel_on_disconnect,
+    dumps,
+    lifespan,
+    parse_object,
+    read_body,
+    send_json,
+)
+
+__all__ = ["SimApp", "SimOptions", "make_app"]
+
+_MAX_EMBEDDING_DIM = 8192
+_UNSAFE_MARKER = re.compile(r"\[unsafe:(S\d{1,2})\]")
+_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_ROUTES: dict[str, str] = {
+    "/health": "GET",
+    "/v1/models": "GET",
+    "/v1/chat/completions": "POST",
+    "/v1/completions": "POST",
+    "/v1/embeddings": "POST",
+}
+
+
+@dataclass
+class SimOptions:
+    """Where to listen and what to answer as, then the tunables of `ENGINE_ARGS["sim"]`."""
+
+    host: str
+    port: int
+    model: str
+    role: str = "chat"
+    tokens_per_s: float = 0.0  # 0: answer at once
+    startup_delay: float = 0.0
+    fail_start: bool = False
+    embedding_dim: int = 16
+    group: GroupRole | None = None  # a member of a multi-node replica (`group.py`)
+    unsafe: tuple[tuple[str, str], ...] = ()  # as a judge: (word, hazard code) pairs, `--unsafe WORD=S6`
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """One generated answer: its tokens (concatenating to the text) and the finish reason."""
+
+    tokens: list[str]
+    finish_reason: str
+
+    @property
+    def text(self) -> str:
+        return "".join(self.tokens)
+
+
+def make_app(opts: SimOptions) -> SimApp:
+    """The ASGI application for one simulated model."""
+    if opts.role not in ROLES:
+        raise ValueError(f"unknown role {opts.role!r}; expected one of {', '.join(ROLES)}")
+    if not 0 < opts.embedding_dim <= _MAX_EMBEDDING_DIM:
+        raise ValueError(f"embedding_dim must be in 1..{_MAX_EMBEDDING_DIM}")
+    if not opts.tokens_per_s >= 0:
+        raise ValueError("tokens_per_s must be >= 0")
+    return SimApp(opts)
+
+
+class SimApp:
+    """Raw ASGI app; `make_app` builds it."""
+
+    def __init__(self, opts: SimOptions) -> None:
+        self.opts = opts
+        self._ids = itertools.count(1)
+        self._unsafe = [(re.compile(rf"(?<!\w){re.escape(w)}(?!\w)", re.IGNORECASE), code) for w, code in opts.unsafe]
+        self.generated = 0  # chat and completion requests answered (tests count a judge's calls)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await lifespan(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        allowed = _ROUTES.get(path)
+        try:
+            if allowed is None:
+                raise OpenAIError(404, "not_found", f"Invalid URL ({method} {path})")
+            if method != allowed:
+                message = f"Method {method} not allowed on {path}; use {allowed}"
+                raise OpenAIError(405, "method_not_allowed", message, headers=[(b"allow", allowed.encode())])
+            if path == "/health":
+                await send_json(send, 200, dumps({"status": "ok"}))
+            elif path == "/v1/models":
+                await send_json(send, 200, dumps(self._models()))
+            else:
+                ex = Exchange()
+                body = parse_object(await read_body(scope, receive, ex))
+                if path == "/v1/embeddings":
+                    await send_json(send, 200, dumps(self._embeddings(body)))
+                else:
+                    await self._generate(path, body, receive, send, ex)
+        except OpenAIError as error:
+            await send_json(send, error.status, dumps(error.doc()), error.headers)
+
+    def _models(self) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": self.opts.model, "object": "model", "created": 0, "owned_by": "llmgw-sim"}],
+        }
+
+    # -- chat and completions -------------------------------------------------
+
+    async def _generate(self, path: str, body: dict[str, Any], receive: Receive, send: Send, ex: Exchange) -> None:
+        if self.opts.role == "embedding":
+            words = f"model {self.opts.model} is an embedding model; use /v1/embeddings"
+            raise OpenAIError(400, "unsupported_endpoint", words, param="model")
+        chat = path == "/v1/chat/completions"
+        self.generated += 1
+        if chat:
+            messages = check_messages(body)
+            prompts = [focus_text(messages, through_end=self.opts.role == "guard")]
+            prompt_tokens = sum(count_words(content_text(m.get("content"))) for m in messages)
+        else:
+            prompts = check_prompt(body)
+            prompt_tokens = sum(count_words(p) for p in prompts)
+        check_optional(body, "model", str)
+        limit = max_tokens(body)
+        stream = check_optional(body, "stream", bool) or False
+        options = check_optional(body, "stream_options", dict) or {}
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            param = "stream_options.include_usage"
+            raise OpenAIError(400, "invalid_type", f"{param} must be a boolean", param=param)
+        replies = [self._reply(text, limit) for text in prompts]
+        completion_tokens = sum(len(r.tokens) for r in replies)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        id_ = f"{'chatcmpl' if chat else 'cmpl'}-sim-{next(self._ids)}"
+        created = int(time.time())
+        if not stream:
+            if self.opts.tokens_per_s > 0:
+                await trio.sleep(completion_tokens / self.opts.tokens_per_s)
+            await send_json(send, 200, dumps(self._whole(chat, id_, created, replies, usage)))
+            return
+        frames = self._chunks(chat, id_, created, replies, usage if include_usage else None)
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        async with trio.open_nursery() as nursery:
+            # A client that goes away stops the stream instead of being paced to the end.
+            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope, ex)
+            await self._pace(frames, send)
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+            nursery.cancel_scope.cancel()
+
+    async def _pace(self, frames: Iterator[tuple[bool, dict[str, Any]]], send: Send) -> None:
+        tokens_per_s = self.opts.tokens_per_s
+        start = trio.current_time()
+        emitted = 0
+        for is_token, frame in frames:
+            if is_token and tokens_per_s > 0:
+                emitted += 1
+                # Deadlines from the start, so per-frame overhead does not add up.
+                await trio.sleep_until(start + emitted / tokens_per_s)
+            data = b"data: " + dumps(frame) + b"\n\n"
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    def _reply(self, text: str, limit: int) -> _Reply:
+        if self.opts.role == "guard":
+            text = judged_text(text)
+            found = [(m.start(), code) for pattern, code in self._unsafe if (m := pattern.search(text))]
+            found += [(m.start(), m.group(1)) for m in _UNSAFE_MARKER.finditer(text)]
+            hazards = list(dict.fromkeys(code for _, code in sorted(found)))
+            tokens = ["unsafe", "\n" + ",".join(hazards)] if hazards else ["safe"]
+        else:
+            words = ["sim", "says:", *text.split()]
+            tokens = [words[0], *(" " + w for w in words[1:])]
+        if len(tokens) > limit:
+            return _Reply(tokens[:limit], "length")
+        return _Reply(tokens, "stop")
+
+    def _whole(
+        self, chat: bool, id_: str, created: int, replies: list[_Reply], usage: dict[str, int]
+    ) -> dict[str, Any]:
+        if chat:
+            reply = replies[0]
+            choices: list[dict[str, Any]] = [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": reply.text, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": reply.finish_reason,
+                }
+            ]
+        else:
+            choices = [
+                {"text": r.text, "index": i, "logprobs": None, "finish_reason": r.finish_reason}
+                for i, r in enumerate(replies)
+            ]
+        return {
+            "id": id_,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": self.opts.model,
+            "choices": choices,
+            "usage": usage,
+        }
+
+    def _chunks(
+        self, chat: bool, id_: str, created: int, replies: list[_Reply], usage: dict[str, int] | None
+    ) -> Iterator[tuple[bool, dict[str, Any]]]:
+        """Stream frames in order, each flagged True when it carries one token."""
+        base = {
+            "id": id_,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": self.opts.model,
+        }
+
+        def frame(choice: dict[str, Any]) -> dict[str, Any]:
+            extra = {"usage": None} if usage is not None else {}
+            return {**base, "choices": [choice], **extra}
+
+        for index, reply in enumerate(replies):
+            if chat:
+                first = {"role": "assistant", "content": "", "refusal": None}
+                yield False, frame({"index": index, "delta": first, "logprobs": None, "finish_reason": None})
+                for token in reply.tokens:
+                    delta = {"content": token}
+                    yield True, frame({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
+                end = {"index": index, "delta": {}, "logprobs": None, "finish_reason": reply.finish_reason}
+            else:
+                for token in reply.tokens:
+                    yield True, frame({"text": token, "index": index, "logprobs": None, "finish_reason": None})
+                end = {"text": "", "index": index, "logprobs": None, "finish_reason": reply.finish_reason}
+            yield False, frame(end)
+        if usage is not None:
+            yield False, {**base, "choices": [], "usage": usage}
+
+    # -- embeddings -----------------------------------------------------------
+
+    def _embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.opts.role != "embedding":
+            words = f"model {self.opts.model} has role {self.opts.role}; embeddings need an embedding model"
+            raise OpenAIError(400, "unsupported_endpoint", words, param="model")
+        texts = check_input(body)
+        check_optional(body, "model", str)
+        dim = check_optional(body, "dimensions", int)
+        if dim is None:
+            dim = self.opts.embedding_dim
+        elif not 0 < dim <= _MAX_EMBEDDING_DIM:
+            raise OpenAIError(400, None, f"dimensions must be in 1..{_MAX_EMBEDDING_DIM}", param="dimensions")
+        encoding = check_optional(body, "encoding_format", str) or "float"
+        if encoding not in ("float", "base64"):
+            raise OpenAIError(400, None, "encoding_format must be 'float' or 'base64'", param="encoding_format")
+        data = []
+        for index, text in enumerate(texts):
+            vector = embed(text, dim)
+            value: list[float] | str = vector
+            if encoding == "base64":
+                # What OpenAI SDKs ask for by default: little-endian float32.
+                value = base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": value})
+        tokens = sum(count_words(t) for t in texts)
+        return {
+            "object": "list",
+            "data": data,
+            "model": self.opts.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }

@@ -1,0 +1,450 @@
+"""The lean HTTP/1.1 server (trio + httptools) that serves the raw `/v1` apps (the gateway, the sim engine).
+Owns listening sockets (`SO_REUSEPORT` for workers), keep-alive, the client's disconnect and a graceful stop.
+
+Why not hypercorn here: per request it runs several tasks and event objects around h11, and writes the
+head and body of an answer separately; measured, that was most of the gateway's CPU (docs/performance.md).
+The bytes themselves are parsed and written by `llmgw/wire/http1.py`.
+This server runs one task per connection, hands the app the subset of ASGI our two apps use, writes a
+whole answer with one `send_all`, and reads the socket during a request only when the app asks (the
+app's disconnect watcher). The admin API and the console stay on hypercorn.
+
+Hostile clients: a head must arrive whole within `gateway_head_s` of its first byte and stay under
+`MAX_HEAD_BYTES`; a body stalled `gateway_body_idle_s` counts as a disconnect; a client that takes no
+bytes of its answer for `gateway_send_s` is dropped. Malformed HTTP gets a JSON error and a close.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import socket as stdlib_socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+import trio
+
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
+from llmgw.errors import OpenAIError
+from llmgw.wire.asgi import MAX_BODY_BYTES, Message, Receive, Scope, Send, dumps
+from llmgw.wire.http1 import BODY, END, HEAD, LAST_CHUNK, BadRequest, Head, RequestReader, chunk, response_head
+
+__all__ = ["MAX_HEAD_BYTES", "Front", "listen_socket"]
+
+_log = logging.getLogger("llmgw.front")
+
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers together
+_READ = 65536
+_PIPELINED_MAX = 256 * 1024  # bytes of a next request buffered while one is served; beyond, stop reading
+# Read (and drop) at most this much of an unread body before closing: any body the apps accept, so the client
+# of a refusal can send all of it and read its answer (1 MiB reset a 4 MiB sender mid-body).
+_CLOSE_DRAIN_BYTES = MAX_BODY_BYTES
+
+
+BACKLOG = 2048
+
+
+async def listen_socket(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> trio.socket.SocketType:
+    """A listening TCP socket on host:port (a name, an IPv4 or an IPv6 address; port 0: any free one).
+
+    `reuse_port`: several processes listen on one port and the kernel spreads connections among them.
+    `listen=False`: bound only (the port is held, no connection comes in) until `sock.listen(BACKLOG)`."""
+    infos = await trio.socket.getaddrinfo(host or None, port, type=stdlib_socket.SOCK_STREAM,
+                                          flags=stdlib_socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    sock = trio.socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_REUSEPORT, 1)
+        if family == stdlib_socket.AF_INET6:
+            sock.setsockopt(stdlib_socket.IPPROTO_IPV6, stdlib_socket.IPV6_V6ONLY, 1)
+        await sock.bind(address)
+        # The default backlog would drop the SYNs of a burst of new clients (they retry after 1 s, 3 s...);
+        # the kernel caps it at net.core.somaxconn.
+        if listen:
+            sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _Date:
+    """The `date` header, formatted once a second rather than per answer."""
+
+    __slots__ = ("_second", "_value")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = b""
+
+    def __call__(self) -> bytes:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._value = email.utils.formatdate(now, usegmt=True).encode()
+        return self._value
+
+
+class _Connection:
+    """One client connection: the ASGI `receive` and `send` of its current request, and its parser."""
+
+    __slots__ = ("front", "stream", "reader", "peer", "status", "head", "head_only", "body_done", "gone",
+                 "sent_head", "finished", "close_after", "chunked", "http10", "continue_pending", "buffered")
+
+    def __init__(self, front: Front, stream: trio.abc.HalfCloseableStream) -> None:
+        self.front = front
+        self.stream = stream
+        self.reader = RequestReader(MAX_HEAD_BYTES)
+        self.peer: tuple[str, int] | None = None
+        sock = getattr(stream, "socket", None)  # (tests drive a connection over memory streams)
+        try:
+            name = sock.getpeername() if sock is not None else None
+            self.peer = (name[0], name[1]) if name else None
+        except OSError:
+            pass
+        self._reset(None)
+
+    def _reset(self, request: Head | None) -> None:
+        self.status = 0
+        self.head: list[tuple[bytes, bytes]] | None = None
+        self.head_only = request is not None and request.method == b"HEAD"
+        self.body_done = request is None  # (no request: nothing of a body is owed)
+        self.gone = False
+        self.sent_head = False
+        self.finished = False
+        self.close_after = request is not None and not request.keep_alive
+        self.chunked = False
+        self.http10 = request is not None and request.version == "1.0"
+        self.continue_pending = request is not None and request.expects_continue
+        self.buffered = 0
+
+    # --- the ASGI side ------------------------------------------------------------------
+
+    async def receive(self) -> Message:
+        if self.gone:
+            return {"type": "http.disconnect"}
+        if not self.body_done:
+            return await self._body()
+        # The body is read: what remains to hear is the client going away (or its next request, kept).
+        try:
+            while True:
+                data = bytes(await self.stream.receive_some(_READ))
+                if not data:
+                    break
+                self.reader.feed(data)
+                self.buffered += len(data)
+                if self.buffered > _PIPELINED_MAX:
+                    await trio.sleep_forever()  # no more reading until this answer is out
+        except BadRequest:  # what follows is not HTTP: answer this request, then close
+            self.close_after = True
+            await trio.sleep_forever()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        self.gone = True
+        return {"type": "http.disconnect"}
+
+    async def _body(self) -> Message:
+        if self.continue_pending:
+            self.continue_pending = False
+            await self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        events = self.reader.events
+        try:
+            while True:
+                if events:
+                    kind, value = events.popleft()
+                    if kind == END:
+                        self.body_done = True
+                        return {"type": "http.request", "body": b"", "more_body": False}
+                    parts = [value]
+                    # A small body usually came whole with its head: say "no more" in the same message.
+                    while events and events[0][0] == BODY:
+                        parts.append(events.popleft()[1])
+                    if events and events[0][0] == END:
+                        events.popleft()
+                        self.body_done = True
+                    body = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[arg-type]
+                    return {"type": "http.request", "body": body, "more_body": not self.body_done}
+                with trio.move_on_after(self.front.timeouts.gateway_body_idle_s):
+                    data = bytes(await self.stream.receive_some(_READ))
+                    if not data:
+                        break  # the client closed mid-body
+                    self.reader.feed(data)
+                    continue
+                break  # stalled mid-body: taken for gone
+        except (BadRequest, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        self.gone = self.body_done = True
+        self.close_after = True
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status = int(message["status"])
+            self.head = [(bytes(n).lower(), bytes(v)) for n, v in message.get("headers", ())]
+            return
+        if kind != "http.response.body" or self.finished:
+            return
+        body: bytes = message.get("body", b"")
+        more: bool = message.get("more_body", False)
+        wire = b""
+        if not self.sent_head:
+            if self.head is None:
+                raise RuntimeError("http.response.body before http.response.start")
+            headers = self.head
+            if not any(n == b"content-length" for n, _ in headers):
+                if not more:
+                    headers.append((b"content-length", str(len(body)).encode()))
+                elif self.http10:
+                    self.close_after = True  # no chunks for HTTP/1.0: the close ends the body
+                else:
+                    self.chunked = True
+                    headers.append((b"transfer-encoding", b"chunked"))
+            if self.front.closing or self.close_after:
+                headers.append((b"connection", b"close"))
+            elif self.http10:
+                headers.append((b"connection", b"keep-alive"))
+            headers.append((b"date", self.front.date()))
+            if self.front.server_header:
+                headers.append((b"server", self.front.server_header))
+            self.sent_head = True
+            wire = response_head(self.status, headers)
+        if body and not self.head_only:
+            wire += chunk(body) if self.chunked else body
+        if not more:
+            self.finished = True
+            if self.chunked and not self.head_only:
+                wire += LAST_CHUNK
+        if wire:
+            await self._write(wire)
+
+    async def _write(self, wire: bytes) -> None:
+        if self.gone:
+            return
+        try:
+            with trio.move_on_after(self.front.timeouts.gateway_send_s) as writing:
+                await self.stream.send_all(wire)
+            if not writing.cancelled_caught:
+                return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        # The client is gone or takes nothing: close, which also wakes a task waiting in `receive`.
+        self.gone = True
+        self.close_after = True
+        await trio.aclose_forcefully(self.stream)
+
+    # --- the connection's life --------------------------------------------------------------
+
+    async def run(self, app: App) -> None:
+        try:
+            while True:
+                request = await self._next_request()
+                if request is None:
+                    return
+                await self._serve(app, request)
+                if self.gone or self.close_after or self.front.closing or not self.finished:
+                    return
+                if not self._skip_body():
+                    return  # the app left a body unread that is still on the wire: no next request here
+        finally:
+            await self._close()
+
+    def _skip_body(self) -> bool:
+        """Drop what is buffered of the current request's body (a GET's empty one, which the app had no
+        reason to read); False when some of it is still to come."""
+        events = self.reader.events
+        while not self.body_done and events:
+            if events.popleft()[0] == END:
+                self.body_done = True
+        return self.body_done
+
+    async def _next_request(self) -> Head | None:
+        """The next request's head; None when the client closed, went quiet, or sent no valid HTTP."""
+        events = self.reader.events
+        timeouts = self.front.timeouts
+        deadline: float | None = None  # set by the head's first byte
+        try:
+            while True:
+                if events:
+                    kind, value = events.popleft()
+                    if kind == HEAD:
+                        return value  # type: ignore[return-value]
+                    continue
+                if deadline is None and not self.reader.in_head:
+                    if self.front.closing:
+                        return None
+                    with trio.move_on_after(timeouts.gateway_keep_alive_s) as idle:
+                        self.front.idle.add(idle)
+                        try:
+                            data = bytes(await self.stream.receive_some(_READ))
+                        finally:
+                            self.front.idle.discard(idle)
+                    if idle.cancelled_caught:
+                        return None
+                    deadline = trio.current_time() + timeouts.gateway_head_s
+                else:
+                    if deadline is None:
+                        deadline = trio.current_time() + timeouts.gateway_head_s
+                    with trio.move_on_at(deadline) as heading:
+                        data = bytes(await self.stream.receive_some(_READ))
+                    if heading.cancelled_caught:
+                        await self._refuse(408, "request_timeout", "the request head did not arrive in time")
+                        return None
+                if not data:
+                    return None
+                self.reader.feed(data)
+        except BadRequest as error:
+            await self._refuse(error.status, "invalid_request", str(error))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        return None
+
+    async def _refuse(self, status: int, code: str, message: str) -> None:
+        """Answer a request that never reached the app (malformed, too large, too slow), then close."""
+        self._reset(None)
+        body = dumps(OpenAIError(status, code, message).doc())
+        self.status, self.head = status, [(b"content-type", b"application/json"), *self.front.request_id()]
+        self.close_after = True
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _serve(self, app: App, request: Head) -> None:
+        self._reset(request)
+        method = request.method.decode("ascii")
+        raw_path, _, query = request.target.partition(b"?")
+        scope: Scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": request.version,
+            "method": method,
+            "scheme": "http",
+            "path": unquote_to_bytes(raw_path).decode("utf-8", "replace"),
+            "raw_path": raw_path,
+            "query_string": query,
+            "root_path": "",
+            "headers": request.headers,
+            "client": self.peer,
+            "server": self.front.bound,
+        }
+        try:
+            await app(scope, self.receive, self.send)
+        except Exception:
+            _log.exception("the app failed: %s %s", method, raw_path.decode("ascii", "replace"))
+            if not self.sent_head and not self.gone:
+                self.status, self.head = 500, [(b"content-type", b"application/json"), *self.front.request_id()]
+                self.close_after = True
+                body = dumps(OpenAIError(500, "internal_error", "the server failed; see its log").doc())
+                await self.send({"type": "http.response.body", "body": body, "more_body": False})
+        if not self.finished:
+            self.close_after = True  # an answer cut short: the connection cannot carry another
+
+    async def _close(self) -> None:
+        """Close the connection; a client still sending gets its answer before the close (closing a socket
+        with unread bytes would send a reset, which can destroy the answer on its way)."""
+        if self.gone or (self.body_done and not self.reader.in_head):
+            await trio.aclose_forcefully(self.stream)
+            return
+        try:
+            with trio.move_on_after(self.front.timeouts.gateway_close_drain_s):
+                await self.stream.send_eof()
+                seen = 0
+                while seen < _CLOSE_DRAIN_BYTES and (data := await self.stream.receive_some(_READ)):
+                    seen += len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:  # cancelled too (the stop's grace ran out): the socket is closed now, not when collected
+            await trio.aclose_forcefully(self.stream)
+
+
+class Front:
+    """Serves one app on listening sockets. `serve` runs until cancelled or `shutdown_trigger` returns;
+    then it stops accepting, closes idle connections, and gives busy ones `gateway_shutdown_grace_s`."""
+
+    def __init__(self, app: App, *, timeouts: Timeouts = TIMEOUTS, server_header: bytes = b"llmgw",
+                 new_id: Callable[[], str] | None = None) -> None:
+        self.app = app
+        self.new_id = new_id  # names the answers this server gives itself (`x-request-id`), as the app's
+        self.timeouts = timeouts
+        self.server_header = server_header
+        self.closing = False
+        self.idle: set[trio.CancelScope] = set()  # connections waiting for a next request
+        self.date = _Date()
+        self.bound: tuple[str, int] | None = None
+        self.connections = 0
+        self._all_closed = trio.Event()
+        self._listeners: list[trio.SocketListener] = []
+        self._acceptors: trio.Nursery | None = None
+        self._connections: trio.Nursery | None = None
+
+    async def serve(
+        self,
+        sockets: list[trio.socket.SocketType],
+        *,
+        shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with trio.open_nursery() as connections:
+            accepting = trio.CancelScope()
+
+            async def accept_all(*, task_status: trio.TaskStatus[trio.Nursery]) -> None:
+                with accepting:
+                    async with trio.open_nursery() as acceptors:
+                        task_status.started(acceptors)
+                        await trio.sleep_forever()
+
+            self._acceptors = await connections.start(accept_all)
+            self._connections = connections
+            for sock in sockets:
+                self.add(sock)
+            task_status.started()
+            if shutdown_trigger is None:
+                await trio.sleep_forever()
+            await shutdown_trigger()
+            # Stop: no new connections, idle ones closed now, busy ones after their answer (or the grace).
+            self.closing = True
+            accepting.cancel()
+            for listener in self._listeners:
+                await listener.aclose()
+            for scope in list(self.idle):
+                scope.cancel()
+            with trio.move_on_after(self.timeouts.gateway_shutdown_grace_s):
+                if self.connections:
+                    await self._all_closed.wait()
+            connections.cancel_scope.cancel()
+
+    def request_id(self) -> list[tuple[bytes, bytes]]:
+        """The `x-request-id` header of an answer this server gives itself (none without `new_id`)."""
+        return [] if self.new_id is None else [(b"x-request-id", self.new_id().encode())]
+
+    def add(self, sock: trio.socket.SocketType) -> None:
+        """Accept connections on one more listening socket (once `serve` has started)."""
+        assert self._acceptors is not None and self._connections is not None, "add() before serve() started"
+        if self.bound is None:
+            host, port = sock.getsockname()[:2]
+            self.bound = (host, port)
+        listener = trio.SocketListener(sock)
+        self._listeners.append(listener)
+        self._acceptors.start_soon(self._accept, listener, self._connections)
+
+    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as error:  # out of file descriptors: wait, the clients retry
+                _log.warning("accepting a connection failed: %s", error)
+                await trio.sleep(self.timeouts.gateway_accept_retry_s)
+                continue
+            nursery.start_soon(self._connection, stream)
+
+    async def _connection(self, stream: trio.abc.HalfCloseableStream) -> None:
+        self.connections += 1
+        try:
+            await _Connection(self, stream).run(self.app)
+        finally:
+            self.connections -= 1
+            if not self.connections and self.closing:
+                self._all_closed.set()

@@ -1,0 +1,306 @@
+"""The agent ↔ control stream's messages, one typed value per message type, both ways.
+
+`read_up` (agent → control) and `read_down` (control → agent) check a decoded message against
+its type's schema and return the typed value, `Unknown` for a type this side does not know
+(a newer peer: ignored), or raise `ProtocolError` whose reason names the field.
+
+Up: hello, inventory (again whenever it changes), replicas (the full list, on every change),
+heartbeat, rejected. Down: welcome, start_replica, stop_replica, refused (not the leader, or
+stepped down), heartbeat, rejected. `rejected` answers a malformed message of a known type
+(`message_type`, `reason`, `replica_id` when one was readable); the stream goes on.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Union
+
+from llmgw.domain.model import DefinitionError, ModelDef
+from llmgw.domain.observed import REPLICA_STATES, NodeInfo, ReplicaObs
+from llmgw.wire.protocol import ProtocolError
+
+# Replica ids (`<model>-r<n>`) and node names: no slash, no leading dot, nothing a shell or a path
+# would read specially. Anything else is refused before it reaches the supervisor.
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
+MAX_REASON_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Unknown:
+    type: str
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    pass
+
+
+@dataclass(frozen=True)
+class Rejected:
+    message_type: str
+    reason: str
+    replica_id: str | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"type": "rejected", "message_type": self.message_type, "reason": self.reason,
+                "replica_id": self.replica_id}
+
+
+# --- up: agent → control ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello:
+    protocol: int
+    node: str
+    version: str
+
+
+@dataclass(frozen=True)
+class Inventory:
+    inventory: NodeInfo
+
+
+@dataclass(frozen=True)
+class Replicas:
+    replicas: tuple[ReplicaObs, ...]
+
+
+# --- down: control → agent -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Welcome:
+    node: str
+    leader: str
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """This node's part in a replica spread over several nodes."""
+
+    rank: int  # 0 serves; the others join it
+    size: int  # ranks in all, >= 2
+    leader: str  # "host:port" of rank 0's rendezvous
+    members: tuple[str, ...] = ()  # rank 0's: "host:port" of each other rank, in rank order
+    address: str | None = None  # "host:port" of this rank in the group, when control says
+
+
+@dataclass(frozen=True)
+class StartReplica:
+    replica_id: str
+    model: dict[str, Any]  # a definition ModelDef.from_doc accepts
+    gpus: tuple[int, ...]
+    group: GroupSpec | None = None
+
+
+@dataclass(frozen=True)
+class StopReplica:
+    replica_id: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    reason: str
+    leader: str | None = None
+    leader_url: str | None = None
+
+
+UpMessage = Union[Hello, Inventory, Replicas, Heartbeat, Rejected, Unknown]
+DownMessage = Union[Welcome, StartReplica, StopReplica, Refused, Heartbeat, Rejected, Unknown]
+
+
+def read_up(message: Mapping[str, Any], node: str) -> UpMessage:
+    """An agent's message, checked; `node` is the name its hello gave (inventories and replicas
+    are that node's, whatever they say)."""
+    kind = _type(message)
+    if kind == "hello":
+        version = message.get("version", "")  # optional: said for `ctl nodes`, never relied on
+        if not isinstance(version, str):
+            raise ProtocolError(f"hello.version: must be a string, not {type(version).__name__}")
+        return Hello(_int(message, "protocol", kind), _id(message, "node", kind), version)
+    if kind == "inventory":
+        return Inventory(_inventory(message.get("inventory"), node))
+    if kind == "replicas":
+        return Replicas(_replicas(message.get("replicas"), node))
+    if kind == "heartbeat":
+        return Heartbeat()
+    if kind == "rejected":
+        return _rejected(message)
+    return Unknown(kind)
+
+
+def read_down(message: Mapping[str, Any]) -> DownMessage:
+    """Control's message, checked."""
+    kind = _type(message)
+    if kind == "welcome":
+        return Welcome(_str(message, "node", kind), _str(message, "leader", kind))
+    if kind == "start_replica":
+        model = message.get("model")
+        if not isinstance(model, dict):
+            raise ProtocolError(f"{kind}.model: {_missing_or('an object', model)}")
+        try:
+            ModelDef.from_doc(model)
+        except DefinitionError as e:
+            raise ProtocolError(f"{kind}.model: not a valid definition: {e}") from None
+        return StartReplica(_id(message, "replica_id", kind), dict(model), _gpus(message.get("gpus"), kind),
+                            _group(message.get("group"), kind))
+    if kind == "stop_replica":
+        return StopReplica(_id(message, "replica_id", kind))
+    if kind == "refused":
+        return Refused(str(message.get("reason", ""))[:MAX_REASON_CHARS], _opt_str(message.get("leader")),
+                       _opt_str(message.get("leader_url")))
+    if kind == "heartbeat":
+        return Heartbeat()
+    if kind == "rejected":
+        return _rejected(message)
+    return Unknown(kind)
+
+
+def replica_id_of(message: Mapping[str, Any]) -> str | None:
+    """The message's replica id if it is a valid one (for a `rejected` answer), else None."""
+    rid = message.get("replica_id")
+    return rid if isinstance(rid, str) and ID_RE.fullmatch(rid) else None
+
+
+# --- checks ------------------------------------------------------------------------------------
+
+
+def _type(message: Mapping[str, Any]) -> str:
+    kind = message.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError("type: a message is an object with a string 'type'")
+    return kind
+
+
+def _missing_or(what: str, value: Any) -> str:
+    return "missing" if value is None else f"must be {what}, not {type(value).__name__}"
+
+
+def _str(message: Mapping[str, Any], key: str, kind: str) -> str:
+    value = message.get(key)
+    if not isinstance(value, str):
+        raise ProtocolError(f"{kind}.{key}: {_missing_or('a string', value)}")
+    return value
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(message: Mapping[str, Any], key: str, kind: str) -> int:
+    value = message.get(key)
+    if not _is_int(value):
+        raise ProtocolError(f"{kind}.{key}: {_missing_or('an integer', value)}")
+    assert isinstance(value, int)
+    return value
+
+
+def _id(message: Mapping[str, Any], key: str, kind: str) -> str:
+    value = _str(message, key, kind)
+    if not ID_RE.fullmatch(value):
+        raise ProtocolError(f"{kind}.{key}: {value[:80]!r} is not an id (letters, digits, '.', '_', ':', '-'; "
+                            f"first a letter or digit; at most 200)")
+    return value
+
+
+def _gpus(value: Any, kind: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ProtocolError(f"{kind}.gpus: must be a list of GPU indexes, not {type(value).__name__}")
+    for i, g in enumerate(value):
+        if not _is_int(g) or g < 0:
+            raise ProtocolError(f"{kind}.gpus[{i}]: must be a GPU index (an integer >= 0), not {g!r}")
+    if len(set(value)) != len(value):
+        raise ProtocolError(f"{kind}.gpus: {value} names a GPU twice")
+    return tuple(value)
+
+
+def _group(value: Any, kind: str) -> GroupSpec | None:
+    if value is None:
+        return None
+    where = f"{kind}.group"
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{where}: must be an object, not {type(value).__name__}")
+    rank, size = _int(value, "rank", where), _int(value, "size", where)
+    if size < 2:
+        raise ProtocolError(f"{where}.size: a group has 2 nodes or more, not {size}")
+    if not 0 <= rank < size:
+        raise ProtocolError(f"{where}.rank: must be 0..{size - 1}, not {rank}")
+    leader = _host_port(_str(value, "leader", where), f"{where}.leader")
+    members = value.get("members", [])
+    if not isinstance(members, list):
+        raise ProtocolError(f"{where}.members: must be a list of HOST:PORT, not {type(members).__name__}")
+    for i, member in enumerate(members):
+        _host_port(member, f"{where}.members[{i}]")
+    address = value.get("address")
+    if address is not None:
+        _host_port(address, f"{where}.address")
+    return GroupSpec(rank, size, leader, tuple(members), address)
+
+
+def _host_port(value: Any, where: str) -> str:
+    text = value if isinstance(value, str) else ""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ProtocolError(f"{where}: {str(value)[:80]!r} is not HOST:PORT")
+    return text
+
+
+def _rejected(message: Mapping[str, Any]) -> Rejected:
+    return Rejected(str(message.get("message_type", "?"))[:100], str(message.get("reason", ""))[:MAX_REASON_CHARS],
+                    replica_id_of(message))
+
+
+_INVENTORY_FIELDS: dict[str, tuple[type, ...]] = {
+    "hostname": (str,), "cpus": (int,), "memory_total": (int,), "gpus": (list,), "engines": (list,),
+    "fabric": (str,), "version": (str,), "address": (str,), "cpu_flags": (list,), "engine_versions": (dict,),
+    "probe": (str,), "warnings": (list,), "storage": (list,),
+}
+
+
+def _inventory(doc: Any, node: str) -> NodeInfo:
+    if not isinstance(doc, dict):
+        raise ProtocolError(f"inventory.inventory: {_missing_or('an object', doc)}")
+    for key, types in _INVENTORY_FIELDS.items():
+        value = doc.get(key)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            raise ProtocolError(f"inventory.{key}: must be {types[0].__name__}, not {type(value).__name__}")
+    for name in ("gpus", "storage"):
+        for i, item in enumerate(doc.get(name) or ()):
+            if not isinstance(item, dict):
+                raise ProtocolError(f"inventory.{name}[{i}]: must be an object, not {type(item).__name__}")
+    for i, gpu in enumerate(doc.get("gpus") or ()):
+        for key in ("index", "memory_total"):
+            if key in gpu and not _is_int(gpu[key]):
+                raise ProtocolError(f"inventory.gpus[{i}].{key}: must be an integer, not {gpu[key]!r}")
+        if "index" not in gpu:
+            raise ProtocolError(f"inventory.gpus[{i}].index: missing")
+    try:
+        return NodeInfo.from_doc({**doc, "node": node})
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ProtocolError(f"inventory: unreadable ({type(e).__name__}: {e})") from None
+
+
+def _replicas(value: Any, node: str) -> tuple[ReplicaObs, ...]:
+    if not isinstance(value, list):
+        raise ProtocolError(f"replicas.replicas: {_missing_or('a list', value)}")
+    out = []
+    for i, doc in enumerate(value):
+        where = f"replicas[{i}]"
+        if not isinstance(doc, dict):
+            raise ProtocolError(f"{where}: must be an object, not {type(doc).__name__}")
+        _id(doc, "replica_id", where)
+        if doc.get("state") not in REPLICA_STATES:
+            raise ProtocolError(f"{where}.state: must be one of {', '.join(REPLICA_STATES)}, not {doc.get('state')!r}")
+        try:
+            out.append(ReplicaObs.from_doc(doc, node))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProtocolError(f"{where}: unreadable ({type(e).__name__}: {e})") from None
+    return tuple(out)

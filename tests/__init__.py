@@ -1,0 +1,1 @@
+"""The test suite. A package so that its helpers import by one name everywhere: `tests.support`."""
