@@ -22,6 +22,8 @@ from typing import Any
 
 import trio
 
+from llmgw.domain.model import DefinitionError, ModelDef
+
 log = logging.getLogger("llmgw.agent.supervisor")
 
 RECORD_VERSION = 1
@@ -54,6 +56,30 @@ def launch_hash(model_launch: str, name: str, devices: Sequence[int], group: Any
     blob = json.dumps({"model": model_launch, "name": name, "gpus": list(devices),
                        "group": None if group is None else repr(group)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class StartRefused(Exception):
+    """A start that cannot be done as asked; reported as a failed replica of `model` ("?" unknown)."""
+
+    def __init__(self, model: str, error: str) -> None:
+        super().__init__(error)
+        self.model = model
+        self.error = error
+
+
+def read_start(replica_id: str, model_doc: Any, gpus: Sequence[int], group: Any) -> tuple[ModelDef, str]:
+    """A start as control sent it, checked: (the model, its launch hash). Raises `StartRefused`
+    for an id that must not name a file, or a definition that is not one. Every `ReplicaRunner`
+    (the supervisor, sim-fleet's) reads its starts here."""
+    problem = replica_id_problem(replica_id)
+    if problem:  # reported under the id control sent; the id never names a file
+        raise StartRefused("?", problem)
+    try:
+        model = ModelDef.from_doc(model_doc)
+    except DefinitionError as e:
+        name = str(model_doc.get("name", "?")) if isinstance(model_doc, dict) else "?"
+        raise StartRefused(name, f"bad model definition: {e}") from None
+    return model, launch_hash(model.launch_hash(), model.name, gpus, group)
 
 
 @dataclass(frozen=True)

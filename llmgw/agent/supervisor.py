@@ -23,9 +23,9 @@ import httpx
 import trio
 
 from llmgw.agent import engine_log
-from llmgw.agent.adoption import (AdoptedProcess, EngineRecord, Records, launch_hash, replica_id_problem,
-                                  same_process, start_ticks)
-from llmgw.domain.model import DefinitionError, ModelDef
+from llmgw.agent.adoption import (AdoptedProcess, EngineRecord, Records, StartRefused, read_start, same_process,
+                                  start_ticks)
+from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo, ReplicaObs
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.engines import PARENT_ENV, EngineError, Group, launch_spec, start_failure
@@ -124,19 +124,12 @@ class Supervisor:
               group: Group | None = None) -> None:
         """Start a replica. One starting or ready from the same launch is left as it is (a no-op);
         one from another launch is stopped first. A refusal is reported as a failed replica."""
-        problem = replica_id_problem(replica_id)
-        if problem:  # reported under the id control sent; the id never names a file
-            log.warning("start refused: %s", problem)
-            self._replace(replica_id, self._failed(replica_id, "?", problem))
-            return
         try:
-            model = ModelDef.from_doc(model_doc)
-        except DefinitionError as e:
-            name = str(model_doc.get("name", "?")) if isinstance(model_doc, dict) else "?"
-            log.warning("replica %s cannot start: %s", replica_id, e)
-            self._replace(replica_id, self._failed(replica_id, name, f"bad model definition: {e}"))
+            model, launch = read_start(replica_id, model_doc, gpus, group)
+        except StartRefused as e:
+            log.warning("replica %.80s: start refused: %s", replica_id, e.error)
+            self._replace(replica_id, self._failed(replica_id, e.model, e.error))
             return
-        launch = launch_hash(model.launch_hash(), model.name, gpus, group)
         current = self._replicas.get(replica_id)
         if current is not None and current.obs.state in ("starting", "ready"):
             if current.launch == launch:

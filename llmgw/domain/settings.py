@@ -72,22 +72,18 @@ def _positive_number(v: Any) -> str | None:
     return None
 
 
-def _whole_1_to_1000(v: Any) -> str | None:
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1000:
-        return "must be a whole number from 1 to 1000"
-    return None
+def _whole(low: int, high: int, words: str = "") -> Callable[[Any], str | None]:
+    """The check of a whole number from `low` to `high` (true and false are not numbers here);
+    `words` say the range when its numbers alone would not."""
+    complaint = f"must be a whole number {words or f'from {low} to {high}'}"
 
+    def check(v: Any) -> str | None:
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            return complaint
+        return None
 
-def _whole_min_mib(v: Any) -> str | None:
-    if isinstance(v, bool) or not isinstance(v, int) or not (1 << 20) <= v <= (1 << 50):
-        return "must be a whole number of bytes from 1048576 (1 MiB) to 2**50"
-    return None
+    return check
 
-
-def _whole_1_to_100000(v: Any) -> str | None:
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 100_000:
-        return "must be a whole number from 1 to 100000"
-    return None
 
 
 def _port_range(v: Any) -> str | None:
@@ -108,28 +104,29 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
         SettingSpec("placement.warn_interval_s", 600, "repeat an unchanged no-placement warning this often",
                     _positive_number),
         SettingSpec("health.park_after_failures", 5, "start failures in a row before a model is parked",
-                    _whole_1_to_1000),
+                    _whole(1, 1000)),
         SettingSpec("health.restart_storm_restarts", 3, "this many restarts of one model's replicas (failed starts "
                     "or crashes) within restart_window_s is a restart storm: shown in `ctl status`, posted, alerted",
-                    _whole_1_to_1000),
+                    _whole(1, 1000)),
         SettingSpec("health.avoid_node_after_failures", 2, "start failures of a model in a row on one node before "
-                    "placement avoids that node for that model (for node_avoid_s)", _whole_1_to_1000),
+                    "placement avoids that node for that model (for node_avoid_s)", _whole(1, 1000)),
         SettingSpec("scaling.outstanding_per_replica", 8, "requests in flight per replica above which a model gets "
-                    "another replica (up to replicas.max)", _whole_1_to_1000),
+                    "another replica (up to replicas.max)", _whole(1, 1000)),
         SettingSpec("scaling.evict_after_idle_s", 300, "an on-demand replica with nothing in flight and no request "
                     "for this long may be stopped to make room for a model that is asked for", _positive_number),
         SettingSpec("gateway.upstream_connections_per_replica", 256, "each gateway opens at most this many "
-                    "connections to one replica (requests in flight to it); more wait in its queue", _whole_1_to_100000),
+                    "connections to one replica (requests in flight to it); more wait in its queue", _whole(1, 100_000)),
         SettingSpec("gateway.upstream_queue_per_replica", 1024, "requests that may wait, in each gateway, for a "
                     "connection to one replica at its limit; past that they get 503 overloaded at once",
-                    _whole_1_to_100000),
+                    _whole(1, 100_000)),
         SettingSpec("gateway.activation_queue_per_model", 256, "requests that may wait, in each gateway, for a "
                     "model with no ready replica (its activation); past that they get 503 overloaded at once",
-                    _whole_1_to_100000),
+                    _whole(1, 100_000)),
         SettingSpec("groups.ports", [29500, 29999], "the ports a multi-node replica's rank 0 may listen on for its "
                     "members (one picked from the group id; the same port on every member's node)", _port_range),
         SettingSpec("requestlog.max_bytes", 1 << 30, "each gateway keeps at most this many bytes of request log "
-                    "segments in its state dir (the oldest go first)", _whole_min_mib),
+                    "segments in its state dir (the oldest go first)",
+                    _whole(1 << 20, 1 << 50, "of bytes from 1048576 (1 MiB) to 2**50")),
         SettingSpec("requestlog.max_age_days", 30, "each gateway removes request log segments whose newest record "
                     "is older than this", _positive_number),
         SettingSpec("usage.retention_days", 90, "hourly usage rollups in the replicated state older than this are "

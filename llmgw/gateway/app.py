@@ -27,15 +27,7 @@ from llmgw.domain.settings import effective
 from llmgw.domain.state import ApiKey, ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError, describe
-from llmgw.gateway.checks import (
-    POST_PATHS,
-    ROLES_FOR,
-    allow,
-    check_limits,
-    check_request,
-    model_doc,
-    role_words,
-)
+from llmgw.gateway.checks import POST_PATHS, ROLES_FOR, allow, check_limits, check_request, model_doc, role_words
 from llmgw.gateway import upstream
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
@@ -49,18 +41,8 @@ from llmgw.interfaces import StateReader
 from llmgw.logs import request_id_var, role_var
 from llmgw.metrics import gateway as gw_metrics
 from llmgw.net import url_host
-from llmgw.wire.asgi import (
-    MAX_BODY_BYTES,
-    Receive,
-    Scope,
-    Send,
-    cancel_on_disconnect,
-    dumps,
-    lifespan,
-    parse_object,
-    read_body,
-    send_json,
-)
+from llmgw.wire.asgi import (MAX_BODY_BYTES, Receive, Scope, Send, cancel_on_disconnect, dumps, lifespan, parse_object,
+                             read_body, send_json)
 from llmgw.wire.front import BACKLOG, Front, listen_socket
 
 __all__ = [

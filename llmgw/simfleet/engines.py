@@ -18,8 +18,8 @@ from typing import Any
 import trio
 from hypercorn.trio import serve as hypercorn_serve
 
-from llmgw.agent.adoption import launch_hash, replica_id_problem
-from llmgw.domain.model import DefinitionError, ModelDef
+from llmgw.agent.adoption import StartRefused, read_start
+from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo, ReplicaObs
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.engines import EngineError, Group, launch_spec, parse_engine_args, start_failure
@@ -95,17 +95,11 @@ class SimRunner:
 
     def start(self, replica_id: str, model_doc: dict[str, Any], gpus: Sequence[int],
               group: Group | None = None) -> None:
-        problem = replica_id_problem(replica_id)
-        if problem:
-            self._put(replica_id, self._failed(replica_id, "?", problem))
-            return
         try:
-            model = ModelDef.from_doc(model_doc)
-        except DefinitionError as e:
-            name = str(model_doc.get("name", "?")) if isinstance(model_doc, dict) else "?"
-            self._put(replica_id, self._failed(replica_id, name, f"bad model definition: {e}"))
+            model, launch = read_start(replica_id, model_doc, gpus, group)
+        except StartRefused as e:
+            self._put(replica_id, self._failed(replica_id, e.model, e.error))
             return
-        launch = launch_hash(model.launch_hash(), model.name, gpus, group)
         current = self._replicas.get(replica_id)
         if current is not None and current.obs.state in ("starting", "ready") and current.launch == launch:
             return

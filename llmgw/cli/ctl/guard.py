@@ -32,9 +32,7 @@ _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*\Z")
 @guard_app.command(name="list")
 def guard_list(*, session: SessionParam) -> int:
     """Every guard policy, and whether guards are on."""
-    _, doc = session.request("GET", api_path("guard", "policies"))
-    session.show(doc, render_policies)
-    return EXIT_OK
+    return session.show_answer("GET", api_path("guard", "policies"), render=render_policies)
 
 
 guard_app.default(guard_list)  # `ctl guard` alone does the same
@@ -100,25 +98,22 @@ def guard_remove(name: str, /, *, session: SessionParam) -> int:
     name
         The policy's name, as `llmgw ctl guard list` shows it.
     """
-    _, doc = session.request("DELETE", api_path("guard", "policies", name))
-    session.show(doc, lambda _: f"removed guard policy {name}")
-    return EXIT_OK
+    return session.show_answer("DELETE", api_path("guard", "policies", name),
+                               render=lambda _: f"removed guard policy {name}")
 
 
 @guard_app.command(name="off")
 def guard_off(*, session: SessionParam) -> int:
     """Turn every guard check off, live (guard.enabled = false): no request is checked."""
-    _, doc = session.request("PUT", api_path("settings", "guard.enabled"), body=False, send_body=True)
-    session.show(doc, render_switch)
-    return EXIT_OK
+    return session.show_answer("PUT", api_path("settings", "guard.enabled"), body=False, send_body=True,
+                               render=render_switch)
 
 
 @guard_app.command(name="on")
 def guard_on(*, session: SessionParam) -> int:
     """Turn guard checks on again, live (guard.enabled = true)."""
-    _, doc = session.request("PUT", api_path("settings", "guard.enabled"), body=True, send_body=True)
-    session.show(doc, render_switch)
-    return EXIT_OK
+    return session.show_answer("PUT", api_path("settings", "guard.enabled"), body=True, send_body=True,
+                               render=render_switch)
 
 
 def _current(session: Session, name: str) -> dict[str, Any]:

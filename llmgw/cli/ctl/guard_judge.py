@@ -9,7 +9,6 @@ from typing import Annotated, Any
 import cyclopts
 from cyclopts import Parameter
 
-from llmgw.cli.ctl.errors import EXIT_OK
 from llmgw.cli.ctl.render import clean
 from llmgw.cli.ctl.render.guard import render_enabled, render_judges
 from llmgw.cli.ctl.session import SessionParam, api_path
@@ -20,9 +19,7 @@ judge_app = cyclopts.App(name="judge", help="The judge models the policies ask f
 @judge_app.command(name="status")
 def judge_status(*, session: SessionParam) -> int:
     """Each judge model the policies ask for: defined?, a judge?, replicas ready, last failure, what is wrong."""
-    _, doc = session.request("GET", api_path("guard", "judges"))
-    session.show(doc, render_judges)
-    return EXIT_OK
+    return session.show_answer("GET", api_path("guard", "judges"), render=render_judges)
 
 
 @judge_app.command(name="enable")
@@ -54,9 +51,8 @@ def judge_enable(
         body["source"] = source
     if replace:
         body["replace"] = True
-    _, doc = session.request("POST", api_path("guard", "judges", "enable"), body=body, send_body=True)
-    session.show(doc, render_enabled)
-    return EXIT_OK
+    return session.show_answer("POST", api_path("guard", "judges", "enable"), body=body, send_body=True,
+                               render=render_enabled)
 
 
 # --- `guard judge ask` (the admin API's admin_guard_ask.py) --------------------------------------------
@@ -88,9 +84,7 @@ def judge_ask(
         body["judge"] = judge
     if answer is not None:
         body["answer"] = answer
-    _, doc = session.request("POST", api_path("guard", "judges", "ask"), body=body, send_body=True)
-    session.show(doc, render_ask)
-    return EXIT_OK
+    return session.show_answer("POST", api_path("guard", "judges", "ask"), body=body, send_body=True, render=render_ask)
 
 
 def render_ask(doc: Any) -> str:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import cyclopts
 from cyclopts import Parameter
 
-from llmgw.cli.ctl.errors import EXIT_OK, CtlError
+from llmgw.cli.ctl.errors import CtlError
 from llmgw.cli.ctl.render import cell, clean, dig, table
 from llmgw.cli.ctl.session import SessionParam, api_path
 
@@ -30,9 +30,7 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])\Z")
 @keys_app.command(name="list")
 def keys_list(*, session: SessionParam) -> int:
     """Every key: id, name, role, models, expiry, limits (never a secret or a hash)."""
-    _, doc = session.request("GET", api_path("keys"))
-    session.show(doc, render_keys)
-    return EXIT_OK
+    return session.show_answer("GET", api_path("keys"), render=render_keys)
 
 
 keys_app.default(keys_list)  # `ctl keys` alone does the same
@@ -78,9 +76,7 @@ def keys_create(
         body["requests_per_min"] = rpm
     if tpm is not None:
         body["tokens_per_min"] = tpm
-    _, doc = session.request("POST", api_path("keys"), body=body, send_body=True)
-    session.show(doc, render_created)
-    return EXIT_OK
+    return session.show_answer("POST", api_path("keys"), body=body, send_body=True, render=render_created)
 
 
 @keys_app.command(name="revoke")
@@ -92,9 +88,8 @@ def keys_revoke(key_id: str, /, *, session: SessionParam) -> int:
     key_id
         The key's id (key_...), as `llmgw ctl keys list` shows it.
     """
-    _, doc = session.request("DELETE", api_path("keys", key_id))
-    session.show(doc, lambda d: f"revoked {cell(dig(d, 'revoked'))}")
-    return EXIT_OK
+    return session.show_answer("DELETE", api_path("keys", key_id),
+                               render=lambda d: f"revoked {cell(dig(d, 'revoked'))}")
 
 
 def parse_expiry(text: str, now: float) -> float:

@@ -20,9 +20,7 @@ members_app = cyclopts.App(name="members", help="The control planes of the group
 @members_app.default
 def members(*, session: SessionParam) -> int:
     """Every member: role, state, commit and applied index, lag, last contact, state hash."""
-    _, doc = session.request("GET", api_path("cluster", "members"))
-    session.show(doc, render_members)
-    return EXIT_OK
+    return session.show_answer("GET", api_path("cluster", "members"), render=render_members)
 
 
 @members_app.command(name="add")
@@ -34,9 +32,8 @@ def members_add(raft_addr: str, /, *, session: SessionParam) -> int:
     raft_addr
         The new member's --raft-addr, as its peers dial it (HOST:PORT).
     """
-    _, doc = session.request("POST", api_path("cluster", "members"), body={"raft_addr": raft_addr}, send_body=True)
-    session.show(doc, lambda d: f"added {cell(dig(d, 'added'))}; the group is now: {_group(d)}")
-    return EXIT_OK
+    return session.show_answer("POST", api_path("cluster", "members"), body={"raft_addr": raft_addr}, send_body=True,
+                               render=lambda d: f"added {cell(dig(d, 'added'))}; the group is now: {_group(d)}")
 
 
 @members_app.command(name="remove")

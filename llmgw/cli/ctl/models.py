@@ -22,9 +22,7 @@ def register(app: cyclopts.App) -> None:
 
 def models(*, session: SessionParam) -> int:
     """Every model in the catalog with its health."""
-    _, doc = session.request("GET", api_path("models"))
-    session.show(doc, render_models)
-    return EXIT_OK
+    return session.show_answer("GET", api_path("models"), render=render_models)
 
 
 model_app = cyclopts.App(name="model", help="Show, serve, remove or retry one model.")
@@ -39,9 +37,7 @@ def model_show(name: str, /, *, session: SessionParam) -> int:
     name
         The model's name.
     """
-    _, doc = session.request("GET", api_path("models", name))
-    session.show(doc, lambda d: render_model(dig(d, "model") or {}))
-    return EXIT_OK
+    return session.show_answer("GET", api_path("models", name), render=lambda d: render_model(dig(d, "model") or {}))
 
 
 @model_app.command(name="serve")
@@ -131,9 +127,8 @@ def model_remove(name: str, /, *, session: SessionParam) -> int:
     name
         The model's name.
     """
-    _, doc = session.request("DELETE", api_path("models", name))
-    session.show(doc, lambda d: f"removed model {cell(dig(d, 'removed') or name)}")
-    return EXIT_OK
+    return session.show_answer("DELETE", api_path("models", name),
+                               render=lambda d: f"removed model {cell(dig(d, 'removed') or name)}")
 
 
 @model_app.command(name="retry")
@@ -145,6 +140,6 @@ def model_retry(name: str, /, *, session: SessionParam) -> int:
     name
         The model's name.
     """
-    _, doc = session.request("POST", api_path("models", name, "retry"))
-    session.show(doc, lambda d: f"retrying model {cell(dig(d, 'retried') or name)}: its failure count is cleared")
-    return EXIT_OK
+    return session.show_answer(
+        "POST", api_path("models", name, "retry"),
+        render=lambda d: f"retrying model {cell(dig(d, 'retried') or name)}: its failure count is cleared")

@@ -8,7 +8,6 @@ from typing import Any
 
 import cyclopts
 
-from llmgw.cli.ctl.errors import EXIT_OK
 from llmgw.cli.ctl.render import cell, clean, dig, table
 from llmgw.cli.ctl.session import SessionParam, api_path
 
@@ -23,9 +22,7 @@ nodes_app = cyclopts.App(name="nodes", help="The nodes (agents) the leader knows
 @nodes_app.command(name="list")
 def nodes_list(*, session: SessionParam) -> int:
     """Every node: state, address, fabric, GPUs (card/migN, class, health), engines, storage."""
-    _, doc = session.request("GET", api_path("nodes"))
-    session.show(doc, render_nodes)
-    return EXIT_OK
+    return session.show_answer("GET", api_path("nodes"), render=render_nodes)
 
 
 nodes_app.default(nodes_list)  # `ctl nodes` alone does the same
@@ -41,9 +38,8 @@ def nodes_forget(name: str, /, *, session: SessionParam) -> int:
     name
         The node's name, as `llmgw ctl nodes` lists it.
     """
-    _, doc = session.request("DELETE", api_path("nodes", name))
-    session.show(doc, lambda d: f"forgot node {cell(dig(d, 'forgotten'))}")
-    return EXIT_OK
+    return session.show_answer("DELETE", api_path("nodes", name),
+                               render=lambda d: f"forgot node {cell(dig(d, 'forgotten'))}")
 
 
 # --- rendering: pure functions of the JSON; unknown is `-`, never 0 --------------------------------

@@ -26,9 +26,7 @@ notify_app = cyclopts.App(name="notify", help="Webhooks: their deliveries and th
 @notify_app.command(name="status")
 def notify_status(*, session: SessionParam) -> int:
     """Each webhook's health and recent deliveries, and the conditions active now."""
-    _, doc = session.request("GET", api_path("notify", "status"))
-    session.show(doc, render_notify_status)
-    return EXIT_OK
+    return session.show_answer("GET", api_path("notify", "status"), render=render_notify_status)
 
 
 notify_app.default(notify_status)  # `ctl notify` alone does the same

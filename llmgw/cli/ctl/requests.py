@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 import cyclopts
 
-from llmgw.cli.ctl.errors import EXIT_OK, EXIT_USAGE, CtlError
+from llmgw.cli.ctl.errors import EXIT_USAGE, CtlError
 from llmgw.cli.ctl.render import cell, clean, dig, table
 from llmgw.cli.ctl.session import SessionParam, api_path
 
@@ -54,9 +54,7 @@ def request(request_id: str, /, *, session: SessionParam) -> int:
     request_id
         The id the gateway answered with in `x-request-id` (req-GATEWAY-HEX).
     """
-    _, doc = session.request("GET", api_path("requests", request_id))
-    session.show(doc, render_request)
-    return EXIT_OK
+    return session.show_answer("GET", api_path("requests", request_id), render=render_request)
 
 
 def requests(*, model: str | None = None, key: str | None = None, since: str | None = None,
@@ -88,9 +86,7 @@ def requests(*, model: str | None = None, key: str | None = None, since: str | N
     for name, value in (("since", since), ("until", until)):
         if value is not None:
             params[name] = repr(when(value))
-    _, doc = session.request("GET", api_path("requests") + "?" + urlencode(params))
-    session.show(doc, render_requests)
-    return EXIT_OK
+    return session.show_answer("GET", api_path("requests") + "?" + urlencode(params), render=render_requests)
 
 
 def usage(*, since: str = "24h", until: str | None = None, key: str | None = None, model: str | None = None,
@@ -116,9 +112,7 @@ def usage(*, since: str = "24h", until: str | None = None, key: str | None = Non
     for name, value in (("key", key), ("model", model)):
         if value is not None:
             params[name] = value
-    _, doc = session.request("GET", api_path("usage") + "?" + urlencode(params))
-    session.show(doc, render_usage)
-    return EXIT_OK
+    return session.show_answer("GET", api_path("usage") + "?" + urlencode(params), render=render_usage)
 
 
 # --- rendering: pure functions of the JSON; unknown is `-`, never 0 --------------------------------

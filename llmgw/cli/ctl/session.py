@@ -17,7 +17,7 @@ from typing import Annotated, Any, TextIO
 import httpx
 from cyclopts import Parameter
 
-from llmgw.cli.ctl.errors import CtlError, Refused
+from llmgw.cli.ctl.errors import EXIT_OK, CtlError, Refused
 from llmgw.cli.ctl.render import clean
 from llmgw.cli.ctl.target import Target, resolve_target
 from llmgw.domain.timeouts import TIMEOUTS
@@ -69,6 +69,14 @@ class Session:
             self.print_json(doc)
         else:
             self.out(render(doc))
+
+    def show_answer(self, method: str, path: str, *, body: Any = None, send_body: bool = False,
+                    render: Callable[[Any], str]) -> int:
+        """`request`, then `show` the answer with `render`: the whole work of most commands.
+        Returns EXIT_OK; an answer that is not a 2xx raises CtlError, as `request` does."""
+        _, doc = self.request(method, path, body=body, send_body=send_body)
+        self.show(doc, render)
+        return EXIT_OK
 
     def target(self) -> Target:
         if self._target is None:

@@ -24,31 +24,11 @@ import trio
 
 from llmgw.domain.model import ROLES
 from llmgw.engines.sim.group import GroupRole
-from llmgw.engines.sim.requests import (
-    check_input,
-    check_messages,
-    check_optional,
-    check_prompt,
-    content_text,
-    count_words,
-    embed,
-    focus_text,
-    judged_text,
-    max_tokens,
-)
+from llmgw.engines.sim.requests import (check_input, check_messages, check_optional, check_prompt, content_text,
+                                        count_words, embed, focus_text, judged_text, max_tokens)
 from llmgw.errors import OpenAIError
-from llmgw.wire.asgi import (
-    Exchange,
-    Receive,
-    Scope,
-    Send,
-    cancel_on_disconnect,
-    dumps,
-    lifespan,
-    parse_object,
-    read_body,
-    send_json,
-)
+from llmgw.wire.asgi import (Exchange, Receive, Scope, Send, cancel_on_disconnect, dumps, lifespan, parse_object,
+                             read_body, send_json)
 
 __all__ = ["SimApp", "SimOptions", "make_app"]
 

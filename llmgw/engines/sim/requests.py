@@ -111,27 +111,26 @@ def parse_unsafe(item: str) -> tuple[str, str]:
 
 
 def check_prompt(body: dict[str, Any]) -> list[str]:
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise OpenAIError(400, "missing_required_parameter", "'prompt' is required", param="prompt")
-    if isinstance(prompt, str):
-        return [prompt]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        return prompt
-    message = "'prompt' must be a string or a non-empty array of strings"
-    raise OpenAIError(400, "invalid_type", message, param="prompt")
+    """A completion's `prompt`: its texts."""
+    return _texts(body, "prompt")
 
 
 def check_input(body: dict[str, Any]) -> list[str]:
-    value = body.get("input")
+    """An embedding request's `input`: its texts."""
+    return _texts(body, "input")
+
+
+def _texts(body: dict[str, Any], param: str) -> list[str]:
+    """`body[param]`, a string or a non-empty array of strings, as a list; a 400 in OpenAI's words if not."""
+    value = body.get(param)
     if value is None:
-        raise OpenAIError(400, "missing_required_parameter", "'input' is required", param="input")
+        raise OpenAIError(400, "missing_required_parameter", f"'{param}' is required", param=param)
     if isinstance(value, str):
         return [value]
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         return value
-    message = "'input' must be a string or a non-empty array of strings"
-    raise OpenAIError(400, "invalid_type", message, param="input")
+    message = f"'{param}' must be a string or a non-empty array of strings"
+    raise OpenAIError(400, "invalid_type", message, param=param)
 
 
 def count_words(text: str) -> int:
