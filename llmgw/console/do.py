@@ -2,14 +2,16 @@
 enable the judge, stop / start the system, guards on / off; and how to add a node or a control plane.
 
 Every action is two POSTs: the first shows what will happen and asks to confirm, the second does it
-through the admin API's own operations (`control/ops`: models, system, judges) and shows the result,
+through the admin API's own operations (`control/ops`: models, judges, system, settings) and shows the result,
 so its effect shows in `ctl` too. Viewers and forms without this session's CSRF token are refused
 by `console_route(action=True)`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from quart import request
 
@@ -18,10 +20,12 @@ from llmgw.console.actions import ActionError, committer, new_token, run
 from llmgw.console.auth import console_route
 from llmgw.console.sessions import Session, csrf_field
 from llmgw.console.layout import esc, page, table
+from llmgw.control.ops import Commit, Created
 from llmgw.control.ops import judges as judge_ops
+from llmgw.control.ops import models as model_ops
+from llmgw.control.ops import settings as setting_ops
 from llmgw.control.ops import system as system_ops
 from llmgw.control.ops.plan import plan_doc
-from llmgw.domain import commands
 from llmgw.domain.guard import enabled as guards_enabled
 from llmgw.domain.judges import judge_status, pick_guard_file
 from llmgw.domain.settings import effective
@@ -58,8 +62,9 @@ def register(app: QuartTrio) -> None:
             return _page(f"Serve {model.name}: the plan", body, session)
 
         async def act() -> str:
-            result = await committer(ctx, session, form.get("token"))(commands.put_model(model, ctx.clock()))
-            verb = "defined" if result.get("created") else "replaced (its replicas are replaced by the new definition)"
+            answer = await model_ops.serve(ctx, committer(ctx, session, form.get("token")), model.to_doc())
+            verb = ("defined" if isinstance(answer, Created) else
+                    "replaced (its replicas are replaced by the new definition)")
             return (f"model {model.name} {verb}; the reconciler places it now. Follow it on "
                     f'<a href="/models/{esc(model.name)}">its page</a> or with '
                     f"<code>llmgw ctl model show {esc(model.name)}</code>.")
@@ -79,7 +84,7 @@ def register(app: QuartTrio) -> None:
                                                                 {"name": name}, "retry"), session)
 
         async def act() -> str:
-            await committer(ctx, session, form.get("token"))(commands.retry_model(name, ctx.clock()))
+            await model_ops.retry(ctx, committer(ctx, session, form.get("token")), name)
             return (f"model {esc(name)} retried: its failed starts are cleared and the reconciler places it again "
                     f'(<a href="/models/{esc(name)}">its page</a>, <code>llmgw ctl model show {esc(name)}</code>).')
         return await _result(session, f"Retry {name}", "retry", act())
@@ -116,46 +121,64 @@ def register(app: QuartTrio) -> None:
 
     @console_route(app, "/do/system", ("POST",), action=True)
     async def system(session: Session, ctx: Context) -> str:
-        form = await _form()
-        to = form.get("to", "")
-        if to not in SYSTEM:
-            return await _result(session, "Stop / start the system", "system",
-                                 _refuse(f"to must be stop or start, not {to[:20]!r}"))
-        if form.get("confirm") != "yes":
-            said = ("Stop the system: every replica is stopped, every GPU freed, and the gateways answer every "
-                    "request 503 system_stopped until it is started; no model's definition changes."
-                    if to == "stop" else "Start the system: every model is placed again as it asks.")
-            return _page(f"{to.capitalize()} the system", f"<p>{esc(said)}</p>" + _confirm(
-                session, "/do/system", f"{to.capitalize()} the system", {"to": to}, "system"), session)
-
-        async def act() -> str:
-            answer = await system_ops.switch(ctx, committer(ctx, session, form.get("token")), SYSTEM[to])
+        async def done(to: str, commit: Commit) -> str:
+            answer = await system_ops.switch(ctx, commit, SYSTEM[to])
             state = "stopped" if answer["stopped"] else "started"
             if not answer["changed"]:
                 return f"the system was already {state}: nothing changed (<code>llmgw status</code>)."
             return (f"the system is {state}: {answer['models']} model(s), {answer['replicas_placed']} replica(s) "
                     f"still placed on {answer['gpus_placed']} GPU(s) "
                     f"{'being stopped' if answer['stopped'] else 'from before'} (<code>llmgw status</code>).")
-        return await _result(session, f"{to.capitalize()} the system", "system", act())
+
+        return await _switch(session, ctx, Switch(
+            "/do/system", "system", SYSTEM, "Stop / start the system", lambda to: f"{to.capitalize()} the system",
+            lambda to: f"{to.capitalize()} the system",
+            lambda to: ("Stop the system: every replica is stopped, every GPU freed, and the gateways answer every "
+                        "request 503 system_stopped until it is started; no model's definition changes."
+                        if to == "stop" else "Start the system: every model is placed again as it asks."), done))
 
     @console_route(app, "/do/guards", ("POST",), action=True)
     async def guards(session: Session, ctx: Context) -> str:
-        form = await _form()
-        to = form.get("to", "")
-        if to not in GUARDS:
-            return await _result(session, "Guards on / off", "guards",
-                                 _refuse(f"to must be on or off, not {to[:20]!r}"))
-        if form.get("confirm") != "yes":
-            said = ("Turn the guards off: every policy checks nothing, so no request is judged, until they are "
-                    "turned on." if to == "off" else "Turn the guards on: every policy checks again.")
-            return _page(f"Guards {to}", f"<p>{esc(said)}</p>" + _confirm(
-                session, "/do/guards", f"Turn the guards {to}", {"to": to}, "guards"), session)
-
-        async def act() -> str:
-            await committer(ctx, session, form.get("token"))(
-                commands.put_setting("guard.enabled", GUARDS[to], ctx.clock()))
+        async def done(to: str, commit: Commit) -> str:
+            await setting_ops.put(ctx, commit, "guard.enabled", GUARDS[to])
             return f"guards are {to} (guard.enabled = {str(GUARDS[to]).lower()}; <code>llmgw ctl guard list</code>)."
-        return await _result(session, f"Guards {to}", "guards", act())
+
+        return await _switch(session, ctx, Switch(
+            "/do/guards", "guards", GUARDS, "Guards on / off", lambda to: f"Guards {to}",
+            lambda to: f"Turn the guards {to}",
+            lambda to: ("Turn the guards off: every policy checks nothing, so no request is judged, until they are "
+                        "turned on." if to == "off" else "Turn the guards on: every policy checks again."), done))
+
+
+@dataclass(frozen=True)
+class Switch:
+    """An action that sets a switch one way or the other (`to`, from the form): its form's path, its id, its
+    values, and its words: the title of a refusal, of the page for one value, of the confirm button, what it
+    will do, and the action itself (with the form's commit), which answers what it did."""
+
+    path: str
+    testid: str
+    values: Mapping[str, bool]
+    title: str
+    page_title: Callable[[str], str]
+    confirm: Callable[[str], str]
+    said: Callable[[str], str]
+    done: Callable[[str, Commit], Awaitable[str]]
+
+
+async def _switch(session: Session, ctx: Context, switch: Switch) -> str:
+    """A switch's two POSTs: what it will do and a confirmation; then the action and its result."""
+    form = await _form()
+    to = form.get("to", "")
+    if to not in switch.values:
+        return await _result(session, switch.title, switch.testid,
+                             _refuse(f"to must be {' or '.join(switch.values)}, not {to[:20]!r}"))
+    if form.get("confirm") != "yes":
+        return _page(switch.page_title(to), f"<p>{esc(switch.said(to))}</p>" + _confirm(
+            session, switch.path, switch.confirm(to), {"to": to}, switch.testid), session)
+    async def act() -> str:  # the form's id is checked inside the action: a bad one is its refusal
+        return await switch.done(to, committer(ctx, session, form.get("token")))
+    return await _result(session, switch.page_title(to), switch.testid, act())
 
 
 # --- the menu ---------------------------------------------------------------------------------------

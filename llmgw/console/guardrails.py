@@ -21,7 +21,7 @@ from llmgw.control.ops.requests import list_page
 from llmgw.domain.guard import CATEGORIES, enabled
 from llmgw.domain.judges import GUARDS_OFF, guard_files, judge_status
 from llmgw.errors import AdminError
-from llmgw.gateway.requestlog_query import MAX_LIMIT
+from llmgw.wire.logquery import MAX_LIMIT
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio

@@ -19,7 +19,7 @@ import trio
 from llmgw.control.agent_stream import Receive, Send
 from llmgw.control.context import Context
 from llmgw.control.hub import AgentHub
-from llmgw.control.reconciler import Reconciler
+from llmgw.control.reconciler import Reconciler, state_or_event
 from llmgw.domain.commands import CommandError, usage
 from llmgw.domain.observed import ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
@@ -315,14 +315,4 @@ async def _push(ctx: Context, hub: GatewayHub, send: Send, scope: trio.CancelSco
         await send(text if version != sent else protocol.dumps({"type": "heartbeat"}))
         sent = version
         with trio.move_on_after(hub.timeouts.gateway_heartbeat_s):
-            async with trio.open_nursery() as nursery:
-                async def state_changed() -> None:
-                    await ctx.store.wait_changed(revision)
-                    nursery.cancel_scope.cancel()
-
-                async def routes_updated() -> None:
-                    await routes_changed.wait()
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(state_changed)
-                nursery.start_soon(routes_updated)
+            await state_or_event(ctx.store, revision, routes_changed)

@@ -14,7 +14,7 @@ import json
 import logging
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import httpx
@@ -90,6 +90,7 @@ class Forwarded:
     answered_by: str
 
 
+@dataclass(eq=False)
 class Members:
     """This member's side of the group: what it says of itself, what it forwards, what it lists.
 
@@ -97,22 +98,20 @@ class Members:
     `agents`, `gateways` and `floating` are what this member lists while it leads (its agents'
     and gateways' streams) and says of its floating address (None: not configured)."""
 
-    def __init__(self, store: WritableStore, group: RaftGroup, *, self_addr: str, timeouts: Timeouts = TIMEOUTS,
-                 clock: Callable[[], float], transport: httpx.AsyncBaseTransport | None = None,
-                 agents: AgentHub | None = None, gateways: GatewayHub | None = None,
-                 floating: FloatingDuty | None = None) -> None:
-        self.store = store
-        self.group = group
-        self.self_addr = self_addr
-        self.timeouts = timeouts
-        self.clock = clock
-        self.transport = transport
-        self.agents = agents
-        self.gateways = gateways
-        self.floating = floating
-        self.admin_url: str | None = None
-        self._contact: dict[str, float] = {}  # member -> when it last answered this one (clock time)
-        self._hashed: tuple[ClusterState, str] | None = None
+    store: WritableStore
+    group: RaftGroup
+    _: KW_ONLY
+    self_addr: str
+    clock: Callable[[], float]
+    timeouts: Timeouts = TIMEOUTS
+    transport: httpx.AsyncBaseTransport | None = None
+    agents: AgentHub | None = None
+    gateways: GatewayHub | None = None
+    floating: FloatingDuty | None = None
+    admin_url: str | None = field(default=None, init=False)
+    # member -> when it last answered this one (clock time)
+    _contact: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _hashed: tuple[ClusterState, str] | None = field(default=None, init=False, repr=False)
 
     # -- what this member says of itself --------------------------------------------------
 

@@ -21,11 +21,26 @@ from llmgw.domain.observed import ModelRoute, Observed
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
-from llmgw.interfaces import DemandReport, EndpointSink, WritableStore
+from llmgw.interfaces import DemandReport, EndpointSink, StateReader, WritableStore
 from llmgw.reconcile import Plan, decide
 from llmgw.store import NotLeader, StoreUnavailable
 
 log = logging.getLogger("llmgw.control.reconciler")
+
+
+async def state_or_event(store: StateReader, revision: int, event: trio.Event) -> None:
+    """Return when the state moves past `revision` or `event` is set, whichever comes first."""
+    async with trio.open_nursery() as nursery:
+        async def state_changed() -> None:
+            await store.wait_changed(revision)
+            nursery.cancel_scope.cancel()
+
+        async def event_set() -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(state_changed)
+        nursery.start_soon(event_set)
 
 
 @dataclass
@@ -109,17 +124,7 @@ class Reconciler:
 
     async def _next_change(self, revision: int, hub_event: trio.Event) -> None:
         """Return when the state moves past `revision` or an agent reports something."""
-        async with trio.open_nursery() as nursery:
-            async def state_changed() -> None:
-                await self.store.wait_changed(revision)
-                nursery.cancel_scope.cancel()
-
-            async def hub_changed() -> None:
-                await hub_event.wait()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(state_changed)
-            nursery.start_soon(hub_changed)
+        await state_or_event(self.store, revision, hub_event)
 
     async def run_once(self) -> Plan:
         """One pass. Returns the plan it acted on (for tests and `status`)."""

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llmgw.domain.frozen import Doc
 from llmgw.domain.guard import enabled, judges_asked
 from llmgw.domain.observed import Observed
 from llmgw.domain.state import ClusterState
@@ -30,7 +31,7 @@ def enable_hint(model: str, *, replace: bool = False) -> str:
 
 
 @dataclass(frozen=True)
-class Judge:
+class Judge(Doc):
     """A judge model the guard policies name, as the summary shows it: what it is, its replicas, its
     last failure to answer, and `status` (one of STATUSES) with the `problem` in words ("" when ok)."""
 
@@ -52,25 +53,14 @@ class Judge:
     status: str
     problem: str
 
-    def to_doc(self) -> dict[str, Any]:
-        return {"model": self.model, "policies": list(self.policies), "defined": self.defined, "role": self.role,
-                "engine": self.engine, "source": self.source, "judge": self.judge, "desired": self.desired,
-                "ready": self.ready, "starting": self.starting, "state": self.state, "parked": self.parked,
-                "last_failure": self.last_failure, "last_failure_at": self.last_failure_at,
-                "last_failure_age_s": self.last_failure_age_s, "status": self.status, "problem": self.problem}
-
 
 @dataclass(frozen=True)
-class Guard:
+class Guard(Doc):
     """The summary's guard part: whether guards are on, how many policies, and each judge they name."""
 
     enabled: bool
     policies: int
     judges: tuple[Judge, ...]
-
-    def to_doc(self) -> dict[str, Any]:
-        return {"enabled": self.enabled, "policies": self.policies, "judges": [j.to_doc() for j in self.judges]}
-
 
 def judge_rows(state: ClusterState, observed: Observed, views: Mapping[str, Any] | None, now: float | None,
                recent_s: float = TIMEOUTS.judge_failure_recent_s) -> tuple[Judge, ...]:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
 
+from llmgw.domain.frozen import Doc
+
 ENGINES = ("sim", "llama.cpp", "vllm")
 ROLES = ("chat", "embedding", "guard")
 MODES = ("always", "on-demand")
@@ -35,7 +37,7 @@ class DefinitionError(ValueError):
 
 
 @dataclass(frozen=True)
-class Profile:
+class Profile(Doc):
     gpus: int = 1
     tp: int = 1
     pp: int = 1
@@ -44,45 +46,26 @@ class Profile:
     memory_gib: float = 0.0
     cpu: bool = False
 
-    def to_doc(self) -> dict[str, Any]:
-        return {
-            "gpus": self.gpus,
-            "tp": self.tp,
-            "pp": self.pp,
-            "nodes": self.nodes,
-            "classes": list(self.classes),
-            "memory_gib": self.memory_gib,
-            "cpu": self.cpu,
-        }
-
 
 @dataclass(frozen=True)
-class Limits:
+class Limits(Doc):
     """What one request may ask of the model, checked by the gateway; None = no limit."""
 
     max_tokens: int | None = None  # caps max_tokens and max_completion_tokens
     max_n: int | None = None  # caps n (choices per request)
-
-    def to_doc(self) -> dict[str, Any]:
-        return {"max_tokens": self.max_tokens, "max_n": self.max_n}
-
 
 LONGEST_WAIT = 86400.0  # seconds, the most a definition may set (a bound on input, not a wait): a day is longer
 # than any generation; past it a typo (ms for s) is likelier than intent
 
 
 @dataclass(frozen=True)
-class ModelTimeouts:
+class ModelTimeouts(Doc):
     """How long the gateway waits on this model's engines; None = the gateway's own timeout
     (`upstream_connect_s`, `upstream_first_byte_s`, `upstream_chunk_s` in llmgw/domain/timeouts.py)."""
 
     connect_s: float | None = None  # opening a connection to a replica (502 upstream_unavailable past it)
     first_byte_s: float | None = None  # the answer's head after the request went out (504 upstream_timeout)
     chunk_s: float | None = None  # silence between two pieces of an answer (504, or an error event mid-stream)
-
-    def to_doc(self) -> dict[str, Any]:
-        return {"connect_s": self.connect_s, "first_byte_s": self.first_byte_s, "chunk_s": self.chunk_s}
-
 
 NO_OVERRIDES = ModelTimeouts()  # every wait the gateway's default
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from llmgw.domain.frozen import Doc
+
 REPLICA_STATES = ("starting", "ready", "failed", "stopped")
 
 
@@ -88,7 +90,7 @@ class Gpu:
 
 
 @dataclass(frozen=True)
-class NodeInfo:
+class NodeInfo(Doc):
     """An agent's inventory, as reported over its stream (again whenever it changes)."""
 
     node: str
@@ -124,24 +126,6 @@ class NodeInfo:
             warnings=tuple(str(w) for w in d.get("warnings", ())),
             storage=tuple(dict(s) for s in d.get("storage", ())),
         )
-
-    def to_doc(self) -> dict[str, Any]:
-        return {
-            "node": self.node,
-            "hostname": self.hostname,
-            "cpus": self.cpus,
-            "memory_total": self.memory_total,
-            "gpus": [g.to_doc() for g in self.gpus],
-            "engines": list(self.engines),
-            "fabric": self.fabric,
-            "version": self.version,
-            "address": self.address,
-            "cpu_flags": list(self.cpu_flags),
-            "engine_versions": dict(self.engine_versions),
-            "probe": self.probe,
-            "warnings": list(self.warnings),
-            "storage": [dict(s) for s in self.storage],
-        }
 
 
 @dataclass(frozen=True)

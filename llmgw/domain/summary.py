@@ -10,9 +10,10 @@ Overview) read by attribute. `Summary.to_doc()` is the document `GET /api/v1/sta
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from llmgw.domain.frozen import Doc
 from llmgw.domain import judges
 from llmgw.domain import summary_fleet as fleet
 from llmgw.domain.conditions import Condition
@@ -27,31 +28,25 @@ from llmgw.domain.summary_fleet import CapacityRow, Fabric, IdleRow, Totals, Wei
 
 
 @dataclass(frozen=True)
-class GpuUse:
+class GpuUse(Doc):
     """Usable devices of one class on a node: held by a placement, or free."""
 
     used: int
     free: int
 
-    def to_doc(self) -> dict[str, Any]:
-        return {"used": self.used, "free": self.free}
-
 
 @dataclass(frozen=True)
-class UnusableGpu:
+class UnusableGpu(Doc):
     """A device counted neither used nor free, and why (unhealthy, a MIG-mode card, nothing carved)."""
 
     label: str
-    gpu_class: str
+    gpu_class: str = field(metadata={"doc": "class"})
     healthy: bool
     reason: str
 
-    def to_doc(self) -> dict[str, Any]:
-        return {"label": self.label, "class": self.gpu_class, "healthy": self.healthy, "reason": self.reason}
-
 
 @dataclass(frozen=True)
-class GpuCounts:
+class GpuCounts(Doc):
     """A node's devices as capacity: usable ones used or free (in all and per class), the rest apart."""
 
     used: int
@@ -59,13 +54,9 @@ class GpuCounts:
     by_class: Mapping[str, GpuUse]
     unusable: tuple[UnusableGpu, ...]
 
-    def to_doc(self) -> dict[str, Any]:
-        return {"used": self.used, "free": self.free, "by_class": {c: u.to_doc() for c, u in self.by_class.items()},
-                "unusable": [u.to_doc() for u in self.unusable]}
-
 
 @dataclass(frozen=True)
-class NodeRow:
+class NodeRow(Doc):
     """A node known to the leader: connected, lost, or still holding placements. What its agent
     reported is None while it is not connected (unknown, not empty)."""
 
@@ -85,41 +76,19 @@ class NodeRow:
     warnings: tuple[str, ...] | None  # the GPU probe's words on states in which nothing can run
     lost_at: float | None  # when its agent's stream closed; None while connected (or never seen)
 
-    def to_doc(self) -> dict[str, Any]:
-        return {
-            "node": self.node,
-            "connected": self.connected,
-            "hostname": self.hostname,
-            "cpus": self.cpus,
-            "memory_total": self.memory_total,
-            "gpus": None if self.gpus is None else [g.to_doc() for g in self.gpus],
-            "gpu_counts": None if self.gpu_counts is None else self.gpu_counts.to_doc(),
-            "engines": None if self.engines is None else list(self.engines),
-            "engine_versions": None if self.engine_versions is None else dict(self.engine_versions),
-            "cpu_flags": None if self.cpu_flags is None else list(self.cpu_flags),
-            "fabric": self.fabric,
-            "storage": None if self.storage is None else [dict(s) for s in self.storage],
-            "probe": self.probe,
-            "warnings": None if self.warnings is None else list(self.warnings),
-            "lost_at": self.lost_at,
-        }
-
 
 @dataclass(frozen=True)
-class NodeCounts:
+class NodeCounts(Doc):
     known: int
     connected: int
     not_connected: int
-
-    def to_doc(self) -> dict[str, Any]:
-        return {"known": self.known, "connected": self.connected, "not_connected": self.not_connected}
 
 
 # --- models -----------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class ModelRow:
+class ModelRow(Doc):
     """One model as the summary counts it, from the reconciler's view (None where it has none yet)."""
 
     name: str
@@ -140,14 +109,6 @@ class ModelRow:
     last_error: str
     restarts: int  # restarts this leader counted within restart_window_s
     restart_storm: bool  # restarts at health.restart_storm_restarts or more
-
-    def to_doc(self) -> dict[str, Any]:
-        return {"name": self.name, "engine": self.engine, "role": self.role, "mode": self.mode,
-                "desired": self.desired, "ready": self.ready, "starting": self.starting, "placed": self.placed,
-                "failed": self.failed, "state": self.state, "reason": self.reason, "parked": self.parked,
-                "unplaceable": self.unplaceable, "satisfied": self.satisfied,
-                "failures_in_row": self.failures_in_row, "last_error": self.last_error,
-                "restarts": self.restarts, "restart_storm": self.restart_storm}
 
 
 # --- the control planes -----------------------------------------------------------------------------------
@@ -170,7 +131,7 @@ def _flag(value: Any) -> bool | None:
 
 
 @dataclass(frozen=True)
-class MemberRow:
+class MemberRow(Doc):
     """A control plane as the members' table lists it (`member_rows` builds the document): healthy,
     catching up or missing, with its reason; a number the asking member does not know is None."""
 
@@ -202,16 +163,9 @@ class MemberRow:
                    lag=_int(d.get("lag")), last_contact=_float(d.get("last_contact")),
                    last_contact_age_s=_float(d.get("last_contact_age_s")), state_hash=_str(d.get("state_hash")))
 
-    def to_doc(self) -> dict[str, Any]:
-        return {"id": self.id, "raft_addr": self.raft_addr, "admin_url": self.admin_url, "version": self.version,
-                "role": self.role, "state": self.state, "reason": self.reason, "leader": self.leader,
-                "term": self.term, "commit_index": self.commit_index, "applied_index": self.applied_index,
-                "revision": self.revision, "lag": self.lag, "last_contact": self.last_contact,
-                "last_contact_age_s": self.last_contact_age_s, "state_hash": self.state_hash}
-
 
 @dataclass(frozen=True)
-class FloatingAddress:
+class FloatingAddress(Doc):
     """Whether the floating address is on the leader (`floating_address` builds the document):
     `configured` and `on_leader` True, False or None (unknown), `state` in words, `held_by` the
     members that say they hold it."""
@@ -230,11 +184,6 @@ class FloatingAddress:
                    on_leader=_flag(d.get("on_leader")),
                    held_by=tuple(str(m) for m in held) if isinstance(held, (list, tuple)) else (),
                    state=str(d.get("state") or ""), reason=str(d.get("reason") or ""))
-
-    def to_doc(self) -> dict[str, Any]:
-        return {"configured": self.configured, "address": self.address, "on_leader": self.on_leader,
-                "held_by": list(self.held_by), "state": self.state, "reason": self.reason}
-
 
 # The members' table's keys, each read into ClusterPart's field of that name ("self" into self_id).
 TABLE_KEYS = ("self", "leader", "leader_url", "version", "member_change", "members", "floating_address",
@@ -303,11 +252,8 @@ class ClusterPart:
 
 
 @dataclass(frozen=True)
-class Notify:
+class Notify(Doc):
     webhooks: int  # URLs in notify.webhooks
-
-    def to_doc(self) -> dict[str, Any]:
-        return {"webhooks": self.webhooks}
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from llmgw.domain.frozen import Doc
 from llmgw.domain.model import is_mig_class
 from llmgw.domain.observed import Gpu, NodeInfo, Observed
 from llmgw.domain.state import ClusterState, Placement
@@ -44,31 +45,25 @@ class CapacityRow:
 
 
 @dataclass(frozen=True)
-class SharedDir:
+class SharedDir(Doc):
     """A shared storage directory of a fabric, counted once however many nodes mount it."""
 
     path: str
     nodes: int  # nodes reporting it
     models: tuple[str, ...]  # the weights it holds, by name
 
-    def to_doc(self) -> dict[str, Any]:
-        return {"path": self.path, "nodes": self.nodes, "models": list(self.models)}
-
 
 @dataclass(frozen=True)
-class StoredModel:
+class StoredModel(Doc):
     """A model's weights on one fabric: in a shared directory, and/or local copies on some nodes."""
 
     name: str
     shared: bool
     local_nodes: int
 
-    def to_doc(self) -> dict[str, Any]:
-        return {"name": self.name, "shared": self.shared, "local_nodes": self.local_nodes}
-
 
 @dataclass(frozen=True)
-class Fabric:
+class Fabric(Doc):
     """One fabric ("" = none configured): its connected nodes, how many are whole and free, its GPUs,
     and the weights its storage holds."""
 
@@ -84,16 +79,9 @@ class Fabric:
     not_weights: int  # files in its directories that are not weights (or left unlisted)
     errors: tuple[str, ...]  # "node:path: why" for each directory that could not be read
 
-    def to_doc(self) -> dict[str, Any]:
-        return {"fabric": self.fabric, "nodes": self.nodes, "whole_free_nodes": self.whole_free_nodes,
-                "gpus_used": self.gpus_used, "gpus_free": self.gpus_free,
-                "shared": [s.to_doc() for s in self.shared], "local_dirs": self.local_dirs,
-                "local_nodes": self.local_nodes, "models": [m.to_doc() for m in self.models],
-                "not_weights": self.not_weights, "errors": list(self.errors)}
-
 
 @dataclass(frozen=True)
-class Weight:
+class Weight(Doc):
     """A stored model by name: the fabrics holding it, those that share it, and its local copies."""
 
     name: str
@@ -101,13 +89,9 @@ class Weight:
     shared_on: tuple[str, ...]
     local_nodes: int
 
-    def to_doc(self) -> dict[str, Any]:
-        return {"name": self.name, "fabrics": list(self.fabrics), "shared_on": list(self.shared_on),
-                "local_nodes": self.local_nodes}
-
 
 @dataclass(frozen=True)
-class IdleRow:
+class IdleRow(Doc):
     """A model holding replicas, and how long nobody asked for it (`idle_s` negative: unknown)."""
 
     model: str
@@ -121,13 +105,9 @@ class IdleRow:
     def idle_known(self) -> bool:
         return self.idle_s >= 0
 
-    def to_doc(self) -> dict[str, Any]:
-        return {"model": self.model, "mode": self.mode, "replicas": self.replicas, "gpus": self.gpus,
-                "idle_s": self.idle_s, "idle_timeout_s": self.idle_timeout_s}
-
 
 @dataclass(frozen=True)
-class ReplicaCounts:
+class ReplicaCounts(Doc):
     """Replicas summed over the models the reconciler has judged."""
 
     desired: int = 0
@@ -135,12 +115,9 @@ class ReplicaCounts:
     starting: int = 0
     failed: int = 0
 
-    def to_doc(self) -> dict[str, Any]:
-        return {"desired": self.desired, "ready": self.ready, "starting": self.starting, "failed": self.failed}
-
 
 @dataclass(frozen=True)
-class Totals:
+class Totals(Doc):
     """Models by how they stand; `unknown` counts those not judged yet (left out of the replica sums)."""
 
     models: int = 0
@@ -152,12 +129,6 @@ class Totals:
     stopped: int = 0
     unknown: int = 0
     replicas: ReplicaCounts = field(default_factory=ReplicaCounts)
-
-    def to_doc(self) -> dict[str, Any]:
-        return {"models": self.models, "satisfied": self.satisfied, "short": self.short,
-                "starting": self.starting, "parked": self.parked, "unplaceable": self.unplaceable,
-                "stopped": self.stopped, "unknown": self.unknown, "replicas": self.replicas.to_doc()}
-
 
 def used_devices(placements: Iterable[Placement]) -> tuple[dict[str, set[int]], set[str]]:
     """Per node, the device indexes placements hold; and the nodes running a group member."""
