@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
 
@@ -233,6 +233,17 @@ class _Problems:
             self.found.extend(e.errors)
             return None
 
+    def table(self, doc: Any, name: str, known: Sequence[str], like: str = "") -> bool:
+        """Whether `doc`, the definition's `name`, is an object (else that problem, with an example
+        `like` it); each key it has beyond `known` is a problem too, naming the known ones."""
+        if not isinstance(doc, Mapping):
+            self.add(name, f"must be an object like {like}" if like else "must be an object")
+            return False
+        for key in doc:
+            if key not in known:
+                self.add(f"{name}.{key}", f"unknown key; known: {', '.join(known)}")
+        return True
+
     def raise_if_any(self) -> None:
         if self.found:
             (field, message), *more = self.found
@@ -259,12 +270,8 @@ def _source(doc: Mapping[str, Any], engine: str | None) -> str:
 
 def _replicas(doc: Any, mode: str | None, p: _Problems) -> tuple[int, int] | None:
     """(min, max), or None with the problems added to `p`."""
-    if not isinstance(doc, Mapping):
-        p.add("replicas", "must be an object like {min = 1, max = 1}")
+    if not p.table(doc, "replicas", ("min", "max"), "{min = 1, max = 1}"):
         return None
-    for key in doc:
-        if key not in ("min", "max"):
-            p.add(f"replicas.{key}", "unknown key")
     pre = "replicas."
     # min's default follows the mode and max's follows min: unknown while those are wrong.
     rmin = rmax = None
@@ -297,13 +304,8 @@ def _args(args: Any) -> tuple[str, ...]:
 
 def _profile(doc: Any, p: _Problems) -> Profile | None:
     """The profile, or None with the problems added to `p`."""
-    if not isinstance(doc, Mapping):
-        p.add("profile", "must be an object")
+    if not p.table(doc, "profile", ("gpus", "tp", "pp", "nodes", "classes", "memory_gib", "cpu")):
         return None
-    known = {"gpus", "tp", "pp", "nodes", "classes", "memory_gib", "cpu"}
-    for key in doc:
-        if key not in known:
-            p.add(f"profile.{key}", "unknown key")
     pre = "profile."
     before = len(p.found)
     gpus = p.check(_int, doc, "gpus", 1, low=1, high=64, prefix=pre)
@@ -338,12 +340,8 @@ MAX_LIMIT = 2**31 - 1  # beyond any engine's context or choice count; keeps the 
 
 def _limits(doc: Any, p: _Problems) -> Limits | None:
     """The request limits (null or absent: no limit), or None with the problems added to `p`."""
-    if not isinstance(doc, Mapping):
-        p.add("limits", "must be an object like {max_tokens = 4096, max_n = 4}")
+    if not p.table(doc, "limits", ("max_tokens", "max_n"), "{max_tokens = 4096, max_n = 4}"):
         return None
-    for key in doc:
-        if key not in ("max_tokens", "max_n"):
-            p.add(f"limits.{key}", "unknown key; known: max_tokens, max_n")
     before = len(p.found)
     # None (JSON null, or absent) is "no limit": `to_doc` writes it so, and TOML leaves the key out.
     values = {
@@ -361,12 +359,8 @@ _TIMEOUT_KEYS = ("connect_s", "first_byte_s", "chunk_s")
 def _timeouts(doc: Any, p: _Problems) -> ModelTimeouts | None:
     """The model's upstream timeouts (null or absent: the gateway's default), or None with the problems
     added to `p`."""
-    if not isinstance(doc, Mapping):
-        p.add("timeouts", "must be an object like {first_byte_s = 30, chunk_s = 10}")
+    if not p.table(doc, "timeouts", _TIMEOUT_KEYS, "{first_byte_s = 30, chunk_s = 10}"):
         return None
-    for key in doc:
-        if key not in _TIMEOUT_KEYS:
-            p.add(f"timeouts.{key}", f"unknown key; known: {', '.join(_TIMEOUT_KEYS)}")
     before = len(p.found)
     values = {key: None if doc.get(key) is None else p.check(_timeout, doc, key) for key in _TIMEOUT_KEYS}
     if len(p.found) > before:

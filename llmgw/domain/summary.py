@@ -360,17 +360,6 @@ def summarize(
     )
 
 
-def build(
-    state: ClusterState,
-    observed: Observed,
-    views: Mapping[str, Any] | None,
-    cluster: Mapping[str, Any],
-    now: float | None = None,
-) -> dict[str, Any]:
-    """`summarize(...).to_doc()`: the status document without conditions (what tests of its shape read)."""
-    return summarize(state, observed, views, cluster, now).to_doc()
-
-
 def _model_warnings(m: ModelRow) -> list[str]:
     out = []
     if m.restart_storm:

@@ -110,10 +110,10 @@ def test_the_summary_carries_the_judges_and_says_when_guards_are_off() -> None:
     off, _ = commands.apply(s, commands.put_setting("guard.enabled", False, 3.0))
     guard, warnings = guard_summary(off, Observed(), view(0), NOW)
     assert guard.enabled is False and warnings[0] == GUARDS_OFF
-    built = summary.build(off, Observed(), view(0), {"leader": "cp"}, NOW)
+    built = summary.summarize(off, Observed(), view(0), {"leader": "cp"}, NOW).to_doc()
     assert built["guard"]["enabled"] is False and GUARDS_OFF in built["warnings"]
     assert any(w.startswith("judge lg") for w in built["warnings"])
-    quiet = summary.build(ClusterState(), Observed(), None, {"leader": "cp"}, NOW)
+    quiet = summary.summarize(ClusterState(), Observed(), None, {"leader": "cp"}, NOW).to_doc()
     assert quiet["guard"] == {"enabled": True, "policies": 0, "judges": []}
     assert not any("guard" in w or "judge" in w for w in quiet["warnings"])
 
@@ -165,7 +165,7 @@ def test_a_down_or_failing_judge_is_a_warning_of_the_summary() -> None:
             (s, view(1), failing, "lg failed to answer 5 s ago: no answer within the 2 s budget")):
         guard, warnings = guard_summary(st, observed, views, NOW)
         assert warnings == [f"judge lg (policies a, b): {guard.judges[0].problem}"] and words in warnings[0]
-        built = summary.build(st, observed, views, {"leader": "cp"}, NOW)
+        built = summary.summarize(st, observed, views, {"leader": "cp"}, NOW).to_doc()
         assert f"judge lg (policies a, b): {guard.judges[0].problem}" in built["warnings"]
     assert guard_summary(s, Observed(), view(1), NOW)[1] == []
     assert guard_summary(s, Observed(), None, NOW)[1] == []  # unknown: the models table says why

@@ -43,7 +43,7 @@ def test_capacity_per_class_counts_used_free_and_unusable_mig_instances_as_class
              node("b").gpus(1, "a100-80g").mig(1, "a100-80g", ("3g.40gb", 40), ("3g.40gb", 40)).fabric("ib-a")]
     state = state_with([model("m").gpus(2), model("s").classes("a100-80g-mig-3g.40gb").gpus(1)],
                        [placed("m", "a", [0, 1]), placed("s", "b", [1100])])
-    built = summary.build(state, observed(nodes), None, {})
+    built = summary.summarize(state, observed(nodes), None, {}).to_doc()
     rows = {c["class"]: c for c in built["capacity"]}
     assert {k: rows["h100-80g"][k] for k in ("used", "free", "unusable", "total", "nodes")} == \
         {"used": 2, "free": 1, "unusable": 1, "total": 4, "nodes": 1}
@@ -56,7 +56,7 @@ def test_capacity_per_class_counts_used_free_and_unusable_mig_instances_as_class
 
 def test_a_lost_nodes_devices_are_unknown_not_free() -> None:
     state = state_with([model("m").gpus(1)], [placed("m", "gone", [0])])
-    built = summary.build(state, observed([node("a").gpus(2)], lost={"gone": 5.0}), None, {})
+    built = summary.summarize(state, observed([node("a").gpus(2)], lost={"gone": 5.0}), None, {}).to_doc()
     (row,) = built["capacity"]
     assert (row["used"], row["free"]) == (0, 2)
     assert any(w.startswith("1 node(s) not connected: gone") for w in built["warnings"])
@@ -75,7 +75,7 @@ def test_free_whole_nodes_per_fabric_follow_placements_and_groups() -> None:
     nodes = [node("a1").gpus(8).fabric("ib-a"), node("a2").gpus(8).fabric("ib-a"), node("a3").gpus(8).fabric("ib-a"),
              node("b1").gpus(8).fabric("ib-b"), node("c1").gpus(8), node("cpu")]
     state = state_with([model("m").gpus(1)], [placed("m", "a2", [7])])
-    fabrics = {f["fabric"]: f for f in summary.build(state, observed(nodes), None, {})["fabrics"]}
+    fabrics = {f["fabric"]: f for f in summary.summarize(state, observed(nodes), None, {}).to_doc()["fabrics"]}
     assert fabrics["ib-a"]["whole_free_nodes"] == 2 and fabrics["ib-a"]["nodes"] == 3
     assert fabrics["ib-a"]["gpus_used"] == 1 and fabrics["ib-a"]["gpus_free"] == 23
     assert fabrics["ib-b"]["whole_free_nodes"] == 1
@@ -90,7 +90,7 @@ def test_a_shared_directory_counts_once_per_fabric_local_ones_per_node() -> None
                       storage("/nvme", "ib-a", "qwen", "llama"))
     b1 = with_storage(node("b1").gpus(1).fabric("ib-b").build(), storage("/nvme", "ib-b", "qwen"))
     never_asked = node("b2").gpus(1).fabric("ib-b").build()
-    built = summary.build(state_with(), Observed(nodes={n.node: n for n in (a1, a2, b1, never_asked)}), None, {})
+    built = summary.summarize(state_with(), Observed(nodes={n.node: n for n in (a1, a2, b1, never_asked)}), None, {}).to_doc()
     fabrics = {f["fabric"]: f for f in built["fabrics"]}
     ib_a = fabrics["ib-a"]
     assert ib_a["shared"] == [{"path": "/lustre", "nodes": 2, "models": ["llama"]}]
@@ -108,7 +108,7 @@ def test_a_shared_directory_counts_once_per_fabric_local_ones_per_node() -> None
 def test_an_unreadable_storage_directory_is_one_warning_per_fabric() -> None:
     infos = [with_storage(node(f"n{i}").gpus(1).fabric("ib-a").build(), storage("/m", "ib-a", error="permission denied"))
              for i in range(30)]
-    built = summary.build(state_with(), Observed(nodes={n.node: n for n in infos}), None, {})
+    built = summary.summarize(state_with(), Observed(nodes={n.node: n for n in infos}), None, {}).to_doc()
     said = [w for w in built["warnings"] if "storage" in w]
     assert said == ["30 storage directories on ib-a could not be read: n0:/m: permission denied ..."]
 
@@ -118,9 +118,9 @@ def test_an_unreadable_storage_directory_is_one_warning_per_fabric() -> None:
 
 def test_a_parked_model_that_should_run_reads_0_of_1_and_is_not_satisfied() -> None:
     store = store_with([model("broken").llamacpp().always().replicas(1), model("ok").sim().replicas(1)])
-    built = summary.build(store.snapshot(), Observed(), {
+    built = summary.summarize(store.snapshot(), Observed(), {
         "broken": view("broken", 1, 0, "parked", "parked after 5 failed starts in a row: boom"),
-        "ok": view("ok", 1, 1, "ready")}, {})
+        "ok": view("ok", 1, 1, "ready")}, {}).to_doc()
     rows = {m["name"]: m for m in built["models"]}
     assert (rows["broken"]["ready"], rows["broken"]["desired"], rows["broken"]["satisfied"]) == (0, 1, False)
     assert rows["ok"]["satisfied"] is True
@@ -133,7 +133,7 @@ def test_through_the_reconciler_a_model_parked_after_failed_starts_reads_0_of_1_
     loop.outcome = lambda action: "failed"
     for _ in range(60):  # past every backoff, until it parks
         plan = loop.tick(40.0)
-    built = summary.build(loop.state, loop.observed(), plan.views, {}, loop.now)
+    built = summary.summarize(loop.state, loop.observed(), plan.views, {}, loop.now).to_doc()
     (row,) = built["models"]
     assert (row["ready"], row["desired"], row["state"], row["parked"], row["satisfied"]) == (0, 1, "parked", True, False)
     assert built["totals"]["parked"] == 1 and built["totals"]["short"] == 1
@@ -145,7 +145,7 @@ def test_asked_for_and_unplaceable_is_not_satisfied_and_unknown_is_not_counted()
     state = state_with([model("big").vllm().on_demand(), model("new").sim(), model("idle").sim().on_demand()])
     views = {"big": view("big", 1, 0, "unplaceable", "no node fits"),
              "idle": view("idle", 0, 0, "absent", "no replica is wanted yet")}
-    built = summary.build(state, Observed(), views, {})
+    built = summary.summarize(state, Observed(), views, {}).to_doc()
     rows = {m["name"]: m for m in built["models"]}
     assert rows["big"]["satisfied"] is False and rows["big"]["unplaceable"] is True
     assert rows["idle"]["satisfied"] is True  # nothing wanted, nothing had
@@ -161,7 +161,7 @@ def test_failed_replicas_are_counted_from_the_agents_reports() -> None:
     ids = sorted(state.placements)
     obs = observed([node("n1")], [replica(ids[0], "n1", "failed", model="m", error="boom"),
                                   replica(ids[1], "n1", "ready", model="m")])
-    built = summary.build(state, obs, {"m": view("m", 2, 1, "ready")}, {})
+    built = summary.summarize(state, obs, {"m": view("m", 2, 1, "ready")}, {}).to_doc()
     assert built["models"][0]["failed"] == 1 and built["totals"]["replicas"]["failed"] == 1
 
 
@@ -173,11 +173,11 @@ def test_idle_models_longest_first_and_unknown_last_never_zero() -> None:
     state = state_with([*models, model("unplaced").sim()], [placed("recent", "n1"), placed("old", "n1"),
                                                              placed("unseen", "n1")])
     obs = observed([node("n1")], demand={"recent": 990.0, "old": 100.0, "unplaced": 999.0})
-    rows = summary.build(state, obs, None, {}, 1000.0)["idle"]
+    rows = summary.summarize(state, obs, None, {}, 1000.0).to_doc()["idle"]
     assert [(r["model"], r["idle_s"]) for r in rows] == [("old", 900.0), ("recent", 10.0), ("unseen", -1.0)]
     assert rows[0]["idle_timeout_s"] == 600 and rows[0]["replicas"] == 1
     # Without a clock every idle time is unknown, never 0 (never "just used").
-    assert {r["idle_s"] for r in summary.build(state, obs, None, {})["idle"]} == {-1.0}
+    assert {r["idle_s"] for r in summary.summarize(state, obs, None, {}).to_doc()["idle"]} == {-1.0}
 
 
 def test_idle_for_is_a_dash_when_unknown() -> None:
@@ -209,7 +209,7 @@ def fleet_of_200() -> tuple[dict[str, Any], ReconcileLoop]:
     loop.lose("gpu-151")
     cluster = {"leader": "cp-1", "members": [{"id": f"cp-{i}", "role": "leader" if i == 1 else "standby",
                                               "state": "healthy"} for i in (1, 2, 3)]}
-    return summary.build(loop.state, loop.observed(), plan.views, cluster, loop.now), loop
+    return summary.summarize(loop.state, loop.observed(), plan.views, cluster, loop.now).to_doc(), loop
 
 
 def test_status_at_200_nodes_and_50_models_fits_one_page() -> None:
@@ -246,7 +246,7 @@ def test_status_json_at_200_nodes_keeps_every_count() -> None:
 def test_a_crash_loop_behind_one_ready_replica_is_a_warning_with_its_last_error() -> None:
     state = state_with([model("m").sim().replicas(3)])
     crash = ModelView("m", 3, 1, 1, 0, "ready", "", failures_in_row=4, last_error="ImportError: no module x")
-    built = summary.build(state, Observed(), {"m": crash}, {})
+    built = summary.summarize(state, Observed(), {"m": crash}, {}).to_doc()
     assert "model m: 4 failed start(s) in a row, 1/3 ready: ImportError: no module x" in built["warnings"]
     row = next(line for line in render_status(built).splitlines() if line.startswith("m "))
     assert row.split()[3] == "1/3" and "4 failed start(s) in a row: ImportError: no module x" in row

@@ -43,7 +43,7 @@ def test_an_unhealthy_gpu_holding_a_placement_is_not_counted_used() -> None:
 
 
 def test_the_probes_warnings_reach_the_summary() -> None:
-    built = summary.build(state_with(), Observed(nodes={"n1": a100_box()}), None, {})
+    built = summary.summarize(state_with(), Observed(nodes={"n1": a100_box()}), None, {}).to_doc()
     assert any(w.startswith("node n1: GPU 1: MIG mode is on but no instances") for w in built["warnings"])
     assert built["nodes"][0]["probe"] == "nvidia-smi"
 

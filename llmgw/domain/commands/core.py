@@ -12,6 +12,9 @@ from typing import Any, Callable, TypeVar
 
 from llmgw.domain.state import ClusterState
 
+_T = TypeVar("_T")
+_V = TypeVar("_V")
+
 VERSION = 1
 CID_MAX_CHARS = 200
 SLOT_MAX = 1_000_000
@@ -56,11 +59,20 @@ def with_cid(command: dict[str, Any], cid: str) -> dict[str, Any]:
     return {**command, "cid": cid}
 
 
-def required(c: dict[str, Any], key: str) -> str:
+def parsed(c: dict[str, Any], key: str, read: Callable[[Any], _T], errors: type[Exception], code: str) -> _T:
+    """A command's field read into its value (`read`), a refusal (`code`, the reader's words) when it raises
+    one of `errors`."""
+    try:
+        return read(c.get(key))
+    except errors as e:
+        raise CommandError(code, str(e)) from None
+
+
+def required(c: dict[str, Any], key: str, code: str = "bad_command") -> str:
     """A command's field that must be a non-empty string; anything else is refused, never a TypeError inside apply."""
     value = c.get(key)
     if not isinstance(value, str) or not value:
-        raise CommandError("bad_command", f"{key} must be a non-empty string")
+        raise CommandError(code, f"{key} must be a non-empty string")
     return value
 
 
@@ -75,7 +87,6 @@ def check_slot(c: dict[str, Any]) -> None:
         raise CommandError("bad_command", f"slot must be a whole number from 0 to {SLOT_MAX}")
 
 
-_V = TypeVar("_V")
 
 
 def readonly(mapping: dict[str, _V]) -> MappingProxyType[str, _V]:

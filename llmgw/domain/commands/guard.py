@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from llmgw.domain.commands.core import CommandError, make, readonly
+from llmgw.domain.commands.core import make, parsed, readonly, required
 from llmgw.domain.guard import GuardPolicy, PolicyError
 from llmgw.domain.state import ClusterState
 
@@ -24,10 +24,7 @@ def remove_policy(name: str, at: float) -> dict[str, Any]:
 
 
 def _parse(c: dict[str, Any]) -> GuardPolicy:
-    try:
-        return GuardPolicy.from_doc(c.get("policy"))
-    except PolicyError as e:
-        raise CommandError("invalid_policy", str(e)) from None
+    return parsed(c, "policy", GuardPolicy.from_doc, PolicyError, "invalid_policy")
 
 
 def check_set(c: dict[str, Any]) -> None:
@@ -35,9 +32,7 @@ def check_set(c: dict[str, Any]) -> None:
 
 
 def check_remove(c: dict[str, Any]) -> None:
-    name = c.get("name")
-    if not isinstance(name, str) or not name:
-        raise CommandError("invalid_policy", "name must be a non-empty string")
+    required(c, "name", "invalid_policy")
 
 
 def apply_set(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:

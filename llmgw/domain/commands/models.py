@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from llmgw.domain.commands.core import CommandError, make, readonly, required
+from llmgw.domain.commands.core import CommandError, make, parsed, readonly, required
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.state import ClusterState
 
@@ -28,10 +28,7 @@ def retry_model(name: str, at: float) -> dict[str, Any]:
 
 
 def _parse(c: dict[str, Any]) -> ModelDef:
-    try:
-        return ModelDef.from_doc(c.get("model"))
-    except DefinitionError as e:
-        raise CommandError("invalid_model", str(e)) from None
+    return parsed(c, "model", ModelDef.from_doc, DefinitionError, "invalid_model")
 
 
 def check_put(c: dict[str, Any]) -> None:
