@@ -26,7 +26,7 @@ from llmgw.metrics.expose import counter, gauge, one
 
 @dataclass
 class Scrape:
-    """What one scrape reads, gathered on the loop in one go (admin_metrics.py)."""
+    """What one scrape reads, gathered on the loop in one go (control/api/metrics.py)."""
 
     self_id: str
     leading: bool

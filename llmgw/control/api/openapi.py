@@ -388,7 +388,7 @@ def _paths() -> Schema:
 
 
 def _notify_paths() -> Schema:
-    """The notifier's routes (admin_notify.py); webhooks by id (scheme, host, hash), never their URLs."""
+    """The notifier's routes (ops/notify.py); webhooks by id (scheme, host, hash), never their URLs."""
     delivery = _obj({"event": _STR, "kind": _STR, "subject": _STR, "queued_at": _NUM, "outcome": _STR,
                      "attempts": _INT, "status": _null(_INT), "error": _STR, "finished_at": _null(_NUM)})
     hook = _obj({"id": _STR, "format": _STR, "failing": _BOOL, "failures_in_row": _INT, "last_error": _STR,
@@ -436,7 +436,7 @@ def _guard_paths() -> Schema:
             body=_obj({"name": _MODEL_NAME, "source": {"type": "string", "minLength": 1, "maxLength": 1024},
                        "replace": _BOOL}, (), closed=True), write=True,
             example={"name": "llama-guard", "source": "/models/Llama-Guard-3-1B.Q4_K_M.gguf"})},
-        "/api/v1/guard/judges/ask": {"post": _op(  # admin_guard_ask.py: nothing of the text is kept
+        "/api/v1/guard/judges/ask": {"post": _op(  # ops/judges.py ask: nothing of the text is kept
             "a judge reads a text past the verdict cache: its raw answer and how it was parsed", ask_doc,
             errors=("404", "409", "502"), body=_obj({"text": {"type": "string", "minLength": 1}, "answer": _STR,
                                                      "judge": _MODEL_NAME}, ("text",), closed=True), write=True,
