@@ -223,8 +223,7 @@ def _vllm(weights: str, *, model: str, host: str, port: int, tokens: list[str], 
                                                 "came in 0.11.1): upgrade vLLM, or run the Ray path by hand "
                                                 "(docs/engines.md)")
         env["VLLM_HOST_IP"] = host  # the address vLLM's ranks tell each other
-    argv = vllm.serve_argv(cmd, source=weights, model=model, host=host, port=port, tokens=tokens,
-                           gpus=len(devices), group=group)
+    argv = vllm.serve_argv(cmd, vllm.Serve(weights, model, host, port, tokens, len(devices)), group)
     if group is not None and group.rank > 0:
         return LaunchSpec(argv, env, health_path=None, probe="process", cwd=cwd)
     return LaunchSpec(argv, env, cwd=cwd)

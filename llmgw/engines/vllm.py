@@ -21,11 +21,12 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from llmgw.engines.base import EngineError, EngineKind, Group, binary_version, find_binary, split_hostport
 from llmgw.engines.sources import find_spec
 
-__all__ = ["ENV_VAR", "FAILURES", "KIND", "NATIVE_MULTINODE", "command", "ray_argvs", "serve_argv", "version"]
+__all__ = ["ENV_VAR", "FAILURES", "KIND", "NATIVE_MULTINODE", "Serve", "command", "ray_argvs", "serve_argv", "version"]
 
 ENV_VAR = "LLMGW_VLLM"
 NATIVE_MULTINODE = (0, 11, 1)  # --nnodes/--node-rank/--master-addr/--master-port/--headless (PR #23691)
@@ -119,25 +120,28 @@ def version_tuple(text: str) -> tuple[int, ...] | None:
     return tuple(int(part) for part in found.groups(default="0"))
 
 
-def serve_argv(
-    cmd: Sequence[str],
-    *,
-    source: str,
-    model: str,
-    host: str,
-    port: int,
-    tokens: Sequence[str],
-    gpus: int,
-    group: Group | None = None,
-) -> list[str]:
+@dataclass(frozen=True)
+class Serve:
+    """What one `vllm serve` is asked, whichever launcher runs it: the weights (`source`), the name it answers
+    as, where it listens, its tunables as tokens, and this node's GPUs."""
+
+    source: str
+    model: str
+    host: str
+    port: int
+    tokens: Sequence[str]
+    gpus: int
+
+
+def serve_argv(cmd: Sequence[str], serve: Serve, group: Group | None = None) -> list[str]:
     """`vllm serve SOURCE` answering as `model`; tensor parallel over this node's `gpus`; one rank
     of `group` through vLLM's own multi-node launcher (rank 0 serves the API, the others headless)."""
-    argv = [*cmd, "serve", source]
+    argv = [*cmd, "serve", serve.source]
     if group is None or group.rank == 0:
-        argv += ["--host", host, "--port", str(port)]
-    argv += ["--served-model-name", model]
-    if gpus > 1 or group is not None:
-        argv += ["--tensor-parallel-size", str(max(gpus, 1))]
+        argv += ["--host", serve.host, "--port", str(serve.port)]
+    argv += ["--served-model-name", serve.model]
+    if serve.gpus > 1 or group is not None:
+        argv += ["--tensor-parallel-size", str(max(serve.gpus, 1))]
     if group is not None:
         master, master_port = split_hostport(group.leader, "group leader")
         argv += [
@@ -150,28 +154,17 @@ def serve_argv(
         ]
         if group.rank > 0:
             argv.append("--headless")
-    return argv + list(tokens)
+    return argv + list(serve.tokens)
 
 
-def ray_argvs(
-    cmd: Sequence[str],
-    ray: str,
-    *,
-    source: str,
-    model: str,
-    host: str,
-    port: int,
-    tokens: Sequence[str],
-    gpus: int,
-    group: Group,
-) -> list[list[str]]:
+def ray_argvs(cmd: Sequence[str], ray: str, serve: Serve, group: Group) -> list[list[str]]:
     """The Ray path for a vLLM older than v0.11.1, in start order: rank 0 runs a Ray head, then (once
     every other rank has joined) `vllm serve … --distributed-executor-backend ray`; each rank >= 1
     runs one `ray start --address` and nothing else."""
     leader_host, ray_port = split_hostport(group.leader, "group leader")
     if group.rank > 0:
-        return [[ray, "start", "--block", "--address", f"{leader_host}:{ray_port}", "--node-ip-address", host]]
-    serve = [*cmd, "serve", source, "--host", host, "--port", str(port), "--served-model-name", model,
-             "--tensor-parallel-size", str(max(gpus, 1)), "--pipeline-parallel-size", str(group.size),
-             "--distributed-executor-backend", "ray", *tokens]
-    return [[ray, "start", "--block", "--head", "--port", str(ray_port), "--node-ip-address", leader_host], serve]
+        return [[ray, "start", "--block", "--address", f"{leader_host}:{ray_port}", "--node-ip-address", serve.host]]
+    argv = [*cmd, "serve", serve.source, "--host", serve.host, "--port", str(serve.port), "--served-model-name",
+            serve.model, "--tensor-parallel-size", str(max(serve.gpus, 1)), "--pipeline-parallel-size",
+            str(group.size), "--distributed-executor-backend", "ray", *serve.tokens]
+    return [[ray, "start", "--block", "--head", "--port", str(ray_port), "--node-ip-address", leader_host], argv]

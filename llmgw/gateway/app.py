@@ -41,8 +41,9 @@ from llmgw.interfaces import StateReader
 from llmgw.logs import request_id_var, role_var
 from llmgw.metrics import gateway as gw_metrics
 from llmgw.net import url_host
-from llmgw.wire.asgi import (MAX_BODY_BYTES, Receive, Scope, Send, cancel_on_disconnect, dumps, lifespan, parse_object,
+from llmgw.wire.asgi import (MAX_BODY_BYTES, RawApp, Receive, Scope, Send, cancel_on_disconnect, dumps, parse_object,
                              read_body, send_json)
+from llmgw.wire import logquery
 from llmgw.wire.front import BACKLOG, Front, listen_socket
 
 __all__ = [
@@ -59,7 +60,7 @@ _access = logging.getLogger("llmgw.gateway.access")
 # (for at most `Timeouts.gateway_drain_body_s`).
 DRAIN_FACTOR = 4
 
-_UNLOGGED = ("/health", "/metrics", requestlog_query.PATH)  # probes and control's queries are not requests to log
+_UNLOGGED = ("/health", "/metrics", logquery.PATH)  # probes and control's queries are not requests to log
 
 
 def _no_endpoint_status(code: str) -> int:
@@ -86,7 +87,7 @@ def make_app(deps: GatewayDeps) -> GatewayApp:
     return GatewayApp(deps)
 
 
-class GatewayApp:
+class GatewayApp(RawApp):
     """Raw ASGI app; `make_app` builds it. `aclose()` closes an upstream pool it built."""
 
     def __init__(self, deps: GatewayDeps) -> None:
@@ -105,12 +106,6 @@ class GatewayApp:
     async def aclose(self) -> None:
         if self._owns_pool:
             self.pool.close()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            await self._http(scope, receive, send)
-        elif scope["type"] == "lifespan":
-            await lifespan(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = trio.current_time()
@@ -169,7 +164,7 @@ class GatewayApp:
             return
         kind = POST_PATHS.get(path)
         if kind is None:
-            if path.startswith(requestlog_query.PATH):  # control asks this gateway's log (admin key)
+            if path.startswith(logquery.PATH):  # control asks this gateway's log (admin key)
                 await self._send(ex, send, *await requestlog_query.answer(scope, self.deps.state, self.log))
                 return
             if path == "/v1/models" or path.startswith("/v1/models/"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -76,19 +76,19 @@ class _Sim:
     cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
+@dataclass(eq=False)
 class SimRunner:
     """One node's replicas as in-process sim engines (a `ReplicaRunner`): starting for the
     `--startup-delay`, then ready at `server.url(id)`, or failed as the sim process fails with
     `--fail-start`. Nothing outlives the fleet: `close` stops every replica."""
 
-    def __init__(self, nursery: trio.Nursery, on_change: Callable[[], None], inventory: Callable[[], NodeInfo],
-                 *, node: str, server: EngineServer) -> None:
-        self._nursery = nursery
-        self._on_change = on_change
-        self._inventory = inventory
-        self.node = node
-        self._server = server
-        self._replicas: dict[str, _Sim] = {}
+    nursery: trio.Nursery
+    on_change: Callable[[], None]
+    inventory: Callable[[], NodeInfo]
+    _: KW_ONLY
+    node: str
+    server: EngineServer
+    _replicas: dict[str, _Sim] = field(default_factory=dict, init=False, repr=False)
 
     def replicas(self) -> list[ReplicaObs]:
         return [r.obs for r in self._replicas.values()]
@@ -114,7 +114,7 @@ class SimRunner:
             return
         sim = _Sim(ReplicaObs(replica_id, model.name, self.node, "starting", since=time.time()), launch)
         self._put(replica_id, sim)
-        self._nursery.start_soon(self._run, sim, opts, app)
+        self.nursery.start_soon(self._run, sim, opts, app)
 
     def stop(self, replica_id: str) -> None:
         sim = self._replicas.pop(replica_id, None)
@@ -140,7 +140,7 @@ class SimRunner:
 
     def _devices(self, gpus: Sequence[int]) -> list[str]:
         """The UUIDs of the GPUs placement chose; refused as the real agent refuses them."""
-        by_index = {g.index: g for g in self._inventory().gpus}
+        by_index = {g.index: g for g in self.inventory().gpus}
         uuids = []
         for index in gpus:
             gpu = by_index.get(index)
@@ -162,8 +162,8 @@ class SimRunner:
                 self._set(sim, "failed", error=f"engine exited with status {FAIL_START_STATUS} before serving: "
                                                f"{start_failure('sim', said)}")
                 return
-            self._server.apps[rid] = app
-            self._set(sim, "ready", url=self._server.url(rid))
+            self.server.apps[rid] = app
+            self._set(sim, "ready", url=self.server.url(rid))
 
     def _failed(self, replica_id: str, model: str, error: str) -> _Sim:
         log.warning("replica %s on %s refused: %s", replica_id, self.node, error)
@@ -179,7 +179,7 @@ class SimRunner:
     def _end(self, sim: _Sim) -> None:
         sim.cancel.cancel()
         if sim.obs.state == "ready":  # one replica of an id is ready at a time: the app is its own
-            self._server.apps.pop(sim.obs.replica_id, None)
+            self.server.apps.pop(sim.obs.replica_id, None)
 
     def _set(self, sim: _Sim, state: str, **fields: Any) -> None:
         if self._replicas.get(sim.obs.replica_id) is not sim:
@@ -189,6 +189,6 @@ class SimRunner:
 
     def _changed(self) -> None:
         try:
-            self._on_change()
+            self.on_change()
         except Exception:
             log.exception("replica change callback failed")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, ParamSpec
 
 from llmgw.domain import commands
 from llmgw.domain.model import ModelDef
@@ -18,6 +18,8 @@ from llmgw.domain.observed import Gpu, NodeInfo, Observed, ReplicaObs
 from llmgw.domain.state import ClusterState
 from llmgw.reconcile import AgentAction, Plan, decide
 from llmgw.testing import MemoryStore
+
+_P = ParamSpec("_P")
 
 GIB = 1 << 30
 DEFAULT_ENGINES = ("sim", "llama.cpp")
@@ -244,14 +246,14 @@ def store_with(
     return store
 
 
-def state_with(
-    models: Iterable[ModelDef | ModelBuilder] = (),
-    placements: Iterable[Placed] = (),
-    settings: Mapping[str, Any] | None = None,
-    *,
-    at: float = 0.0,
-) -> ClusterState:
-    return store_with(models, placements, settings, at=at).snapshot()
+def _snapshot_of(build: Callable[_P, MemoryStore]) -> Callable[_P, ClusterState]:
+    def snapshot(*args: _P.args, **kwargs: _P.kwargs) -> ClusterState:
+        return build(*args, **kwargs).snapshot()
+    return snapshot
+
+
+state_with = _snapshot_of(store_with)
+"""`store_with(...)`'s state: the same arguments, the snapshot they make."""
 
 
 # --- observations -----------------------------------------------------------

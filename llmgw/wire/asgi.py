@@ -61,6 +61,19 @@ async def lifespan(receive: Receive, send: Send) -> None:
             return
 
 
+class RawApp:
+    """A raw ASGI app: each HTTP request to `_http`, the server's lifespan answered, other scopes ignored."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await lifespan(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
 async def read_body(scope: Scope, receive: Receive, ex: Exchange, cap: int = MAX_BODY_BYTES) -> bytes:
     """The whole request body; refuses (413) one over `cap` bytes, announced or sent.
 

@@ -27,7 +27,7 @@ from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.engines import self_command, sim
 from llmgw.engines.sim.requests import judged_text
-from llmgw.gateway import requestlog_query
+from llmgw.wire import logquery
 from llmgw.gateway.app import GatewayDeps, serve
 from llmgw.gateway.guard import GuardStats
 from llmgw.gateway.requestlog import RequestLog
@@ -61,7 +61,7 @@ class Setup:
         """The request log's record of one request, once the writer has flushed it."""
         with trio.fail_after(10):
             while True:
-                got = await self.http.get(f"{requestlog_query.PATH}/{request_id}",
+                got = await self.http.get(f"{logquery.PATH}/{request_id}",
                                           headers={"authorization": f"Bearer {ADMIN_KEY}"})
                 record = got.json()["request"]
                 if record is not None:

@@ -19,7 +19,7 @@ from llmgw.domain import commands
 from llmgw.domain.keys import hash_key
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Endpoint, ModelRoute
-from llmgw.gateway import requestlog_query
+from llmgw.wire import logquery
 from llmgw.gateway.app import GatewayDeps, serve
 from llmgw.gateway.requestlog import RequestLog
 from llmgw.gateway.router import Router
@@ -50,7 +50,7 @@ async def paced(request: Request, reply: Reply) -> None:
 async def record_of(gateway: httpx.AsyncClient, request_id: str) -> dict[str, Any]:
     """The record, once the writer has written it (the writer runs off the request path, every flush)."""
     while True:
-        r = await gateway.get(f"{requestlog_query.PATH}/{request_id}", headers={"authorization": f"Bearer {ADMIN}"})
+        r = await gateway.get(f"{logquery.PATH}/{request_id}", headers={"authorization": f"Bearer {ADMIN}"})
         assert r.status_code == 200, r.text
         doc: dict[str, Any] | None = r.json()["request"]
         if doc is not None:
@@ -94,6 +94,6 @@ async def test_a_streams_record_has_its_time_to_first_token_and_a_refusals_its_c
         assert (no["status"], no["error"], no["model"], no["ttft_ms"]) == (404, "model_not_found", "", None)
 
         # The log is read with an admin or a viewer key (the console's viewers), never a client key.
-        one = f"{requestlog_query.PATH}/{streamed}"
+        one = f"{logquery.PATH}/{streamed}"
         assert (await http.get(one, headers={"authorization": f"Bearer {VIEWER}"})).status_code == 200
         assert (await http.get(one, headers=auth)).status_code == 401

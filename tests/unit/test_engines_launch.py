@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.engines import EngineError, Group, LaunchSpec, launch_spec
-from llmgw.engines.vllm import ray_argvs
+from llmgw.engines.vllm import Serve, ray_argvs
 from tests.support.tiny_gguf import minimal_gguf, truncate
 
 HOST = "10.0.0.1"
@@ -236,13 +236,11 @@ def test_vllm_too_old_for_its_launcher_is_refused(tmp_path: Path) -> None:
 def test_vllm_ray_alternative() -> None:
     # docs.vllm.ai "multi-node serving": `ray start --head --port P` first, `ray start --address H:P` on
     # the others, then `vllm serve ... --distributed-executor-backend ray` on the head only.
-    head = ray_argvs(["vllm"], "ray", source="/m", model="demo", host="10.0.0.1", port=8000, tokens=[], gpus=8,
-                     group=Group(0, 2, "10.0.0.1:6379"))
+    head = ray_argvs(["vllm"], "ray", Serve("/m", "demo", "10.0.0.1", 8000, [], 8), Group(0, 2, "10.0.0.1:6379"))
     assert head[0][:5] == ["ray", "start", "--block", "--head", "--port"] and head[0][5] == "6379"
     assert flags(head[1])["--distributed-executor-backend"] == "ray"
     assert flags(head[1])["--pipeline-parallel-size"] == "2"
-    worker = ray_argvs(["vllm"], "ray", source="/m", model="demo", host="10.0.0.2", port=8000, tokens=[], gpus=8,
-                       group=Group(1, 2, "10.0.0.1:6379"))
+    worker = ray_argvs(["vllm"], "ray", Serve("/m", "demo", "10.0.0.2", 8000, [], 8), Group(1, 2, "10.0.0.1:6379"))
     assert worker == [["ray", "start", "--block", "--address", "10.0.0.1:6379", "--node-ip-address", "10.0.0.2"]]
 
 

@@ -1,28 +1,22 @@
 """One place for each thing: a second copy of a shared piece fails here, with where the one
 place is. Each rule was seen to fail with a copy put back (see the `_finds` cases)."""
 
-# Repeated pairs that stay (`duplicates --repo llmgw`: six or more lines of the same shape). Each is a
-# likeness of shape, not one piece of logic written twice; moving it to one place would add indirection
-# and save nothing. In agent/, gateway/, engines/, cli/, simfleet/ and domain/ (the lead lists the rest):
+# Repeated pairs that stay: all ten that `duplicates --repo llmgw` reports (six or more lines of the same
+# shape). Each is a likeness of shape, not one piece of logic written twice; moving it to one place would
+# add indirection and save nothing.
 # - engines/llama_server.py ~ engines/vllm.py: the FAILURES tables, each engine's own log patterns and words.
-# - engines/vllm.py serve_argv ~ ray_argvs: the two launchers of one vLLM serve take the same six arguments;
-#   one plain signature each reads better than a bundle of them.
-# - engines/sim/app.py ~ gateway/app.py: a raw ASGI app's `__call__` (http to `_http`, the lifespan answered);
-#   the one place for it would be llmgw/wire/asgi.py, beside `lifespan` (its owner's call).
+# - cli/roles.py ~ simfleet/command.py: two cyclopts commands' numpy docstrings (Parameters, one entry per
+#   flag); the flags they share are declared once (`_log_flags.LogFlags`).
+# - agent/storage.py ~ wire/protocol_agent.py, agent/storage.py ~ control/reconciler.py: dataclass field
+#   lists, each type naming its own fields.
+# - cli/__init__.py ~ itself: the command table, one `app.command(...)` with its help per command.
+# - domain/summary.py ~ domain/summary_fleet.py, domain/model.py ~ domain/summary_fleet.py, summary_fleet.py
+#   ~ itself: the typed summary's rows and model's profile, field lists of counts (`x: int = 0`); their
+#   documents are written once, by `frozen.Doc`.
 # - agent/supervisor.py ~ simfleet/engines.py: `stop` and `stop_all`/`close` of two ReplicaRunners over
 #   different replicas (processes, in-process apps); their starts share `adoption.read_start`.
-# - cli/roles.py ~ simfleet/command.py, cli/ctl/members.py ~ cli/ctl/models.py, cli/ctl/guard.py ~
-#   cli/ctl/models.py, cli/ctl/models.py ~ itself: cyclopts commands, each a signature and a numpy docstring
-#   (Parameters, one line per flag) around one `session.show_answer`; the flags they share are declared once
-#   (`definitions.ModelFlags`, `_log_flags.LogFlags`).
-# - cli/__init__.py ~ itself: the command table, one `app.command(...)` with its help per command.
-# - domain/model.py ~ itself, ~ domain/observed.py, ~ domain/summary.py: `to_doc` dict literals, each
-#   naming its own fields; ~ domain/summary_fleet.py: frozen dataclass fields.
-# - agent/storage.py ~ wire/protocol_agent.py, ~ control/reconciler.py: dataclass field lists.
 # - domain/settings.py ~ engines/base.py: SettingError and EngineError, each an error with a key (code) and
 #   its words, in layers that must not share a base (domain/ imports the standard library only).
-# - gateway/upstream.py ~ control/members.py, simfleet/engines.py ~ notify/notifier.py: constructors
-#   storing their arguments.
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ def judge_enable(
                                render=render_enabled)
 
 
-# --- `guard judge ask` (the admin API's admin_guard_ask.py) --------------------------------------------
+# --- `guard judge ask` (the admin API's ops/judges.py, `ask`) --------------------------------------------
 
 
 @judge_app.command(name="ask")

@@ -26,17 +26,12 @@ def models(*, session: SessionParam) -> int:
 
 
 model_app = cyclopts.App(name="model", help="Show, serve, remove or retry one model.")
+ModelName = Annotated[str, Parameter(help="The model's name.")]
 
 
 @model_app.command(name="show")
-def model_show(name: str, /, *, session: SessionParam) -> int:
-    """One model: its definition, health and replicas.
-
-    Parameters
-    ----------
-    name
-        The model's name.
-    """
+def model_show(name: ModelName, /, *, session: SessionParam) -> int:
+    """One model: its definition, health and replicas."""
     return session.show_answer("GET", api_path("models", name), render=lambda d: render_model(dig(d, "model") or {}))
 
 
@@ -119,27 +114,15 @@ def model_serve(
 
 
 @model_app.command(name="remove")
-def model_remove(name: str, /, *, session: SessionParam) -> int:
-    """Remove a model; its replicas are stopped.
-
-    Parameters
-    ----------
-    name
-        The model's name.
-    """
+def model_remove(name: ModelName, /, *, session: SessionParam) -> int:
+    """Remove a model; its replicas are stopped."""
     return session.show_answer("DELETE", api_path("models", name),
                                render=lambda d: f"removed model {cell(dig(d, 'removed') or name)}")
 
 
 @model_app.command(name="retry")
-def model_retry(name: str, /, *, session: SessionParam) -> int:
-    """Un-park a model so that it is placed again.
-
-    Parameters
-    ----------
-    name
-        The model's name.
-    """
+def model_retry(name: ModelName, /, *, session: SessionParam) -> int:
+    """Un-park a model so that it is placed again."""
     return session.show_answer(
         "POST", api_path("models", name, "retry"),
         render=lambda d: f"retrying model {cell(dig(d, 'retried') or name)}: its failure count is cleared")

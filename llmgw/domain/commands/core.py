@@ -21,7 +21,7 @@ SLOT_MAX = 1_000_000
 
 # Each operation: (stateless check, change). The check raises CommandError; it runs before a
 # command is logged and again before the change is applied, so the change may trust the fields' shape.
-Check = Callable[[dict[str, Any]], None]
+Check = Callable[[dict[str, Any]], object]  # what it returns is not used (a reader may be the check)
 Change = Callable[[ClusterState, dict[str, Any], float], tuple[ClusterState, Any]]
 
 

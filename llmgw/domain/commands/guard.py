@@ -23,12 +23,9 @@ def remove_policy(name: str, at: float) -> dict[str, Any]:
     return make("guard.remove", at, name=name)
 
 
-def _parse(c: dict[str, Any]) -> GuardPolicy:
+def check_set(c: dict[str, Any]) -> GuardPolicy:
+    """The command's policy, read: a policy that does not read is refused (`invalid_policy`)."""
     return parsed(c, "policy", GuardPolicy.from_doc, PolicyError, "invalid_policy")
-
-
-def check_set(c: dict[str, Any]) -> None:
-    _parse(c)
 
 
 def check_remove(c: dict[str, Any]) -> None:
@@ -37,7 +34,7 @@ def check_remove(c: dict[str, Any]) -> None:
 
 def apply_set(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
     """Stores the policy under its name; the same policy again changes nothing but the revision."""
-    policy = _parse(c)
+    policy = check_set(c)
     old = s.guard_policies.get(policy.name)
     policies = readonly(s.guard_policies | {policy.name: policy})
     return replace(s, guard_policies=policies), {"created": old is None, "changed": old != policy}

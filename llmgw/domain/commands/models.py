@@ -27,12 +27,9 @@ def retry_model(name: str, at: float) -> dict[str, Any]:
     return make("model.retry", at, name=name)
 
 
-def _parse(c: dict[str, Any]) -> ModelDef:
+def check_put(c: dict[str, Any]) -> ModelDef:
+    """The command's definition, read: one that does not read is refused (`invalid_model`)."""
     return parsed(c, "model", ModelDef.from_doc, DefinitionError, "invalid_model")
-
-
-def check_put(c: dict[str, Any]) -> None:
-    _parse(c)
 
 
 def check_name(c: dict[str, Any]) -> None:
@@ -41,7 +38,7 @@ def check_name(c: dict[str, Any]) -> None:
 
 
 def apply_put(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
-    model = _parse(c)
+    model = check_put(c)
     health = s.health.copy()
     old = s.models.get(model.name)
     if old is not None and old.launch_hash() != model.launch_hash():

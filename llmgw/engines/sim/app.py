@@ -27,7 +27,7 @@ from llmgw.engines.sim.group import GroupRole
 from llmgw.engines.sim.requests import (check_input, check_messages, check_optional, check_prompt, content_text,
                                         count_words, embed, focus_text, judged_text, max_tokens)
 from llmgw.errors import OpenAIError
-from llmgw.wire.asgi import (Exchange, Receive, Scope, Send, cancel_on_disconnect, dumps, lifespan, parse_object,
+from llmgw.wire.asgi import (Exchange, RawApp, Receive, Scope, Send, cancel_on_disconnect, dumps, parse_object,
                              read_body, send_json)
 
 __all__ = ["SimApp", "SimOptions", "make_app"]
@@ -83,7 +83,7 @@ def make_app(opts: SimOptions) -> SimApp:
     return SimApp(opts)
 
 
-class SimApp:
+class SimApp(RawApp):
     """Raw ASGI app; `make_app` builds it."""
 
     def __init__(self, opts: SimOptions) -> None:
@@ -91,12 +91,6 @@ class SimApp:
         self._ids = itertools.count(1)
         self._unsafe = [(re.compile(rf"(?<!\w){re.escape(w)}(?!\w)", re.IGNORECASE), code) for w, code in opts.unsafe]
         self.generated = 0  # chat and completion requests answered (tests count a judge's calls)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            await self._http(scope, receive, send)
-        elif scope["type"] == "lifespan":
-            await lifespan(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
