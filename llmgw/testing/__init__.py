@@ -1,5 +1,9 @@
 """Fakes and builders for tests, shipped with the package (like `trio.testing`).
 
+A user's own tests may import them, so they import only the standard library,
+llmgw and its dependencies (tests/unit/test_testing_kit.py); the suite's own
+harness (processes, clusters, fault catalog, fuzzers) lives in tests/support.
+
 `MemoryStore` runs the real `domain.apply` over an in-memory log: the same
 semantics as the Raft store, without pysyncobj.
 """
