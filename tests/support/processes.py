@@ -54,7 +54,8 @@ def running_under(root: Path) -> list[int]:
 
 
 def kill_engines_under(root: Path) -> list[int]:
-    """SIGKILL what `running_under(root)` finds; returns the pids killed."""
+    """SIGKILL what `running_under(root)` finds, and wait until each is gone (a killed process still shows
+    its working directory while it exits: the next look must not find it again); the pids killed."""
     killed = []
     for pid in running_under(root):
         try:
@@ -62,6 +63,9 @@ def kill_engines_under(root: Path) -> list[int]:
             killed.append(pid)
         except ProcessLookupError:
             pass
+    deadline = time.monotonic() + 30  # SIGKILL cannot be ignored: only a stuck kernel takes this long
+    while any(alive(pid) for pid in killed) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return killed
 
 
