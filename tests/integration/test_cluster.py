@@ -5,61 +5,25 @@ member is added and removed at run time."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import pytest
 
 from llmgw.cli.ctl import run_ctl
+from tests.support.cluster import Member
 from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 
 ADMIN = "sk-cluster-admin"
 T = TypeVar("T")
-
-
-@dataclass
-class Member:
-    name: str
-    state_dir: Path
-    raft_addr: str = field(default_factory=lambda: f"127.0.0.1:{free_port()}")
-    admin_port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
-
-    @property
-    def log(self) -> Path:
-        return self.state_dir.parent / f"{self.name}.log"
-
-    def start(self, peers: list[str], *, env: dict[str, str] | None = None, extra: list[str] | None = None) -> None:
-        args = ["control", "--state-dir", str(self.state_dir), "--raft-addr", self.raft_addr,
-                "--admin-addr", f"127.0.0.1:{self.admin_port}", *[a for p in peers for a in ("--peer", p)],
-                *(extra or [])]
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "llmgw", *args], stdout=out, stderr=subprocess.STDOUT,
-                                         env={**os.environ, **(env or {})})
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float, logs: list[Member]) -> T:
