@@ -58,6 +58,12 @@ class WritableStore(StateReader, Protocol):
 
     def is_leader(self) -> bool: ...
 
+    async def confirm_leader(self) -> None:
+        """Return once this member has confirmed, after the call began, that it still leads (a majority
+        answered it), so a read served next misses no acknowledged write. Raises `NotLeader`, or
+        `StoreUnavailable` (`LeadershipUnconfirmed`) when no majority confirmed it in time."""
+        ...
+
 
 class RaftGroup(Protocol):
     """Control → its Raft group: this member's view of the group, commands sent through the

@@ -93,6 +93,7 @@ def control(
     admin_addr: str,
     peer: list[str] | None = None,
     join: bool = False,
+    rejoin: bool = False,
     admin_url: str | None = None,
     cluster_secret_file: Path | None = None,
     floating_address: str | None = None,
@@ -118,6 +119,11 @@ def control(
     join
         Join a running group: wait, without a deadline, until a member adds this one
         (`llmgw ctl members add RAFT_ADDR`); give every current member as --peer. Seeds nothing.
+    rejoin
+        After this member's journal was damaged and it was removed from the group (`llmgw ctl
+        members remove RAFT_ADDR`): move STATE_DIR/raft aside (to raft.damaged-TIME) and start as
+        with --join; then add it again, and it gets the group's state from the leader
+        (docs/ha.md, "A damaged journal").
     admin_url
         The URL other members and clients reach this admin API at (default: from --admin-addr,
         a wildcard host replaced by the --raft-addr host).
@@ -149,6 +155,15 @@ def control(
     client_key = os.environ.get("LLMGW_CLIENT_KEY") or None
     with statedir.acquire_or_exit(state_dir, "llmgw control"):  # before anything in the dir is touched
         log.setup(state_dir / "logs" / "control.log")
+        if rejoin:
+            from llmgw.store.durable import move_raft_aside
+
+            aside = move_raft_aside(state_dir)
+            logging.getLogger("llmgw.control").warning(
+                "rejoining: %s; starting as --join: add this member again (llmgw ctl members add %s), and it gets "
+                "the group's state from the leader", f"moved {state_dir / 'raft'} aside to {aside}" if aside
+                else f"no {state_dir / 'raft'} to move aside", raft_addr)
+            join = True
         if client_key and not key:
             logging.getLogger("llmgw.control").warning(
                 "LLMGW_CLIENT_KEY is ignored: the first keys are given together, with LLMGW_ADMIN_KEY, at the first "

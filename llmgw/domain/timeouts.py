@@ -39,7 +39,7 @@ class Reconnect:
 @dataclass(frozen=True)
 class Timeouts:
     # --- the agent's stream to the control plane ------------------------------------
-    stream_heartbeat_s: float = _t(2.0, "agent", "on an agent's stream, each end (agent and leader) with nothing else to send sends a heartbeat this often; an end that heard nothing for 3 intervals takes its peer for gone (the agent looks for the leader, the leader closes the stream and the node's grace period starts)")
+    stream_heartbeat_s: float = _t(1.5, "agent", "on an agent's stream, each end (agent and leader) with nothing else to send sends a heartbeat this often; an end that heard nothing for 3 intervals (4.5 s: a vanished peer is noticed within 5 s) takes its peer for gone (the agent looks for the leader, the leader closes the stream and the node's grace period starts)")
     agent_connect_s: float = _t(5.0, "agent", "one connect (TCP and handshake) of an agent to a control plane gives up after this long")
     storage_rescan_s: float = _t(30.0, "agent", "an agent rescans its --storage directories this often (unchanged files are not read again) and reports its inventory again when they changed")
     agent_reconnect_min_s: float = _t(0.2, "agent", "first wait before an agent reconnects to control (doubles, with jitter)")
@@ -82,13 +82,14 @@ class Timeouts:
     store_ready_s: float = _t(30.0, "store", "a store not ready (journal replayed, leader known) this long fails the start")
     store_ready_poll_s: float = _t(0.02, "store", "while starting, how often the store checks for a leader and a replayed log")
     store_commit_s: float = _t(10.0, "store", "a write not committed this long is refused as unavailable (no quorum?)")
+    store_read_s: float = _t(1.0, "store", "an admin API read on the leader waits this long for a majority of the group to confirm that this member still leads (a ReadIndex round: about a network round trip); then 503 leader_unreachable, never a possibly stale answer")
     store_close_s: float = _t(5.0, "store", "on stop, the Raft thread gets this long to finish before it is abandoned")
     raft_tick_s: float = _t(0.005, "store", "the longest wait of Raft's thread for an event (timers such as heartbeats fire at this granularity)")
     raft_heartbeat_s: float = _t(0.05, "store", "the leader sends appends or heartbeats to followers this often")
     raft_election_min_s: float = _t(0.4, "store", "shortest time without a leader before a follower stands for election")
     raft_election_max_s: float = _t(1.4, "store", "longest time without a leader before a follower stands for election")
     raft_connect_retry_s: float = _t(0.5, "store", "a member unreachable at its Raft address is dialled again this often (a member that comes back joins this fast)")
-    raft_leader_fallback_s: float = _t(2.0, "store", "a leader that heard from no majority this long steps down; until then a partitioned leader still believes it leads (not a lease)")
+    raft_leader_fallback_s: float = _t(2.0, "store", "a leader that heard from no majority this long steps down; until then a partitioned leader still believes it leads, but serves no read (each is confirmed by a majority first: store_read_s)")
     raft_refusal_log_s: float = _t(60.0, "store", "a refused Raft peer (wrong cluster secret, not in the group) is logged at most once per this long, per address")
     # --- the gateway ---------------------------------------------------------------------
     gateway_keep_alive_s: float = _t(75.0, "gateway", "idle client connections stay open this long (longer than SDK pools keep them)")
@@ -110,7 +111,7 @@ class Timeouts:
     upstream_refused_probe_s: float = _t(2.0, "gateway", "a replica that refused a connection is out of rotation; after this long one request tries it again (moving to another replica if it still refuses)")
     upstream_idle_s: float = _t(4.0, "gateway", "idle upstream connections are closed after this long (before the engine closes them)")
     gateway_heartbeat_s: float = _t(1.0, "gateway", "a gateway and the leader each send a heartbeat on their quiet stream this often")
-    gateway_silence_s: float = _t(5.0, "gateway", "a gateway stream with no message this long is taken for dead; each side closes it")
+    gateway_silence_s: float = _t(4.0, "gateway", "a gateway stream with no message this long is taken for dead; each side closes it (4 heartbeats: a vanished peer is noticed within 5 s)")
     gateway_demand_report_s: float = _t(0.25, "gateway", "a remote gateway sends its demand (activation asks, last use) to the leader at most this often")
     gateway_reconnect_min_s: float = _t(0.2, "gateway", "first wait before a gateway tries the next control URL (doubles, with jitter)")
     gateway_reconnect_max_s: float = _t(5.0, "gateway", "longest wait between a gateway's attempts to reach the leader")

@@ -3,6 +3,8 @@
 This package is the only code that imports pysyncobj. See `raft.py`.
 """
 
-from llmgw.store.raft import CommitUnknown, NotLeader, RaftStore, RunInThread, StoreNotReady, StoreUnavailable
+from llmgw.store.raft import (CommitUnknown, LeadershipUnconfirmed, NotLeader, RaftStore, RunInThread, StoreNotReady,
+                              StoreUnavailable)
 
-__all__ = ["CommitUnknown", "NotLeader", "RaftStore", "RunInThread", "StoreNotReady", "StoreUnavailable"]
+__all__ = ["CommitUnknown", "LeadershipUnconfirmed", "NotLeader", "RaftStore", "RunInThread", "StoreNotReady",
+           "StoreUnavailable"]

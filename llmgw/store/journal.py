@@ -6,14 +6,22 @@ File format (integers little-endian):
     journal.bin   header: b"LLMGWJNL", format version u32, crc32 of those 12 bytes (u32)
                   records: length u32 | length check u32 | crc32(payload) u32 | payload
                   payload: index u64 | term u64 | command bytes (pysyncobj's entry)
-    journal.meta  two 1 KiB slots, written in turn: b"LLMGWMET", seq u64, size u32,
-                  crc32(seq|size|body) u32, body = JSON {"term", "voted_for", "commit_index"};
-                  the valid slot with the highest seq wins, so a torn slot write loses nothing
-                  that was acknowledged (the other slot holds the previous value).
+    journal.meta  two 1 KiB slots: b"LLMGWMET", seq u64, size u32, crc32(seq|size|body) u32,
+                  body = JSON {"term", "voted_for", "commit_index", "fsync"} ("fsync": the policy
+                  the journal is written under; older files lack it); the valid slot with the
+                  highest seq wins. One slot keeps the last flushed save, every later one goes to
+                  the other, so a torn or lost unflushed save (the commit index, at each change)
+                  never costs a flushed term and vote.
 
-What opening a damaged journal does is decided in `_scan` (and written in docs/operations.md):
-the file ending inside a record is a torn tail (a kill during an append that was never
-acknowledged): it is cut off, with a warning. Anything else wrong is `JournalDamaged`.
+What opening a damaged journal does is decided in `_scan` and `_check_end` (and written in
+docs/operations.md, "Damage at start", and docs/ha.md, "A damaged journal"): a journal that
+ends before the commit index its meta file records has lost entries this member knew were
+committed: `JournalShort`, whether it ends at a record boundary or inside a record. Past that
+index, the file ending inside a record is a torn tail (a kill or power loss during an append):
+it is cut off, with a warning that says whether this member can have acknowledged it (the meta
+file records the fsync policy the journal was written under). Anything else wrong is
+`JournalDamaged`. The meta file's commit index is written (not flushed) at each change, so a
+kill leaves it exact; it is never lowered to fit a shorter journal.
 """
 
 from __future__ import annotations
@@ -49,13 +57,19 @@ _META_MAGIC = b"LLMGWMET"
 _META_HEAD = struct.Struct("<8sQII")
 _META_SLOT = 1024
 
-WHAT_TO_DO = ("restore the file from a peer, or move it away to start this member empty "
-              "(a member of a group then catches up from the leader; a lone member starts from its last snapshot)")
+WHAT_TO_DO = ("rejoin it from its peers' copy (stop it; llmgw ctl members remove RAFT_ADDR; llmgw control --rejoin "
+              "...; llmgw ctl members add RAFT_ADDR: docs/ha.md, \"A damaged journal\"); a lone member (llmgw up): "
+              "restore STATE_DIR/raft from a backup, or move it aside to start empty (seeded again)")
 
 
 class JournalDamaged(startup.CannotStart):
     """The journal (or its meta file) cannot be trusted; the message names the file, the offset
     and what to do. Never answered with an empty state."""
+
+
+class JournalShort(JournalDamaged):
+    """The journal ends before an entry this member recorded as committed (or is missing beside
+    a meta file or snapshot): entries it acknowledged are gone. Never started on, never "fresh"."""
 
 
 class JournalWriteError(OSError):
@@ -117,6 +131,9 @@ class RaftJournal(Journal):  # type: ignore[misc]
         self._always = fsync == "always"
         self._commit_dirty = False
         self._broken = ""  # set when the file may no longer match memory: every write is refused
+        # False when this open cut a torn tail or found the meta file missing beside the journal:
+        # something was lost or cannot be checked, so this is never a fresh cluster.
+        self.found_whole = True
         # Called (in the Raft thread) with the command whose append failed and the error:
         # the store answers that write's client at once, with why.
         self.on_append_failed: Callable[[bytes, JournalWriteError], None] | None = None
@@ -193,15 +210,22 @@ class RaftJournal(Journal):  # type: ignore[misc]
         self.close()
 
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
-        # Not needed for safety (a leader re-derives it); kept so a restart applies its log at once.
+        """Written at each change (one in-place write, not flushed): a restart applies its log at
+        once, and a journal that comes back shorter than this is refused (`open_journal`)
+        instead of quietly losing what this member knew was committed. A kill leaves it exact;
+        a power loss may leave an older value (the check then sees less, never too much with
+        fsync `always`: the entries were flushed before they could count as committed)."""
         if raftCommitIndex != self._meta.commit_index:
             self._meta.commit_index = raftCommitIndex
             self._commit_dirty = True
+            self._save_commit_index()
 
     def getRaftCommitIndex(self) -> int:
         stored = self._meta.commit_index
         if self._entries and stored > self._entries[-1][1]:
-            return int(self._entries[-1][1])  # entries past the end were never durable (fsync off)
+            # Only an empty journal beside a snapshot that covers the index gets here (a crash
+            # between pysyncobj's clear and its two appends); `open_journal` refuses the rest.
+            return int(self._entries[-1][1])
         return stored
 
     def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:
@@ -218,11 +242,17 @@ class RaftJournal(Journal):  # type: ignore[misc]
         return self._meta.voted_for
 
     def onOneSecondTimer(self) -> None:
-        if self._commit_dirty and not self._broken:
-            try:
-                self._meta.save(sync=False)
-                self._commit_dirty = False
-            except JournalWriteError as e:
+        if self._commit_dirty:
+            self._save_commit_index(retrying=True)
+
+    def _save_commit_index(self, *, retrying: bool = False) -> None:
+        if self._broken:
+            return
+        try:
+            self._meta.save(sync=False)
+            self._commit_dirty = False
+        except JournalWriteError as e:
+            if retrying:
                 log.warning("cannot save the commit index (retried each second): %s", e)
 
     # -- ours --------------------------------------------------------------------------
@@ -238,6 +268,8 @@ class RaftJournal(Journal):  # type: ignore[misc]
         return self._broken
 
     def close(self) -> None:
+        if self._commit_dirty and self._fd >= 0:
+            self._save_commit_index()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -285,13 +317,17 @@ class RaftJournal(Journal):  # type: ignore[misc]
         self._end = offset
 
 
-def open_journal(path: Path, fsync: FsyncPolicy) -> RaftJournal:
+def open_journal(path: Path, fsync: FsyncPolicy, *, covered: int = 0) -> RaftJournal:
     """Open (creating if absent) the journal at `path` and its meta file beside it.
 
-    Raises `JournalDamaged` for damage, and `CannotStart` when the files cannot be read."""
+    `covered`: the last index the member's snapshot holds (0: none), which an empty journal may
+    stand on. Raises `JournalShort` when the journal ends before the commit index its meta file
+    records, `JournalDamaged` for other damage, and `CannotStart` when the files cannot be read.
+    A refused open changes no file."""
     if fsync not in FSYNC_POLICIES:
         raise startup.CannotStart(f"unknown fsync policy {fsync!r}; choose one of {', '.join(FSYNC_POLICIES)}")
-    meta = MetaFile(path.with_name(path.stem + ".meta"))
+    meta = MetaFile(path.with_name(path.stem + ".meta"), fsync)
+    meta_existed = meta.path.exists()
     try:
         if not path.exists():
             tmp = path.with_name(path.name + ".tmp")
@@ -306,20 +342,60 @@ def open_journal(path: Path, fsync: FsyncPolicy) -> RaftJournal:
     try:
         data = os.pread(fd, os.fstat(fd).st_size, 0)
         entries, offsets, end = _scan(path, data)
+        meta.load()
+        written_under = meta.found_fsync
+        _check_end(path, meta, entries, covered, torn_at=end if end < len(data) else None)
         if end < len(data):
-            log.warning("journal %s: cut a torn last record (%d bytes at offset %d): a write that was "
-                        "never acknowledged (the process stopped during it)", path, len(data) - end, end)
+            log.warning("%s", torn_tail_words(path, len(data) - end, end, written_under))
             os.ftruncate(fd, end)
             os.fsync(fd)
-        meta.load()
         if meta.blank and entries:
             log.warning("journal %s: its meta file %s was missing or empty; this member's term and vote "
-                        "are taken from the journal's last entry", path, meta.path)
+                        "are taken from the journal's last entry, and whether the journal lost entries that "
+                        "were committed cannot be checked", path, meta.path)
+        if written_under != fsync and not meta.blank:  # (a blank one was just written with it)
+            meta.save(sync=True)  # the policy the next records are written under, before any is
     except BaseException:
         os.close(fd)
         meta.close()
         raise
-    return RaftJournal(path, fd, entries, offsets, end, meta, fsync)
+    journal = RaftJournal(path, fd, entries, offsets, end, meta, fsync)
+    journal.found_whole = end == len(data) and (meta_existed or not entries)
+    return journal
+
+
+def _check_end(path: Path, meta: MetaFile, entries: list[Entry], covered: int, torn_at: int | None) -> None:
+    """`JournalShort` when the journal (or the snapshot it stands on) ends before the commit
+    index the meta file records: entries this member knew were committed are gone. Index 1 is
+    pysyncobj's first no-op, committed by definition: a commit index of 1 claims nothing."""
+    last = max(entries[-1][1] if entries else 0, covered)
+    committed = meta.commit_index
+    if committed <= max(last, 1):
+        return
+    where = (f"ends inside a record at offset {torn_at}, after entry {last}" if torn_at is not None
+             else f"ends at entry {last}")
+    raise JournalShort(f"journal {path} {where}, but its meta file {meta.path.name} records entries up to {committed} "
+                       f"as committed: {_entries_words(last + 1, committed)} missing (the file was cut or lost its "
+                       f"end); the member will not start on it: {WHAT_TO_DO}")
+
+
+def _entries_words(first: int, last: int) -> str:
+    return f"entry {first} is" if first == last else f"entries {first}..{last} are"
+
+
+def torn_tail_words(path: Path, size: int, offset: int, written_under: str | None) -> str:
+    """The warning for a torn last record cut off at start: true to what this member can know.
+    With fsync `always` a record is flushed before it counts, so a torn one was never
+    acknowledged by this member; with `off` (or a meta file that does not say) it may have been."""
+    head = f"journal {path}: cut a torn last record ({size} bytes at offset {offset}, past the recorded commit index)"
+    if written_under == "always":
+        return (f"{head}: a record this member never acknowledged (fsync policy always: it was never flushed, "
+                "so never counted or answered for); safe to drop")
+    why = ("fsync policy off: this member may have answered for it before it reached the disk" if written_under == "off"
+           else "the meta file does not say which fsync policy wrote it")
+    return (f"{head}: it may have been acknowledged ({why}); in a group the others hold it if it was committed and "
+            "this member catches up; a lone member may have lost that write: check the last writes "
+            "(llmgw ctl status, the request log), or restore STATE_DIR/raft from a backup")
 
 
 def _scan(path: Path, data: bytes) -> tuple[list[Entry], list[int], int]:
@@ -367,16 +443,24 @@ def _scan(path: Path, data: bytes) -> tuple[list[Entry], list[int], int]:
 
 
 class MetaFile:
-    """Term, vote and commit index in two fixed slots, overwritten in place in turn: no write
-    ever needs a new block, so a full disk cannot stop a vote being recorded."""
+    """Term, vote and commit index in two fixed slots, overwritten in place: no write ever needs a
+    new block, so a full disk cannot stop a vote being recorded.
 
-    def __init__(self, path: Path) -> None:
+    One slot holds the last flushed save (`sync=True`: a term and vote that messages already told);
+    every later save, flushed or not, goes to the other slot, so an unflushed one (the commit index,
+    saved at each change) never overwrites what a flush made durable: torn by a power loss, it costs
+    only itself, and the flushed slot it leaves is read instead."""
+
+    def __init__(self, path: Path, fsync: FsyncPolicy = DEFAULT_FSYNC) -> None:
         self.path = path
         self.term = 0
         self.voted_for: Any = None
         self.commit_index = 1
+        self.fsync = fsync  # the policy the journal is written under now: recorded with every save
+        self.found_fsync: str | None = None  # the policy `load` found recorded (None: blank, or an older file)
         self._seq = 0
         self._fd = -1
+        self._durable = 0  # the slot holding the last flushed save: no unflushed save overwrites it
         self.blank = False  # found missing or never written
 
     def load(self) -> None:
@@ -391,11 +475,7 @@ class MetaFile:
             self.blank = True
             self.save(sync=True, fill=True)
             return
-        best: tuple[int, dict[str, Any]] | None = None
-        for slot in range(2):
-            found = self._read_slot(data[slot * _META_SLOT:(slot + 1) * _META_SLOT])
-            if found is not None and (best is None or found[0] > best[0]):
-                best = found
+        best = self.best_slot(data)
         if best is None:
             raise JournalDamaged(f"journal meta file {self.path} is damaged (neither slot is valid, "
                                  f"at offsets 0 and {_META_SLOT}): it holds this member's term and vote; "
@@ -403,6 +483,34 @@ class MetaFile:
                                  "a peer, or move both away to start this member empty")
         self._seq, body = best
         self.term, self.voted_for, self.commit_index = body["term"], body["voted_for"], body["commit_index"]
+        # What was read is made durable before anything overwrites the other slot: from here the slot
+        # read is the flushed one, whatever a crash before this start left unflushed.
+        try:
+            os.fdatasync(self._fd)
+        except OSError as e:
+            raise JournalWriteError(self.path, e, "record the term and vote in") from e
+        self._durable = self._slot_of(data, self._seq)
+        recorded = body.get("fsync")
+        self.found_fsync = recorded if recorded in FSYNC_POLICIES else None
+
+    @classmethod
+    def _slot_of(cls, data: bytes, seq: int) -> int:
+        """Which slot of `data` holds the valid save numbered `seq`."""
+        for slot in range(2):
+            found = cls._read_slot(data[slot * _META_SLOT:(slot + 1) * _META_SLOT])
+            if found is not None and found[0] == seq:
+                return slot
+        raise AssertionError(f"no slot holds save {seq}")
+
+    @classmethod
+    def best_slot(cls, data: bytes) -> tuple[int, dict[str, Any]] | None:
+        """(seq, body) of the valid slot with the highest seq, or None when neither is valid."""
+        best: tuple[int, dict[str, Any]] | None = None
+        for slot in range(2):
+            found = cls._read_slot(data[slot * _META_SLOT:(slot + 1) * _META_SLOT])
+            if found is not None and (best is None or found[0] > best[0]):
+                best = found
+        return best
 
     @staticmethod
     def _read_slot(slot: bytes) -> tuple[int, dict[str, Any]] | None:
@@ -421,17 +529,18 @@ class MetaFile:
         return (seq, doc) if ok else None
 
     def save(self, *, sync: bool, fill: bool = False) -> None:
-        body = json.dumps({"term": self.term, "voted_for": self.voted_for, "commit_index": self.commit_index},
-                          separators=(",", ":")).encode()
+        body = json.dumps({"term": self.term, "voted_for": self.voted_for, "commit_index": self.commit_index,
+                           "fsync": self.fsync}, separators=(",", ":")).encode()
         if len(body) > _META_SLOT - _META_HEAD.size:
             raise ValueError(f"node id too long for the journal's meta file: {self.voted_for!r:.80}")
         seq = self._seq + 1
         head = struct.pack("<QI", seq, len(body))
         slot = (_META_MAGIC + head + struct.pack("<I", _crc(head + body)) + body).ljust(_META_SLOT, b"\0")
+        target = 1 - self._durable  # never the slot of the last flushed save
         if fill:  # both slots, the other one empty
-            data, offset = (slot + bytes(_META_SLOT), 0) if seq % 2 == 0 else (bytes(_META_SLOT) + slot, 0)
+            data, offset = (bytes(_META_SLOT) + slot, 0) if target else (slot + bytes(_META_SLOT), 0)
         else:
-            data, offset = slot, (seq % 2) * _META_SLOT
+            data, offset = slot, target * _META_SLOT
         try:
             _write_all(self._fd, data, offset)
             if sync:
@@ -441,11 +550,22 @@ class MetaFile:
         except OSError as e:
             raise JournalWriteError(self.path, e, "record the term and vote in") from e
         self._seq = seq
+        if sync:
+            self._durable = target
 
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def recorded_commit_index(meta_path: Path) -> int | None:
+    """The commit index a meta file records, read without writing it (None: unreadable or blank)."""
+    try:
+        best = MetaFile.best_slot(meta_path.read_bytes()[:2 * _META_SLOT])
+    except OSError:
+        return None
+    return None if best is None else int(best[1]["commit_index"])
 
 
 class Repeats:

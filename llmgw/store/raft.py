@@ -25,11 +25,12 @@ from llmgw import startup
 from llmgw.domain import commands
 from llmgw.domain.state import ClusterState, Outcome
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
-from llmgw.store.appends import KeepsMatchingEntries
 from llmgw.store.batching import GroupCommit, apply_blob, failed_appends
+from llmgw.store.catchup import CatchesUp
 from llmgw.store.durable import open_durable, take_back
 from llmgw.store.journal import DEFAULT_FSYNC, FsyncPolicy, JournalWriteError, RaftJournal, Repeats
 from llmgw.store.membership import MemberChanges, group_at_start, keep_a_group_of_one
+from llmgw.store.readindex import Confirmed, ConfirmsReads, Verdict
 from llmgw.store.snapshot import SnapshotFiles
 from llmgw.store.secret import load_or_create, raft_password
 from llmgw.store.wire import RefusalLog, sealed_transport
@@ -68,6 +69,11 @@ class StoreUnavailable(Exception):
     """No commit within the deadline: no quorum, or the store is shutting down."""
 
 
+class LeadershipUnconfirmed(StoreUnavailable):
+    """A member that believes it leads could not confirm it with a majority within the read's
+    deadline: it may have been replaced, so it does not serve the read."""
+
+
 class CommitUnknown(StoreUnavailable):
     """The command was handed to Raft but its commit was not confirmed: it may still commit, or
     never. pysyncobj cannot cancel it, so this is never a failure: retry with the same `cid`."""
@@ -77,12 +83,14 @@ class StoreNotReady(StoreUnavailable, startup.CannotStart):
     """The member found no leader, or did not apply its log, within the start deadline."""
 
 
-class _Replicated(KeepsMatchingEntries):
+class _Replicated(ConfirmsReads, CatchesUp):  # CatchesUp: KeepsMatchingEntries, and a catch-up that converges
     def __init__(self, self_addr: str, peers: list[str], conf: SyncObjConf, on_applied: Callable[[], None],
-                 transport: Callable[..., Any]) -> None:
+                 transport: Callable[..., Any], read_resend_s: float) -> None:
         # Attributes set before SyncObj.__init__ are kept out of snapshots.
         self._on_applied = on_applied
-        super().__init__(self_addr, peers, conf, transportClass=transport)
+        # ConfirmsReads: reads on the leader wait for a majority's confirmation (ReadIndex).
+        super().__init__(self_addr, peers, conf, transportClass=transport, read_resend_s=read_resend_s,
+                         clock=time.monotonic)
         self._state = ClusterState()  # the ONE replicated attribute
 
     @replicated  # type: ignore[untyped-decorator]
@@ -119,7 +127,8 @@ class RaftStore:
         self.fsync = fsync
         self.compaction_min_entries = compaction_min_entries
         # True when this start found no snapshot and no journal, or a journal of Raft's own no-ops
-        # only (a first start stopped before it seeded): a cluster that never logged a command.
+        # only, whole, beside its meta file (a first start stopped before it seeded): a cluster
+        # that never logged a command. A journal cut short, torn or missing is never fresh.
         # What `seed_cluster` decides on, never "revision 0": a damaged journal is an error, not a
         # new cluster.
         self.fresh = False
@@ -183,7 +192,8 @@ class RaftStore:
                 self._obj = await self._run_in_thread(
                     lambda: self._build(journal, snapshots, lambda: _Replicated(
                         self.self_addr, self.peers, conf, self._applied_in_raft_thread,
-                        sealed_transport(RefusalLog(self.timeouts.raft_refusal_log_s)))))
+                        sealed_transport(RefusalLog(self.timeouts.raft_refusal_log_s)),
+                        self.timeouts.raft_heartbeat_s)))
             except SyncObjException as e:
                 if getattr(e, "errorCode", None) != "BindError":
                     raise
@@ -217,7 +227,9 @@ class RaftStore:
         """In the worker thread: open and check the journal and snapshot, then build the member."""
         self._journal = opened = open_durable(journal, snapshots, self.fsync)
         keep_a_group_of_one(snapshots, self.self_addr)
-        self.fresh = snapshots.loaded is None and not opened.holds_commands()
+        # Fresh: nothing was ever logged, and nothing was lost (no torn tail cut, no meta file
+        # missing beside the journal); a journal shorter than its commit index never gets here.
+        self.fresh = snapshots.loaded is None and not opened.holds_commands() and opened.found_whole
         opened.on_append_failed = self._append_failed_in_raft_thread
         try:
             self.peers = group_at_start(journal.parent, self.self_addr, self.peers, snapshots.loaded, opened)
@@ -301,6 +313,48 @@ class RaftStore:
 
     def is_leader(self) -> bool:
         return self._obj is not None and bool(self._obj._isLeader())
+
+    async def confirm_leader(self, timeout: float | None = None) -> None:
+        """Return once this member has confirmed it still leads, after this call began: a majority
+        answered a probe sent after it (ReadIndex, `llmgw/store/readindex.py`), and this member has
+        applied what was committed then. What `snapshot()` returns next is then no older than any
+        write acknowledged before the call. A group of one confirms at its next tick.
+
+        Raises `NotLeader` (it does not lead, or stopped leading meanwhile) or `LeadershipUnconfirmed`
+        (no majority answered within `timeout`, default `store_read_s`: cut off from its peers?)."""
+        timeout = self.timeouts.store_read_s if timeout is None else timeout
+        obj, token = self._obj, self._token
+        if obj is None or token is None:
+            raise StoreUnavailable("the store is not running")
+        if not obj._isLeader():
+            raise NotLeader(self.leader())
+        done = trio.Event()
+        verdicts: list[Verdict] = []
+
+        def decided(verdict: Verdict) -> None:  # runs in the Raft thread
+            def deliver() -> None:
+                verdicts.append(verdict)
+                done.set()
+
+            try:
+                token.run_sync_soon(deliver)
+            except trio.RunFinishedError:
+                pass
+
+        read = obj.ask_read(decided)
+        try:
+            with trio.move_on_after(timeout):
+                await done.wait()
+        finally:
+            obj.withdraw_read(read)
+        if not verdicts:
+            raise LeadershipUnconfirmed(
+                f"this member leads by its own count, but no majority of the group confirmed it within "
+                f"{timeout:g} s (is it cut off from its peers {', '.join(self.peers) or '-'}?); a read is "
+                f"not answered from a state that may be stale")
+        verdict = verdicts[0]
+        if not isinstance(verdict, Confirmed):
+            raise NotLeader(verdict.leader)
 
     def leader(self) -> str | None:
         if self._obj is None:

@@ -22,6 +22,7 @@ from pysyncobj.node import TCPNode
 from llmgw import startup
 from llmgw.domain.codec import CodecError, state_from_json, state_to_json
 from llmgw.domain.state import ClusterState
+from llmgw.store.journal import WHAT_TO_DO as JOURNAL_WHAT_TO_DO
 from llmgw.store.journal import Entry, JournalDamaged, RaftJournal, Repeats, fsync_dir
 
 log = logging.getLogger("llmgw.store")
@@ -29,8 +30,7 @@ log = logging.getLogger("llmgw.store")
 FORMAT = "llmgw-snapshot"
 VERSION = 1
 
-WHAT_TO_DO = ("restore it from a peer, or move it away together with the journal beside it "
-              "to start this member empty")
+WHAT_TO_DO = JOURNAL_WHAT_TO_DO  # moving only the snapshot (and journal) away is refused at the next start
 
 
 class SnapshotDamaged(startup.CannotStart):

@@ -59,6 +59,9 @@ class MemoryStore:
     def is_leader(self) -> bool:
         return True
 
+    async def confirm_leader(self) -> None:
+        """A single process has no one to confirm with: its state is the latest."""
+
 
 class FakeGpuProbe:
     """A `GpuProbe` that reports a fixed inventory (the NVML edge, faked)."""

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -28,7 +29,8 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.startup import CannotStart
 from llmgw.store import RaftStore, StoreUnavailable
-from llmgw.store.journal import JournalDamaged, RaftJournal, encode_record, open_journal
+from llmgw.store.journal import (JournalDamaged, JournalShort, MetaFile, RaftJournal, encode_record, open_journal,
+                                 recorded_commit_index)
 from llmgw.store.snapshot import SnapshotDamaged
 from llmgw.store.snapshot import read as read_snapshot
 from llmgw.testing import MemoryStore
@@ -40,8 +42,9 @@ pytestmark = pytest.mark.slow  # real Raft members (each start elects itself), a
 # A lone member elects itself after an election timeout: short ones keep each start short.
 FAST = dataclasses.replace(TIMEOUTS, raft_election_min_s=0.16, raft_election_max_s=0.25)  # > 3 heartbeats
 
-WHAT_TO_DO = ("restore the file from a peer, or move it away to start this member empty (a member of a group "
-              "then catches up from the leader; a lone member starts from its last snapshot)")
+WHAT_TO_DO = ("rejoin it from its peers' copy (stop it; llmgw ctl members remove RAFT_ADDR; llmgw control --rejoin "
+              "...; llmgw ctl members add RAFT_ADDR: docs/ha.md, \"A damaged journal\"); a lone member (llmgw up): "
+              "restore STATE_DIR/raft from a backup, or move it aside to start empty (seeded again)")
 
 
 def demo(name: str, args: tuple[str, ...] = ()) -> ModelDef:
@@ -162,9 +165,12 @@ def test_term_vote_and_commit_index_survive_and_a_torn_slot_falls_back(tmp_path:
     journal = reopen(journal)
     assert (journal.getCurrentTerm(), journal.getVotedForNodeId(), journal.getRaftCommitIndex()) == (4, None, 4)
     journal.close()
-    # The newest slot torn (a crash while writing it): the value before it, which was durable.
+    # The newest slot torn (a crash while writing it): the value before it, in the other slot.
     meta = tmp_path / "journal.meta"
-    slot = 1024 * (4 % 2)  # seq 4: 1 at creation, then the two terms and the commit index
+    data = meta.read_bytes()
+    newest = MetaFile.best_slot(data)
+    assert newest is not None
+    slot = 1024 * MetaFile._slot_of(data, newest[0])
     patch_byte(meta, slot + 30)
     journal = open_journal(tmp_path / "journal.bin", "always")
     assert (journal.getCurrentTerm(), journal.getVotedForNodeId()) == (3, "10.0.0.1:4321")
@@ -177,15 +183,21 @@ def test_term_vote_and_commit_index_survive_and_a_torn_slot_falls_back(tmp_path:
                             "journal and this file from a peer, or move both away to start this member empty")
 
 
-def test_a_commit_index_past_the_journal_is_clamped(tmp_path: Path) -> None:
+def test_a_commit_index_past_the_journal_is_refused_never_lowered(tmp_path: Path) -> None:
+    """Entries 4..9 lost (a power loss with fsync off, or a cut): the member knew they were
+    committed, so it does not start on the rest; the meta file keeps its commit index (issue 19:
+    it used to be lowered to the journal's end, quietly)."""
     journal = open_journal(tmp_path / "journal.bin", "off")
     for entry in entries(3):
         journal.add(*entry)
-    journal.setRaftCommitIndex(9)  # entries 4..9 were not written before a power loss (fsync off)
-    journal.onOneSecondTimer()
-    journal = reopen(journal)
-    assert journal.getRaftCommitIndex() == 3
+    journal.setRaftCommitIndex(9)
     journal.close()
+    with pytest.raises(JournalShort) as e:
+        open_journal(tmp_path / "journal.bin", "off")
+    assert str(e.value) == (f"journal {journal.path} ends at entry 3, but its meta file journal.meta records entries "
+                            "up to 9 as committed: entries 4..9 are missing (the file was cut or lost its end); the "
+                            f"member will not start on it: {WHAT_TO_DO}")
+    assert recorded_commit_index(tmp_path / "journal.meta") == 9
 
 
 def test_an_old_pysyncobj_journal_is_refused_with_words(tmp_path: Path) -> None:
@@ -237,29 +249,42 @@ async def test_a_flipped_byte_in_a_record_is_an_error(tmp_path: Path, which: str
     assert str(e.value) == damaged_words(journal, offset, f"record {n} ({size - 12} bytes) fails its checksum")
 
 
+def torn_append(journal: Path, cut: int) -> int:
+    """What a kill during the append of the next entry leaves: its record's first `cut` bytes.
+    Returns the offset it starts at."""
+    found = records(journal)
+    offset, size = found[-1]
+    data = journal.read_bytes()
+    (idx, term) = struct.unpack_from("<QQ", data, offset + 12)
+    record = encode_record(commands.encode(commands.put_model(demo("torn"), 50.0)), idx + 1, term)
+    with open(journal, "ab") as f:
+        f.write(record[:cut])
+    return offset + size
+
+
 @pytest.mark.parametrize("cut", [1, 11, 12, 30])
 async def test_a_torn_last_record_is_cut_with_a_warning(tmp_path: Path, cut: int,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     """A kill during an append leaves the file ending inside the record (its header or its
-    payload): that write was never acknowledged. It is cut off; everything before it stays."""
+    payload), past the commit index: with fsync always, this member never acknowledged it. It
+    is cut off, saying so; everything before it stays."""
     await store_with_models(tmp_path, 3)
     journal = tmp_path / "raft" / "journal.bin"
-    offset, _ = records(journal)[-1]  # the last command: m2
-    with open(journal, "r+b") as f:
-        f.truncate(offset + cut)
+    offset = torn_append(journal, cut)
     caplog.set_level(logging.WARNING, "llmgw.store")
     store = await open_store(tmp_path)
     try:
-        assert set(store.snapshot().models) == {"m0", "m1"}
-        assert (f"journal {journal}: cut a torn last record ({cut} bytes at offset {offset}): a write that was "
-                "never acknowledged (the process stopped during it)") in caplog.text
+        assert set(store.snapshot().models) == {"m0", "m1", "m2"}
+        assert (f"journal {journal}: cut a torn last record ({cut} bytes at offset {offset}, past the recorded "
+                "commit index): a record this member never acknowledged (fsync policy always: it was never flushed, "
+                "so never counted or answered for); safe to drop") in caplog.text
         assert not store.fresh
         await store.submit(commands.put_model(demo("m9"), 9.0))
     finally:
         store.close()
     again = await open_store(tmp_path)
     try:
-        assert set(again.snapshot().models) == {"m0", "m1", "m9"}
+        assert set(again.snapshot().models) == {"m0", "m1", "m2", "m9"}
     finally:
         again.close()
 
@@ -327,12 +352,13 @@ async def test_entries_after_a_snapshot_survive_a_crash_before_compaction(tmp_pa
     tail = list(late[:])
     late.close()
     assert snap.state.revision < state.revision and tail[0][1] <= early[-1][1] + 1
-    # The files as that crash leaves them: the snapshot, and the journal not yet compacted.
-    whole.unlink()
-    crashed = open_journal(whole, "always")
+    # The files as that crash leaves them: the snapshot, and the journal not yet compacted
+    # (written beside, then moved over the compacted one; its meta file stays).
+    crashed = open_journal(tmp_path / "crashed.bin", "always")
     for entry in [*early, *(e for e in tail if e[1] > early[-1][1])]:
         crashed.add(*entry)
     crashed.close()
+    os.replace(crashed.path, whole)
     again = await open_store(tmp_path)
     try:
         assert again.snapshot() == state
@@ -352,29 +378,32 @@ async def test_a_damaged_snapshot_is_an_error_naming_the_file(tmp_path: Path) ->
     with pytest.raises(SnapshotDamaged) as e:
         await RaftStore(self_addr=f"127.0.0.1:{free_port()}", peers=[], state_dir=tmp_path).start()
     assert str(e.value) == (f"snapshot {snapshot} is damaged: the body's sha256 does not match its header; the member "
-                            "will not start on it: restore it from a peer, or move it away together with the "
-                            "journal beside it to start this member empty")
+                            f"will not start on it: {WHAT_TO_DO}")
     assert isinstance(e.value, CannotStart)
 
 
-async def test_a_journal_moved_away_starts_a_lone_member_from_its_snapshot(tmp_path: Path) -> None:
-    """What the error tells a lone member to do: the state is the last snapshot's, not empty,
-    and not seeded again."""
+async def test_a_journal_moved_away_beside_its_snapshot_and_meta_is_refused(tmp_path: Path) -> None:
+    """Starting from the snapshot alone would forget the entries after it, which this member
+    acknowledged (issue 19: it used to start so, silently): refused, naming what is there, and
+    nothing is created in its place."""
     store = await open_store(tmp_path, compaction_min_entries=5)
     try:
         for i in range(20):
             await store.submit(commands.put_model(demo(f"m{i}"), float(i)))
+        committed = store.status()["commit_index"]
     finally:
         store.close()
     snapshot = read_snapshot(tmp_path / "raft" / "snapshot.json")
-    (tmp_path / "raft" / "journal.bin").rename(tmp_path / "journal.bin.damaged")
-    again = await open_store(tmp_path)
-    try:
-        assert again.snapshot() == snapshot.state and len(snapshot.state.models) >= 5
-        assert not again.fresh
-        await again.submit(commands.put_model(demo("after"), 30.0))
-    finally:
-        again.close()
+    journal = tmp_path / "raft" / "journal.bin"
+    journal.rename(tmp_path / "journal.bin.damaged")
+    store = RaftStore(self_addr=f"127.0.0.1:{free_port()}", peers=[], state_dir=tmp_path)
+    with pytest.raises(JournalShort) as e:
+        await store.start()
+    assert str(e.value) == (f"journal {journal} is missing, but its meta file journal.meta is there (entries up to "
+                            f"{committed} committed) and a snapshot of entries up to {snapshot.last[1]} is there: "
+                            "this member had a journal, and the entries in it are missing; the member will not "
+                            f"start without it: {WHAT_TO_DO}")
+    assert not journal.exists() and not store.fresh
 
 
 def test_up_on_a_damaged_journal_exits_1_with_the_words(tmp_path: Path) -> None:
@@ -546,3 +575,74 @@ def test_sigkill_of_up_mid_writes_keeps_every_acknowledged_write(tmp_path: Path)
         assert not missing, f"{len(missing)} acknowledged writes lost: {missing[:5]}"
     finally:
         again.kill()
+
+
+# --- a cut or missing journal through `llmgw up`: refused with one line, nothing seeded ----
+
+
+@pytest.fixture(scope="module")
+def up_after_writes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The state dir of an `llmgw up` that acknowledged 20 writes and was then SIGKILLed (as the
+    issue's operator did), and its catalog."""
+    base = tmp_path_factory.mktemp("up")
+    catalog = base / "catalog.toml"
+    catalog.write_text("")
+    state_dir = base / "state"
+    up = UpProcess(state_dir, extra_args=["--catalog", str(catalog)]).start()
+    try:
+        creds = up.credentials
+        with httpx.Client(base_url=creds["admin_url"], timeout=10,
+                          headers={"authorization": f"Bearer {creds['admin_key']}"}) as client:
+            for i in range(20):
+                r = client.post("/api/v1/models", json={"name": f"w{i}", "engine": "sim", "source": f"sim://w{i}",
+                                                       "mode": "on-demand", "replicas": {"min": 0, "max": 1}})
+                assert r.status_code < 300, r.text
+    finally:
+        assert up.proc is not None
+        up.proc.kill()
+        up.proc.wait()
+        up.kill()
+    return state_dir, catalog
+
+
+def entry_index(journal: Path, offset: int) -> int:
+    (idx,) = struct.unpack_from("<Q", journal.read_bytes(), offset + 12)
+    return int(idx)
+
+
+@pytest.mark.parametrize("damage", ["cut at a record boundary", "cut inside record 2", "journal deleted"])
+def test_up_on_a_cut_or_missing_journal_refuses_with_one_line_and_seeds_nothing(
+        up_after_writes: tuple[Path, Path], tmp_path: Path, damage: str) -> None:
+    """Issue 19's three cases: each used to start with acknowledged writes gone (the last two as
+    a "fresh cluster seeded"). Each is refused now, naming what is missing; no file changes."""
+    shutil.copytree(up_after_writes[0], tmp_path / "state")
+    state_dir, catalog = tmp_path / "state", up_after_writes[1]
+    journal, meta = state_dir / "raft" / "journal.bin", state_dir / "raft" / "journal.meta"
+    committed = recorded_commit_index(meta)
+    found = records(journal)
+    assert committed is not None and committed >= 22 and entry_index(journal, found[-1][0]) >= committed
+    if damage == "journal deleted":
+        journal.unlink()
+        expected = (f"journal {journal} is missing, but its meta file journal.meta is there (entries up to "
+                    f"{committed} committed): this member had a journal, and the entries in it are missing; the "
+                    f"member will not start without it: {WHAT_TO_DO}")
+    else:
+        offset = found[10][0] if damage == "cut at a record boundary" else found[1][0] + 15
+        before = entry_index(journal, found[9][0]) if damage == "cut at a record boundary" else 1
+        with open(journal, "r+b") as f:
+            f.truncate(offset)
+        where = (f"ends at entry {before}" if damage == "cut at a record boundary"
+                 else f"ends inside a record at offset {found[1][0]}, after entry 1")
+        expected = (f"journal {journal} {where}, but its meta file journal.meta records entries up to {committed} as "
+                    f"committed: entries {before + 1}..{committed} are missing (the file was cut or lost its end); "
+                    f"the member will not start on it: {WHAT_TO_DO}")
+    files = {p.name: p.read_bytes() for p in (state_dir / "raft").iterdir()}
+    done = subprocess.run([sys.executable, "-m", "llmgw", "up", "--state-dir", str(state_dir), "--catalog",
+                           str(catalog), "--gateway-port", str(free_port()), "--admin-port", str(free_port())],
+                          capture_output=True, text=True, timeout=60)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    lines = [line for line in output.splitlines() if "cannot start:" in line]
+    assert len(lines) == 1 and lines[0].endswith(f"cannot start: {expected}"), output
+    assert "cluster seeded" not in output and "state loaded" not in output and "Traceback" not in output, output
+    assert {p.name: p.read_bytes() for p in (state_dir / "raft").iterdir()} == files, "a refused start changes nothing"

@@ -32,6 +32,7 @@ from llmgw.domain import commands
 from llmgw.domain.commands import CommandError
 from llmgw.domain.keys import hash_key
 from llmgw.errors import AdminError
+from llmgw.store import NotLeader, StoreUnavailable
 
 log = logging.getLogger("llmgw.control.admin")
 
@@ -156,6 +157,22 @@ def caller_key(ctx: Context, headers: Any, role: Role) -> str:
     return key_hash
 
 
+async def confirm_leading(ctx: Context) -> None:
+    """Before the leader answers a read: a majority confirms it still leads (the store's ReadIndex
+    round), so the answer misses no write acknowledged before the read arrived, whichever member
+    acknowledged it. A leader cut off from its peers answers 503, never what may be stale."""
+    try:
+        await ctx.store.confirm_leader()
+    except NotLeader as e:
+        where = (f"the leader is now the member with Raft address {e.leader}" if e.leader else
+                 "no leader is known (an election may be under way)")
+        raise AdminError(503, "not_leader", f"this member stopped leading while it confirmed the read, so it does "
+                                            f"not answer it; {where}: ask again (any member forwards it)") from None
+    except StoreUnavailable as e:
+        raise AdminError(503, "leader_unreachable", f"the read was not answered: {e}. Retry, or ask another "
+                                                    f"member") from None
+
+
 def json_response(doc: Any, status: int = 200) -> Response:
     return Response(json.dumps(doc), status=status, content_type="application/json")
 
@@ -239,6 +256,8 @@ class Router:
                     response = Response(relayed.body, status=relayed.status, content_type=relayed.content_type)
                     response.headers[ANSWERED_BY] = relayed.answered_by
                     return response
+                if not route.writes and not route.local:
+                    await confirm_leading(ctx)  # before the key check too: a key revoked is refused at once
                 key_hash = caller_key(ctx, request.headers, route.role)
                 if not route.writes:
                     return await answer(path)
