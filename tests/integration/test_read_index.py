@@ -1,7 +1,7 @@
 """Reads confirmed by a majority (ReadIndex, llmgw/store/readindex.py) with real pysyncobj members
 on loopback, in this process: the leader confirms, a standby is told who leads, a leader whose peers
 are gone refuses the read within `store_read_s` although pysyncobj still counts it as the leader,
-and what a confirmation costs (printed: docs/ha.md quotes it).
+and what a confirmation costs (printed; docs/ha.md quotes tests/bench/reads.py instead).
 
 The partition with a new leader, through real `llmgw control` processes, is in
 tests/integration/test_read_partition.py."""
