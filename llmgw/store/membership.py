@@ -17,6 +17,7 @@ from pysyncobj import FAIL_REASON
 from pysyncobj.syncobj import _COMMAND_TYPE
 
 from llmgw import startup
+from llmgw.store.handoff import Handoff
 from llmgw.store.journal import RaftJournal, fsync_dir
 from llmgw.store.snapshot import Snapshot, SnapshotFiles
 
@@ -50,24 +51,15 @@ class MemberChanges:
         if self.pending is not None:
             raise MembershipBusy(f"another membership change is in progress ({self.pending}); "
                                  f"one change at a time: retry once it is done (`llmgw ctl members` shows the group)")
-        done = trio.Event()
-        slot: list[Any] = []
+        answer: Handoff[Any] = Handoff(token)
 
         def on_result(result: Any, error: Any) -> None:  # runs in the Raft thread
-            def deliver() -> None:
-                slot.append(error)
-                done.set()
-
-            try:
-                token.run_sync_soon(deliver)
-            except trio.RunFinishedError:
-                pass
+            answer.give(error)
 
         self.pending = what
         try:
             start(on_result)
-            with trio.move_on_after(timeout):
-                await done.wait()
+            slot = await answer.wait(timeout)
         finally:
             self.pending = None
         if slot and slot[0] == FAIL_REASON.REQUEST_DENIED:

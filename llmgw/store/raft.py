@@ -28,6 +28,7 @@ from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.store.batching import GroupCommit, apply_blob, failed_appends
 from llmgw.store.catchup import CatchesUp
 from llmgw.store.durable import open_durable, take_back
+from llmgw.store.handoff import Handoff
 from llmgw.store.journal import DEFAULT_FSYNC, FsyncPolicy, JournalWriteError, RaftJournal, Repeats
 from llmgw.store.membership import MemberChanges, group_at_start, keep_a_group_of_one
 from llmgw.store.readindex import Confirmed, ConfirmsReads, Verdict
@@ -328,23 +329,10 @@ class RaftStore:
             raise StoreUnavailable("the store is not running")
         if not obj._isLeader():
             raise NotLeader(self.leader())
-        done = trio.Event()
-        verdicts: list[Verdict] = []
-
-        def decided(verdict: Verdict) -> None:  # runs in the Raft thread
-            def deliver() -> None:
-                verdicts.append(verdict)
-                done.set()
-
-            try:
-                token.run_sync_soon(deliver)
-            except trio.RunFinishedError:
-                pass
-
-        read = obj.ask_read(decided)
+        answer: Handoff[Verdict] = Handoff(token)
+        read = obj.ask_read(answer.give)
         try:
-            with trio.move_on_after(timeout):
-                await done.wait()
+            verdicts = await answer.wait(timeout)
         finally:
             obj.withdraw_read(read)
         if not verdicts:

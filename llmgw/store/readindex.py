@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pysyncobj import SyncObj
 
@@ -68,8 +68,7 @@ Verdict = Confirmed | Refused
 Done = Callable[[Verdict], None]
 
 
-@dataclass(frozen=True)
-class Probe:
+class Probe(NamedTuple):
     """What to send to every voting member: a probe of `term`, numbered `seq`."""
 
     term: int
