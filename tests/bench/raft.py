@@ -43,12 +43,8 @@ from llmgw.store import RaftStore  # noqa: E402
 from llmgw.store.batching import MAX_COMMANDS  # noqa: E402
 from tests.support.campaign import model_doc  # noqa: E402
 from tests.support.cluster import Cluster, Member  # noqa: E402
+from tests.support.figures import pct  # noqa: E402
 from tests.support.fsync_cost import measure_commits  # noqa: E402
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
 @dataclass

@@ -35,13 +35,9 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.support.cluster import Cluster, Member  # noqa: E402
+from tests.support.figures import pct  # noqa: E402
 
 BASELINE = "GET /health"
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
 @dataclass
