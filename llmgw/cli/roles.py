@@ -99,6 +99,7 @@ def control(
     floating_address: str | None = None,
     floating_interface: str | None = None,
     journal_fsync: Literal["always", "off"] = "always",
+    journal_compact_after: int = 5000,
     log: LogFlags = LogFlags(),
 ) -> None:
     """Run a control plane: Raft member, reconciler, admin API and the agents' stream.
@@ -137,6 +138,9 @@ def control(
     journal_fsync
         always: each Raft entry is on disk before it counts (survives power loss); off: survives
         a process kill only, faster (docs/operations.md, Durability).
+    journal_compact_after
+        Take a snapshot and compact the journal past this many entries (and every 300 s); fewer
+        makes restarts shorter and snapshots sent to lagging members more frequent.
     """
     import logging
 
@@ -151,6 +155,8 @@ def control(
     raft_addr = _raft_addr(raft_addr)
     cluster_secret = _cluster_secret(cluster_secret_file)
     floating = _floating(floating_address, floating_interface)
+    if journal_compact_after < 10:
+        raise SystemExit(f"error: --journal-compact-after {journal_compact_after}: give 10 entries or more")
     key = os.environ.get("LLMGW_ADMIN_KEY")
     client_key = os.environ.get("LLMGW_CLIENT_KEY") or None
     with statedir.acquire_or_exit(state_dir, "llmgw control"):  # before anything in the dir is touched
@@ -171,7 +177,8 @@ def control(
         cfg = ControlConfig(state_dir=state_dir, raft_addr=raft_addr, admin_host=admin_host, admin_port=admin_port,
                             peers=list(peer or []), seed=Seed(admin_key=key, client_key=client_key) if key else None,
                             floating=floating, cluster_secret=cluster_secret, join=join,
-                            admin_url=_admin_url(admin_url), journal_fsync=journal_fsync, timeouts=_timeouts(),
+                            admin_url=_admin_url(admin_url), journal_fsync=journal_fsync,
+                            journal_compact_after=journal_compact_after, timeouts=_timeouts(),
                             mounts=(console.register,))
 
         async def serve_naming_ports(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:

@@ -69,6 +69,8 @@ class ControlConfig:
     # When the journal is flushed to the disk: "always" (before a write is acknowledged: survives
     # a power loss) or "off" (survives a kill of the process, not a power loss). docs/operations.md.
     journal_fsync: FsyncPolicy = DEFAULT_FSYNC
+    # A snapshot is taken, and the journal compacted, past this many entries (or 300 s).
+    journal_compact_after: int = 5000
     # `--join`: this member joins a running group and waits, without a deadline, until a member adds
     # it (`llmgw ctl members add`); it seeds nothing.
     join: bool = False
@@ -120,7 +122,8 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
     role_var.set("control")
     timeouts = config.timeouts
     store = RaftStore(self_addr=config.raft_addr, peers=config.peers, state_dir=config.state_dir, timeouts=timeouts,
-                      cluster_secret=config.cluster_secret, fsync=config.journal_fsync)
+                      cluster_secret=config.cluster_secret, fsync=config.journal_fsync,
+                      compaction_min_entries=config.journal_compact_after)
     await store.start()
     try:
         if config.join:
@@ -139,8 +142,12 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
                                 clock=config.clock, timeouts=timeouts)
         floating = (FloatingDuty(config.floating, store.is_leader, timeouts=timeouts, clock=config.clock)
                     if config.floating is not None else None)
+        # Forwards to the leader and probes of the other members, over kept connections (closed by
+        # the client before the other member's admin API closes them idle).
+        member_client = httpx.AsyncClient(follow_redirects=False,
+                                          limits=httpx.Limits(keepalive_expiry=timeouts.admin_keep_alive_s / 2))
         members = Members(store, store, self_addr=config.raft_addr, timeouts=timeouts, clock=config.clock,
-                          agents=hub, gateways=gateways, floating=floating)
+                          agents=hub, gateways=gateways, floating=floating, http=member_client)
         # Webhooks: posted from the leader's own task and queues, never from a reconcile pass (llmgw/notify).
         webhook_client = httpx.AsyncClient(timeout=None, follow_redirects=False)
         notifier = Notifier(http_post(webhook_client), clock=config.clock, timeouts=timeouts,
@@ -152,7 +159,7 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
         # graceful_s: agents' streams close at once, not drained.
         hc = hypercorn_config(config.admin_host, config.admin_port, logger="llmgw.control.server",
                               graceful_s=timeouts.admin_shutdown_grace_s, keep_alive_s=timeouts.admin_keep_alive_s)
-        async with webhook_client, trio.open_nursery() as nursery:
+        async with webhook_client, member_client, trio.open_nursery() as nursery:
             if floating is not None:  # first: a wrong interface stops the start before the API listens
                 await nursery.start(floating.run)
             await nursery.start(reconciler.run)

@@ -86,9 +86,10 @@ class Timeouts:
     store_close_s: float = _t(5.0, "store", "on stop, the Raft thread gets this long to finish before it is abandoned")
     raft_tick_s: float = _t(0.005, "store", "the longest wait of Raft's thread for an event (timers such as heartbeats fire at this granularity)")
     raft_heartbeat_s: float = _t(0.05, "store", "the leader sends appends or heartbeats to followers this often")
-    raft_election_min_s: float = _t(0.4, "store", "shortest time without a leader before a follower stands for election")
-    raft_election_max_s: float = _t(1.4, "store", "longest time without a leader before a follower stands for election")
+    raft_election_min_s: float = _t(0.3, "store", "shortest time without a leader before a follower stands for election")
+    raft_election_max_s: float = _t(0.9, "store", "longest time without a leader before a follower stands for election")
     raft_connect_retry_s: float = _t(0.5, "store", "a member unreachable at its Raft address is dialled again this often (a member that comes back joins this fast)")
+    failpoints_poll_s: float = _t(0.02, "store", "tests only (LLMGW_FAILPOINTS, llmgw/store/failpoints.py): how often a member re-reads its failpoints' control file")
     raft_leader_fallback_s: float = _t(2.0, "store", "a leader that heard from no majority this long steps down; until then a partitioned leader still believes it leads, but serves no read (each is confirmed by a majority first: store_read_s)")
     raft_refusal_log_s: float = _t(60.0, "store", "a refused Raft peer (wrong cluster secret, not in the group) is logged at most once per this long, per address")
     # --- the gateway ---------------------------------------------------------------------

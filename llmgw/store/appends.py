@@ -13,7 +13,11 @@ applied the dropped entries and later took other ones at those indexes would div
 
 The fix, on the follower, before pysyncobj reads the message: when its last entry is of the
 message's term, that entry came from this leader, so (Log Matching) its whole log matches the
-leader's up to there. The entries it already holds are dropped from the message and the message
+leader's up to there; so it does when this follower already told this leader, in this term, that
+it holds everything up to its last entry (a success answer: the leader's check of the previous
+entry passed there). The second case is a follower catching up on entries of older terms (a
+member rejoined empty, one back after a cut): the fault campaign caught pysyncobj cutting such a
+follower's applied entries under dropped and delayed messages. The entries it already holds are dropped from the message and the message
 is re-based on its last entry: nothing is truncated, the new entries are appended after it, and
 its answer (next index: its last entry + 1) is true. Any other message (a conflict, a log of an
 older term, a snapshot, a chunked transmission) goes to pysyncobj as it came.
@@ -26,18 +30,19 @@ from typing import Any
 from pysyncobj import SyncObj
 
 
-def keep_matching(log: Any, message: dict[str, Any]) -> dict[str, Any]:
+def keep_matching(log: Any, message: dict[str, Any], verified: int = 0) -> dict[str, Any]:
     """`message` (an `append_entries`) as this follower should read it, given its `log`
-    (pysyncobj's journal: a sequence of (command, index, term)). Pure: returns a new message or
-    `message` itself."""
+    (pysyncobj's journal: a sequence of (command, index, term)) and `verified`: the index up to
+    which this follower told the message's leader, in the message's term, that its log matches
+    (0: none). Pure: returns a new message or `message` itself."""
     if message.get("type") != "append_entries" or "prevLogIdx" not in message or "transmission" in message:
         return message
     if not len(log):
         return message
     first, (_, end, end_term) = log[0][1], log[-1]
     term, prev = message["term"], message["prevLogIdx"]
-    if end_term != term or not first <= prev < end:
-        return message  # nothing held beyond prev, or not this leader's: pysyncobj's own rules
+    if (end_term != term and verified < end) or not first <= prev < end:
+        return message  # nothing held beyond prev, or not known to be this leader's: pysyncobj's own rules
     if log[prev - first][2] != message["prevLogTerm"]:
         return message  # cannot be, given Log Matching; pysyncobj answers it (reset)
     entries = message.get("entries") or []
@@ -57,7 +62,21 @@ class KeepsMatchingEntries(SyncObj):  # type: ignore[misc]
     pysyncobj registers `self.__onMessageReceived` with its transport; the name is mangled to
     `_SyncObj__onMessageReceived`, which this class defines, so the transport calls this one."""
 
+    # (term, index): in that term this follower answered the leader "I hold everything up to index"
+    _matched_up_to: tuple[int, int] = (-1, 0)
+
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         if isinstance(message, dict) and message.get("type") == "append_entries":
-            message = keep_matching(self._SyncObj__raftLog, message)
+            term, upto = self._matched_up_to
+            message = keep_matching(self._SyncObj__raftLog, message, upto if message.get("term") == term else 0)
         SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False, nextNodeIdx: int | None = None,
+                                  success: bool = False) -> None:
+        if success:  # an append (or a snapshot) taken: the log matches this leader's up to the answer
+            log = self._SyncObj__raftLog
+            upto = (nextNodeIdx if nextNodeIdx is not None else log[-1][1] + 1) - 1
+            term = self._SyncObj__raftCurrentTerm
+            before_term, before = self._matched_up_to
+            self._matched_up_to = (term, max(upto, before) if term == before_term else upto)
+        SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)

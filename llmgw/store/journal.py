@@ -38,6 +38,7 @@ from typing import Any, Callable, Literal, get_args
 from pysyncobj.journal import Journal
 
 from llmgw import startup
+from llmgw.store.failpoints import flushed
 
 log = logging.getLogger("llmgw.store")
 
@@ -181,6 +182,7 @@ class RaftJournal(Journal):  # type: ignore[misc]
             _write_all(fd, _header() + b"".join(records), 0)
             os.fsync(fd)  # whatever the policy: a lost compaction would lose more than a tail
             os.replace(tmp, self.path)
+            flushed(self.path, fd)
         except OSError as e:
             os.close(fd)
             tmp.unlink(missing_ok=True)
@@ -289,6 +291,7 @@ class RaftJournal(Journal):  # type: ignore[misc]
         if self._always:
             try:
                 os.fdatasync(self._fd)
+                flushed(self.path, self._fd)
             except OSError as e:
                 # After a failed fsync the kernel may have dropped the pages: whether the file
                 # holds what was written is unknown, so no later write is trusted either.
@@ -309,6 +312,7 @@ class RaftJournal(Journal):  # type: ignore[misc]
             os.ftruncate(self._fd, offset)
             if self._always:
                 os.fsync(self._fd)  # before the next append lands where the dropped records were
+                flushed(self.path, self._fd)
         except OSError as e:
             self._broken = f"could not truncate ({e.strerror}); restart the member"
             raise JournalWriteError(self.path, e, "truncate") from e
@@ -337,6 +341,7 @@ def open_journal(path: Path, fsync: FsyncPolicy, *, covered: int = 0) -> RaftJou
             os.replace(tmp, path)
             fsync_dir(path.parent)
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        flushed(path, fd)  # (failpoints: what a start finds is what a power loss goes back to)
     except OSError as e:
         raise startup.CannotStart(f"cannot open the journal {path}: {e.strerror or e}") from None
     try:
@@ -349,6 +354,7 @@ def open_journal(path: Path, fsync: FsyncPolicy, *, covered: int = 0) -> RaftJou
             log.warning("%s", torn_tail_words(path, len(data) - end, end, written_under))
             os.ftruncate(fd, end)
             os.fsync(fd)
+            flushed(path, fd)
         if meta.blank and entries:
             log.warning("journal %s: its meta file %s was missing or empty; this member's term and vote "
                         "are taken from the journal's last entry, and whether the journal lost entries that "
@@ -487,6 +493,7 @@ class MetaFile:
         # read is the flushed one, whatever a crash before this start left unflushed.
         try:
             os.fdatasync(self._fd)
+            flushed(self.path, self._fd)
         except OSError as e:
             raise JournalWriteError(self.path, e, "record the term and vote in") from e
         self._durable = self._slot_of(data, self._seq)
@@ -545,6 +552,7 @@ class MetaFile:
             _write_all(self._fd, data, offset)
             if sync:
                 os.fdatasync(self._fd)
+                flushed(self.path, self._fd)
             if fill:
                 fsync_dir(self.path.parent)
         except OSError as e:

@@ -107,16 +107,19 @@ def group_at_start(raft_dir: Path, self_addr: str, flags: list[str], snap: Snaps
         base = recorded
     else:
         base = given
+    after = snap.last[1] if snap is not None else 0
     if len(base) == 1 and not flags:
         base = [self_addr]  # a group of one, wherever it listens now
-    elif self_addr not in base:
+    elif self_addr not in base and self_addr not in _replay_changes(base, journal, after):
+        # (a member removed and added again, `--rejoin`: the snapshot it was sent may predate its
+        # return, which the journal after it holds)
         raise startup.CannotStart(
             f"this state dir belongs to a member of the group {', '.join(base)}, and {self_addr} is not one: a "
             f"member's Raft address is its name in the group. Start it with its own --raft-addr, or with an "
             f"empty state dir to join as a new member (`llmgw ctl members add`)")
     if recorded != base and snap is None:
         _write_group(path, base)
-    current = _replay_changes(base, journal, snap.last[1] if snap is not None else 0)
+    current = _replay_changes(base, journal, after)
     if current != given:
         gone = "" if self_addr in current else " (this member was removed from it: start it with an empty state dir)"
         where = "its snapshot and journal" if snap is not None else f"{path} and the journal"

@@ -27,6 +27,7 @@ from llmgw.domain.state import ClusterState, Outcome
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.store.batching import GroupCommit, apply_blob, failed_appends
 from llmgw.store.catchup import CatchesUp
+from llmgw.store import failpoints
 from llmgw.store.durable import open_durable, take_back
 from llmgw.store.handoff import Handoff
 from llmgw.store.journal import DEFAULT_FSYNC, FsyncPolicy, JournalWriteError, RaftJournal, Repeats
@@ -86,12 +87,13 @@ class StoreNotReady(StoreUnavailable, startup.CannotStart):
 
 class _Replicated(ConfirmsReads, CatchesUp):  # CatchesUp: KeepsMatchingEntries, and a catch-up that converges
     def __init__(self, self_addr: str, peers: list[str], conf: SyncObjConf, on_applied: Callable[[], None],
-                 transport: Callable[..., Any], read_resend_s: float) -> None:
+                 transport: Callable[..., Any], read_resend_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         # Attributes set before SyncObj.__init__ are kept out of snapshots.
         self._on_applied = on_applied
         # ConfirmsReads: reads on the leader wait for a majority's confirmation (ReadIndex).
         super().__init__(self_addr, peers, conf, transportClass=transport, read_resend_s=read_resend_s,
-                         clock=time.monotonic)
+                         clock=clock)
         self._state = ClusterState()  # the ONE replicated attribute
 
     @replicated  # type: ignore[untyped-decorator]
@@ -188,13 +190,17 @@ class RaftStore:
             # One bind attempt: pysyncobj would otherwise retry a busy port forever, spinning.
             maxBindRetries=1,
         )
+        transport = sealed_transport(RefusalLog(self.timeouts.raft_refusal_log_s))
+        clock: Callable[[], float] = time.monotonic
+        fp = failpoints.active()  # (tests only: LLMGW_FAILPOINTS)
+        if fp is not None:
+            transport, clock = failpoints.install(transport, fp)
         with startup.waiting_for(lambda: f"the Raft store was still opening its journal ({journal})"):
             try:
                 self._obj = await self._run_in_thread(
                     lambda: self._build(journal, snapshots, lambda: _Replicated(
-                        self.self_addr, self.peers, conf, self._applied_in_raft_thread,
-                        sealed_transport(RefusalLog(self.timeouts.raft_refusal_log_s)),
-                        self.timeouts.raft_heartbeat_s)))
+                        self.self_addr, self.peers, conf, self._applied_in_raft_thread, transport,
+                        self.timeouts.raft_heartbeat_s, clock)))
             except SyncObjException as e:
                 if getattr(e, "errorCode", None) != "BindError":
                     raise

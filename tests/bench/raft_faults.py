@@ -1,11 +1,20 @@
 """The Raft fault campaign, long: the rounds of tests/integration/test_raft_faults.py, N times, on
-three real `llmgw control` processes on loopback; then a summary (rounds, faults by kind,
-acknowledged writes, lost, duplicated, unknown outcomes, failover after a SIGKILL of the leader).
+three real `llmgw control` processes; then a summary (rounds, faults by kind, acknowledged writes,
+lost, duplicated, unknown outcomes, failover) and a table per fault kind.
 
-Run: `.venv/bin/python tests/bench/raft_faults.py [--rounds 1000] [--seed N] [--keep-going]`.
-A round takes 2-3 s (about 45 min for 1,000). Exit status 1 when a round failed; the seed is
-printed first, so `--seed N` replays the same faults and operations (the timing, and so the
-interleaving, is the machine's). The members' logs stay in the printed directory on failure.
+Run: `.venv/bin/python tests/bench/raft_faults.py [--rounds 1000] [--seed N] [--keep-going] [--netns]`.
+Without `--netns` the members run on loopback and the faults are the processes' (kill, pause,
+restart all); a round takes 2-3 s (about 45 min for 1,000). With `--netns` (root: network
+namespaces) each member runs in a namespace of its own with failpoints on, and the faults are
+those and the network's and the disk's (tests/support/campaign.py, NET_FAULTS: partitions of the
+leader, a standby, one way, a bridge; Raft messages dropped and delayed; clock jumps; power loss;
+bit flips while down, then a rejoin; a membership change during a fault; overlapping faults);
+each start of a member draws its journal's compaction threshold (40 entries or 5,000), so
+snapshots are taken and sent too. A round takes 3-10 s there (about 2 h for 1,000).
+
+Exit status 1 when a round failed; the seed is printed first, so `--seed N` replays the same
+faults and operations (the timing, and so the interleaving, is the machine's). The members' logs
+stay in the printed directory on failure.
 """
 
 from __future__ import annotations
@@ -22,32 +31,47 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.support.campaign import RoundConfig, RoundResult, campaign  # noqa: E402
+from tests.support.campaign import (FAULTS, NET_FAULTS, RoundConfig, RoundResult, Summary, campaign,  # noqa: E402
+                                     low_compaction)
 from tests.support.cluster import Cluster  # noqa: E402
+from tests.support.netns import Fabric, in_own_netns  # noqa: E402
 
 
-async def run(args: argparse.Namespace, root: Path) -> bool:
-    cluster = Cluster(root)
+async def run(args: argparse.Namespace, root: Path, fabric: Fabric | None = None) -> bool:
+    cluster = Cluster(root, fabric=fabric, failpoints=fabric is not None)
+    if fabric is not None:
+        cluster.every_start = low_compaction(random.Random(args.seed))
+    faults = FAULTS + NET_FAULTS if fabric is not None else FAULTS
     started = time.monotonic()
     config = RoundConfig(clients=args.clients, seconds=args.seconds)
 
+    so_far = Summary()
+
     def progress(res: RoundResult) -> None:
+        so_far.add(res)
+        if args.table_every and res.number % args.table_every == 0 and res.number < args.rounds:
+            print("\n".join(["", f"after {res.number} rounds:", *so_far.table(), ""]), flush=True)
         mark = "FAILED" if res.failures else "ok"
         if res.failures or args.verbose or res.number % 25 == 0:
             failover = f" failover {res.failover_s:.2f} s" if res.failover_s is not None else ""
-            print(f"round {res.number:>5} {res.fault:<13} {mark:<6} acknowledged {res.acked:>3} "
-                  f"reads {len(res.reads):>3}{failover}  ({time.monotonic() - started:.0f} s)", flush=True)
+            settle = f" settled {res.settle_s:.2f} s" if res.settle_s is not None else ""
+            print(f"round {res.number:>5} {res.fault:<17} {mark:<6} acknowledged {res.acked:>3} "
+                  f"reads {len(res.reads):>3}{failover}{settle}  ({time.monotonic() - started:.0f} s)", flush=True)
+            if args.verbose and res.notes:
+                print("    " + "; ".join(res.notes), flush=True)
         for failure in res.failures:
             print(f"    {failure}", flush=True)
 
     try:
         await cluster.start()
         summary = await campaign(cluster, args.rounds, args.seed, config, stop_at_failure=not args.keep_going,
-                                 on_round=progress)
+                                 on_round=progress, faults=faults)
     finally:
         cluster.close()
     print()
     print("\n".join(summary.lines()))
+    print()
+    print("\n".join(summary.table()))
     print(f"time:                      {time.monotonic() - started:.0f} s")
     if summary.failures:
         print(f"\nFAILED: {len(summary.failures)} failures; replay with --seed {args.seed}")
@@ -63,12 +87,28 @@ def main() -> None:
     parser.add_argument("--keep-going", action="store_true", help="go on after a failed round")
     parser.add_argument("--verbose", action="store_true", help="a line per round (default: every 25th)")
     parser.add_argument("--dir", type=Path, default=None, help="where the members' state dirs go")
+    parser.add_argument("--table-every", type=int, default=100, help="print the table so far every N rounds (0: no)")
+    parser.add_argument("--netns", action="store_true",
+                        help="members in network namespaces, with the network's and the disk's faults (root)")
     args = parser.parse_args()
     if args.seed is None:
         args.seed = random.randrange(1 << 30)
     print(f"seed {args.seed}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="llmgw-raft-faults-", dir=args.dir))
-    ok = trio.run(run, args, root)
+    if args.netns:
+        outcome: list[bool] = []
+
+        def body() -> None:
+            fabric = Fabric()
+            try:
+                outcome.append(trio.run(run, args, root, fabric))
+            finally:
+                fabric.close()
+
+        in_own_netns(body)
+        ok = outcome[0]
+    else:
+        ok = trio.run(run, args, root)
     if ok:
         shutil.rmtree(root, ignore_errors=True)
     else:

@@ -35,7 +35,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.support.cluster import Cluster, Member  # noqa: E402
-from tests.support.figures import pct  # noqa: E402
+from tests.support.figures import pct, print_table  # noqa: E402
 
 BASELINE = "GET /health"
 
@@ -116,11 +116,7 @@ def main() -> None:
         for members in args.members:
             probes += trio.run(measure, Path(tmp), members, args.reads)
     rows = table(probes)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for n, r in enumerate(rows):
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
+    print_table(rows)
     print(f"\n{args.reads} requests per row, interleaved; members on loopback, {os.cpu_count()} CPUs; "
           f"{time.monotonic() - started:.0f} s")
 

@@ -5,31 +5,19 @@ valid HTTP/1.1 over real loopback (checked by h11, a strict parser), and its wrk
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import socket
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 
 import h11
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.support.figures import load_bench
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
-upstream_mod, probe, wrk = _load("_upstream"), _load("_probe"), _load("_wrk")
+upstream_mod, probe, wrk = load_bench("_upstream"), load_bench("_probe"), load_bench("_wrk")
 
 
 @pytest.fixture
@@ -166,7 +154,7 @@ def test_the_metrics_bench_runs() -> None:
     scrape costs) on a toy size, so it cannot rot unseen; no timing is judged here."""
     import gc
 
-    bench = _load("metrics")
+    bench = load_bench("metrics")
     switch = sys.getswitchinterval()
     try:
         cost = bench.gateway_cost(requests=50, rounds=1)

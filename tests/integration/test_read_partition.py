@@ -21,11 +21,6 @@ Needs CAP_SYS_ADMIN (root in CI); skipped, with the reason, where namespaces are
 
 from __future__ import annotations
 
-import ctypes
-import os
-import subprocess
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,46 +29,13 @@ import pytest
 import trio
 
 from tests.support.cluster import Cluster, ClusterError, Member
+from tests.support.netns import in_own_netns_or_skip, ip
 
 pytestmark = pytest.mark.slow
 
-CLONE_NEWNET = 0x40000000
 SETTING = "/api/v1/settings/placement.warn_interval_s"
 BEFORE, AFTER = 601, 602  # the value the cut leader holds; the one the new leader acknowledges
 READS = 5
-
-
-def in_own_netns(body: Callable[[], None]) -> None:
-    """Run `body` in a thread moved into a new network namespace with its loopback up: sockets the
-    thread opens and processes it starts live there. Skips the test when the kernel refuses."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    outcome: dict[str, BaseException | str] = {}
-
-    def thread() -> None:
-        if libc.unshare(CLONE_NEWNET) != 0:
-            outcome["skip"] = (f"a network namespace of its own is not permitted here (unshare(CLONE_NEWNET): "
-                               f"{os.strerror(ctypes.get_errno())}; needs CAP_SYS_ADMIN, e.g. root)")
-            return
-        try:
-            ip("link", "set", "lo", "up")
-            body()
-        except BaseException as e:  # handed to the test's own thread, which raises it
-            outcome["error"] = e
-
-    worker = threading.Thread(target=thread, name="netns")
-    worker.start()
-    worker.join()
-    if "skip" in outcome:
-        pytest.skip(str(outcome["skip"]))
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-
-
-def ip(*argv: str) -> None:
-    """One `ip` command, run in the calling thread's namespace; its words if it fails."""
-    done = subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=30)
-    if done.returncode != 0:
-        raise AssertionError(f"`ip {' '.join(argv)}` failed ({done.returncode}): {done.stderr.strip()}")
 
 
 def cut_rules(port: int) -> list[list[str]]:
@@ -188,4 +150,4 @@ def test_a_partitioned_leader_answers_503_never_the_replaced_value(tmp_path: Pat
         finally:
             cluster.close()
 
-    in_own_netns(lambda: trio.run(main))
+    in_own_netns_or_skip(lambda: trio.run(main))

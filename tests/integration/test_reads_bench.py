@@ -3,29 +3,18 @@ group of one and of three, and the table it prints has one row per kind, each be
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import trio
 
+from tests.support.figures import load_bench
+
 pytestmark = pytest.mark.slow
 
 
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "bench" / "reads.py"
-    spec = importlib.util.spec_from_file_location("bench_reads", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_reads_bench_times_every_kind_of_read(tmp_path: Path) -> None:
-    bench = _load()
+    bench = load_bench("reads")
     probes = trio.run(bench.measure, tmp_path, 1, 3) + trio.run(bench.measure, tmp_path, 3, 3)
     rows = bench.table(probes)
     assert [(r[0], r[1], r[2]) for r in rows[1:]] == [

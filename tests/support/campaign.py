@@ -17,10 +17,11 @@ no member's log says pysyncobj cut entries it had applied.
 from __future__ import annotations
 
 import random
+import signal
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,9 +29,14 @@ import httpx
 import trio
 
 from tests.support.cluster import Cluster, Member
+from tests.support.figures import pct
+from tests.support.netns import Fabric
 from tests.support.linearizability import KV_MODEL, KvInput, KvOutput, Operation, Verdict, check, get, put
 
 FAULTS = ("kill-leader", "kill-standby", "pause-leader", "pause-standby", "restart-all")
+# Faults that need the members in network namespaces (tests/support/netns.py) and failpoints on.
+NET_FAULTS = ("partition-leader", "partition-standby", "partition-one-way", "partition-bridge", "net-flaky",
+              "clock-jump", "power-loss", "bitflip", "member-change", "overlap")
 Outcome = Literal["ok", "refused", "unknown"]
 _DIVERGED = "state machine may have diverged"  # pysyncobj's word for a follower that cut applied entries
 _NOTHING_DONE = frozenset({"no_leader", "not_leader", "leader_unreachable", "store_unavailable"})
@@ -47,6 +53,7 @@ class RoundConfig:
     retry_s: float = 0.03  # wait between tries of one write
     resolve_s: float = 30.0  # a write still unanswered this long after the round's end stays unknown
     settle_s: float = 30.0
+    settle_bound_s: float = 10.0  # a round fails when the members settle later than this after the last heal
     check_s: float = 10.0  # the linearizability checker's timeout
     cleanup: bool = True  # remove the round's models once checked (keeps the state small)
 
@@ -75,6 +82,7 @@ class Read:
     call: float
     ret: float
     value: str | None
+    member: str = ""  # the member that answered (itself, or by forwarding to the leader)
 
 
 @dataclass
@@ -87,6 +95,9 @@ class RoundResult:
     failures: list[str] = field(default_factory=list)
     revision_delta: int = 0
     seconds: float = 0.0
+    changes: int = 0  # membership changes acknowledged (each moves the revision by one)
+    settle_s: float | None = None  # the last heal (or the clients' end, if later) -> every member at one revision
+    notes: list[str] = field(default_factory=list)  # what the fault did, in words
 
     @property
     def acked(self) -> int:
@@ -103,6 +114,12 @@ class RoundResult:
                 ops.append(Operation(w.client, put(w.key, w.value), w.call, None, w.ret))
         ops += [Operation(r.client, get(r.key), r.call, r.value, r.ret) for r in self.reads]
         return ops
+
+
+def low_compaction(rng: random.Random) -> Callable[[Member], list[str]]:
+    """Flags for each start of a member: half of the starts compact the journal past 40 entries, so
+    snapshots are taken, and sent to members that fall behind, within a round."""
+    return lambda m: ["--journal-compact-after", str(rng.choice((40, 5000)))]
 
 
 def model_doc(key: str, value: str) -> dict[str, Any]:
@@ -148,6 +165,8 @@ class Round:
         self.result = RoundResult(number, self.fault, [], [])
         self._ends = 0.0
         self._killed_at: float | None = None
+        self._healed_at = 0.0
+        self._clients_done = 0.0
         self._log_sizes: dict[str, int] = {}
 
     # -- one write, one read ------------------------------------------------------------------
@@ -191,9 +210,9 @@ class Round:
         ret = time.monotonic()
         if r.status_code == 200:
             source = str(r.json()["model"]["source"])
-            self.result.reads.append(Read(client, key, call, ret, source.removeprefix("sim://")))
+            self.result.reads.append(Read(client, key, call, ret, source.removeprefix("sim://"), m.name))
         elif r.status_code == 404 and r.json().get("error", {}).get("code") == "model_not_found":
-            self.result.reads.append(Read(client, key, call, ret, None))
+            self.result.reads.append(Read(client, key, call, ret, None, m.name))
 
     # -- the round -----------------------------------------------------------------------------
 
@@ -205,7 +224,7 @@ class Round:
         written = 0
         mine: list[str] = []
         async with httpx.AsyncClient() as http:
-            while time.monotonic() < self._ends:
+            while time.monotonic() < self._ends or self._healed_at == 0.0:  # through the whole fault
                 if rng.random() < self.config.reads:
                     key = (self.shared_key(rng.randrange(self.config.shared_keys)) if not mine or rng.random() < 0.7
                            else rng.choice(mine))
@@ -222,41 +241,202 @@ class Round:
                 await trio.sleep(rng.uniform(0, 0.02))
 
     async def inject(self) -> None:
-        """The round's fault, at a random moment; healed (restarted, resumed) before it returns."""
-        c, rng = self.cluster, self.rng
-        await trio.sleep(rng.uniform(0.15, 0.5) * self.config.seconds)
+        """The round's fault, at a random moment; healed (restarted, resumed, reconnected) before it
+        returns, which is the moment "settled within N s of the last heal" counts from."""
+        await trio.sleep(self.rng.uniform(0.15, 0.5) * self.config.seconds)
         kind = self.fault
         if kind == "restart-all":
             await trio.sleep(0)
-            c.kill_all()
-            await trio.sleep(rng.uniform(0.0, 0.3))
-            for m in c.members:
-                c.start_member(m)
-            return
-        leader = await c.leader()
-        if kind.endswith("-leader"):
-            target = leader
-            if target is None:  # mid-election: any member, named for what it was
-                target = rng.choice(c.members)
-                self.fault = self.result.fault = kind.replace("leader", "standby")
+            self.cluster.kill_all()
+            await trio.sleep(self.rng.uniform(0.0, 0.3))
+            for m in self.cluster.members:
+                self.cluster.start_member(m)
+        elif kind in ("kill-leader", "kill-standby", "pause-leader", "pause-standby"):
+            await self.process_fault(kind)
         else:
-            others = [m for m in c.members if m is not leader]
-            target = rng.choice(others)
+            await NET_FAULT_STEPS[kind](self)
+        self._healed_at = time.monotonic()
+
+    async def target(self, role: str) -> Member:
+        """The leader ("leader": when there is none, mid-election, any member, and the round's fault
+        is renamed for what it hit), or a member that does not lead ("standby")."""
+        c = self.cluster
+        leader = await c.leader()
+        if role == "leader":
+            if leader is not None:
+                return leader
+            self.fault = self.result.fault = self.fault.replace("leader", "standby")
+            return self.rng.choice(c.members)
+        return self.rng.choice([m for m in c.members if m is not leader])
+
+    async def process_fault(self, kind: str) -> None:
+        c, rng = self.cluster, self.rng
+        target = await self.target(kind.partition("-")[2])
         if kind.startswith("kill"):
             c.kill(target)
-            if self.result.fault == "kill-leader":
-                self._killed_at = time.monotonic()
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self.probe_failover, [m for m in c.members if m is not target])
-                    await trio.sleep(rng.uniform(0.2, 1.0))
-                    c.start_member(target)
-            else:
+            async with trio.open_nursery() as nursery:
+                if self.result.fault == "kill-leader":
+                    self.start_failover_probe(nursery, target)
                 await trio.sleep(rng.uniform(0.2, 1.0))
                 c.start_member(target)
         else:
             c.pause(target)
             await trio.sleep(rng.uniform(0.3, 2.5))
             c.resume(target)
+
+    def start_failover_probe(self, nursery: trio.Nursery, lost: Member) -> None:
+        self._killed_at = time.monotonic()
+        nursery.start_soon(self.probe_failover, [m for m in self.cluster.members if m is not lost])
+
+    # -- the faults that need each member in a namespace of its own, with failpoints ---------------
+
+    def hold_s(self) -> float:
+        """How long a partition or a flaky network lasts: a third of the rounds longer than
+        pysyncobj's connection timeout (3.5 s), so that connections are dropped and redialled."""
+        return self.rng.uniform(3.6, 6.5) if self.rng.random() < 1 / 3 else self.rng.uniform(0.3, 3.0)
+
+    @property
+    def fabric(self) -> Fabric:
+        assert self.cluster.fabric is not None, f"{self.fault} needs a cluster in network namespaces"
+        return self.cluster.fabric
+
+    async def partition(self, role: str, one_way: str | None = None) -> None:
+        """`role`'s member cut off from the others (both ways, or `one_way` "in"/"out")."""
+        c = self.cluster
+        target = await self.target(role)
+        others = [m for m in c.members if m is not target]
+        self.fabric.isolate(target.host, [m.host for m in others], one_way=one_way)
+        self.note(f"cut {target.name} off{'' if one_way is None else f' ({one_way}going only)'}")
+        async with trio.open_nursery() as nursery:
+            if self.result.fault == "partition-leader":
+                self.start_failover_probe(nursery, target)
+            await trio.sleep(self.hold_s())
+            self.fabric.heal()
+
+    async def partition_bridge(self) -> None:
+        """Two members cut apart; the third still reaches both (Jepsen's bridge, for three)."""
+        a, b = self.rng.sample(self.cluster.members, 2)
+        self.fabric.cut(a.host, b.host)
+        self.note(f"cut {a.name} and {b.name} apart")
+        await trio.sleep(self.hold_s())
+        self.fabric.heal()
+
+    async def net_flaky(self) -> None:
+        """Raft messages dropped and delayed (so also reordered), on every member's sends."""
+        drop, delay = self.rng.uniform(0.05, 0.3), self.rng.uniform(0.01, 0.15)
+        rule = {"*": {"drop": drop, "delay_s": [0.0, delay]}}
+        for m in self.cluster.members:
+            self.cluster.set_failpoints(m, send=rule)
+        self.note(f"drop {drop:.0%}, delay up to {delay * 1000:.0f} ms")
+        await trio.sleep(self.hold_s())
+        for m in self.cluster.members:
+            self.cluster.set_failpoints(m)
+
+    async def clock_jump(self) -> None:
+        """A member's store clock jumps forward or back by 2-30 s (and stays there)."""
+        m = self.rng.choice(self.cluster.members)
+        jump = self.rng.choice((-1, 1)) * self.rng.uniform(2, 30)
+        self.cluster.set_failpoints(m, clock_offset_s=m.clock_offset_s + jump)
+        self.note(f"{m.name}'s clock {jump:+.1f} s")
+
+    async def power_loss(self) -> None:
+        """One member (a quarter of the rounds: all at once) loses power: what it had not flushed is gone."""
+        c = self.cluster
+        targets = list(c.members) if self.rng.random() < 0.25 else [self.rng.choice(c.members)]
+        for m in targets:  # every SIGKILL first: as close to "at once" as signals get
+            if m.proc is not None and m.proc.poll() is None:
+                m.proc.send_signal(signal.SIGKILL)
+        for m in targets:
+            self.note(f"{m.name} lost power: " + ("; ".join(c.power_loss(m)) or "every write was flushed"))
+        await trio.sleep(self.rng.uniform(0.1, 1.0))
+        for m in targets:
+            c.start_member(m)
+
+    async def bitflip(self) -> None:
+        """A standby stopped, one bit of its journal or snapshot flipped, started: it must refuse, naming
+        the file; then it is rejoined from the others' copy (removed, started with --rejoin, added)."""
+        c = self.cluster
+        m = await self.target("standby")
+        c.kill(m)
+        files = [f for f in (m.raft_dir / "journal.bin", m.raft_dir / "snapshot.json") if f.exists()]
+        victim = self.rng.choice(files)
+        data = bytearray(victim.read_bytes())
+        at = self.rng.randrange(len(data))
+        data[at] ^= 1 << self.rng.randrange(8)
+        victim.write_bytes(bytes(data))
+        self.note(f"{m.name}: flipped a bit of {victim.name} at byte {at} of {len(data)}")
+        size = m.log.stat().st_size
+        c.start_member(m)
+        with trio.move_on_after(30):
+            while m.running:
+                await trio.sleep(0.05)
+        if m.running:
+            self.result.failures.append(f"{m.name} started on {victim.name} with a flipped bit at byte {at}")
+            c.kill(m)
+        else:
+            said = m.log.read_text(errors="replace")[size:]
+            if victim.name not in said:
+                self.result.failures.append(f"{m.name} refused {victim.name} with a flipped bit at byte {at} "
+                                            f"without naming it: {said[-500:]!r}")
+        await self.rejoin(m)
+
+    async def member_change(self) -> None:
+        """A standby removed and added back (rejoined empty) while Raft messages are dropped and delayed."""
+        c = self.cluster
+        rule = {"*": {"drop": self.rng.uniform(0.02, 0.15), "delay_s": [0.0, self.rng.uniform(0.01, 0.08)]}}
+        for m in c.members:
+            c.set_failpoints(m, send=rule)
+        m = await self.target("standby")
+        m.stop()
+        await self.rejoin(m)
+        for o in c.members:
+            c.set_failpoints(o)
+
+    async def overlap(self) -> None:
+        """The leader cut off longer than the connection timeout, and meanwhile another member loses
+        power and comes back: for a while no majority can be formed."""
+        c, rng = self.cluster, self.rng
+        leader = await self.target("leader")
+        others = [m for m in c.members if m is not leader]
+        self.fabric.isolate(leader.host, [m.host for m in others])
+        hold = rng.uniform(3.6, 6.5)
+        await trio.sleep(hold / 3)
+        victim = rng.choice(others)
+        self.note(f"cut {leader.name} off for {hold:.1f} s; {victim.name} lost power: "
+                  + ("; ".join(c.power_loss(victim)) or "every write was flushed"))
+        await trio.sleep(rng.uniform(0.3, 1.5))
+        c.start_member(victim)
+        await trio.sleep(max(0.0, hold * 2 / 3 - 1.5))
+        self.fabric.heal()
+
+    async def rejoin(self, m: Member) -> None:
+        """docs/ha.md, "A damaged journal": remove `m` (stopped) through the others, start it with
+        --rejoin, add it again; returns once it is a voting member again."""
+        c = self.cluster
+        others = [o for o in c.members if o is not m]
+        await self.admin_until_done("DELETE", f"/api/v1/cluster/members/{m.raft_addr}", None, others)
+        c.start_member(m, extra=["--rejoin"])
+        await self.admin_until_done("POST", "/api/v1/cluster/members", {"raft_addr": m.raft_addr}, others)
+        self.note(f"{m.name} rejoined")
+
+    async def admin_until_done(self, method: str, path: str, body: Any, via: list[Member]) -> None:
+        """One membership change, retried (same Idempotency-Key) until a member acknowledges it."""
+        headers = {**self.cluster.headers, "Idempotency-Key": f"fc-{self.number}-{method}-{path}"}
+        async with httpx.AsyncClient() as http:
+            for _ in range(600):
+                m = self.rng.choice(via)
+                try:
+                    r = await http.request(method, m.url + path, json=body, headers=headers, timeout=5)
+                    if r.status_code < 300:
+                        self.result.changes += 1  # a membership change is a revision of its own
+                        return
+                except httpx.HTTPError:
+                    pass
+                await trio.sleep(0.1)
+        self.result.failures.append(f"{method} {path} was not acknowledged in 60 s")
+
+    def note(self, words: str) -> None:
+        self.result.notes.append(words)
 
     async def probe_failover(self, survivors: list[Member]) -> None:
         """Write through the survivors until one write is acknowledged: failover is its return
@@ -274,8 +454,10 @@ class Round:
         self._ends = started + self.config.seconds
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.inject)
-            for n in range(self.config.clients):
-                nursery.start_soon(self.client, n)
+            async with trio.open_nursery() as clients:
+                for n in range(self.config.clients):
+                    clients.start_soon(self.client, n)
+            self._clients_done = time.monotonic()
         self.result.seconds = time.monotonic() - started
         return self.result
 
@@ -288,6 +470,10 @@ class Round:
         """The round's checks (failures go to `result.failures`); returns the settled revision."""
         c = self.cluster
         rows = await c.wait_settled(self.config.settle_s)
+        self.result.settle_s = time.monotonic() - max(self._healed_at, self._clients_done)
+        if self.result.settle_s > self.config.settle_bound_s:
+            self.result.failures.append(f"not settled within {self.config.settle_bound_s:g} s of the last heal "
+                                        f"({self.result.settle_s:.1f} s)")
         # The final reads, through the leader, go into the history too.
         leader = c.by_addr(next(r["id"] for r in rows.values() if r["role"] == "leader"))
         assert leader is not None
@@ -320,6 +506,21 @@ class Round:
                     nursery.start_soon(remove, keys[i::4])
 
 
+NET_FAULT_STEPS: dict[str, Callable[[Round], Awaitable[None]]] = {
+    "partition-leader": lambda r: r.partition("leader"),
+    "partition-standby": lambda r: r.partition("standby"),
+    "partition-one-way": lambda r: r.partition(r.rng.choice(("leader", "standby")), r.rng.choice(("in", "out"))),
+    "partition-bridge": Round.partition_bridge,
+    "net-flaky": Round.net_flaky,
+    "clock-jump": Round.clock_jump,
+    "power-loss": Round.power_loss,
+    "bitflip": Round.bitflip,
+    "member-change": Round.member_change,
+    "overlap": Round.overlap,
+}
+assert set(NET_FAULT_STEPS) == set(NET_FAULTS)
+
+
 def judge(res: RoundResult, rows: dict[str, dict[str, Any]], revision_before: int, keys: set[str],
           said: dict[str, list[str]], config: RoundConfig) -> int:
     """The checks of a round whose members settled as `rows` (`GET /api/v1/cluster/members`), with
@@ -346,11 +547,12 @@ def judge(res: RoundResult, rows: dict[str, dict[str, Any]], revision_before: in
                             f"retries: " + "; ".join(f"{w.key}={w.value} {w.tries}" for w in res.writes
                                                      if w.outcome == "unknown")[:2000])
     res.revision_delta = revision - revision_before
-    low, high = res.acked, res.acked + res.unknown
+    low, high = res.acked + res.changes, res.acked + res.changes + res.unknown
     if not low <= res.revision_delta <= high:
         what = "DUPLICATED" if res.revision_delta > high else "LOST"
         res.failures.append(f"{what}: the revision moved by {res.revision_delta} ({revision_before} -> {revision}) "
-                            f"for {res.acked} acknowledged writes and {res.unknown} of unknown outcome")
+                            f"for {res.acked} acknowledged writes, {res.changes} membership changes and "
+                            f"{res.unknown} writes of unknown outcome")
     for name, lines in sorted(said.items()):  # what pysyncobj says when a follower cut entries it had applied
         cut = [line for line in lines if _DIVERGED in line]
         if cut:
@@ -359,6 +561,31 @@ def judge(res: RoundResult, rows: dict[str, dict[str, Any]], revision_before: in
     if verdict.verdict is not Verdict.OK:
         res.failures.append(f"linearizability: {verdict.explanation}")
     return revision
+
+
+@dataclass
+class FaultTally:
+    """One fault kind's rounds in a campaign."""
+
+    rounds: int = 0
+    acked: int = 0
+    reads: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    nonlinearizable: int = 0
+    diverged: int = 0
+    unsettled: int = 0
+    failed: int = 0
+    settle: list[float] = field(default_factory=list)
+    failovers: list[float] = field(default_factory=list)
+
+
+def _kind(failure: str) -> str:
+    for prefix, kind in (("LOST", "lost"), ("DUPLICATED", "duplicated"), ("linearizability", "nonlinearizable"),
+                         ("members at revision", "diverged"), ("not settled", "unsettled")):
+        if failure.startswith(prefix):
+            return kind
+    return ""
 
 
 @dataclass
@@ -373,32 +600,42 @@ class Summary:
     unknown_tries: int = 0  # tries of unknown outcome, resolved by a retry under the same key
     nonlinearizable: int = 0
     diverged: int = 0
+    unsettled: int = 0
     failovers: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    by_fault: dict[str, FaultTally] = field(default_factory=dict)
 
     def add(self, res: RoundResult) -> None:
+        tally = self.by_fault.setdefault(res.fault, FaultTally())
         self.rounds += 1
+        tally.rounds += 1
         self.faults[res.fault] += 1
         self.acked += res.acked
+        tally.acked += res.acked
         self.reads += len(res.reads)
+        tally.reads += len(res.reads)
         self.unknown += res.unknown
         self.unknown_tries += sum(w.unknown_tries for w in res.writes)
         for f in res.failures:
-            self.lost += f.startswith("LOST")
-            self.duplicated += f.startswith("DUPLICATED")
-            self.nonlinearizable += f.startswith("linearizability")
-            self.diverged += f.startswith("members at revision")
+            kind = _kind(f)
+            if kind:
+                setattr(self, kind, getattr(self, kind) + 1)
+                setattr(tally, kind, getattr(tally, kind) + 1)
+        tally.failed += bool(res.failures)
         if res.failover_s is not None:
             self.failovers.append(res.failover_s)
+            tally.failovers.append(res.failover_s)
+        if res.settle_s is not None:
+            tally.settle.append(res.settle_s)
         self.failures += [f"round {res.number} ({res.fault}): {f}" for f in res.failures]
 
     def lines(self) -> list[str]:
         fo = sorted(self.failovers)
-        failover = (f"p50 {statistics.median(fo):.2f} s, max {fo[-1]:.2f} s over {len(fo)} leader kills"
-                    if fo else "no leader was killed")
+        failover = (f"p50 {statistics.median(fo):.2f} s, p99 {pct(fo, 0.99):.2f} s, max {fo[-1]:.2f} s over "
+                    f"{len(fo)} leader kills and cuts" if fo else "no leader was killed or cut")
         return [
             f"rounds:                    {self.rounds}",
-            "faults:                    " + ", ".join(f"{k} {self.faults[k]}" for k in FAULTS),
+            "faults:                    " + ", ".join(f"{k} {n}" for k, n in sorted(self.faults.items())),
             f"acknowledged writes:       {self.acked}",
             f"reads:                     {self.reads}",
             f"lost:                      {self.lost}",
@@ -407,22 +644,38 @@ class Summary:
             f"{self.unknown_tries})",
             f"not linearizable:          {self.nonlinearizable}",
             f"diverged state hashes:     {self.diverged}",
-            f"failover (kill -> commit): {failover}",
+            f"not settled in time:       {self.unsettled}",
+            f"failover (fault -> commit): {failover}",
         ]
+
+    def table(self) -> list[str]:
+        """A row per fault kind: rounds, what was checked, and the times (markdown)."""
+        def times(values: list[float]) -> str:
+            return f"{statistics.median(values):.2f} / {max(values):.2f}" if values else "-"
+
+        rows = ["| fault | rounds | acknowledged | reads | lost | duplicated | not linearizable | diverged | "
+                "failed rounds | settle after heal p50 / max (s) | failover p50 / max (s) |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for kind, t in sorted(self.by_fault.items()):
+            rows.append(f"| {kind} | {t.rounds} | {t.acked} | {t.reads} | {t.lost} | {t.duplicated} | "
+                        f"{t.nonlinearizable} | {t.diverged} | {t.failed} | {times(t.settle)} | {times(t.failovers)} |")
+        return rows
 
 
 async def campaign(cluster: Cluster, rounds: int, seed: int, config: RoundConfig = RoundConfig(), *,
-                   stop_at_failure: bool = True, on_round: Callable[[RoundResult], None] | None = None) -> Summary:
+                   stop_at_failure: bool = True, on_round: Callable[[RoundResult], None] | None = None,
+                   faults: tuple[str, ...] = FAULTS) -> Summary:
     """Run `rounds` rounds on a started cluster (the same `seed`, the same faults and operations in
     the same order); `on_round(result)` is called after each. Stops after a failed round unless
-    `stop_at_failure` is false; the failures are in the summary."""
+    `stop_at_failure` is false; the failures are in the summary. `faults`: the kinds drawn from
+    (NET_FAULTS need a cluster made with a Fabric and failpoints)."""
     rng = random.Random(seed)
     summary = Summary()
     revision = int(next(iter((await cluster.wait_settled(config.settle_s)).values()))["revision"])
     kinds: list[str] = []
     for number in range(1, rounds + 1):
         if not kinds:  # every kind of fault as often as the others, in a shuffled order
-            kinds = rng.sample(FAULTS, len(FAULTS))
+            kinds = rng.sample(faults, len(faults))
         rnd = Round(cluster, number, rng, config, fault=kinds.pop())
         res = await rnd.run()
         await rnd.verify(revision)

@@ -22,6 +22,8 @@ import httpx
 import trio
 
 from llmgw.net import free_port
+from llmgw.store.failpoints import lose_unflushed, write_controls
+from tests.support.netns import Fabric
 
 ADMIN_KEY = "sk-cluster-admin"
 T = TypeVar("T")
@@ -35,13 +37,21 @@ class Member:
     state_dir: Path
     raft_addr: str = field(default_factory=lambda: f"127.0.0.1:{free_port()}")
     admin_port: int = field(default_factory=free_port)
+    host: str = "127.0.0.1"
+    wrap: list[str] = field(default_factory=list)  # a command prefix: e.g. nsenter into its namespace
+    failpoints: Path | None = None  # its LLMGW_FAILPOINTS directory (llmgw/store/failpoints.py)
+    clock_offset_s: float = 0.0  # its store clock's offset, through the failpoints
     proc: subprocess.Popen[bytes] | None = None
     paused: bool = False
     starts: int = 0
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
+        return f"http://{self.host}:{self.admin_port}"
+
+    @property
+    def raft_dir(self) -> Path:
+        return self.state_dir / "raft"
 
     @property
     def log(self) -> Path:
@@ -53,12 +63,15 @@ class Member:
 
     def start(self, peers: Iterable[str], *, env: dict[str, str] | None = None, extra: Iterable[str] = ()) -> None:
         args = ["control", "--state-dir", str(self.state_dir), "--raft-addr", self.raft_addr,
-                "--admin-addr", f"127.0.0.1:{self.admin_port}", *[a for p in peers for a in ("--peer", p)], *extra]
+                "--admin-addr", f"{self.host}:{self.admin_port}", *[a for p in peers for a in ("--peer", p)], *extra]
+        env = {**os.environ, **(env or {})}
+        if self.failpoints is not None:
+            env["LLMGW_FAILPOINTS"] = str(self.failpoints)
         with self.log.open("ab") as out:
             out.write(f"=== start {self.starts + 1}: llmgw {' '.join(args)}\n".encode())
             out.flush()
-            self.proc = subprocess.Popen([sys.executable, "-m", "llmgw", *args], stdout=out,
-                                         stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+            self.proc = subprocess.Popen([*self.wrap, sys.executable, "-m", "llmgw", *args], stdout=out,
+                                         stderr=subprocess.STDOUT, env=env)
         self.paused = False
         self.starts += 1
 
@@ -103,12 +116,27 @@ class ClusterError(AssertionError):
 class Cluster:
     """`size` members under `root`. `start()` starts them and waits until each is healthy and announced."""
 
-    def __init__(self, root: Path, size: int = 3, *, admin_key: str = ADMIN_KEY) -> None:
+    def __init__(self, root: Path, size: int = 3, *, admin_key: str = ADMIN_KEY, fabric: Fabric | None = None,
+                 failpoints: bool = False) -> None:
+        """`fabric`: each member in a network namespace of its own (tests/support/netns.py), at
+        10.77.N.1, Raft on port 7000 and the admin API on 8000; else all on 127.0.0.1, free ports.
+        `failpoints`: each member started with LLMGW_FAILPOINTS=ROOT/failpoints-mN."""
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.admin_key = admin_key
-        self.members = [Member(f"m{i}", root / f"m{i}") for i in range(1, size + 1)]
+        self.fabric = fabric
+        self.members = []
+        for i in range(1, size + 1):
+            m = Member(f"m{i}", root / f"m{i}")
+            if fabric is not None:
+                h = fabric.host(i)
+                m.host, m.wrap, m.raft_addr, m.admin_port = h.address, h.wrap, f"{h.address}:7000", 8000
+            if failpoints:
+                m.failpoints = root / f"failpoints-m{i}"
+            self.members.append(m)
         self.headers = {"Authorization": f"Bearer {admin_key}"}
+        # More flags for each start of a member (e.g. a journal compaction threshold drawn per start).
+        self.every_start: Callable[[Member], list[str]] | None = None
 
     @property
     def secret_file(self) -> Path:
@@ -126,7 +154,8 @@ class Cluster:
         first = m is self.members[0] and not self.secret_file.exists()
         env = {"LLMGW_ADMIN_KEY": self.admin_key} if first else None
         secret = [] if first else ["--cluster-secret-file", str(self.secret_file)]
-        m.start(self.peers_of(m) if peers is None else peers, env=env, extra=[*secret, *extra])
+        every = self.every_start(m) if self.every_start is not None else []
+        m.start(self.peers_of(m) if peers is None else peers, env=env, extra=[*secret, *every, *extra])
 
     async def start(self, timeout: float = 60.0) -> None:
         first = self.members[0]
@@ -227,6 +256,21 @@ class Cluster:
                 m.proc.send_signal(signal.SIGKILL)
         for m in self.members:
             m.kill()
+
+    def set_failpoints(self, m: Member, *, send: dict[str, Any] | None = None, clock_offset_s: float | None = None) -> None:
+        """Change `m`'s failpoints (llmgw/store/failpoints.py): what its Raft sends suffer
+        (None: nothing), and its store clock's offset (None: the one it has)."""
+        assert m.failpoints is not None, "the cluster was made without failpoints"
+        if clock_offset_s is not None:
+            m.clock_offset_s = clock_offset_s
+        write_controls(m.failpoints, {"clock_offset_s": m.clock_offset_s, "send": send or {}})
+
+    def power_loss(self, m: Member) -> list[str]:
+        """SIGKILL `m`, then drop every write to its Raft files that was not flushed (what a power
+        loss does to a disk that honours fsync). Returns what was dropped, in words."""
+        assert m.failpoints is not None, "the cluster was made without failpoints"
+        m.kill()
+        return lose_unflushed(m.raft_dir, m.failpoints)
 
     def restart_all(self) -> None:
         self.kill_all()

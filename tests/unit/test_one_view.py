@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from llmgw import console
@@ -36,6 +37,9 @@ def _words(text: str) -> str:
     return " ".join(text.split())
 
 
+# The webhook's delivery cut by its timeout leaves httpx's request body iterator unfinished; trio's
+# finalizer warns when it is collected (on a loaded machine, during this test): nothing of ours is held.
+@pytest.mark.filterwarnings("ignore:Async generator 'httpx._content.ByteStream.__aiter__':ResourceWarning")
 async def test_a_failing_webhook_reads_the_same_in_ctl_status_the_overview_the_metrics_and_the_webhooks() -> None:
     store, hub = MemoryStore(), AgentHub(clock=trio.current_time)
     store.submit_nowait(commands.add_key(hash_key(ADMIN), "admin", "admin", 0.0))
