@@ -175,6 +175,8 @@ class RaftStore:
             # Send each new entry at once: batched, a lone write waits for the next heartbeat.
             appendEntriesUseBatch=False,
             connectionRetryTime=self.timeouts.raft_connect_retry_s,
+            # pysyncobj's 3.5 s: a connect whose SYN a partition dropped waited that long after the heal
+            connectionTimeout=self.timeouts.raft_connection_timeout_s,
             leaderFallbackTimeout=self.timeouts.raft_leader_fallback_s,
             logCompactionMinEntries=self.compaction_min_entries,
             logCompactionMinTime=300,

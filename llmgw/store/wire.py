@@ -80,12 +80,37 @@ class _SealCheck:
         return self._fernet.encrypt_at_time(data, current_time)
 
 
+KEEPALIVE = "llmgw_keepalive"
+
+
 class SealedTransport(TCPTransport):  # type: ignore[misc]
-    """pysyncobj's TCP transport with each connection's seal check reported to `refusals`."""
+    """pysyncobj's TCP transport with each connection's seal check reported to `refusals`, and every
+    link kept warm.
+
+    Keepalives: pysyncobj closes a connection that has read nothing for `connectionTimeout`, but
+    checks only when it sends on it. Followers never send to each other, so when the leader died the
+    first vote request a candidate sent to the other follower found that link idle for longer, closed
+    it and was lost: the election waited for another timeout (failover after a SIGKILL ~1.3 s p50).
+    Each member now sends a `llmgw_keepalive` on every link a few times per timeout; the receiver
+    drops it before pysyncobj (which would ignore an unknown type anyway: an older member is fine)."""
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *, refusals: RefusalLog) -> None:
         self._refusals = refusals  # before the base's __init__: it adds the peers (addNode) and the server
+        self._keepalive_at = 0.0
         super().__init__(syncObj, selfNode, otherNodes)
+
+    def _onTick(self) -> None:
+        super()._onTick()
+        now = time.monotonic()
+        if now - self._keepalive_at >= self._syncObj.conf.connectionTimeout / 4:
+            self._keepalive_at = now
+            for node in list(self._connections):
+                self.send(node, {"type": KEEPALIVE})
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
+        if isinstance(message, dict) and message.get("type") == KEEPALIVE:
+            return
+        super()._onMessageReceived(node, message)
 
     def _onNewIncomingConnection(self, conn: Any) -> None:
         super()._onNewIncomingConnection(conn)

@@ -216,7 +216,7 @@ def _components() -> Schema:
 _ERRORS = {
     "400": "refused: the body, a parameter or the Idempotency-Key cannot be read or is not valid",
     "401": "no admin key, a client key, or an unknown key (`unauthorized`)",
-    "404": "no such model, key, node, setting, member, request or guard policy",
+    "404": "no such model, key, node, setting, member, request or guard policy, or a path that routes nowhere",
     "409": "the cluster's state forbids it now (the message says what to do)",
     "413": "a body over 1 MiB (`request_too_large`)",
     "422": "this Idempotency-Key was used for a different request (`idempotency_key_reused`)",
@@ -251,6 +251,8 @@ def _op(summary: str, ok: Schema, *, status: str = "200", also: dict[str, Schema
     """One admin operation: the admin key, every route's 401 and 503, a write's Idempotency-Key (400, 422),
     a body's 400 and 413, and the `errors` it has of its own."""
     codes = {"401", "503", *errors}
+    if any(p.get("in") == "path" for p in params):
+        codes.add("404")  # a path segment the router does not take (a newline, say) routes nowhere: not_found
     if write:
         codes |= {"400", "422"}
     if body is not None:
