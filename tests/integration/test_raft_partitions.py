@@ -17,7 +17,7 @@ one of the faults a real cluster meets:
 and each start of a member draws a journal compaction threshold of 40 entries or 5,000, so
 snapshots are taken and installed. Checks per round (tests/support/campaign.py, `judge`): no
 acknowledged write lost, none applied twice, every key's history linearizable (reads record the
-member that answered), one state hash, and every member settled within 10 s of the last heal.
+member that answered), one state hash, and every member settled within 15 s of the last heal.
 
 Replay with the seed it printed: LLMGW_FAULT_SEED=N pytest ...; the long runner, with a table per
 fault kind: `tests/bench/raft_faults.py --netns --rounds 1000`.
