@@ -115,14 +115,10 @@ class Failpoints:
         """Record what a flush of `path` (open as `fd`) made durable."""
         size = os.fstat(fd).st_size
         record = self.directory / "flushed" / path.name
+        kept = b"W" + os.pread(fd, size, 0) if size <= SMALL else b"L" + str(size).encode()
         with self._lock:
-            if size <= SMALL:
-                data = os.pread(fd, size, 0)
-                tmp = record.with_suffix(".tmp")
-                tmp.write_bytes(b"W" + data)
-            else:
-                tmp = record.with_suffix(".tmp")
-                tmp.write_bytes(b"L" + str(size).encode())
+            tmp = record.with_suffix(".tmp")
+            tmp.write_bytes(kept)
             os.replace(tmp, record)
 
 
@@ -153,7 +149,7 @@ def install(transport: Callable[..., Any], fp: Failpoints) -> tuple[Callable[...
 
 def flushed(path: Path, fd: int) -> None:
     """Called after each fsync of a Raft file: a no-op unless failpoints are on."""
-    fp = _active if _active is not None else (active() if os.environ.get(ENV) else None)
+    fp = _active or (active() if ENV in os.environ else None)
     if fp is not None:
         fp.flushed(path, fd)
 
