@@ -12,6 +12,10 @@ bit flips while down, then a rejoin; a membership change during a fault; overlap
 each start of a member draws its journal's compaction threshold (40 entries or 5,000), so
 snapshots are taken and sent too. A round takes 3-10 s there (about 2 h for 1,000).
 
+`--parallel K` runs K campaigns at once, each on a cluster of its own (seeds N, N+1, ...; the
+rounds shared out), and prints one summary and one table for them all: the rounds mostly wait on
+elections and timeouts, so three at once on two cores take about a third of the time.
+
 Exit status 1 when a round failed; the seed is printed first, so `--seed N` replays the same
 faults and operations (the timing, and so the interleaving, is the machine's). The members' logs
 stay in the printed directory on failure.
@@ -20,8 +24,10 @@ stay in the printed directory on failure.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -68,14 +74,59 @@ async def run(args: argparse.Namespace, root: Path, fabric: Fabric | None = None
                                  on_round=progress, faults=faults)
     finally:
         cluster.close()
+    if args.summary_out:
+        args.summary_out.write_text(json.dumps(summary.to_doc()))
+    report(summary, started, f"--seed {args.seed}")
+    return not summary.failures
+
+
+def report(summary: Summary, started: float, replay: str) -> None:
     print()
     print("\n".join(summary.lines()))
     print()
     print("\n".join(summary.table()))
     print(f"time:                      {time.monotonic() - started:.0f} s")
     if summary.failures:
-        print(f"\nFAILED: {len(summary.failures)} failures; replay with --seed {args.seed}")
-    return not summary.failures
+        print(f"\nFAILED: {len(summary.failures)} failures; replay with {replay}")
+
+
+def in_parallel(args: argparse.Namespace, root: Path) -> bool:
+    """K children of this runner, each a campaign on its own cluster; one summary of them all."""
+    started = time.monotonic()
+    share = [args.rounds // args.parallel + (i < args.rounds % args.parallel) for i in range(args.parallel)]
+    children = []
+    for i, rounds in enumerate(share):
+        argv = [sys.executable, __file__, "--rounds", str(rounds), "--seed", str(args.seed + i),
+                "--clients", str(args.clients), "--seconds", str(args.seconds), "--dir", str(root),
+                "--table-every", "0", "--summary-out", str(root / f"summary-{i}.json")]
+        argv += ["--keep-going"] * args.keep_going + ["--verbose"] * args.verbose + ["--netns"] * args.netns
+        log = root / f"campaign-{i}.log"
+        print(f"campaign {i}: {rounds} rounds, --seed {args.seed + i}, output in {log}", flush=True)
+        with log.open("w") as out:
+            children.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT))
+    shown = ""
+    while any(c.poll() is None for c in children):
+        time.sleep(1.0)
+        lines = " | ".join(_last_round(root / f"campaign-{i}.log") for i in range(len(children)))
+        if lines != shown:
+            print(f"({time.monotonic() - started:.0f} s) {lines}", flush=True)
+            shown = lines
+    summary = Summary()
+    missing = []
+    for i, child in enumerate(children):
+        out = root / f"summary-{i}.json"
+        if out.exists():
+            summary.merge(Summary.from_doc(json.loads(out.read_text())))
+        else:
+            missing.append(f"campaign {i} ended ({child.returncode}) without a summary: see {root}/campaign-{i}.log")
+    summary.failures += missing
+    report(summary, started, "--seed S for the failed campaign's seed (above)")
+    return not summary.failures and all(c.returncode == 0 for c in children)
+
+
+def _last_round(log: Path) -> str:
+    rounds = [line for line in log.read_text().splitlines() if line.startswith("round")]
+    return " ".join(rounds[-1].split()[:3]) if rounds else "starting"
 
 
 def main() -> None:
@@ -90,12 +141,16 @@ def main() -> None:
     parser.add_argument("--table-every", type=int, default=100, help="print the table so far every N rounds (0: no)")
     parser.add_argument("--netns", action="store_true",
                         help="members in network namespaces, with the network's and the disk's faults (root)")
+    parser.add_argument("--parallel", type=int, default=1, help="campaigns at once, each on its own cluster")
+    parser.add_argument("--summary-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.seed is None:
         args.seed = random.randrange(1 << 30)
     print(f"seed {args.seed}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="llmgw-raft-faults-", dir=args.dir))
-    if args.netns:
+    if args.parallel > 1:
+        ok = in_parallel(args, root)
+    elif args.netns:
         outcome: list[bool] = []
 
         def body() -> None:

@@ -22,7 +22,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 import httpx
@@ -630,6 +630,30 @@ class Summary:
         if res.settle_s is not None:
             tally.settle.append(res.settle_s)
         self.failures += [f"round {res.number} ({res.fault}): {f}" for f in res.failures]
+
+    def to_doc(self) -> dict[str, Any]:
+        """The summary as JSON-able data (a runner's child hands it to its parent this way)."""
+        # not asdict(self): it rebuilds a Counter from (key, value) pairs, counting the pairs
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "faults": dict(self.faults),
+                "by_fault": {k: asdict(v) for k, v in self.by_fault.items()}}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Summary:
+        return cls(**{**doc, "faults": Counter(doc["faults"]),
+                      "by_fault": {k: FaultTally(**v) for k, v in doc["by_fault"].items()}})
+
+    def merge(self, other: Summary) -> None:
+        """Fold another campaign's summary (another cluster, another seed) into this one."""
+        for name in ("rounds", "acked", "reads", "lost", "duplicated", "unknown", "unknown_tries",
+                     "nonlinearizable", "diverged", "unsettled"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.faults.update(other.faults)
+        self.failovers += other.failovers
+        self.failures += other.failures
+        for kind, theirs in other.by_fault.items():
+            mine = self.by_fault.setdefault(kind, FaultTally())
+            for name, value in asdict(theirs).items():
+                setattr(mine, name, getattr(mine, name) + value)
 
     def lines(self) -> list[str]:
         fo = sorted(self.failovers)
