@@ -230,7 +230,11 @@ async def session(ctx: Context, receive: Receive, send: Send, remote: str) -> No
     """One gateway's stream (`remote`: the address it connected from): hello, then tables and heartbeats
     down, demand reports and usage up."""
     hub = hub_of(ctx.reconciler)
-    hello = protocol.loads(await receive())
+    try:
+        hello = protocol.loads(await receive())
+    except protocol.ProtocolError as e:
+        await send(_refusal(ctx, f"a bad hello: {e}"))
+        return
     if hello.get("type") != "hello" or hello.get("protocol") != protocol.GATEWAY_PROTOCOL_VERSION:
         await send(_refusal(ctx, f"unsupported gateway protocol (this control speaks "
                                  f"{protocol.GATEWAY_PROTOCOL_VERSION})"))
@@ -250,12 +254,19 @@ async def session(ctx: Context, receive: Receive, send: Send, remote: str) -> No
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_push, ctx, hub, send, nursery.cancel_scope)
             while True:
+                raw: str | bytes = ""
                 with trio.move_on_after(timeouts.gateway_silence_s) as quiet:
-                    message = protocol.loads(await receive())
+                    raw = await receive()
                 if quiet.cancelled_caught:
                     log.warning("gateway %s said nothing for %g s: closing its stream", name, timeouts.gateway_silence_s)
                     break
                 link.last_contact = hub.clock()
+                try:
+                    message = protocol.loads(raw)
+                except protocol.ProtocolError as e:  # answered, and the stream goes on
+                    log.warning("gateway %s sent a malformed message, rejected: %s", name, e)
+                    await send(protocol.dumps({"type": "rejected", "message_type": "?", "reason": str(e)}))
+                    continue
                 if message["type"] == "demand":
                     hub.report_demand(link, message)
                 elif message["type"] == "usage":
@@ -267,8 +278,6 @@ async def session(ctx: Context, receive: Receive, send: Send, remote: str) -> No
                         log.warning("gateway %s: %s", name, e)
                 # A "heartbeat" records only the contact: it keeps traffic on the stream, so a dead one shows.
             nursery.cancel_scope.cancel()
-    except protocol.ProtocolError as e:
-        log.warning("gateway %s sent a bad message: %s", name, e)
     finally:
         hub.disconnect(link)
 

@@ -225,6 +225,8 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
                     feeds.rlog.rollups.acked(str(message.get("boot")), message["seq"])
             elif kind == "refused":
                 raise Refused.of(control, message)
+            elif kind == "rejected":  # the leader could not read what this gateway sent; the stream goes on
+                log.warning("control %s rejected a message of this gateway: %s", control, str(message.get("reason"))[:500])
             else:
                 log.debug("ignoring message %r", kind)
 

@@ -7,13 +7,19 @@ stop_replica, refused. Each message is an object with a "type".
 The gateway ↔ control stream (a gateway follows the leader's table) is below
 `GATEWAY_STREAM_PATH`: up hello (with the URL its request log answers at), demand,
 usage (a batch of rollups), judge_failure (a judge model did not answer a check), heartbeat;
-down welcome, table (the full table, on connect and on every change), usage_ack, heartbeat, refused.
+down welcome, table (the full table, on connect and on every change), usage_ack, heartbeat, refused,
+rejected (a message the leader could not read; the stream goes on).
+
+`loads` is the one door for both streams, both ways: whatever the peer sent, it returns an object
+with a "type" or raises `ProtocolError` (too large, nested deeper than `MAX_NESTING`, not JSON).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
+from itertools import accumulate
 from types import MappingProxyType
 from collections.abc import Callable
 from typing import Any, Mapping, TypeVar
@@ -27,6 +33,9 @@ from llmgw.domain.state import ApiKey, ClusterState
 PROTOCOL_VERSION = 1
 STREAM_PATH = "/api/v1/agent/stream"
 MAX_MESSAGE_BYTES = 4 << 20
+# Our messages nest a dozen levels at most; json.loads recurses once per level, so a message nested
+# deeper than this is refused before it is decoded (100,000 `[` would end in a RecursionError).
+MAX_NESTING = 64
 
 
 class ProtocolError(ValueError):
@@ -38,8 +47,17 @@ def dumps(message: dict[str, Any]) -> str:
 
 
 def loads(text: str | bytes) -> dict[str, Any]:
+    """A message from the peer, checked: size, nesting, JSON, an object with a 'type'. Raises only
+    `ProtocolError`, whatever the peer sent."""
     if len(text) > MAX_MESSAGE_BYTES:
         raise ProtocolError("message too large")
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+    except ValueError as e:
+        raise ProtocolError(f"not JSON: {e}") from None
+    if nested_deeper(text, MAX_NESTING):
+        raise ProtocolError(f"nested deeper than {MAX_NESTING} levels")
     try:
         message = json.loads(text)
     except ValueError as e:
@@ -47,6 +65,18 @@ def loads(text: str | bytes) -> dict[str, Any]:
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise ProtocolError("a message is an object with a 'type'")
     return message
+
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)  # one that is not closed runs to the end
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def nested_deeper(text: str, limit: int) -> bool:
+    """Whether JSON `text` opens more than `limit` arrays and objects inside each other (brackets in
+    strings not counted). Linear in the text, and in C but for the brackets: no recursion."""
+    brackets = _NOT_BRACKETS.sub("", _STRING.sub("", text)).encode("ascii")
+    return next(filter(limit.__lt__, accumulate(map(_STEP.__getitem__, brackets))), None) is not None
 
 
 # --- the gateway ↔ control stream --------------------------------------------------
