@@ -59,9 +59,15 @@ HEAD, BODY, END = 0, 1, 2
 
 class RequestReader:
     """Feeds bytes from a client to llhttp and queues what they meant, request after request (pipelined
-    ones included): `(HEAD, Head)`, `(BODY, bytes)`, `(END, None)`. `feed` raises BadRequest."""
+    ones included): `(HEAD, Head)`, `(BODY, bytes)`, `(END, None)`. `feed` raises BadRequest.
 
-    __slots__ = ("events", "max_head", "_parser", "_url", "_headers", "_in_head", "_head_bytes", "_continue")
+    The head limit counts every byte of a head, request line included, however the reads split it: bytes
+    that may hold a head (between messages, or in one) are fed at most up to the limit, and a head still
+    incomplete there is refused (431) before it is whole. A head that begins after a pipelined request's
+    end, in the same read, is counted from that read's first byte (more, never less, than its size)."""
+
+    __slots__ = ("events", "max_head", "_parser", "_url", "_headers", "_in_head", "_in_body", "_heads",
+                 "_head_bytes", "_continue")
 
     def __init__(self, max_head: int) -> None:
         self.events: deque[tuple[int, object]] = deque()
@@ -70,20 +76,31 @@ class RequestReader:
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._in_head = False
-        self._head_bytes = 0
+        self._in_body = False  # between a head's end and its message's end
+        self._heads = 0  # heads completed, ever
+        self._head_bytes = 0  # of the head in progress: bytes fed since it began
         self._continue = False
 
     def feed(self, data: bytes) -> None:
+        # Past the head's room, feed only the room: the rest is fed once a head has ended in it.
+        while not self._in_body and len(data) > (room := self.max_head - self._head_bytes):
+            heads = self._heads
+            if room > 0:
+                self._parse(data[:room])
+            if self._heads == heads:
+                raise BadRequest(431, f"the request head is larger than {self.max_head} bytes")
+            data = data[room:]
+        self._parse(data)
+
+    def _parse(self, data: bytes) -> None:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             raise BadRequest(400, "protocol upgrades are not supported here") from None
         except httptools.HttpParserError as error:
             raise BadRequest(400, f"not a valid HTTP/1.1 request: {error}") from None
-        if self._in_head:  # (counts a little more than the head when a read held more than it)
+        if self._in_head:  # (a head that began in `data` counts all of it: `on_message_begin` zeroed the count)
             self._head_bytes += len(data)
-            if self._head_bytes > self.max_head:
-                raise BadRequest(431, f"the request head is larger than {self.max_head} bytes")
 
     @property
     def in_head(self) -> bool:
@@ -110,6 +127,9 @@ class RequestReader:
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._in_body = True
+        self._heads += 1
+        self._head_bytes = 0
         parser = self._parser
         self.events.append((HEAD, Head(parser.get_method(), self._url, parser.get_http_version(), self._headers,
                                        parser.should_keep_alive(), self._continue)))
@@ -118,6 +138,7 @@ class RequestReader:
         self.events.append((BODY, body))
 
     def on_message_complete(self) -> None:
+        self._in_body = False
         self.events.append((END, None))
 
 

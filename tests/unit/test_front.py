@@ -311,6 +311,16 @@ async def test_a_head_over_the_limit_gets_a_431(autojump_clock: Clock) -> None:
     assert error["message"].startswith("the request head is larger than")
 
 
+async def test_a_70000_byte_head_gets_a_431(autojump_clock: Clock) -> None:
+    # The report: 70,000 bytes, sent at once, read as 65,536 and the rest; the read that completed the
+    # head was not counted, so the request reached the app.
+    head = request("GET", "/v1/models", None, "x-big: " + "a" * 70_000)
+    async with serving(hello) as s:
+        await s.client.send(head)
+        error, _ = await refused(s, 431)
+    assert error["message"] == f"the request head is larger than {MAX_HEAD_BYTES} bytes"
+
+
 async def test_a_large_head_under_the_limit_is_served(autojump_clock: Clock) -> None:
     head = request("GET", "/v1/models", None, "x-big: " + "a" * (MAX_HEAD_BYTES - 1024))
     async with serving(hello) as s:

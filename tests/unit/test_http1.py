@@ -3,6 +3,8 @@ refuse, and the bytes the writers produce (checked by h11, an independent strict
 
 from __future__ import annotations
 
+import itertools
+
 import h11
 import pytest
 from hypothesis import given, settings
@@ -105,6 +107,42 @@ def test_a_head_over_the_limit_is_431_even_when_it_comes_in_pieces() -> None:
     for _ in range(3):
         reader.feed(b"GET /x HTTP/1.1\r\nx-a: " + b"a" * 900 + b"\r\n\r\n")
     assert [k for k, _ in events(reader)] == [HEAD, END] * 3
+
+
+def head_of(size: int) -> bytes:
+    """A GET whose head (request line, headers, the blank line) is exactly `size` bytes."""
+    start, end = b"GET /x HTTP/1.1\r\nx-a: ", b"\r\n\r\n"
+    return start + b"a" * (size - len(start) - len(end)) + end
+
+
+def fed(reader: RequestReader, wire: bytes, cuts: list[int]) -> None:
+    edges = [0, *sorted(set(c for c in cuts if 0 < c < len(wire))), len(wire)]
+    for a, b in zip(edges, edges[1:]):
+        reader.feed(wire[a:b])
+
+
+def test_a_70000_byte_head_is_431_under_the_64_kib_limit() -> None:
+    # The report: a 70,000-byte head was served. Its last read completed it, and only reads that left a
+    # head incomplete were counted.
+    for reads in ([70_000], [65_536, 70_000 - 65_536], [30_000, 40_000]):
+        reader = RequestReader(64 * 1024)
+        with pytest.raises(BadRequest) as refused:
+            fed(reader, head_of(70_000), list(itertools.accumulate(reads))[:-1])
+        assert refused.value.status == 431
+        assert not reader.events  # no head of it reaches the app
+
+
+@settings(max_examples=300, deadline=None)
+@given(over=st.integers(1, 300), cuts=st.lists(st.integers(0, 1400), max_size=6))
+def test_the_head_limit_counts_every_byte_of_the_head_however_it_is_split(over: int, cuts: list[int]) -> None:
+    reader = RequestReader(1024)
+    with pytest.raises(BadRequest) as refused:
+        fed(reader, head_of(1024 + over) + POST, cuts)
+    assert refused.value.status == 431
+    # A head of exactly the limit is served, with a body and a request after it in the same reads.
+    reader = RequestReader(1024)
+    fed(reader, head_of(1024) + POST, cuts)
+    assert [k for k, _ in events(reader) if k != BODY] == [HEAD, END, HEAD, END]
 
 
 def answer_of(wire: bytes, cuts: list[int]) -> ResponseReader:
