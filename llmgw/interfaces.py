@@ -49,8 +49,9 @@ class StateReader(Protocol):
 class WritableStore(StateReader, Protocol):
     """Control's side of the replicated store: it also commits commands and knows who leads."""
 
-    async def submit(self, command: dict[str, Any]) -> Any:
-        """Commit `command`; its result once applied. Raises `CommandError` when it does not apply
+    async def submit(self, command: dict[str, Any], *, through_leader: bool = False) -> Any:
+        """Commit `command`; its result once applied (`through_leader`: from a standby, handed to the
+        leader rather than refused). Raises `CommandError` when it does not apply
         (refused before the log, or recorded in the state as a no-op with its reason: nothing else
         changed), `NotLeader` / `StoreUnavailable` when it cannot commit now, and `CommitUnknown`
         when it may or may not have been committed (retry with the same command id: it applies once)."""

@@ -20,6 +20,7 @@ from llmgw import __version__
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members
 from llmgw.control.reconciler import Reconciler
+from llmgw.control.trust import Trust
 from llmgw.domain import summary
 from llmgw.domain.conditions import Condition, conditions
 from llmgw.domain.observed import Observed
@@ -87,6 +88,9 @@ class Context:
     webhook_deliveries: Callable[[], Mapping[str, int]] | None = None
     # The leader's notifier (llmgw/notify): webhook health for the conditions, /api/v1/notify/*; None: none.
     notifier: Notifier | None = None
+    # The cluster's CA and this member's certificate (control/trust.py); None: plain HTTP on loopback
+    # (`llmgw up`), no machine certificates.
+    trust: Trust | None = None
 
     # -- the facts, read where they live ---------------------------------------------------------
 

@@ -17,6 +17,7 @@ from llmgw.domain.frozen import freeze, thaw
 from llmgw.domain.guard import GuardPolicy
 from llmgw.domain.keys import legacy_key_id
 from llmgw.domain.model import ModelDef
+from llmgw.domain.trust import Authority, JoinToken, MachineCert, Revocation
 from llmgw.domain.usage import UsageHour, UsageMark
 
 
@@ -170,7 +171,8 @@ class Member:
 
 
 # The mappings whose values are frozen dataclasses; `settings` holds JSON values, frozen deeply.
-_MAPPINGS = ("models", "keys", "placements", "health", "members", "usage", "usage_marks", "guard_policies")
+_MAPPINGS = ("models", "keys", "placements", "health", "members", "usage", "usage_marks", "guard_policies",
+             "authorities", "join_tokens", "machines", "revoked")
 
 
 def _empty() -> MappingProxyType[str, Any]:
@@ -204,6 +206,12 @@ class ClusterState:
     usage_marks: MappingProxyType[str, UsageMark] = field(default_factory=_empty)
     # Guardrail policies by name (`guard.set`, `guard.remove`; domain/guard.py, domain/commands/guard.py).
     guard_policies: MappingProxyType[str, GuardPolicy] = field(default_factory=_empty)
+    # Trust between machines (domain/trust.py): intermediate CAs by id, join tokens by hash, machines'
+    # certificates by `role/name`, revoked serials.
+    authorities: MappingProxyType[str, Authority] = field(default_factory=_empty)
+    join_tokens: MappingProxyType[str, JoinToken] = field(default_factory=_empty)
+    machines: MappingProxyType[str, MachineCert] = field(default_factory=_empty)
+    revoked: MappingProxyType[str, Revocation] = field(default_factory=_empty)
 
     def __post_init__(self) -> None:
         # A read-only mapping is kept as is: `replace` passes the unchanged fields on, and

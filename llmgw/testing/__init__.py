@@ -35,7 +35,7 @@ class MemoryStore:
             await self._changed.wait()
         return self._state
 
-    async def submit(self, command: dict[str, Any]) -> Any:
+    async def submit(self, command: dict[str, Any], *, through_leader: bool = False) -> Any:
         return self.submit_nowait(command)
 
     def submit_nowait(self, command: dict[str, Any]) -> Any:

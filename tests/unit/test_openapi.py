@@ -51,11 +51,12 @@ def test_the_document_is_the_route_table_and_says_who_may_call_each() -> None:
 
 
 def test_every_route_of_the_table_takes_the_key_its_method_needs() -> None:
-    """Reads take a viewer key (the console's), writes an admin key; only the probes take none."""
+    """Reads take a viewer key (the console's), writes an admin key; only the probes take none, and a
+    machine's join (its token is its credential) and the CA's public certificates (what it pins)."""
     for r in ROUTES:
         if r.role != route.PUBLIC:
             assert r.role == (route.ADMIN if r.writes else route.VIEWER), (r.method, r.rule)
-    assert {r.rule for r in ROUTES if r.role == route.PUBLIC} == {"/health", "/metrics", openapi.PATH}
+    assert {r.rule for r in ROUTES if r.role == route.PUBLIC} == set(openapi.NO_KEY_PATHS)
 
 
 def test_a_werkzeug_rule_reads_as_an_openapi_path() -> None:
@@ -76,7 +77,7 @@ def test_the_document_is_valid_openapi_3_1() -> None:
 def test_every_admin_operation_needs_the_admin_key_and_says_what_refuses_it() -> None:
     for path, ops in openapi.document()["paths"].items():
         for method, op in ops.items():
-            if path in ("/health", "/metrics", openapi.PATH) or path in openapi.WEBSOCKET_PATHS:  # no key
+            if path in openapi.NO_KEY_PATHS or path in openapi.WEBSOCKET_PATHS:  # no key
                 continue
             assert "security" not in op, f"{method} {path} overrides the admin key"
             assert {"401", "503"} <= set(op["responses"]), f"{method} {path}"

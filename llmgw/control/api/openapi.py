@@ -16,12 +16,16 @@ from llmgw import __version__
 from llmgw.control.api.route import IDEMPOTENCY_KEY_MAX_CHARS
 from llmgw.domain import conditions, guard, model, usage
 from llmgw.domain.judges import STATUSES
+from llmgw.domain.trust import ROLES
 from llmgw.domain.keys import KEY_ROLES, LIMIT_MAX, NAME_MAX_CHARS, SCOPE_MAX_MODELS
 from llmgw.domain.settings import SETTINGS
 
-__all__ = ["PATH", "WEBSOCKET_PATHS", "document", "rule_path", "text"]
+__all__ = ["NO_KEY_PATHS", "PATH", "WEBSOCKET_PATHS", "document", "rule_path", "text"]
 
 PATH = "/api/v1/openapi.json"
+# The operations that take no key: probes, this document, a machine's join (its token is its credential)
+# and the CA's certificates (what a joining machine pins).
+NO_KEY_PATHS = ("/health", "/metrics", PATH, "/api/v1/trust/join", "/api/v1/trust/ca")
 # The streams' routes: a plain GET (no WebSocket upgrade) is answered 400, so they are listed as such.
 WEBSOCKET_PATHS = frozenset({"/api/v1/agent/stream", "/api/v1/gateway/stream"})
 
@@ -217,9 +221,11 @@ _ERRORS = {
     "400": "refused: the body, a parameter or the Idempotency-Key cannot be read or is not valid",
     "401": "no admin key, a client key, or an unknown key (`unauthorized`)",
     "404": "no such model, key, node, setting, member, request or guard policy, or a path that routes nowhere",
+    "403": "a join token that cannot be used (`invalid_join_token`): unknown, used or expired",
     "409": "the cluster's state forbids it now (the message says what to do)",
     "413": "a body over 1 MiB (`request_too_large`)",
     "422": "this Idempotency-Key was used for a different request (`idempotency_key_reused`)",
+    "501": "this control plane serves plain HTTP on loopback and issues no certificates (`no_tls`)",
     "502": "the engine asked did not answer, or failed (`judge_failed`)",
     "503": "not committed, or not answered: `not_leader`, `no_leader`, `leader_unreachable`, `commit_unknown`,"
            " `store_unavailable`, `gateway_unavailable`",
@@ -370,6 +376,7 @@ def _paths() -> Schema:
                 _query("key", _STR, "one client key's id"), _query("model", _STR, "one model"),
                 _query("by", {"type": "string", "enum": ["total", "hour", "day"]}, "the period of each row")))},
         **_guard_paths(),
+        **_trust_paths(),
         "/api/v1/cluster/members": {
             "get": _op("the control planes, as the member asked sees them", _ref("Members")),
             "post": _op("add a running member (`--join`)", _obj({"added": _STR, "members": _arr(_STR)}),
@@ -443,6 +450,55 @@ def _guard_paths() -> Schema:
             errors=("404", "409", "502"), body=_obj({"text": {"type": "string", "minLength": 1}, "answer": _STR,
                                                      "judge": _MODEL_NAME}, ("text",), closed=True), write=True,
             example={"text": "how do I pick a lock?", "judge": "llama-guard"})},
+    }
+
+
+def _no_key(op: Schema) -> Schema:
+    """An operation anyone may call: no admin key asked, so no 401 for a missing one."""
+    return {**op, "security": [], "responses": {k: v for k, v in op["responses"].items() if k != "401"}}
+
+
+def _trust_paths() -> Schema:
+    """Trust between machines (ops/trust.py): join tokens, joins, machines' certificates, the CA."""
+    role = {"type": "string", "enum": list(ROLES)}
+    token = _obj({"id": _STR, "role": _STR, "name": _null(_STR), "created_at": _NUM, "expires_at": _NUM,
+                  "expired": _BOOL, "used_at": _null(_NUM), "used_by": _null(_STR)})
+    made = _obj({"id": _STR, "token": _STR, "role": _STR, "name": _null(_STR), "expires_at": _NUM, "ca_hash": _STR})
+    machine = _obj({"role": _STR, "name": _STR, "serial": _STR, "not_after": _NUM, "expires_in_s": _NUM,
+                    "issued_at": _null(_NUM), "revoked": _BOOL})
+    authority = _obj({"id": _STR, "active": _BOOL, "not_after": _NUM, "added_at": _NUM, "subject": _STR})
+    ca_doc = _obj({"ca_hash": _null(_STR), "root_held_here": _BOOL, "authorities": _arr(authority),
+                   "bundle": _null(_STR)})
+    joined = _obj({"role": _STR, "name": _STR, "serial": _STR, "not_after": _NUM, "certificate": _STR, "ca": _STR})
+    token_id = _path_param("token_id", {"type": "string", "pattern": "^tok_[A-Za-z0-9]{1,40}$"}, "a join token's id")
+    machine_role = _path_param("role", role, "the machine's role")
+    machine_name = _path_param("name", {"type": "string", "minLength": 1}, "the machine's name")
+    return {
+        "/api/v1/trust/tokens": {
+            "get": _op("the join tokens that can still be used (never the tokens themselves)",
+                       _obj({"tokens": _arr(token)})),
+            "post": _op("a join token for one machine of a role, shown once, with the CA hash to pin", made,
+                        status="201", body=_obj({"role": role, "name": _STR, "ttl_s": _NUM}, ("role",), closed=True),
+                        write=True, example={"role": "agent", "ttl_s": 3600}),
+        },
+        "/api/v1/trust/tokens/{token_id}": {"delete": _op("remove a join token", _obj({"id": _STR, "removed": _BOOL}),
+                                                          errors=("404",), params=(token_id,), write=True)},
+        "/api/v1/trust/join": {"post": _no_key(_op(
+            "a machine's join: its token and certificate request for a certificate (no key: the token is the "
+            "credential)", joined, status="201", errors=("403", "501"),
+            body=_obj({"token": _STR, "role": role, "name": _STR, "csr": _STR, "hosts": _arr(_STR)},
+                      ("token", "role", "name", "csr"), closed=True)))},
+        "/api/v1/trust/machines": {"get": _op("every machine's certificate, and the revoked ones",
+                                              _obj({"machines": _arr(machine)}))},
+        "/api/v1/trust/machines/{role}/{name}/revoke": {"post": _op(
+            "revoke every certificate of a machine: its streams end, every member refuses it",
+            _obj({"role": _STR, "name": _STR, "revoked": _arr(_STR)}), errors=("404",),
+            params=(machine_role, machine_name), write=True)},
+        "/api/v1/trust/ca": {"get": _no_key(_op("the cluster's CA: its authorities, the bundle machines trust, and "
+                                                "the hash a joining machine pins (no key)", ca_doc))},
+        "/api/v1/trust/ca/rotate": {"post": _op(
+            "a new intermediate from the root (on the member that holds it); the old ones stay trusted until they "
+            "expire", ca_doc, status="201", errors=("409", "501"), write=True)},
     }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from llmgw.control.api import metrics, openapi
 from llmgw.control.api.route import ADMIN, PUBLIC, VIEWER, Call, Raw, Route
 from llmgw.control.ops import (guard, judges, keys, members, models, nodes, notify, plan, requests, settings, status,
-                               system)
+                               system, trust)
 
 
 async def _health(c: Call) -> dict[str, object]:
@@ -67,6 +67,17 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/v1/guard/judges/enable", ADMIN, lambda c: judges.enable(c.ctx, c.commit, c.body), body=True),
     # Nothing of the text is logged or kept.
     Route("POST", "/api/v1/guard/judges/ask", ADMIN, lambda c: judges.ask(c.ctx, c.body), body=True),
+    # Trust between machines: join tokens, joins (the token is the credential), certificates, the CA.
+    Route("GET", "/api/v1/trust/tokens", VIEWER, lambda c: trust.list_tokens(c.ctx)),
+    Route("POST", "/api/v1/trust/tokens", ADMIN, lambda c: trust.create_token(c.ctx, c.commit, c.body), body=True),
+    Route("DELETE", "/api/v1/trust/tokens/<token_id>", ADMIN,
+          lambda c: trust.remove_token(c.ctx, c.commit, c.path["token_id"])),
+    Route("POST", "/api/v1/trust/join", PUBLIC, lambda c: trust.join(c.ctx, c.body), body=True),
+    Route("GET", "/api/v1/trust/machines", VIEWER, lambda c: trust.list_machines(c.ctx)),
+    Route("POST", "/api/v1/trust/machines/<role>/<name>/revoke", ADMIN,
+          lambda c: trust.revoke(c.ctx, c.commit, c.path["role"], c.path["name"])),
+    Route("GET", "/api/v1/trust/ca", PUBLIC, lambda c: trust.ca_show(c.ctx)),
+    Route("POST", "/api/v1/trust/ca/rotate", ADMIN, lambda c: trust.ca_rotate(c.ctx), local=True),
     # Webhooks: the leader's notifier.
     Route("GET", "/api/v1/notify/status", VIEWER, lambda c: notify.status(c.ctx)),
     Route("POST", "/api/v1/notify/test", ADMIN, lambda c: notify.test(c.ctx)),

@@ -3,7 +3,7 @@
 A command is a JSON object `{"v": 1, "op": ..., "at": <unix time>, ...}` (`core`); time
 arrives inside it, never from a clock here, so every replica computes the same state. Each
 aggregate's module builds, checks and changes its own commands: models, placements, health,
-keys, guard, usage, members, settings. `_OPS` below is the one table of them all: a new
+keys, guard, usage, members, settings, trust. `_OPS` below is the one table of them all: a new
 operation is a builder and a check and change in its aggregate's module, and a line here; the
 Raft method table never changes. An optional `cid` (idempotency id) makes a command apply at
 most once: see `apply_entry`.
@@ -16,7 +16,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from llmgw.domain.commands import guard, health, keys, members, models, placements, settings, usage
+from llmgw.domain.commands import guard, health, keys, members, models, placements, settings, trust, usage
 from llmgw.domain.commands.core import (
     CID_MAX_CHARS,
     VERSION,
@@ -103,6 +103,11 @@ _OPS: dict[str, tuple[Check, Change]] = {
     "usage.add": (usage.check_add, usage.apply_add),
     "guard.set": (guard.check_set, guard.apply_set),
     "guard.remove": (guard.check_remove, guard.apply_remove),
+    "trust.ca_add": (trust.check_ca_add, trust.apply_ca_add),
+    "trust.token_add": (trust.check_token_add, trust.apply_token_add),
+    "trust.token_remove": (trust.check_token_remove, trust.apply_token_remove),
+    "trust.issue": (trust.check_issue, trust.apply_issue),
+    "trust.revoke": (trust.check_revoke, trust.apply_revoke),
 }
 
 

@@ -1,0 +1,216 @@
+"""A control plane's part in the cluster's trust: it makes the CA when a new group has none, keeps
+its own certificate (the one its listeners serve), keeps the trust bundle file current through
+rotations, and signs machines' certificate requests (`issue`).
+
+- The root is made once, by the member that leads a fresh group, in STATE_DIR/ca/ (root.key 0600);
+  or brought by the operator (`--ca-root DIR` holding root.pem and root.key, made offline: that
+  member copies them at its first start). Its key never enters the Raft state.
+- Intermediates are signed by the root and replicated sealed with the cluster secret
+  (`trust.ca_add`), so every member that holds the secret can sign, and a failover keeps signing.
+- A control plane's own certificate is signed locally by whichever authority is active (no token: it
+  holds the secret), recorded through the leader (`trust.issue`), and renewed at two thirds of its
+  life. Listeners start once it exists.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from llmgw.domain import commands
+from llmgw.domain.commands import trust as trust_commands
+from llmgw.domain.state import ClusterState
+from llmgw.errors import AdminError
+from llmgw.interfaces import WritableStore
+from llmgw.store.secret import FILE_NAME as SECRET_FILE
+from llmgw.store.secret import read_file as read_secret
+from llmgw.trust import ca
+from llmgw.trust.files import MachineFiles, write_private
+
+log = logging.getLogger("llmgw.control")
+
+CA_DIR = "ca"
+RENEW_AT = 2 / 3  # of a certificate's lifetime
+
+
+def root_files(state_dir: Path) -> tuple[Path, Path]:
+    return state_dir / CA_DIR / "root.pem", state_dir / CA_DIR / "root.key"
+
+
+def bundle(state: ClusterState) -> str:
+    """The PEM text a machine trusts: every root of the cluster's authorities, then the
+    intermediates (so a peer that sends its leaf alone is still verified)."""
+    roots = dict.fromkeys(a.root_pem.strip() for _, a in sorted(state.authorities.items()))
+    inters = [a.cert_pem.strip() for _, a in sorted(state.authorities.items())]
+    return "\n".join([*roots, *inters]) + "\n"
+
+
+def active(state: ClusterState) -> str | None:
+    """The id of the authority that signs now (the newest active one)."""
+    live = [(a.added_at, aid) for aid, a in state.authorities.items() if a.active]
+    return max(live)[1] if live else None
+
+
+def due(not_after: float, issued_at: float, now: float) -> bool:
+    """Whether a certificate living issued_at..not_after is due for renewal at `now`."""
+    return now >= issued_at + (not_after - issued_at) * RENEW_AT
+
+
+@dataclass
+class Trust:
+    """One control plane's keeper of the cluster's trust (see the module's docstring)."""
+
+    state_dir: Path
+    store: WritableStore
+    clock: Callable[[], float]
+    name: str  # this control plane's machine name (its Raft address)
+    hosts: tuple[str, ...]  # the names and addresses its listeners are reached at
+    ca_root: Path | None = None  # `--ca-root`: a dir with the operator's root.pem and root.key
+    files: MachineFiles = field(init=False)
+    _issued_at: float = field(default=0.0, init=False)
+    changed: trio.Event = field(default_factory=trio.Event, init=False)  # set when own cert or bundle changed
+
+    def __post_init__(self) -> None:
+        self.files = MachineFiles.of(self.state_dir)
+
+    # -- signing --------------------------------------------------------------------------------
+
+    def secret(self) -> str:
+        return read_secret(self.state_dir / SECRET_FILE)
+
+    def authority(self, state: ClusterState) -> tuple[str, ca.Issued]:
+        """The active authority and its key, unsealed with this member's secret; AdminError if none."""
+        aid = active(state)
+        if aid is None:
+            raise AdminError(503, "no_authority", "the cluster has no certificate authority yet (its first leader "
+                             "makes one); retry in a moment")
+        a = state.authorities[aid]
+        try:
+            return aid, ca.Issued(a.cert_pem, ca.unseal(a.key_sealed, self.secret()))
+        except ca.CaError as e:
+            raise AdminError(500, "authority_sealed", str(e)) from None
+
+    def sign(self, state: ClusterState, csr_pem: str, *, role: str, name: str, hosts: tuple[str, ...],
+             now: float) -> tuple[str, ca.Identity, str]:
+        """(certificate chain PEM, its identity, the authority id) for a request; AdminError 400 if
+        the request is unusable."""
+        aid, authority = self.authority(state)
+        try:
+            cert = ca.sign_request(csr_pem, authority, role=role, name=name, hosts=hosts, now=now)
+        except ca.CaError as e:
+            raise AdminError(400, "invalid_request", str(e)) from None
+        return cert + authority.cert_pem, ca.identity(cert), aid
+
+    # -- the CA of a new group ------------------------------------------------------------------
+
+    def _root(self, now: float) -> ca.Issued:
+        """This member's root: the one in its state dir, else the operator's (`--ca-root`), else new."""
+        pem, key = root_files(self.state_dir)
+        if not (pem.is_file() and key.is_file()):
+            if self.ca_root is not None:
+                for src, dst in ((self.ca_root / "root.pem", pem), (self.ca_root / "root.key", key)):
+                    try:
+                        write_private(dst, src.read_text())
+                    except OSError as e:
+                        raise AdminError(500, "ca_root", f"cannot copy {src}: {e.strerror}") from None
+                log.info("the cluster's root CA is the operator's, from %s", self.ca_root)
+            else:
+                made = ca.make_root(self.name, now)
+                write_private(key, made.key_pem)
+                write_private(pem, made.cert_pem)
+                log.info("made the cluster's root CA (%s): its key stays in %s", pem, key)
+        return ca.Issued(pem.read_text(), key.read_text())
+
+    def holds_root(self) -> bool:
+        pem, key = root_files(self.state_dir)
+        return pem.is_file() and key.is_file()
+
+    async def make_intermediate(self, *, activate: bool = True) -> str:
+        """A new intermediate signed by this member's root, committed; its id. At a group's first
+        start, and by `ctl ca rotate` on the member holding the root."""
+        now = self.clock()
+        root = self._root(now)
+        inter = ca.make_intermediate(root, now)
+        aid = ca.serial_hex(ca.load_cert(inter.cert_pem))
+        await self.store.submit(trust_commands.ca_add(aid, inter.cert_pem, ca.seal(inter.key_pem, self.secret()),
+                                                      root.cert_pem, ca.not_after(inter.cert_pem), now,
+                                                      activate=activate), through_leader=True)
+        return aid
+
+    # -- this member's certificate ---------------------------------------------------------------
+
+    def own_certificate_due(self, state: ClusterState, now: float) -> bool:
+        if not self.files.complete():
+            return True
+        try:
+            who = ca.identity(self.files.cert.read_text(), {aid: ca.load_cert(a.cert_pem)
+                                                            for aid, a in state.authorities.items()})
+        except ca.CaError:
+            return True
+        issued = self._issued_at or (who.not_after - ca.MACHINE_LIFETIME_S)
+        return not who.issuer_serial or who.serial in state.revoked or due(who.not_after, issued, now)
+
+    async def renew_own(self, state: ClusterState) -> None:
+        now = self.clock()
+        key = self.files.key_pem()
+        chain, who, aid = self.sign(state, ca.make_request(key, "control", self.name), role="control",
+                                    name=self.name, hosts=self.hosts, now=now)
+        self.files.write(chain, bundle(state))
+        self._issued_at = now
+        self.changed.set()
+        self.changed = trio.Event()
+        log.info("this control plane's certificate: serial %s, valid until %s", who.serial,
+                 _when(who.not_after))
+        try:  # recorded for `ctl nodes`; the certificate serves even if this cannot commit now
+            await self.store.submit(trust_commands.issue("control", self.name, who.serial, who.not_after, aid, now),
+                                    through_leader=True)
+        except Exception as e:  # noqa: BLE001 — logged, retried at the next change
+            log.warning("could not record this control plane's certificate in the cluster: %s", e)
+
+    async def ready(self) -> None:
+        """Return once this member has a certificate of the cluster's CA (making the CA first if
+        this member leads a group that has none)."""
+        state = self.store.snapshot()
+        while True:
+            if state.authorities:
+                if self.own_certificate_due(state, self.clock()):
+                    await self.renew_own(state)
+                return
+            if self.store.is_leader():
+                try:
+                    await self.make_intermediate()
+                except commands.CommandError as e:
+                    log.warning("could not add the cluster's CA: %s", e.message)
+                state = self.store.snapshot()
+                continue
+            with trio.move_on_after(1.0):  # leadership may come without a state change
+                state = await self.store.wait_changed(state.revision)
+            state = self.store.snapshot()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the certificate and the bundle current: renew at two thirds, replace the bundle
+        after a rotation, a new certificate if this one was revoked or its authority dropped."""
+        await self.ready()
+        task_status.started()
+        state = self.store.snapshot()
+        while True:
+            if self.files.write_bundle(bundle(state)):
+                self.changed.set()
+                self.changed = trio.Event()
+            if state.authorities and self.own_certificate_due(state, self.clock()):
+                try:
+                    await self.renew_own(state)
+                except AdminError as e:
+                    log.warning("could not renew this control plane's certificate: %s", e.message)
+            with trio.move_on_after(60.0):
+                state = await self.store.wait_changed(state.revision)
+
+
+def _when(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
