@@ -86,6 +86,22 @@ def _whole(low: int, high: int, words: str = "") -> Callable[[Any], str | None]:
 
 
 
+WEIGHTS_DIRS_MAX = 64
+
+
+def _weights_dirs(v: Any) -> str | None:
+    """Absolute directory paths, each once: no `..` segment, no control characters, at most 1024 characters."""
+    if not isinstance(v, list) or len(v) > WEIGHTS_DIRS_MAX:
+        return f"must be a list of at most {WEIGHTS_DIRS_MAX} absolute directory paths"
+    for i, path in enumerate(v):
+        if (not isinstance(path, str) or not path.startswith("/") or len(path) > 1024
+                or any(ord(c) < 32 or ord(c) == 127 for c in path) or ".." in path.split("/")):
+            return f"item {i}: {str(path)[:80]!r} is not an absolute path (without '..' or control characters)"
+        if path in v[:i]:
+            return f"item {i}: {path!r} is listed twice"
+    return None
+
+
 def _port_range(v: Any) -> str | None:
     if (not isinstance(v, list) or len(v) != 2 or any(isinstance(p, bool) or not isinstance(p, int) for p in v)
             or not 1024 <= v[0] <= v[1] <= 65535):
@@ -122,6 +138,9 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
         SettingSpec("gateway.activation_queue_per_model", 256, "requests that may wait, in each gateway, for a "
                     "model with no ready replica (its activation); past that they get 503 overloaded at once",
                     _whole(1, 100_000)),
+        SettingSpec("models.weights_dirs", [], "directories a model's source may name a local path in, beside the "
+                    "storage dirs the agents report (--storage); a path anywhere else is refused when the model is "
+                    "defined (docs/api.md)", _weights_dirs),
         SettingSpec("groups.ports", [29500, 29999], "the ports a multi-node replica's rank 0 may listen on for its "
                     "members (one picked from the group id; the same port on every member's node)", _port_range),
         SettingSpec("requestlog.max_bytes", 1 << 30, "each gateway keeps at most this many bytes of request log "

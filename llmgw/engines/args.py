@@ -50,34 +50,67 @@ ENGINE_ARGS: dict[str, dict[str, EngineArg]] = {
 
 def parse_engine_args(engine: str, args: Sequence[str]) -> dict[str, Any]:
     """An engine's tunables from `--flag VALUE`, `--flag=VALUE` and `--switch` tokens, checked
-    against `ENGINE_ARGS`: {"ctx_size": 4096, ...}. Raises EngineError("bad_args") with the reason."""
+    against `ENGINE_ARGS`: {"ctx_size": 4096, ...}. Raises EngineError("bad_args") naming every problem."""
+    values, problems = _read_args(engine, args)
+    if problems:
+        raise EngineError("bad_args", "; ".join(problems))
+    return values
+
+
+def engine_args_problems(engine: str, args: Sequence[str]) -> list[str]:
+    """Every problem of `args` for `engine`, in words (none: they pass); the control plane checks a definition
+    with it, so what an engine process would refuse is refused before anything is stored."""
+    return _read_args(engine, args)[1]
+
+
+def _read_args(engine: str, args: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     allowed = ENGINE_ARGS[engine]
     values: dict[str, Any] = {}  # typed by the table: int, float, str or True
-    items = iter(args)
-    for arg in items:
+    problems: list[str] = []
+    unknown: list[str] = []
+    tokens = list(args)
+    i = 0
+    while i < len(tokens):
+        arg = tokens[i]
+        i += 1
         if not isinstance(arg, str):
-            raise EngineError("bad_args", f"engine argument {arg!r} is not a string")
+            problems.append(f"engine argument {arg!r} is not a string")
+            continue
         flag, eq, value = arg.partition("=")
         spec = allowed.get(flag)
         if spec is None:
-            known = ", ".join(sorted(allowed))
-            raise EngineError("bad_args", f"engine {engine} does not accept {flag!r} (accepted: {known})")
+            unknown.append(flag)
+            following = tokens[i] if i < len(tokens) else None
+            if not eq and flag.startswith("-") and isinstance(following, str) and not following.startswith("-"):
+                i += 1  # its value (`--host 0.0.0.0`): not a problem of its own
+            continue
         dest = flag.lstrip("-").replace("-", "_")
         if spec.kind is bool:
             if eq:
-                raise EngineError("bad_args", f"engine argument {flag} takes no value")
-            values[dest] = True
+                problems.append(f"engine argument {flag} takes no value")
+            else:
+                values[dest] = True
             continue
-        raw = value if eq else next(items, None)
+        raw: str | None = value
+        if not eq:
+            raw = tokens[i] if i < len(tokens) else None
+            i += 1
         if raw is None:
-            raise EngineError("bad_args", f"engine argument {flag} needs a value")
-        if spec.kind is str:
-            if raw not in spec.choices:
-                raise EngineError("bad_args", f"engine argument {flag} is one of {', '.join(spec.choices)}, not {raw!r}")
-            values[dest] = raw
-            continue
-        values[dest] = _number(flag, spec, raw)
-    return values
+            problems.append(f"engine argument {flag} needs a value")
+        elif spec.kind is str:
+            if raw in spec.choices:
+                values[dest] = raw
+            else:
+                problems.append(f"engine argument {flag} is one of {', '.join(spec.choices)}, not {raw!r}")
+        else:
+            try:
+                values[dest] = _number(flag, spec, raw)
+            except EngineError as e:
+                problems.append(e.message)
+    if unknown:
+        known = ", ".join(sorted(allowed))
+        problems.insert(0, f"engine {engine} does not accept {', '.join(map(repr, unknown))} (accepted: {known})")
+    return values, problems
 
 
 def _number(flag: str, spec: EngineArg, raw: str) -> int | float:

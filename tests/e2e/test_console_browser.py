@@ -342,7 +342,7 @@ def test_enable_the_judge_without_a_file_is_refused_in_words(admin: Console, clu
 
     # With the file named in the form, the judge is served, and `ctl guard judge status` says so.
     admin.nav("Do")
-    admin.testid("judge-source").fill("/models/Llama-Guard-3-1B.Q4_K_M.gguf")
+    admin.testid("judge-source").fill("/sim/models/Llama-Guard-3-1B.Q4_K_M.gguf")  # in the sim nodes' storage dir
     admin.testid("judge-submit").click()
     admin.page.wait_for_load_state()
     admin.testid("confirm").click()
@@ -350,7 +350,7 @@ def test_enable_the_judge_without_a_file_is_refused_in_words(admin: Console, clu
     result = admin.testid("action-result")
     try:
         assert result.get_attribute("data-outcome") == "done", result.inner_text()
-        assert "judge llama-guard served from /models/Llama-Guard-3-1B.Q4_K_M.gguf" in result.inner_text()
+        assert "judge llama-guard served from /sim/models/Llama-Guard-3-1B.Q4_K_M.gguf" in result.inner_text()
         judge = next(j for j in cluster.ctl("guard", "judge", "status")["judges"] if j["model"] == "llama-guard")
         assert judge["defined"] is True and judge["judge"] is True, judge
     finally:  # no such file on the fleet: the judge is not left to fail its starts during the later tests

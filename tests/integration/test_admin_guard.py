@@ -40,6 +40,8 @@ async def control(tmp_path: Path) -> AsyncIterator[ControlHandle]:
 @pytest.fixture
 async def api(control: ControlHandle) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=control.admin_url, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        # GGUF's directory: a judge's local path must lie in a dir allowed for weights (no agent reports one here)
+        assert (await c.put("/api/v1/settings/models.weights_dirs", json=["/models"])).status_code == 200
         yield c
 
 

@@ -100,6 +100,7 @@ async def test_retry_of_an_unknown_model_is_refused_with_the_apis_words() -> Non
 async def test_enable_the_judge_serves_the_missing_one_as_the_api_does() -> None:
     store = store_with([model("chat").sim()])
     store.submit_nowait(commands.set_policy(GuardPolicy("strict", "guard-1"), 0.0))
+    store.submit_nowait(commands.put_setting("models.weights_dirs", ["/models"], 0.0))  # where a judge may lie
     world = World(store=store)
     async with world.client() as c:
         await sign_in(c)

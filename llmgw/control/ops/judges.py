@@ -12,11 +12,13 @@ import trio
 from llmgw.control.context import Context
 from llmgw.control.ops import Commit, Created
 from llmgw.control.ops.guard import guard_state
+from llmgw.control.ops.models import weights_dirs
 from llmgw.domain import commands
 from llmgw.domain.guard import CATEGORIES, judges_asked
 from llmgw.domain.judges import judge_status, pick_guard_file
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.state import ClusterState
+from llmgw.engines.admission import definition_problems
 from llmgw.errors import AdminError
 from llmgw.guard.prompt import AGENT, USER, JudgeFailure, Turn, build, judge_request, parse, rule
 from llmgw.guard.texts import answer_text
@@ -104,6 +106,9 @@ async def enable(ctx: Context, commit: Commit, doc: Any) -> dict[str, Any]:
     except DefinitionError as e:
         field = "source" if e.field == "source" else "name"
         raise AdminError(400, "invalid_judge", f"{field}: {e.message}") from None
+    outside = definition_problems(model.engine, model.source, list(model.args), weights_dirs(ctx))
+    if outside:  # a path outside the dirs allowed for weights, as for any definition
+        raise AdminError(400, "invalid_judge", "; ".join(f"{f}: {m}" for f, m in outside))
     old = state.models.get(name)
     if old is not None and old.role != "guard" and not replace:
         raise AdminError(409, "model_not_a_judge", f"a model named {name} exists with role {old.role}, not "

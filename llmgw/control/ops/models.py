@@ -11,7 +11,9 @@ from llmgw.domain import commands, summary
 from llmgw.domain.memory import estimate_for
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.observed import Observed
+from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState
+from llmgw.engines.admission import allowed_weights_dirs, definition_problems
 from llmgw.errors import AdminError
 
 log = logging.getLogger("llmgw.control.admin")
@@ -34,14 +36,41 @@ def definition(doc: Any) -> ModelDef:
         raise AdminError(400, "invalid_model", str(e)) from None
 
 
+def weights_dirs(ctx: Context) -> list[str]:
+    """Where a definition's local path may lie: the storage dirs of the agents connected now, and the
+    setting `models.weights_dirs`."""
+    reports = [report for node in ctx.observed().nodes.values() for report in node.storage]
+    return allowed_weights_dirs(reports, effective(ctx.state().settings, "models.weights_dirs"))
+
+
+def admitted(ctx: Context, doc: Any) -> ModelDef:
+    """A definition the cluster may store: its own shape, then what its engine would refuse (args outside
+    its table, a source it cannot open or a local path outside the dirs allowed for weights); 400
+    `invalid_model` naming every problem of both at once."""
+    problems: list[tuple[str, str]] = []
+    model: ModelDef | None = None
+    try:
+        model = ModelDef.from_doc(doc)
+    except DefinitionError as e:
+        problems += e.errors
+    if isinstance(doc, dict):
+        judged = {f for f, _ in problems}  # a field already refused for its shape is not judged twice
+        problems += [(f, m) for f, m in definition_problems(doc.get("engine"), doc.get("source"),
+                                                            doc.get("args", []), weights_dirs(ctx))
+                     if f not in judged and "engine" not in judged]
+    if problems or model is None:
+        raise AdminError(400, "invalid_model", "; ".join(f"{f}: {m}" for f, m in problems))
+    return model
+
+
 async def list_models(ctx: Context) -> dict[str, Any]:
     state, observed, views = ctx.state(), ctx.observed(), ctx.views()
     return {"models": [model_doc(n, state, observed, views) for n in sorted(state.models)]}
 
 
 async def serve(ctx: Context, commit: Commit, doc: Any) -> dict[str, Any]:
-    """Define (or replace) a model; `Created` when it is new."""
-    model = definition(doc)
+    """Define (or replace) a model; `Created` when it is new. Refused (400, nothing stored) as `admitted` says."""
+    model = admitted(ctx, doc)
     result = await commit(commands.put_model(model, ctx.clock()))
     log.info("model %s %s", model.name, "created" if result["created"] else "replaced")
     # A retry answered from the recorded result may find the model removed since: its definition, then.

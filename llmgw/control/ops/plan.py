@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from llmgw.control.context import Context
-from llmgw.control.ops.models import definition
+from llmgw.control.ops.models import admitted
 from llmgw.domain.memory import estimate_for
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Observed
@@ -27,7 +27,7 @@ async def plan(ctx: Context, doc: Any) -> dict[str, Any]:
     """The plan for one model definition (`ctl plan`, the console's serve form)."""
     if not isinstance(doc, dict):
         raise AdminError(400, "invalid_model", "the body must be one model definition (a JSON object)")
-    return plan_doc(definition(doc), ctx.state(), ctx.observed())
+    return plan_doc(admitted(ctx, doc), ctx.state(), ctx.observed())
 
 
 def plan_doc(model: ModelDef, state: ClusterState, observed: Observed) -> dict[str, Any]:
