@@ -145,8 +145,9 @@ async def _serve_all(opts: UpOptions, router: Router, control_cfg: ControlConfig
 def run(opts: UpOptions) -> int:
     """Lock the state dir first: nothing in it is read or written by a process that does not hold it."""
     state_dir = opts.state_dir.resolve()
-    with statedir.acquire_or_exit(state_dir, "llmgw up"):
+    with statedir.acquire_or_exit(state_dir, "llmgw up") as lock:
         logs.setup(json_lines=opts.log_json, level=opts.log_level, log_file=state_dir / "logs" / "llmgw.log")
+        lock.warn_tightened()
         try:
             return trio.run(main, opts)
         except KeyboardInterrupt:

@@ -159,8 +159,9 @@ def control(
         raise SystemExit(f"error: --journal-compact-after {journal_compact_after}: give 10 entries or more")
     key = os.environ.get("LLMGW_ADMIN_KEY")
     client_key = os.environ.get("LLMGW_CLIENT_KEY") or None
-    with statedir.acquire_or_exit(state_dir, "llmgw control"):  # before anything in the dir is touched
+    with statedir.acquire_or_exit(state_dir, "llmgw control") as lock:  # before anything in the dir is touched
         log.setup(state_dir / "logs" / "control.log")
+        lock.warn_tightened()
         if rejoin:
             from llmgw.store.durable import move_raft_aside
 
@@ -240,8 +241,9 @@ def agent(
         raise SystemExit("error: give --key or set LLMGW_KEY (an admin key of the cluster)")
     dirs = _storage(storage or [])
     timeouts = _timeouts()
-    with statedir.acquire_or_exit(state_dir, "llmgw agent"):  # before anything in the dir is touched
+    with statedir.acquire_or_exit(state_dir, "llmgw agent") as lock:  # before anything in the dir is touched
         log.setup(state_dir / "logs" / "agent.log")
+        lock.warn_tightened()
         cfg = AgentConfig(controls=control, key=secret, state_dir=state_dir, node=node or socket.gethostname(),
                           engine_host=engine_host, storage=dirs, fabric=fabric or "", timeouts=timeouts,
                           stop_engines_on_exit=stop_engines_on_exit)
@@ -317,8 +319,10 @@ def gateway(
     timeouts = _timeouts()
     with contextlib.ExitStack() as held:
         if state_dir is not None:  # before anything in the dir is touched
-            held.enter_context(statedir.acquire_or_exit(state_dir, "llmgw gateway"))
+            lock = held.enter_context(statedir.acquire_or_exit(state_dir, "llmgw gateway"))
         log.setup(state_dir / "logs" / "gateway.log" if state_dir is not None else None)
+        if state_dir is not None:
+            lock.warn_tightened()
         cfg = GatewayConfig(controls=control, key=secret, listen_host=host, listen_port=port, name=name,
                             timeouts=timeouts, state_dir=state_dir)
         role: Callable[..., Awaitable[object]] = partial(serve, cfg)
