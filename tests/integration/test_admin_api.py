@@ -149,16 +149,30 @@ async def test_admin_key_required(control: ControlHandle, auth: str | None) -> N
             assert error_of(r)["code"] == "unauthorized"
 
 
-async def test_agent_stream_needs_an_admin_key(control: ControlHandle) -> None:
+def machine(control: ControlHandle, role: str, name: str) -> list[tuple[bytes, bytes]]:
+    """The stream's header for a `role` machine `name` inside the control plane's process
+    (`Context.local_credential`)."""
+    assert control.context is not None
+    return [(b"authorization", f"Bearer {control.context.local_credential(role, name)}".encode())]
+
+
+async def test_a_stream_takes_a_machine_credential_and_no_key_not_even_the_admin_key(control: ControlHandle) -> None:
     url = control.admin_url.replace("http://", "ws://") + protocol.STREAM_PATH
-    with pytest.raises(HandshakeError):
-        async with open_websocket_url(url, extra_headers=[(b"authorization", f"Bearer {CLIENT}".encode())]):
-            pass
+    # A key is for people and scripts, never a machine's credential: on this plain loopback control plane
+    # only a machine inside its process can speak (501 no_tls says so); over TLS a key gets 401
+    # (tests/integration/test_trust_credentials.py).
+    for key in (CLIENT, ADMIN):
+        with pytest.raises(HandshakeError) as refused:
+            async with open_websocket_url(url, extra_headers=[(b"authorization", f"Bearer {key}".encode())]):
+                pass
+        assert getattr(refused.value, "status_code", None) == 501, refused.value
+        assert b"no_tls" in (getattr(refused.value, "body", None) or b""), refused.value
+        del refused  # its traceback holds the refused handshake's socket
     # trio-websocket 0.12.2 leaves a rejected handshake's socket to the garbage collector.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()
-    async with open_websocket_url(url, extra_headers=[(b"authorization", f"Bearer {ADMIN}".encode())]) as ws:
+    async with open_websocket_url(url, extra_headers=machine(control, "agent", "n1")) as ws:
         await ws.send_message(protocol.dumps({"type": "hello", "protocol": 999, "node": "n1"}))
         answer = protocol.loads(await ws.get_message())
         assert answer["type"] == "refused" and "protocol" in answer["reason"]
@@ -167,7 +181,7 @@ async def test_agent_stream_needs_an_admin_key(control: ControlHandle) -> None:
 
 async def test_agent_stream_registers_the_node_and_forgets_it_on_close(control: ControlHandle) -> None:
     url = control.admin_url.replace("http://", "ws://") + protocol.STREAM_PATH
-    async with open_websocket_url(url, extra_headers=[(b"authorization", f"Bearer {ADMIN}".encode())]) as ws:
+    async with open_websocket_url(url, extra_headers=machine(control, "agent", "n1")) as ws:
         await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "node": "n1"}))
         await ws.send_message(protocol.dumps({"type": "inventory", "inventory": {"node": "n1", "cpus": 8,
                                                                                   "engines": ["sim"]}}))

@@ -171,6 +171,13 @@ async def test_enable_asks_for_a_name_when_several_judges_are_missing(api: httpx
         assert error_of(bad)["message"].startswith(field), error_of(bad)
 
 
+def machine(control: ControlHandle, role: str, name: str) -> list[tuple[bytes, bytes]]:
+    """The stream's header for a `role` machine `name` inside the control plane's process (its in-memory
+    credential, `Context.local_credential`): a stream takes no key."""
+    assert control.context is not None
+    return [(b"authorization", f"Bearer {control.context.local_credential(role, name)}".encode())]
+
+
 async def agent_with_storage(control: ControlHandle, ws: Any, paths: list[str]) -> None:
     await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "node": "n1"}))
     storage = [{"path": "/models", "fabric": "eth", "shared": False, "error": "", "not_weights": [],
@@ -185,7 +192,7 @@ async def agent_with_storage(control: ControlHandle, ws: Any, paths: list[str]) 
 async def test_enable_finds_the_file_in_an_agents_storage(api: httpx.AsyncClient, control: ControlHandle) -> None:
     await api.put("/api/v1/guard/policies/p", json={"judge": "llama-guard"})
     url = control.admin_url.replace("http://", "ws://") + protocol.STREAM_PATH
-    async with open_websocket_url(url, extra_headers=[(b"authorization", f"Bearer {ADMIN}".encode())]) as ws:
+    async with open_websocket_url(url, extra_headers=machine(control, "agent", "n1")) as ws:
         await agent_with_storage(control, ws, ["/models/smollm2.gguf", GGUF])
         r = await api.post("/api/v1/guard/judges/enable", json={})
         assert r.status_code == 201, r.text
@@ -197,7 +204,7 @@ async def test_a_judge_failure_a_gateway_reports_shows_in_the_status(api: httpx.
     await api.put("/api/v1/guard/policies/p", json={"judge": "llama-guard"})
     await api.post("/api/v1/guard/judges/enable", json={"source": GGUF})
     url = control.admin_url.replace("http://", "ws://") + protocol.GATEWAY_STREAM_PATH
-    async with open_websocket_url(url, extra_headers=[(b"authorization", f"Bearer {ADMIN}".encode())]) as ws:
+    async with open_websocket_url(url, extra_headers=machine(control, "gateway", "gw-1")) as ws:
         await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.GATEWAY_PROTOCOL_VERSION,
                                               "gateway": "gw-1"}))
         assert protocol.loads(await ws.get_message())["type"] == "welcome"
@@ -226,8 +233,10 @@ async def test_a_remote_gateway_reports_its_judges_failures_to_the_leader(api: h
                                                              "on_error": "closed", "budget_s": 0.2})
     assert r.status_code == 201, r.text
     async with trio.open_nursery() as nursery:
+        assert control.context is not None
         gw: GatewayHandle = await nursery.start(gateway_serve, GatewayConfig(
-            controls=[control.admin_url], key=ADMIN, listen_port=0, name="gw-guard", timeouts=fast))
+            controls=[control.admin_url], tls=None,
+            local_credential=control.context.local_credential("gateway", "gw-guard"), listen_port=0, name="gw-guard", timeouts=fast))
         async with httpx.AsyncClient(base_url=gw.url, headers={"Authorization": f"Bearer {CLIENT}"}) as http:
             def policies() -> set[str]:
                 try:

@@ -59,8 +59,13 @@ async def test_engines_survive_a_control_restart(tmp_path: Path) -> None:
                                     task_status=task_status)
 
         control: ControlHandle = await nursery.start(run_control)
-        agent_cfg = AgentConfig(controls=[control.admin_url], key=ADMIN, state_dir=tmp_path / "agent",
-                                node="n1", probe=probe)
+        assert control.context is not None
+        # The agent's credential (`Context.local_credential`) is in the control plane's memory only: the
+        # restarted control plane below is given the same, before it answers a stream.
+        agent_cfg = AgentConfig(controls=[control.admin_url], tls=None,
+                                local_credential=control.context.local_credential("agent", "n1"),
+                                state_dir=tmp_path / "agent", node="n1", probe=probe)
+        machines = dict(control.context.local_machines)
         await nursery.start(agent_serve, agent_cfg)
         assert control.hub.nodes["n1"].hostname == "test-node", "the inventory comes from the GpuProbe seam"
 
@@ -94,6 +99,8 @@ async def test_engines_survive_a_control_restart(tmp_path: Path) -> None:
             assert (await http.get(f"{url}/health")).status_code == 200, "engines keep serving without control"
 
             control = await nursery.start(run_control_again := _runner(tmp_path, raft_port, admin_port, router))
+            assert control.context is not None
+            control.context.local_machines.update(machines)  # no await since it started: no stream came yet
             await wait_for(lambda: "n1" in control.hub.nodes)
             await wait_for(lambda: any(r.state == "ready" for r in control.hub.observed().replicas.values()))
             replicas = control.hub.observed().replicas

@@ -39,9 +39,13 @@ FAST = dataclasses.replace(TIMEOUTS, agent_reconnect_min_s=0.05, agent_reconnect
 PROBE = FakeGpuProbe(NodeInfo("x", hostname="test-node", cpus=2, engines=("sim",)))
 
 
-def agent_config(tmp_path: Path, *controls: str) -> AgentConfig:
-    return AgentConfig(controls=list(controls), key=ADMIN, state_dir=tmp_path / "agent", node="n1", probe=PROBE,
-                       timeouts=FAST)
+def agent_config(tmp_path: Path, leader: ControlHandle, *controls: str) -> AgentConfig:
+    """Agent n1 with its in-memory credential from `leader` (`Context.local_credential`), which the standby
+    of this test knows too; a fake member checks none."""
+    assert leader.context is not None
+    credential = leader.context.local_credential("agent", "n1")
+    return AgentConfig(controls=list(controls), tls=None, local_credential=credential,
+                       state_dir=tmp_path / "agent", node="n1", probe=PROBE, timeouts=FAST)
 
 
 @pytest.fixture
@@ -68,11 +72,14 @@ class StandbyStore(MemoryStore):
         return {"leader": "10.9.9.9:7000", "leader_url": self.leader_url}
 
 
-async def serve_standby(leader_url: str, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    store = StandbyStore(leader_url)
+async def serve_standby(leader: ControlHandle, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """A standby that knows the leader's machines (as every member of a group does)."""
+    assert leader.context is not None
+    store = StandbyStore(leader.admin_url)
     hub = AgentHub()
     app = make_app(Context(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: 0.0,
-                               self_id="standby", store_status=store.status))
+                           self_id="standby", store_status=store.status,
+                           local_machines=leader.context.local_machines))
     config = hypercorn_config("127.0.0.1", 0, logger="test.standby", graceful_s=FAST.admin_shutdown_grace_s,
                               keep_alive_s=FAST.admin_keep_alive_s)
     async with trio.open_nursery() as nursery:
@@ -83,10 +90,10 @@ async def serve_standby(leader_url: str, *, task_status: Any = trio.TASK_STATUS_
 async def test_an_agent_goes_where_a_standby_points_and_past_a_dead_url(tmp_path: Path, leader: ControlHandle) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     async with trio.open_nursery() as nursery:
-        standby = await nursery.start(serve_standby, leader.admin_url)
+        standby = await nursery.start(serve_standby, leader)
         # Only a dead URL and the standby: the leader is found through the standby's pointer.
         with trio.fail_after(10):
-            await nursery.start(agent_serve, agent_config(tmp_path, dead, standby))
+            await nursery.start(agent_serve, agent_config(tmp_path, leader, dead, standby))
         assert "n1" in leader.hub.links
         with trio.fail_after(5):
             while leader.hub.replicas.get("n1") is None:
@@ -117,7 +124,8 @@ async def test_an_agent_leaves_a_leader_that_steps_down_or_goes_silent(tmp_path:
         server = await nursery.start(serve_websocket, fickle, "127.0.0.1", 0, None)
         fickle_url = f"http://127.0.0.1:{server.port}"
         # The leader comes last: the agent reaches it only by leaving the other twice.
-        nursery.start_soon(agent_serve, agent_config(tmp_path, fickle_url, fickle_url, leader.admin_url))
+        nursery.start_soon(agent_serve, agent_config(tmp_path, leader, fickle_url, fickle_url,
+                                                                    leader.admin_url))
         with trio.fail_after(10):
             while "n1" not in leader.hub.links:
                 await trio.sleep(0.02)
@@ -132,8 +140,10 @@ async def test_an_agent_leaves_a_leader_that_steps_down_or_goes_silent(tmp_path:
 async def test_a_leader_drops_an_agent_that_goes_silent(leader: ControlHandle) -> None:
     """A machine that vanishes closes no connection: the leader drops the stream of an agent
     that said nothing for `stream_silence_s`, so its replicas leave the routes."""
+    assert leader.context is not None
     url = leader.admin_url.replace("http://", "ws://") + protocol.STREAM_PATH
-    async with open_websocket_url(url, extra_headers=[(b"authorization", f"Bearer {ADMIN}".encode())]) as ws:
+    credential = leader.context.local_credential("agent", "mute")
+    async with open_websocket_url(url, extra_headers=[(b"authorization", f"Bearer {credential}".encode())]) as ws:
         await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "node": "mute"}))
         await ws.send_message(protocol.dumps({"type": "inventory", "inventory": PROBE.inventory("mute").to_doc()}))
         assert protocol.loads(await ws.get_message())["type"] == "welcome"

@@ -29,6 +29,10 @@ from llmgw.control.service import serve as control_serve
 from llmgw.domain.observed import NodeInfo
 from llmgw.domain.timeouts import SILENT_BEATS, TIMEOUTS
 from llmgw.testing import FakeGpuProbe
+from llmgw.trust.files import MachineFiles
+from llmgw.trust.join import JoinRequest, ensure_credentials
+from llmgw.trust.join import client_context as machine_context
+from llmgw.trust.tls import client_context as tls_client_context
 from llmgw.wire import protocol
 from tests.support.processes import free_port
 
@@ -163,13 +167,18 @@ def agent_warnings() -> Iterator[CapturedWarnings]:
 async def test_a_stopped_control_is_left_within_three_intervals_and_engines_keep_serving(
         tmp_path: Path, agent_warnings: CapturedWarnings) -> None:
     admin_port = free_port()
-    admin_url = f"http://127.0.0.1:{admin_port}"
+    admin_url = f"https://127.0.0.1:{admin_port}"  # `llmgw control` serves TLS, its CA made at its first start
     control = start(["control", "--state-dir", str(tmp_path / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
                      "--admin-addr", f"127.0.0.1:{admin_port}"], {"LLMGW_ADMIN_KEY": ADMIN}, tmp_path / "control.log")
-    config = AgentConfig(controls=[admin_url], key=ADMIN, state_dir=tmp_path / "agent", node="n1", probe=PROBE,
-                         timeouts=FAST)
+    bundle = MachineFiles.of(tmp_path / "control").ca  # the cluster's CA, as the control plane keeps it
+
+    async def ca_written() -> bool:
+        return bundle.is_file()
+
     try:
-        async with api_client(admin_url) as api, trio.open_nursery() as nursery:
+        await wait_for("the cluster's CA", ca_written, timeout=30)
+        async with httpx.AsyncClient(base_url=admin_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=5,
+                                     verify=tls_client_context(bundle)) as api, trio.open_nursery() as nursery:
             async def control_up() -> bool:
                 try:
                     return (await api.get("/health")).json().get("leader") is True
@@ -177,6 +186,13 @@ async def test_a_stopped_control_is_left_within_three_intervals_and_engines_keep
                     return False
 
             await wait_for("the control plane", control_up, timeout=30)
+            # The agent joins once with a token and from then on speaks with its certificate alone.
+            made = await api.post("/api/v1/trust/tokens", json={"role": "agent", "name": "n1"})
+            assert made.status_code == 201, made.text
+            files = await ensure_credentials(MachineFiles.of(tmp_path / "agent"), [admin_url],
+                                             JoinRequest("agent", "n1", made.json()["token"], ca_file=bundle))
+            config = AgentConfig(controls=[admin_url], tls=machine_context(files), state_dir=tmp_path / "agent",
+                                 node="n1", probe=PROBE, timeouts=FAST)
             with trio.fail_after(20):
                 await nursery.start(agent_serve, config)
             r = await api.post("/api/v1/models", json={"name": "demo", "engine": "sim", "source": "sim://demo"})
@@ -256,8 +272,10 @@ async def test_malformed_commands_are_rejected_and_the_running_engine_is_untouch
 
     async with trio.open_nursery() as nursery:
         server = await nursery.start(serve_websocket, bad_control, "127.0.0.1", 0, None)
-        config = AgentConfig(controls=[f"http://127.0.0.1:{server.port}"], key=ADMIN, state_dir=tmp_path / "agent",
-                             node="n1", probe=PROBE, timeouts=FAST)
+        # This fake control checks no credential; a machine in a control plane's process sends one like it.
+        config = AgentConfig(controls=[f"http://127.0.0.1:{server.port}"], tls=None,
+                             local_credential="llmgw-local-fake", state_dir=tmp_path / "agent", node="n1",
+                             probe=PROBE, timeouts=FAST)
         nursery.start_soon(agent_serve, config)
         with trio.fail_after(45):
             while "done" not in verdict:

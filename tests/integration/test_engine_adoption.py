@@ -67,10 +67,13 @@ async def test_engines_outlive_their_agent_and_the_next_agent_adopts_them(tmp_pa
     probe = FakeGpuProbe(NodeInfo("x", hostname="test-node", cpus=2, engines=("sim",)))
     async with trio.open_nursery() as nursery:
         control: ControlHandle = await nursery.start(control_serve, control_cfg)
+        assert control.context is not None
+        credential = control.context.local_credential("agent", "n1")  # both agents are node n1
 
         def agent_config(stop_engines_on_exit: bool) -> AgentConfig:
-            return AgentConfig(controls=[control.admin_url], key=ADMIN, state_dir=tmp_path / "agent", node="n1",
-                               probe=probe, stop_engines_on_exit=stop_engines_on_exit)
+            return AgentConfig(controls=[control.admin_url], tls=None, local_credential=credential,
+                               state_dir=tmp_path / "agent", node="n1", probe=probe,
+                               stop_engines_on_exit=stop_engines_on_exit)
 
         first = trio.CancelScope()
 

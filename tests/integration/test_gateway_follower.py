@@ -32,6 +32,7 @@ from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway.follower import GatewayConfig, GatewayHandle
 from llmgw.gateway.follower import serve as gateway_serve
 from llmgw.testing import FakeGpuProbe, MemoryStore
+from llmgw.trust.ca import Identity
 from llmgw.wire import protocol
 from llmgw.wire.asgi import hypercorn_config
 from tests.support.processes import free_port
@@ -55,8 +56,18 @@ def control_config(state: Path, raft_port: int, admin_port: int) -> ControlConfi
                          admin_port=admin_port, seed=seed, timeouts=FAST)
 
 
-def gateway_config(*controls: str) -> GatewayConfig:
-    return GatewayConfig(controls=list(controls), key=ADMIN, listen_port=0, name="gw-test", timeouts=FAST)
+def gateway_config(*controls: str, credential: str | None) -> GatewayConfig:
+    """A gateway with the in-memory credential of a control plane in this process (`Context.local_credential`);
+    a fake member that checks none takes any."""
+    return GatewayConfig(controls=list(controls), tls=None, local_credential=credential, listen_port=0,
+                         name="gw-test", timeouts=FAST)
+
+
+def local_machines(control: ControlHandle) -> dict[str, Identity]:
+    """The machines' credentials `control` knows (`Context.local_machines`): a restarted control plane
+    or a standby of this test is given the same, as every member of a group knows its machines."""
+    assert control.context is not None
+    return control.context.local_machines
 
 
 async def until(check: Callable[[], Awaitable[bool]], timeout: float) -> None:
@@ -82,9 +93,14 @@ async def test_a_gateway_follows_the_leader_and_outlives_it(tmp_path: Path) -> N
                                     task_status=task_status)
 
         control: ControlHandle = await nursery.start(run_control)
-        await nursery.start(agent_serve, AgentConfig(controls=[admin_url], key=ADMIN, state_dir=tmp_path / "agent",
-                                                     node="n1", probe=probe, timeouts=SLOW_AGENT))
-        gw: GatewayHandle = await nursery.start(gateway_serve, gateway_config(admin_url))
+        assert control.context is not None
+        agent_credential = control.context.local_credential("agent", "n1")
+        gateway_credential = control.context.local_credential("gateway", "gw-test")
+        machines = dict(local_machines(control))
+        await nursery.start(agent_serve, AgentConfig(controls=[admin_url], tls=None, local_credential=agent_credential,
+                                                     state_dir=tmp_path / "agent", node="n1", probe=probe,
+                                                     timeouts=SLOW_AGENT))
+        gw: GatewayHandle = await nursery.start(gateway_serve, gateway_config(admin_url, credential=gateway_credential))
         async with httpx.AsyncClient(base_url=gw.url, headers={"Authorization": f"Bearer {CLIENT}"}) as http, \
                 httpx.AsyncClient(base_url=admin_url, headers={"Authorization": f"Bearer {ADMIN}"}) as api:
 
@@ -137,6 +153,7 @@ async def test_a_gateway_follows_the_leader_and_outlives_it(tmp_path: Path) -> N
             # sent: the gateway keeps routing to the engine, which never stopped.
             scope = trio.CancelScope()
             control = await nursery.start(run_control)
+            local_machines(control).update(machines)  # before it answers a stream: no await in between
 
             async def reattached() -> bool:
                 doc = await health()
@@ -173,13 +190,13 @@ class StandbyStore(MemoryStore):
         return {"leader": "10.9.9.9:7000", "leader_url": self.leader_url}
 
 
-async def serve_standby(leader_url: str, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    store = StandbyStore(leader_url)
+async def serve_standby(leader: ControlHandle, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    store = StandbyStore(leader.admin_url)
     hub = AgentHub()
     gateways = GatewayHub(store, "standby")
     reconciler = Reconciler(store, hub, sinks=[gateways], demand=[gateways])
     app = make_app(Context(store=store, hub=hub, reconciler=reconciler, clock=lambda: 0.0, self_id="standby",
-                               store_status=store.status))
+                           store_status=store.status, local_machines=local_machines(leader)))
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(lambda task_status: hyper_serve(
             app, hypercorn_config("127.0.0.1", 0, logger="test.standby", graceful_s=FAST.admin_shutdown_grace_s,
@@ -198,9 +215,11 @@ async def leader(tmp_path: Path) -> AsyncIterator[ControlHandle]:
 async def test_a_gateway_goes_where_a_standby_points_and_past_a_dead_url(leader: ControlHandle) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     async with trio.open_nursery() as nursery:
-        standby_url = await nursery.start(serve_standby, leader.admin_url)
+        standby_url = await nursery.start(serve_standby, leader)
+        assert leader.context is not None
+        credential = leader.context.local_credential("gateway", "gw-test")
         # Only the standby and a dead URL are given: the leader is found through the standby's pointer.
-        gw: GatewayHandle = await nursery.start(gateway_serve, gateway_config(dead, standby_url))
+        gw: GatewayHandle = await nursery.start(gateway_serve, gateway_config(dead, standby_url, credential=credential))
         async with httpx.AsyncClient(base_url=gw.url, headers={"Authorization": f"Bearer {CLIENT}"}) as http:
             first = (await http.get("/v1/models")).json()
             assert first["error"]["code"] == "gateway_not_synced", "unknown is refused, not shown as empty"
@@ -231,7 +250,7 @@ async def test_a_leader_that_goes_quiet_is_left_and_its_table_kept(tmp_path: Pat
     async with trio.open_nursery() as nursery:
         server = await nursery.start(serve_websocket, mute_leader, "127.0.0.1", 0, None)
         url = f"http://127.0.0.1:{server.port}"
-        cfg = dataclasses.replace(gateway_config(url), timeouts=quiet)
+        cfg = dataclasses.replace(gateway_config(url, credential=None), timeouts=quiet)
         gw: GatewayHandle = await nursery.start(gateway_serve, cfg)
         async with httpx.AsyncClient(base_url=gw.url, headers={"Authorization": f"Bearer {CLIENT}"}) as http:
             async def followed() -> bool:

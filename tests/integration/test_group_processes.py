@@ -228,7 +228,9 @@ async def test_three_agents_run_a_group_and_one_dead_member_replaces_it_whole(tm
         control = await nursery.start(control_serve, config)
         for name in ("n1", "n2", "n3"):
             probe = FakeGpuProbe(NodeInfo(name, hostname=name, cpus=2, engines=("sim",)))
-            await nursery.start(agent_serve, AgentConfig(controls=[control.admin_url], key=ADMIN,
+            await nursery.start(agent_serve, AgentConfig(controls=[control.admin_url], tls=None,
+                                                         local_credential=control.context.local_credential(
+                                                             "agent", name),
                                                          state_dir=tmp_path / name, node=name, probe=probe,
                                                          fabric="lo"))
         await wait(lambda: endpoint() is not None)

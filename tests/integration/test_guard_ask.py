@@ -52,8 +52,11 @@ async def test_a_judge_reads_a_text_and_nothing_of_it_is_recorded(tmp_path: Path
         control: ControlHandle = await nursery.start(control_serve, ControlConfig(
             state_dir=tmp_path / "control", raft_addr=f"127.0.0.1:{raft_port}", admin_host="127.0.0.1",
             admin_port=admin_port, seed=seed, timeouts=FAST))
-        await nursery.start(agent_serve, AgentConfig(controls=[admin_url], key=ADMIN, state_dir=tmp_path / "agent",
-                                                     node="n1", probe=probe, timeouts=FAST))
+        assert control.context is not None
+        await nursery.start(agent_serve, AgentConfig(controls=[admin_url], tls=None,
+                                                     local_credential=control.context.local_credential("agent", "n1"),
+                                                     state_dir=tmp_path / "agent", node="n1", probe=probe,
+                                                     timeouts=FAST))
         async with httpx.AsyncClient(base_url=admin_url, headers={"Authorization": f"Bearer {ADMIN}"}) as api:
             with trio.fail_after(30):  # until the judge serves (409 judge_unavailable before)
                 while (got := await api.post("/api/v1/guard/judges/ask", json={"text": "hello"})).status_code != 200:

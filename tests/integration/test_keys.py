@@ -57,8 +57,10 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
                            seed=Seed(admin_key=ADMIN, client_key=CLIENT, models=models))
     async with trio.open_nursery() as nursery:
         control: ControlHandle = await nursery.start(control_serve, config)
+        assert control.context is not None
         gateway: GatewayHandle = await nursery.start(gateway_serve, GatewayConfig(
-            controls=[control.admin_url], key=ADMIN, listen_port=0, name="gw-keys", timeouts=FAST))
+            controls=[control.admin_url], tls=None,
+            local_credential=control.context.local_credential("gateway", "gw-keys"), listen_port=0, name="gw-keys", timeouts=FAST))
         async with httpx.AsyncClient(base_url=control.admin_url, headers={"Authorization": f"Bearer {ADMIN}"}) as api:
             cluster = Cluster(control, gateway, api)
             async with cluster.client(CLIENT) as http:

@@ -55,8 +55,12 @@ async def test_requests_are_logged_on_their_gateway_queried_through_control_and_
         control: ControlHandle = await nursery.start(control_serve, ControlConfig(
             state_dir=tmp_path / "control", raft_addr=f"127.0.0.1:{raft_port}", admin_host="127.0.0.1",
             admin_port=admin_port, seed=seed, timeouts=FAST))
-        await nursery.start(agent_serve, AgentConfig(controls=[admin_url], key=ADMIN, state_dir=tmp_path / "agent",
-                                                     node="n1", probe=probe, timeouts=FAST))
+        context = control.context
+        assert context is not None
+        await nursery.start(agent_serve, AgentConfig(controls=[admin_url], tls=None,
+                                                     local_credential=context.local_credential("agent", "n1"),
+                                                     state_dir=tmp_path / "agent", node="n1", probe=probe,
+                                                     timeouts=FAST))
         gateways: dict[str, GatewayHandle] = {}
         scopes: dict[str, trio.CancelScope] = {}
         for name in ("gw-a", "gw-b"):
@@ -64,8 +68,10 @@ async def test_requests_are_logged_on_their_gateway_queried_through_control_and_
 
             async def run(name: str = name, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
                 with scopes[name]:
-                    await gateway_serve(GatewayConfig(controls=[admin_url], key=ADMIN, listen_port=0, name=name,
-                                                      timeouts=FAST, state_dir=tmp_path / name), task_status=task_status)
+                    await gateway_serve(GatewayConfig(controls=[admin_url], tls=None,
+                                                      local_credential=context.local_credential("gateway", name),
+                                                      listen_port=0, name=name, timeouts=FAST,
+                                                      state_dir=tmp_path / name), task_status=task_status)
             gateways[name] = await nursery.start(run)
         api = httpx.AsyncClient(base_url=admin_url, headers={"Authorization": f"Bearer {ADMIN}"})
         clients = {n: httpx.AsyncClient(base_url=g.url, headers={"Authorization": f"Bearer {CLIENT}"})

@@ -61,7 +61,9 @@ async def test_stop_frees_every_gpu_and_start_places_them_again(tmp_path: Path) 
     probe = FakeGpuProbe(NodeInfo("x", hostname="gpu-node", cpus=8, engines=("sim",), gpus=gpus(2)))
     async with trio.open_nursery() as nursery:
         control: ControlHandle = await nursery.start(control_serve, config)
-        await nursery.start(agent_serve, AgentConfig(controls=[control.admin_url], key=ADMIN,
+        assert control.context is not None
+        await nursery.start(agent_serve, AgentConfig(controls=[control.admin_url], tls=None,
+                                                     local_credential=control.context.local_credential("agent", "n1"),
                                                      state_dir=tmp_path / "agent", node="n1", probe=probe))
 
         def ready(name: str) -> int:

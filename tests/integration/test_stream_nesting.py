@@ -43,9 +43,16 @@ def url(control: ControlHandle, path: str) -> str:
     return control.admin_url.replace("http://", "ws://") + path
 
 
+def machine(control: ControlHandle, role: str, name: str) -> list[tuple[bytes, bytes]]:
+    """The stream's header for a `role` machine `name` inside the control plane's process
+    (`Context.local_credential`): a stream takes no key."""
+    assert control.context is not None
+    return [(b"authorization", f"Bearer {control.context.local_credential(role, name)}".encode())]
+
+
 async def test_the_agent_stream_rejects_a_deep_message_and_goes_on(control: ControlHandle) -> None:
     async with open_websocket_url(url(control, protocol.STREAM_PATH),
-                                  extra_headers=[(b"authorization", f"Bearer {ADMIN}".encode())]) as ws:
+                                  extra_headers=machine(control, "agent", "n1")) as ws:
         await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "node": "n1",
                                               "version": "t"}))
         await ws.send_message(protocol.dumps({"type": "inventory", "inventory": {"cpus": 2}}))
@@ -61,7 +68,7 @@ async def test_the_agent_stream_rejects_a_deep_message_and_goes_on(control: Cont
 
 async def test_the_gateway_stream_rejects_a_deep_message_and_goes_on(control: ControlHandle) -> None:
     async with open_websocket_url(url(control, protocol.GATEWAY_STREAM_PATH),
-                                  extra_headers=[(b"authorization", f"Bearer {ADMIN}".encode())]) as ws:
+                                  extra_headers=machine(control, "gateway", "gw1")) as ws:
         await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.GATEWAY_PROTOCOL_VERSION,
                                               "gateway": "gw1", "version": "t"}))
         await next_of(ws, "welcome")
@@ -73,9 +80,8 @@ async def test_the_gateway_stream_rejects_a_deep_message_and_goes_on(control: Co
 
 
 async def test_a_deep_hello_is_refused_with_its_reason(control: ControlHandle) -> None:
-    for path in (protocol.STREAM_PATH, protocol.GATEWAY_STREAM_PATH):
-        async with open_websocket_url(url(control, path),
-                                      extra_headers=[(b"authorization", f"Bearer {ADMIN}".encode())]) as ws:
+    for path, role in ((protocol.STREAM_PATH, "agent"), (protocol.GATEWAY_STREAM_PATH, "gateway")):
+        async with open_websocket_url(url(control, path), extra_headers=machine(control, role, "m1")) as ws:
             await ws.send_message(DEEP)
             refused = await next_of(ws, "refused")
             assert refused["reason"] == f"a bad hello: nested deeper than {protocol.MAX_NESTING} levels"

@@ -189,7 +189,7 @@ class Agent:
 @pytest.fixture
 async def agent(clock: trio.testing.MockClock, tmp_path: Path) -> AsyncIterator[Agent]:
     """The agent's session with a control that welcomed it."""
-    config = service.AgentConfig(controls=["http://c"], key="k", state_dir=tmp_path, node="n1",
+    config = service.AgentConfig(controls=["http://c"], tls=None, state_dir=tmp_path, node="n1",
                                  probe=FakeGpuProbe(INFO))
     pipe, outcome = Pipe(), dict[str, BaseException]()
     link = service._Link(INFO)
@@ -272,7 +272,7 @@ async def test_the_agent_observes_its_node_again_every_rescan(clock: Clock, tmp_
     models = tmp_path / "models"
     models.mkdir()
     probe = FakeGpuProbe(INFO)
-    config = service.AgentConfig(controls=["http://c"], key="k", state_dir=tmp_path, node="n1", probe=probe,
+    config = service.AgentConfig(controls=["http://c"], tls=None, state_dir=tmp_path, node="n1", probe=probe,
                                  engine_host="10.0.0.7", fabric="ib-a", storage=(StorageDir(models, "lab"),))
     scanner = StorageScanner(config.storage)
     link = service._Link(await service._observe_once(config, scanner))

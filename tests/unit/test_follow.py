@@ -198,7 +198,8 @@ async def test_both_roles_say_the_same_words(clock: trio.testing.MockClock, capl
 
 # --- both roles for real: two hops over loopback WebSockets ----------------------------------------
 
-KEY = "sk-admin-follow"
+# The fake members check no credential; a machine in a control plane's process would send this one.
+LOCAL = "llmgw-local-follow"
 
 
 class Members:
@@ -229,13 +230,13 @@ class Members:
 
 
 def start_agent(first: str, tmp_path: Path) -> Callable[..., Awaitable[Any]]:
-    config = AgentConfig(controls=[first], key=KEY, state_dir=tmp_path, node="n1",
+    config = AgentConfig(controls=[first], tls=None, local_credential=LOCAL, state_dir=tmp_path, node="n1",
                          probe=FakeGpuProbe(NodeInfo("x", hostname="h", cpus=2)))
     return lambda task_status=trio.TASK_STATUS_IGNORED: agent_serve(config, task_status=task_status)
 
 
 def start_gateway(first: str, tmp_path: Path) -> Callable[..., Awaitable[Any]]:
-    config = GatewayConfig(controls=[first], key=KEY, listen_port=0, name="gw")
+    config = GatewayConfig(controls=[first], tls=None, local_credential=LOCAL, listen_port=0, name="gw")
     return lambda task_status=trio.TASK_STATUS_IGNORED: gateway_serve(config, task_status=task_status)
 
 
