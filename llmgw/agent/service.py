@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -28,6 +29,7 @@ from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.engines import Group
 from llmgw.interfaces import GpuProbe, ReplicaRunner
 from llmgw.logs import role_var
+from llmgw.trust.renewal import Renewal
 from llmgw.wire import protocol
 from llmgw.wire import protocol_agent as pa
 from llmgw.wire.follow import Refused, Welcomed, follow_leader, receive_within
@@ -43,8 +45,10 @@ RunnerFactory = Callable[[trio.Nursery, Callable[[], None], Callable[[], NodeInf
 
 @dataclass
 class AgentConfig:
-    controls: list[str]  # admin base URLs, e.g. http://127.0.0.1:8081
-    key: str
+    controls: list[str]  # admin base URLs, e.g. https://10.0.0.1:8081
+    # This machine's TLS context: the cluster's bundle and its agent certificate (llmgw/trust/join.py), which
+    # is its only credential: it speaks for its own node.
+    tls: ssl.SSLContext | None
     state_dir: Path
     node: str = "local"
     engine_host: str = "127.0.0.1"  # where engines listen; the gateway must reach it
@@ -56,6 +60,12 @@ class AgentConfig:
     # next agent adopts them.
     stop_engines_on_exit: bool = True
     runner: RunnerFactory | None = None  # None: engine processes, run by the Supervisor
+    # Renews the certificate in `tls` over the stream at two thirds of its life (llmgw/trust/renewal.py);
+    # None: no certificate (`local_credential`, or a test's plain stream).
+    renewal: Renewal | None = None
+    # Instead of `tls`, a machine inside the control plane's own process (`llmgw up`): its in-memory credential
+    # (`Context.local_credential`).
+    local_credential: str | None = None
 
 
 class _Link:
@@ -111,7 +121,8 @@ async def _follow(config: AgentConfig, supervisor: ReplicaRunner, link: _Link) -
     t = config.timeouts
 
     async def stream(control: str, welcomed: Welcomed) -> None:
-        async with open_stream(control, protocol.STREAM_PATH, config.key, connect_s=t.agent_connect_s,
+        async with open_stream(control, protocol.STREAM_PATH, config.tls, local=config.local_credential,
+                               connect_s=t.agent_connect_s,
                                close_s=t.agent_stream_close_s) as ws:
             await _session(ws.get_message, ws.send_message, control, config, supervisor, link, welcomed)
 
@@ -145,12 +156,34 @@ async def _session(receive: Receive, send: Send, control: str, config: AgentConf
     link.mark()  # the first report says what runs here: the leader adopts it
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_report, send, supervisor, link, sent, config.timeouts.stream_heartbeat_s)
+        if config.renewal is not None:
+            nursery.start_soon(_renew, config.renewal, link, config.timeouts.stream_heartbeat_s)
         while True:
             message = _read(await receive_within(receive, control, silence), link)
             if isinstance(message, pa.Refused):  # the leader stepped down: find the next one
                 raise Refused(control, message.reason, message.leader, message.leader_url)
-            if message is not None:
+            if isinstance(message, pa.Certificate):
+                _renewed(config.renewal, message, link)
+            elif message is not None:
                 _act(message, supervisor, link)
+
+
+async def _renew(renewal: Renewal, link: _Link, every_s: float) -> None:
+    """Ask for a new certificate once this one is two thirds through its life (checked every heartbeat)."""
+    while True:
+        if renewal.due():
+            link.answer(renewal.request())
+        await trio.sleep(every_s)
+
+
+def _renewed(renewal: Renewal | None, message: pa.Certificate, link: _Link) -> None:
+    try:
+        if renewal is None:
+            raise ValueError("this agent holds no certificate to renew")
+        renewal.accept(message.certificate, message.ca)
+    except (ValueError, OSError, ssl.SSLError) as e:
+        log.warning("control's renewed certificate was not taken: %s", e)
+        link.answer(pa.Rejected("certificate", str(e)).to_doc())
 
 
 def _read(raw: str | bytes, link: _Link) -> pa.DownMessage | None:

@@ -27,6 +27,7 @@ from llmgw.gateway.guard import GuardStats
 from llmgw.gateway.requestlog import RequestLog, push_usage
 from llmgw.gateway.router import Router
 from llmgw.net import free_port, url_host
+from llmgw.trust.tls import client_context as tls_client
 
 log = logging.getLogger("llmgw.up")
 
@@ -43,6 +44,17 @@ class UpOptions:
     log_level: str = "info"
     env_client_key: str | None = None
     env_admin_key: str | None = None
+    tls: bool | None = None  # None: on unless `host` is a loopback address
+
+
+def off_loopback(host: str) -> bool:
+    """Whether `host` reaches beyond this machine (a wildcard, an interface's address, a name)."""
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
 
 
 def raft_host(host: str) -> str:
@@ -106,6 +118,7 @@ async def main(opts: UpOptions) -> int:
         sinks=[router],
         demand=[router],
         mounts=(console.register,),
+        tls=opts.tls if opts.tls is not None else off_loopback(opts.host),
     )
     return await serve_until_signal(_serve_all, opts, router, control_cfg, keys, cred_path)
 
@@ -131,10 +144,16 @@ async def _serve_all(opts: UpOptions, router: Router, control_cfg: ControlConfig
         nursery.start_soon(push_usage, rlog, control.store.submit)  # rollups straight to the store
         gateway_url = f"http://{url_host(opts.host)}:{gw_port}/v1"
         admin_url = control.admin_url
-        write_credentials(cred_path, {"gateway_url": gateway_url, "admin_url": admin_url, **keys})
-        await nursery.start(agent_serve, AgentConfig(controls=[admin_url], key=keys["admin_key"],
-                                                     state_dir=state_dir, engine_host=opts.host,
-                                                     stop_engines_on_exit=True))
+        trust = control.context.trust if control.context is not None else None
+        ca_file = {"ca_file": str(trust.files.ca)} if trust is not None else {}
+        write_credentials(cred_path, {"gateway_url": gateway_url, "admin_url": admin_url, **keys, **ca_file})
+        # Its own agent speaks over loopback with a credential held in this process's memory only.
+        assert control.context is not None
+        local = control.context.local_credential("agent", "local")
+        await nursery.start(agent_serve, AgentConfig(controls=[admin_url],
+                                                     tls=tls_client(trust.files.ca) if trust is not None else None,
+                                                     local_credential=local, state_dir=state_dir,
+                                                     engine_host=opts.host, stop_engines_on_exit=True))
         logs.role_var.set("up")
         print(f"llmgw ready gateway={gateway_url} admin={admin_url} state={state_dir} "
               f"credentials={cred_path}", flush=True)

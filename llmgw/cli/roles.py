@@ -15,6 +15,8 @@ from llmgw.cli._log_flags import LogFlags
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from llmgw.trust.renewal import Renewal
+
     from llmgw.agent.storage import StorageDir
     from llmgw.control.floating import IpFloatingAddress
     from llmgw.domain.timeouts import Timeouts
@@ -86,6 +88,42 @@ def _cluster_secret(path: Path | None) -> str | None:
         raise SystemExit(f"error: {e}") from None
 
 
+_MACHINE_KEY_REFUSED = (
+    "error: {flag} is not a machine's credential any more: the admin key is for people and scripts, never handed "
+    "to a machine. Join this machine once with a token: `llmgw ctl nodes token create --role {role}` prints it, "
+    "then `llmgw {role} ... --join-token TOKEN --ca-hash HASH`; it keeps its certificate in STATE_DIR/tls "
+    "(docs/install.md, Joining a machine)")
+
+
+def _machine_tls(role: str, name: str, state_dir: Path, controls: list[str], *, key: str | None,
+                 join_token: str | None, ca_hash: str | None, ca_file: Path | None,
+                 hosts: tuple[str, ...]) -> Renewal:
+    """The machine's TLS context (in the Renewal that keeps it current) from its certificate in
+    STATE_DIR/tls, joining first with the token if it has none; a refused `--key` or a failed join
+    ends the process with words."""
+    import logging
+
+    import trio
+
+    from llmgw.trust.files import MachineFiles
+    from llmgw.trust.join import JoinError, JoinRequest, client_context, ensure_credentials
+    from llmgw.trust.renewal import Renewal
+
+    if key is not None:
+        raise SystemExit(_MACHINE_KEY_REFUSED.format(flag="--key", role=role))
+    if os.environ.get("LLMGW_KEY"):
+        logging.getLogger("llmgw.trust").warning(
+            "LLMGW_KEY is ignored: a %s authenticates with its certificate only (docs/security.md)", role)
+    token = join_token or os.environ.get("LLMGW_JOIN_TOKEN") or None
+    files = MachineFiles.of(state_dir)
+    request = JoinRequest(role, name, token, ca_hash=ca_hash, ca_file=ca_file, hosts=hosts)
+    try:
+        trio.run(ensure_credentials, files, controls, request)
+        return Renewal(files, role, name, client_context(files))
+    except JoinError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def control(
     *,
     state_dir: Path,
@@ -100,9 +138,11 @@ def control(
     floating_interface: str | None = None,
     journal_fsync: Literal["always", "off"] = "always",
     journal_compact_after: int = 5000,
+    ca_root: Path | None = None,
+    tls_name: list[str] | None = None,
     log: LogFlags = LogFlags(),
 ) -> None:
-    """Run a control plane: Raft member, reconciler, admin API and the agents' stream.
+    """Run a control plane: Raft member, reconciler, admin API (TLS) and the machines' streams.
 
     At the first start of a fresh group, LLMGW_ADMIN_KEY (required then) becomes its first admin
     key and LLMGW_CLIENT_KEY (optional) its first client key, as in `llmgw up`.
@@ -141,6 +181,12 @@ def control(
     journal_compact_after
         Take a snapshot and compact the journal past this many entries (and every 300 s); fewer
         makes restarts shorter and snapshots sent to lagging members more frequent.
+    ca_root
+        A directory holding root.pem and root.key, a root CA made offline: at a new group's first
+        start the cluster's CA is made under it (default: a root made here, kept in STATE_DIR/ca).
+    tls_name
+        Another DNS name or address this member's certificate carries (repeat the flag), beyond
+        its bound, Raft and advertised hosts and its host name.
     """
     import logging
 
@@ -180,7 +226,7 @@ def control(
                             floating=floating, cluster_secret=cluster_secret, join=join,
                             admin_url=_admin_url(admin_url), journal_fsync=journal_fsync,
                             journal_compact_after=journal_compact_after, timeouts=_timeouts(),
-                            mounts=(console.register,))
+                            mounts=(console.register,), tls=True, ca_root=ca_root, tls_names=tuple(tls_name or ()))
 
         async def serve_naming_ports(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             async with trio.open_nursery() as nursery:
@@ -197,7 +243,10 @@ def agent(
     control: list[str],
     state_dir: Path,
     node: str | None = None,
-    key: str | None = None,
+    join_token: str | None = None,
+    ca_hash: str | None = None,
+    ca_file: Path | None = None,
+    key: Annotated[str | None, Parameter(show=False)] = None,
     engine_host: str = "127.0.0.1",
     storage: list[str] | None = None,
     fabric: str | None = None,
@@ -213,9 +262,16 @@ def agent(
     state_dir
         Engine logs and the agent's log; one process per dir.
     node
-        This node's name (default: the host name).
+        This node's name (default: the host name); its certificate names it.
+    join_token
+        A one-time join token (default: LLMGW_JOIN_TOKEN), from `llmgw ctl nodes token create
+        --role agent`: used once, at the first start, for this machine's certificate (STATE_DIR/tls).
+    ca_hash
+        The cluster CA's hash the token was printed with: the CA is trusted only if it matches.
+    ca_file
+        The cluster's CA bundle, instead of --ca-hash.
     key
-        The key to authenticate to control (default: LLMGW_KEY).
+        Refused: an admin key is never a machine's credential.
     engine_host
         Address engines listen on; gateways must reach it (the node's address in `ctl nodes`).
     storage
@@ -236,15 +292,17 @@ def agent(
     from llmgw.agent import AgentConfig, serve
     from llmgw.cli._lifecycle import serve_until_signal
 
-    secret = key or os.environ.get("LLMGW_KEY")
-    if not secret:
-        raise SystemExit("error: give --key or set LLMGW_KEY (an admin key of the cluster)")
+    if key is not None:
+        raise SystemExit(_MACHINE_KEY_REFUSED.format(flag="--key", role="agent"))
     dirs = _storage(storage or [])
     timeouts = _timeouts()
+    node = node or socket.gethostname()
     with statedir.acquire_or_exit(state_dir, "llmgw agent") as lock:  # before anything in the dir is touched
         log.setup(state_dir / "logs" / "agent.log")
         lock.warn_tightened()
-        cfg = AgentConfig(controls=control, key=secret, state_dir=state_dir, node=node or socket.gethostname(),
+        renewal = _machine_tls("agent", node, state_dir, control, key=key, join_token=join_token, ca_hash=ca_hash,
+                               ca_file=ca_file, hosts=(engine_host, node))
+        cfg = AgentConfig(controls=control, tls=renewal.context, renewal=renewal, state_dir=state_dir, node=node,
                           engine_host=engine_host, storage=dirs, fabric=fabric or "", timeouts=timeouts,
                           stop_engines_on_exit=stop_engines_on_exit)
         status = trio.run(serve_until_signal, serve, cfg)
@@ -266,7 +324,10 @@ def gateway(
     listen: str,
     state_dir: Path | None = None,
     name: str | None = None,
-    key: str | None = None,
+    join_token: str | None = None,
+    ca_hash: str | None = None,
+    ca_file: Path | None = None,
+    key: Annotated[str | None, Parameter(show=False)] = None,
     workers: int = 1,
     worker_of: Annotated[int | None, Parameter(show=False)] = None,
     log: LogFlags = LogFlags(),
@@ -283,9 +344,17 @@ def gateway(
         Where the gateway's log and its request log go (locked: one process per dir); without it,
         stderr only and no request log (usage is still counted).
     name
-        How control lists this gateway (default: the host name).
+        How control lists this gateway (default: the host name); its certificate names it.
+    join_token
+        A one-time join token (default: LLMGW_JOIN_TOKEN), from `llmgw ctl nodes token create
+        --role gateway`: used once, at the first start, for this machine's certificate (STATE_DIR/tls;
+        a gateway that joins needs --state-dir).
+    ca_hash
+        The cluster CA's hash the token was printed with: the CA is trusted only if it matches.
+    ca_file
+        The cluster's CA bundle, instead of --ca-hash.
     key
-        The key to authenticate to control (default: LLMGW_KEY).
+        Refused: an admin key is never a machine's credential.
     workers
         Gateway processes sharing the --listen port (SO_REUSEPORT), up to one per core: each
         follows the leader itself, is listed as NAME-wI and keeps its request log in
@@ -293,7 +362,6 @@ def gateway(
     worker_of
         Internal: this process is a worker of that parent gateway's pid.
     """
-    import contextlib
     import socket
 
     import trio
@@ -308,22 +376,26 @@ def gateway(
     if not control:
         raise SystemExit("error: give the admin URL of each control plane with --control")
     for url in control:
-        if not url.startswith("http://"):
-            raise SystemExit(f"error: --control {url!r} is not an http:// URL (TLS to control is not supported yet)")
+        if not url.startswith("https://"):
+            raise SystemExit(f"error: --control {url!r}: a gateway follows control over TLS; give its https:// admin URL")
     if workers < 1 or (worker_of is not None and workers != 1):
         raise SystemExit(f"error: --workers {workers}: give a number of processes, 1 (the default) or more")
-    secret = key or os.environ.get("LLMGW_KEY")
-    if not secret:
-        raise SystemExit("error: give --key or set LLMGW_KEY (an admin key of the cluster)")
+    if key is not None:
+        raise SystemExit(_MACHINE_KEY_REFUSED.format(flag="--key", role="gateway"))
+    if state_dir is None:
+        raise SystemExit("error: give --state-dir: a gateway keeps its certificate there (STATE_DIR/tls)")
     name = name or socket.gethostname()
     timeouts = _timeouts()
-    with contextlib.ExitStack() as held:
-        if state_dir is not None:  # before anything in the dir is touched
-            lock = held.enter_context(statedir.acquire_or_exit(state_dir, "llmgw gateway"))
-        log.setup(state_dir / "logs" / "gateway.log" if state_dir is not None else None)
-        if state_dir is not None:
-            lock.warn_tightened()
-        cfg = GatewayConfig(controls=control, key=secret, listen_host=host, listen_port=port, name=name,
+    with statedir.acquire_or_exit(state_dir, "llmgw gateway") as lock:  # before anything in the dir is touched
+        log.setup(state_dir / "logs" / "gateway.log")
+        lock.warn_tightened()
+        # A worker (STATE_DIR/workers/wI, named NAME-wI) uses the certificate its parent joined with.
+        machine, credentials = ((name, state_dir) if worker_of is None else
+                                (name.rpartition("-w")[0], state_dir.parent.parent))
+        renewal = _machine_tls("gateway", machine, credentials, control, key=key, join_token=join_token,
+                               ca_hash=ca_hash, ca_file=ca_file, hosts=(host, machine))
+        renewal.renews = worker_of is None or name.endswith("-w0")  # one process of the machine renews
+        cfg = GatewayConfig(controls=control, tls=renewal.context, renewal=renewal, listen_host=host, listen_port=port, name=name,
                             timeouts=timeouts, state_dir=state_dir)
         role: Callable[..., Awaitable[object]] = partial(serve, cfg)
         if worker_of is not None:  # one of --workers N: shares the port, answers control on a port of its own
@@ -334,7 +406,7 @@ def gateway(
                 count=workers, listen_host=host, listen_port=port, state_dir=state_dir, timeouts=timeouts,
                 command=gateway_workers.gateway_command(control, name, state_dir, log_json=log.log_json,
                                                         log_level=log.log_level),
-                env={**os.environ, "LLMGW_KEY": secret}))
+                env=dict(os.environ)))
 
         async def serve_naming_port(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             async with trio.open_nursery() as nursery:

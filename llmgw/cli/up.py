@@ -17,6 +17,7 @@ def up(
     admin_port: int = 8081,
     raft_port: int = 0,
     catalog: Path | None = None,
+    tls: bool | None = None,
     log: LogFlags = LogFlags(),
 ) -> None:
     """Start a one-machine cluster (its help text is at its registration in llmgw/cli/__init__.py).
@@ -36,11 +37,15 @@ def up(
     catalog
         TOML file of [[models]] tables served on a fresh state dir (default: the built-in copy of
         examples/catalog.toml); a state dir that has a cluster keeps its own models.
+    tls
+        Serve the admin API over TLS with the cluster's own CA (credentials.json names its file, and
+        `llmgw ctl` uses it). Default: on when --host is not a loopback address, off on loopback (so
+        curl and every SDK work as they are).
     """
     from llmgw.cli._up_run import UpOptions, run
 
     opts = UpOptions(state_dir=state_dir, host=host, gateway_port=gateway_port, admin_port=admin_port,
-                     raft_port=raft_port, catalog=catalog, log_json=log.log_json, log_level=log.log_level,
+                     raft_port=raft_port, catalog=catalog, log_json=log.log_json, log_level=log.log_level, tls=tls,
                      env_client_key=os.environ.get("LLMGW_CLIENT_KEY"),
                      env_admin_key=os.environ.get("LLMGW_ADMIN_KEY"))
     sys.exit(run(opts))

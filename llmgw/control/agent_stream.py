@@ -15,6 +15,7 @@ import trio
 
 from llmgw.control.hub import AgentHub, AgentLink
 from llmgw.domain.observed import NodeInfo
+from llmgw.errors import AdminError
 from llmgw.wire import protocol
 from llmgw.wire import protocol_agent as pa
 
@@ -24,13 +25,19 @@ Receive = Callable[[], Awaitable[str | bytes]]
 Send = Callable[[str], Awaitable[None]]
 
 
+Renew = Callable[[str, str], Awaitable[dict[str, Any]]]  # (node, csr) -> the `certificate` message
+
+
 async def session(receive: Receive, send: Send, hub: AgentHub, *, is_leader: Callable[[], bool],
-                  leader_info: Callable[[], Mapping[str, Any]], self_id: str) -> None:
+                  leader_info: Callable[[], Mapping[str, Any]], self_id: str, machine: str | None = None,
+                  renew: Renew | None = None) -> None:
     """One agent's stream, until it closes, goes silent, or the hub lets it go. Never raises for
-    what the agent sent: a bad opening is refused (with the reason), a bad report is rejected."""
+    what the agent sent: a bad opening is refused (with the reason), a bad report is rejected.
+    `machine`: the node its certificate names; a hello for another node is refused (None: in-process).
+    `renew`: signs the agent's `renew` request (None: it holds no certificate: refused)."""
     opened = None
     with trio.move_on_after(hub.silence_s):
-        opened = await _opening(receive, send, is_leader, leader_info)
+        opened = await _opening(receive, send, is_leader, leader_info, machine)
     if opened is None:
         return
     node, inventory = opened
@@ -41,14 +48,14 @@ async def session(receive: Receive, send: Send, hub: AgentHub, *, is_leader: Cal
         await send(protocol.dumps({"type": "welcome", "node": node, "leader": self_id}))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_outbound, send, receive_channel, hub.heartbeat_s, nursery.cancel_scope)
-            await _inbound(receive, hub, link)
+            await _inbound(receive, hub, link, renew)
             nursery.cancel_scope.cancel()
     finally:
         hub.disconnect(link)
 
 
 async def _opening(receive: Receive, send: Send, is_leader: Callable[[], bool],
-                   leader_info: Callable[[], Mapping[str, Any]]) -> tuple[str, NodeInfo] | None:
+                   leader_info: Callable[[], Mapping[str, Any]], machine: str | None) -> tuple[str, NodeInfo] | None:
     """The hello and the first inventory: the node's name and inventory, or None once refused."""
 
     async def refuse(reason: str, **extra: Any) -> None:
@@ -62,6 +69,11 @@ async def _opening(receive: Receive, send: Send, is_leader: Callable[[], bool],
     if not isinstance(hello, pa.Hello) or hello.protocol != protocol.PROTOCOL_VERSION:
         await refuse(f"unsupported protocol: this control speaks agent protocol {protocol.PROTOCOL_VERSION}, "
                      f"and a stream opens with a hello")
+        return None
+    if machine is not None and hello.node != machine:
+        log.warning("refused the stream of the agent of node %s: it says it is node %s", machine, hello.node)
+        await refuse(f"this machine's certificate is for node {machine!r}: it cannot speak for node {hello.node!r}",
+                     code="forbidden")
         return None
     if not is_leader():
         status = leader_info()  # `leader_url`: where the agent goes next, once the leader announced it
@@ -79,6 +91,17 @@ async def _opening(receive: Receive, send: Send, is_leader: Callable[[], bool],
     return hello.node, first.inventory
 
 
+async def _renewal(renew: Renew | None, node: str, csr: str) -> dict[str, Any]:
+    """The `certificate` answering an agent's `renew`, or `rejected` with the reason."""
+    if renew is None:
+        return pa.Rejected("renew", "this agent authenticated with no certificate: nothing to renew").to_doc()
+    try:
+        return await renew(node, csr)
+    except AdminError as e:
+        log.warning("node %s asked to renew its certificate, refused: %s", node, e.message)
+        return pa.Rejected("renew", e.message).to_doc()
+
+
 async def _outbound(send: Send, messages: trio.MemoryReceiveChannel[dict[str, Any]], heartbeat_s: float,
                     done: trio.CancelScope) -> None:
     async with messages:
@@ -94,7 +117,7 @@ async def _outbound(send: Send, messages: trio.MemoryReceiveChannel[dict[str, An
     done.cancel()  # the hub closed this link (a newer stream, or this member stepped down)
 
 
-async def _inbound(receive: Receive, hub: AgentHub, link: AgentLink) -> None:
+async def _inbound(receive: Receive, hub: AgentHub, link: AgentLink, renew: Renew | None) -> None:
     node = link.node
     while True:
         # An agent whose machine vanished (or stopped) closes nothing: its silence is how the leader learns.
@@ -124,6 +147,8 @@ async def _inbound(receive: Receive, hub: AgentHub, link: AgentLink) -> None:
                         f" for {message.replica_id}" if message.replica_id else "", message.reason)
         elif isinstance(message, pa.Hello):
             hub.send(node, pa.Rejected("hello", "hello is the first message of a stream only").to_doc())
+        elif isinstance(message, pa.Renew):
+            hub.send(node, await _renewal(renew, node, message.csr))
         elif isinstance(message, pa.Unknown):
             log.debug("node %s sent a message of a type this control does not know: %r", node, message.type)
         # A heartbeat records only the contact: traffic on the stream, so a dead connection shows.

@@ -12,6 +12,8 @@ No HTTP here: `control/api/` adapts this and `control/ops/` to routes.
 
 from __future__ import annotations
 
+import math
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +23,8 @@ from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.trust import Trust
+from llmgw.domain.trust import hash_token
+from llmgw.trust.ca import Identity
 from llmgw.domain import summary
 from llmgw.domain.conditions import Condition, conditions
 from llmgw.domain.observed import Observed
@@ -29,8 +33,10 @@ from llmgw.domain.summary import Summary
 from llmgw.domain.timeouts import Timeouts
 from llmgw.interfaces import WritableStore
 from llmgw.notify.notifier import Notifier
+from llmgw.wire.gate import GateStats
 
 LINK_UP = 2  # pysyncobj's word for a connected partner
+LOCAL_PREFIX = "llmgw-local-"  # a credential of a machine inside this process (`Context.local_credential`)
 
 Views = Mapping[str, Any]
 
@@ -86,11 +92,24 @@ class Context:
     members: Members | None = None
     # Webhook deliveries by outcome (the notifier's) for GET /metrics; None: none kept.
     webhook_deliveries: Callable[[], Mapping[str, int]] | None = None
+    # The admin API's client connections, held and refused (llmgw/wire/gate.py), for GET /metrics; None: none kept.
+    connections: Callable[[], GateStats] | None = None
     # The leader's notifier (llmgw/notify): webhook health for the conditions, /api/v1/notify/*; None: none.
     notifier: Notifier | None = None
     # The cluster's CA and this member's certificate (control/trust.py); None: plain HTTP on loopback
     # (`llmgw up`), no machine certificates.
     trust: Trust | None = None
+
+    # Machines inside this very process (`llmgw up`'s own agent): a random credential each, held in memory
+    # only, by its hash (`local_credential`). Never written, never sent off this host.
+    local_machines: dict[str, Identity] = field(default_factory=dict)
+
+    def local_credential(self, role: str, name: str) -> str:
+        """A credential for a machine run inside this process (its stream still goes over loopback):
+        `role` `name` only, valid while this process lives."""
+        secret = LOCAL_PREFIX + secrets.token_urlsafe(32)
+        self.local_machines[hash_token(secret)] = Identity(role, name, "local", math.inf, "local")
+        return secret
 
     # -- the facts, read where they live ---------------------------------------------------------
 

@@ -19,11 +19,13 @@ import trio
 from llmgw.control.agent_stream import Receive, Send
 from llmgw.control.context import Context
 from llmgw.control.hub import AgentHub
+from llmgw.control.ops import trust
 from llmgw.control.reconciler import Reconciler, state_or_event
 from llmgw.domain.commands import CommandError, usage
 from llmgw.domain.observed import ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import StateReader
+from llmgw.errors import AdminError
 from llmgw.net import url_host
 from llmgw.wire import protocol
 
@@ -226,9 +228,16 @@ def _refusal(ctx: Context, reason: str) -> str:
                            "leader_url": status.get("leader_url")})
 
 
-async def session(ctx: Context, receive: Receive, send: Send, remote: str) -> None:
+def _speaks_for(machine: str, name: str) -> bool:
+    """A gateway's name is its certificate's, or one of its workers' (`NAME-w0`, `NAME-w1`, ...)."""
+    worker, _, index = name.rpartition("-w")
+    return name == machine or (worker == machine and index.isdigit())
+
+
+async def session(ctx: Context, receive: Receive, send: Send, remote: str, *, machine: str | None = None) -> None:
     """One gateway's stream (`remote`: the address it connected from): hello, then tables and heartbeats
-    down, demand reports and usage up."""
+    down, demand reports and usage up. `machine`: the gateway its certificate names; it speaks as that
+    name, or as one of its workers (`NAME-wI`), never as another gateway (None: in-process)."""
     hub = hub_of(ctx.reconciler)
     try:
         hello = protocol.loads(await receive())
@@ -246,6 +255,10 @@ async def session(ctx: Context, receive: Receive, send: Send, remote: str) -> No
         await send(_refusal(ctx, "not the leader"))
         return
     name = str(hello.get("gateway") or "") or "unnamed"
+    if machine is not None and not _speaks_for(machine, name):
+        log.warning("refused the stream of gateway %s: it says it is gateway %s", machine, name)
+        await send(_refusal(ctx, f"this machine's certificate is for gateway {machine!r}: it cannot speak as {name!r}"))
+        return
     link = hub.connect(name, remote or "?")
     link.query_url = reachable_url(hello.get("query_url"), link.address)
     timeouts = hub.timeouts
@@ -271,6 +284,8 @@ async def session(ctx: Context, receive: Receive, send: Send, remote: str) -> No
                     hub.report_demand(link, message)
                 elif message["type"] == "usage":
                     nursery.start_soon(_commit_usage, ctx, link, send, message)
+                elif message["type"] == "renew":  # its certificate, at two thirds of its life
+                    nursery.start_soon(_renew, ctx, send, machine, message)
                 elif message["type"] == "judge_failure":  # `ctl guard judge status` shows it
                     try:
                         ctx.hub.record_judge_failure(*protocol.read_judge_failure(message))
@@ -290,6 +305,21 @@ def reachable_url(url: Any, address: str) -> str:
     if host.strip("[]") in ("0.0.0.0", "::", "") and address not in ("", "?"):
         return f"http://{url_host(address)}:{port}"
     return url
+
+
+async def _renew(ctx: Context, send: Send, machine: str | None, message: Mapping[str, Any]) -> None:
+    """A new certificate for the gateway this stream's certificate names, or `rejected` with why."""
+    csr = message.get("csr")
+    try:
+        if machine is None or not isinstance(csr, str):
+            raise AdminError(400, "invalid_request", "a renew carries a csr, on a stream authenticated by a "
+                             "gateway's certificate")
+        answer = await trust.renew(ctx, "gateway", machine, csr)
+    except AdminError as e:
+        log.warning("gateway %s asked to renew its certificate, refused: %s", machine, e.message)
+        await send(protocol.dumps({"type": "rejected", "message_type": "renew", "reason": e.message}))
+        return
+    await send(protocol.dumps({"type": "certificate", "certificate": answer["certificate"], "ca": answer["ca"]}))
 
 
 async def _commit_usage(ctx: Context, link: GatewayLink, send: Send, message: Mapping[str, Any]) -> None:

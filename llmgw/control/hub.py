@@ -215,6 +215,17 @@ class AgentHub:
         if self.links:
             log.info("letting %d agent(s) go: %s", len(self.links), reason)
 
+    def lose_now(self, node: str, why: str) -> None:
+        """Take a node for lost at once, with no grace period (its agent's certificate was revoked:
+        it is not coming back as itself): its placements go as a lost node's do."""
+        link = self.links.get(node)
+        if link is not None:
+            self.disconnect(link)
+        if node in self.lost:
+            self.lost[node] = self._clock() - self.grace_s
+            log.warning("node %s is lost: %s", node, why)
+            self.changed()
+
     def node_state(self, node: str) -> Literal["connected", "disconnected", "lost", "unknown"]:
         """connected; disconnected (gone, within its grace period: its placements are kept); lost
         (gone past it: its placements went, it is listed until forgotten); unknown (never heard of)."""

@@ -16,7 +16,6 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 import trio
-from hypercorn.trio import serve as hyper_serve
 
 from llmgw.control.api import Mount, make_app
 from llmgw.control.context import Context
@@ -25,6 +24,7 @@ from llmgw.control.gateway_stream import GatewayHub
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members, advertised_url
 from llmgw.control.reconciler import Reconciler
+from llmgw.control.trust import Trust
 from llmgw.domain import commands
 from llmgw.domain.keys import hash_key
 from llmgw.domain.model import ModelDef
@@ -35,7 +35,10 @@ from llmgw.notify.notifier import Notifier
 from llmgw.notify.watch import control_conditions, http_post, watch
 from llmgw.store import RaftStore
 from llmgw.store.journal import DEFAULT_FSYNC, FsyncPolicy
+from llmgw.trust.tls import hypercorn_tls
 from llmgw.wire.asgi import hypercorn_config
+from llmgw.wire.gate import listener_gate
+from llmgw.wire.hyper import serve_gated
 
 log = logging.getLogger("llmgw.control")
 
@@ -79,6 +82,15 @@ class ControlConfig:
     admin_url: str | None = None
     # More pages on the admin app: the CLI mounts the web console here (`llmgw.console.register`).
     mounts: tuple[Mount, ...] = ()
+    # TLS on the admin listener (and so the streams, where machines authenticate with certificates of the
+    # cluster's CA: control/trust.py). `llmgw control` always; `llmgw up` when bound off loopback.
+    tls: bool = False
+    # `--ca-root`: a dir with the operator's own root.pem and root.key (made offline), used at a new
+    # group's first start instead of a root made here.
+    ca_root: Path | None = None
+    # More names and addresses this member's certificate carries (`--tls-name`), beyond its bound and
+    # advertised hosts.
+    tls_names: tuple[str, ...] = ()
 
 
 @dataclass
@@ -92,6 +104,7 @@ class ControlHandle:
     floating: FloatingDuty | None = None  # its status() is what the admin API shows
     gateways: GatewayHub | None = None  # remote gateways' streams (`llmgw gateway`)
     notifier: Notifier | None = None  # the webhooks (posts while this member leads)
+    context: Context | None = None  # what its routes read; `local_credential` for machines inside this process
 
 
 async def seed_cluster(store: WritableStore, seed: Seed, at: float, *, fresh: bool,
@@ -118,6 +131,32 @@ async def seed_cluster(store: WritableStore, seed: Seed, at: float, *, fresh: bo
         log.info("existing cluster (revision %d): not seeded", state.revision)
 
 
+def certificate_hosts(config: ControlConfig) -> tuple[str, ...]:
+    """The names and addresses a member's certificate carries: where it is bound (unless a wildcard),
+    its Raft host, the host of its advertised admin URL, loopback's names when bound there, the machine's
+    host name, and what the operator adds (`--tls-name`)."""
+    import ipaddress
+    import socket
+    from urllib.parse import urlsplit
+
+    hosts = [config.admin_host, config.raft_addr.rpartition(":")[0].strip("[]")]
+    if config.admin_url:
+        hosts.append(urlsplit(config.admin_url).hostname or "")
+    hosts += [socket.gethostname(), *config.tls_names]
+    out = []
+    for host in hosts:
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            ip = None
+        if not host or (ip is not None and ip.is_unspecified):
+            continue
+        if ip is not None and ip.is_loopback:
+            out += ["127.0.0.1", "::1", "localhost"]
+        out.append(host)
+    return tuple(dict.fromkeys(out))
+
+
 async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     role_var.set("control")
     timeouts = config.timeouts
@@ -134,6 +173,12 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
         if config.seed is not None and not config.join:
             await seed_cluster(store, config.seed, config.clock(), fresh=store.fresh,
                                submit=functools.partial(store.submit, through_leader=True))
+        trust: Trust | None = None
+        if config.tls:
+            trust = Trust(config.state_dir, store, config.clock, name=config.raft_addr,
+                          hosts=certificate_hosts(config), ca_root=config.ca_root)
+            log.info("waiting for the cluster's CA and this member's certificate")
+            await trust.ready()
         hub = AgentHub(config.clock, timeouts)
         # Remote gateways follow the table through `gateways`, the same seams `up`'s router is fed by.
         gateways = GatewayHub(store, config.raft_addr, wake=hub.changed, agents=hub, clock=config.clock,
@@ -144,7 +189,8 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
                     if config.floating is not None else None)
         # Forwards to the leader and probes of the other members, over kept connections (closed by
         # the client before the other member's admin API closes them idle).
-        member_client = httpx.AsyncClient(follow_redirects=False,
+        member_client = httpx.AsyncClient(verify=trust.client_context() if trust is not None else True,
+                                          follow_redirects=False,
                                           limits=httpx.Limits(keepalive_expiry=timeouts.admin_keep_alive_s / 2))
         members = Members(store, store, self_addr=config.raft_addr, timeouts=timeouts, clock=config.clock,
                           agents=hub, gateways=gateways, floating=floating, http=member_client)
@@ -152,13 +198,17 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
         webhook_client = httpx.AsyncClient(timeout=None, follow_redirects=False)
         notifier = Notifier(http_post(webhook_client), clock=config.clock, timeouts=timeouts,
                             cluster=lambda: {"leader": config.raft_addr, "admin_url": members.admin_url})
-        ctx = Context(store=store, hub=hub, reconciler=reconciler, clock=config.clock,
+        # How many client connections the admin API holds, from the open-files limit (llmgw/wire/gate.py).
+        gate = listener_gate("admin", log_every_s=timeouts.listener_limit_log_s)
+        ctx = Context(store=store, hub=hub, reconciler=reconciler, clock=config.clock, connections=gate.statistics,
                       self_id=config.raft_addr, store_status=members.status, members=members,
-                      notifier=notifier, webhook_deliveries=notifier.deliveries)
+                      notifier=notifier, webhook_deliveries=notifier.deliveries, trust=trust)
         app = make_app(ctx, config.mounts)
         # graceful_s: agents' streams close at once, not drained.
         hc = hypercorn_config(config.admin_host, config.admin_port, logger="llmgw.control.server",
                               graceful_s=timeouts.admin_shutdown_grace_s, keep_alive_s=timeouts.admin_keep_alive_s)
+        if trust is not None:
+            hc = hypercorn_tls(hc, trust.server_context())
         async with webhook_client, member_client, trio.open_nursery() as nursery:
             if floating is not None:  # first: a wrong interface stops the start before the API listens
                 await nursery.start(floating.run)
@@ -168,11 +218,14 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
                                                   lambda: store.snapshot().settings, store.is_leader,
                                                   clock=config.clock, timeouts=timeouts))
             await nursery.start(gateways.watch_leadership, store.is_leader)
-            binds = await nursery.start(lambda task_status: hyper_serve(app, hc, task_status=task_status))
+            if trust is not None:
+                await nursery.start(trust.run)
+            binds = await nursery.start(functools.partial(serve_gated, app, hc, gate,
+                                                          accept_retry_s=timeouts.admin_accept_retry_s))
             url = binds[0]
             log.info("admin API on %s", url)
             members.admin_url = config.admin_url or advertised_url(url, config.raft_addr)
             await nursery.start(members.announce_forever)  # so the others can forward here
-            task_status.started(ControlHandle(url, store, hub, reconciler, floating, gateways, notifier))
+            task_status.started(ControlHandle(url, store, hub, reconciler, floating, gateways, notifier, ctx))
     finally:
         store.close()

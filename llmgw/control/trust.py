@@ -15,6 +15,7 @@ rotations, and signs machines' certificate requests (`issue`).
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from llmgw.errors import AdminError
 from llmgw.interfaces import WritableStore
 from llmgw.store.secret import FILE_NAME as SECRET_FILE
 from llmgw.store.secret import read_file as read_secret
-from llmgw.trust import ca
+from llmgw.trust import ca, tls
 from llmgw.trust.files import MachineFiles, write_private
 
 log = logging.getLogger("llmgw.control")
@@ -72,10 +73,28 @@ class Trust:
     ca_root: Path | None = None  # `--ca-root`: a dir with the operator's root.pem and root.key
     files: MachineFiles = field(init=False)
     _issued_at: float = field(default=0.0, init=False)
-    changed: trio.Event = field(default_factory=trio.Event, init=False)  # set when own cert or bundle changed
+    _contexts: list[ssl.SSLContext] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self.files = MachineFiles.of(self.state_dir)
+
+    def server_context(self) -> ssl.SSLContext:
+        """A listener's TLS context with this member's certificate, asking clients for theirs; kept
+        current: a renewal or a rotation reloads it in place (no listener restarts, no connection drops)."""
+        context = tls.server_context(self.files.cert, self.files.key, self.files.ca)
+        self._contexts.append(context)
+        return context
+
+    def client_context(self) -> ssl.SSLContext:
+        """What this member dials other members and gateways with: the bundle, and its certificate."""
+        context = tls.client_context(self.files.ca, self.files.cert, self.files.key)
+        self._contexts.append(context)
+        return context
+
+    def _reload(self) -> None:
+        for context in self._contexts:
+            context.load_cert_chain(str(self.files.cert), str(self.files.key))
+            context.load_verify_locations(cafile=str(self.files.ca))
 
     # -- signing --------------------------------------------------------------------------------
 
@@ -161,8 +180,7 @@ class Trust:
                                     name=self.name, hosts=self.hosts, now=now)
         self.files.write(chain, bundle(state))
         self._issued_at = now
-        self.changed.set()
-        self.changed = trio.Event()
+        self._reload()
         log.info("this control plane's certificate: serial %s, valid until %s", who.serial,
                  _when(who.not_after))
         try:  # recorded for `ctl nodes`; the certificate serves even if this cannot commit now
@@ -199,8 +217,7 @@ class Trust:
         state = self.store.snapshot()
         while True:
             if self.files.write_bundle(bundle(state)):
-                self.changed.set()
-                self.changed = trio.Event()
+                self._reload()
             if state.authorities and self.own_certificate_due(state, self.clock()):
                 try:
                     await self.renew_own(state)

@@ -16,14 +16,12 @@ from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 
 if TYPE_CHECKING:
     from llmgw.domain.judges import Guard
-    from llmgw.domain.summary import ClusterPart, ModelRow, NodeRow, Summary
+    from llmgw.domain.summary import CertRow, ClusterPart, ModelRow, NodeRow, Summary
 
 CRITICAL, WARNING = "critical", "warning"
 SEVERITIES = (CRITICAL, WARNING)
 
 # Every kind, with its severity when nothing makes it worse or milder (docs/observability.md, "Conditions").
-# certificate_expiring is not here: llmgw runs no TLS listener of its own yet, so there is no certificate
-# to read (the alert rule is shipped for when one is exported).
 KINDS: Mapping[str, str] = {
     "node_lost": CRITICAL,
     "model_parked": CRITICAL,
@@ -38,7 +36,10 @@ KINDS: Mapping[str, str] = {
     "webhook_failing": WARNING,
     "gpu_problem": WARNING,
     "storage_unreadable": WARNING,
+    "cert_expiring": WARNING,
 }
+
+CERT_EXPIRING_S = 7 * 86400.0  # a certificate this close to its end is a condition (machines renew at 2/3)
 
 # judges.STATUSES that are a failure of a judge (not "ok", not "unknown").
 JUDGE_FAILING = ("missing", "not_a_judge", "down", "failing")
@@ -73,7 +74,7 @@ def conditions(summary: Summary, now: float | None = None, *, timeouts: Timeouts
     found: dict[tuple[str, str], Condition] = {}
     for c in (*_nodes(summary.nodes, now, timeouts), *_node_problems(summary.nodes),
               *_models(summary.models, timeouts), *_judges(summary.guard), *_members(summary.cluster),
-              *_webhooks(webhooks)):
+              *_webhooks(webhooks), *_certificates(summary.certificates)):
         found.setdefault(c.key, c)
     return sorted(found.values())
 
@@ -189,6 +190,25 @@ def _members(cluster: ClusterPart) -> Iterable[Condition]:
                 f"control plane {r.id} is behind"
                 + (f" by {r.lag} entries" if r.lag is not None else "")
                 + f": {r.reason}. It cannot take over until it catches up; check its disk and network"))
+
+
+def _certificates(rows: Iterable[CertRow]) -> Iterable[Condition]:
+    for c in rows:
+        if c.expires_in_s is None or c.expires_in_s >= CERT_EXPIRING_S:
+            continue  # unknown is no failure
+        what = f"the intermediate CA {c.name}" if c.role == "ca" else f"the certificate of {c.role} {c.name}"
+        if c.expires_in_s <= 0:
+            yield _c("cert_expiring", f"{c.role}/{c.name}", (
+                f"{what} has expired: " + ("machines it signed are refused; `llmgw ctl ca rotate` on the member "
+                                           "holding the root" if c.role == "ca" else
+                                           "the machine is refused; join it again with a new token "
+                                           "(`llmgw ctl nodes token create`)")), CRITICAL)
+            continue
+        yield _c("cert_expiring", f"{c.role}/{c.name}", (
+            f"{what} expires in {c.expires_in_s / 86400:.1f} days: "
+            + ("`llmgw ctl ca rotate` on the member holding the root makes a new one" if c.role == "ca" else
+               "machines renew theirs at two thirds of its life over their stream; this one has not (is it "
+               "connected? `llmgw ctl nodes certs`)")))
 
 
 def _webhooks(webhooks: Sequence[Mapping[str, Any]]) -> Iterable[Condition]:

@@ -257,6 +257,25 @@ class Notify(Doc):
 
 
 @dataclass(frozen=True)
+class CertRow(Doc):
+    """A certificate the cluster holds for a machine (its newest), or an intermediate CA (role "ca",
+    its id as the name): when it stops being valid."""
+
+    role: str
+    name: str
+    not_after: float
+    expires_in_s: float | None  # None: the summary has no clock
+
+
+def certificates(state: ClusterState, now: float | None) -> tuple[CertRow, ...]:
+    rows = [CertRow(m.role, m.name, m.not_after, None if now is None else m.not_after - now)
+            for _, m in sorted(state.machines.items())]
+    rows += [CertRow("ca", aid, a.not_after, None if now is None else a.not_after - now)
+             for aid, a in sorted(state.authorities.items())]
+    return tuple(rows)
+
+
+@dataclass(frozen=True)
 class Summary:
     """The cluster now, as `ctl status` shows it. `conditions` is None until `with_conditions` sets the
     failures found in it (`llmgw.domain.conditions`)."""
@@ -273,6 +292,7 @@ class Summary:
     warnings: tuple[str, ...]
     notify: Notify
     guard: Guard  # enabled, policies, judges (domain/judges.py)
+    certificates: tuple[CertRow, ...] = ()  # machines' and the CA's (domain/trust.py)
     conditions: tuple[Condition, ...] | None = None
 
     def with_conditions(self, found: Iterable[Condition]) -> Summary:
@@ -297,6 +317,7 @@ class Summary:
             "warnings": list(self.warnings),
             "notify": self.notify.to_doc(),
             "guard": self.guard.to_doc(),
+            "certificates": [c.to_doc() for c in self.certificates],
         }
         if self.conditions is not None:
             doc["conditions"] = [c.to_doc() for c in self.conditions]
@@ -357,6 +378,7 @@ def summarize(
         warnings=tuple(warnings),
         notify=Notify(len(hooks)),
         guard=guard,
+        certificates=certificates(state, now),
     )
 
 

@@ -29,7 +29,8 @@ _ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 TOKEN_CHARS = 32  # 190 random bits
 TOKEN_ID_CHARS = 12
 TOKEN_TTL_MAX_S = 30 * 24 * 3600.0  # a join token lives an hour by default; a month at most
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # a machine's name: a host name, roughly
+# A machine's name: a host name, roughly; a control plane's is its Raft address (HOST:PORT, [V6]:PORT).
+NAME_RE = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9._:\[\]-]{0,252}")
 SERIAL_RE = re.compile(r"[0-9a-f]{1,40}")  # a certificate's serial, lower-case hex
 
 
@@ -100,7 +101,7 @@ def looks_like_token(text: str) -> bool:
 
 def name_problem(name: object) -> str | None:
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        return (f"a machine's name is 1-253 letters, digits, '.', '_' or '-', starting with a letter or digit "
+        return (f"a machine's name is 1-253 letters, digits, '.', '_', ':' or '-', starting with a letter or digit "
                 f"(not {name!r:.80})")
     return None
 

@@ -10,6 +10,7 @@ serves from the last table it had and says how old it is (log and `GET /health`)
 from __future__ import annotations
 
 import logging
+import ssl
 import socket
 from dataclasses import dataclass, field
 from functools import partial
@@ -29,6 +30,7 @@ from llmgw.gateway.requestlog import RequestLog
 from llmgw.gateway.router import Router
 from llmgw.logs import role_var
 from llmgw.net import url_host
+from llmgw.trust.renewal import Renewal
 from llmgw.wire import protocol
 from llmgw.wire.follow import Refused, Welcomed, follow_leader, receive_within
 from llmgw.wire.stream_client import open_stream
@@ -38,8 +40,15 @@ log = logging.getLogger("llmgw.gateway.follower")
 
 @dataclass
 class GatewayConfig:
-    controls: list[str]  # admin base URLs of the control planes, e.g. http://10.0.0.1:8081
-    key: str  # an admin key (per-gateway credentials come later)
+    controls: list[str]  # admin base URLs of the control planes, e.g. https://10.0.0.1:8081
+    # This machine's TLS context: the cluster's bundle and its gateway certificate (llmgw/trust/join.py), its
+    # only credential toward control: it follows the table and reports usage, nothing more.
+    tls: ssl.SSLContext | None
+    # Renews the certificate in `tls` over the stream at two thirds of its life (llmgw/trust/renewal.py).
+    renewal: Renewal | None = None
+    # Instead, a machine inside the control plane's own process (`llmgw up`): its in-memory credential
+    # (`Context.local_credential`).
+    local_credential: str | None = None
     listen_host: str = "127.0.0.1"
     listen_port: int = 8080
     name: str = field(default_factory=socket.gethostname)  # how the leader lists this gateway
@@ -170,7 +179,8 @@ async def _follow(config: GatewayConfig, state: FollowedState, router: Router, f
     t = config.timeouts
 
     async def stream(control: str, welcomed: Welcomed) -> None:
-        async with open_stream(control, protocol.GATEWAY_STREAM_PATH, config.key, connect_s=t.gateway_silence_s,
+        async with open_stream(control, protocol.GATEWAY_STREAM_PATH, config.tls, local=config.local_credential,
+                               connect_s=t.gateway_silence_s,
                                close_s=t.gateway_stream_close_s) as ws:
             await _session(ws, control, config, state, router, feeds, welcomed)
 
@@ -206,6 +216,8 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_report, ws, router, t, feeds.judges)
         nursery.start_soon(_send_usage, ws, feeds.rlog, t)
+        if config.renewal is not None:
+            nursery.start_soon(_renew, ws, config.renewal, t.gateway_heartbeat_s)
         while True:
             message = await _receive(ws, control, t.gateway_silence_s)
             kind = message["type"]
@@ -220,6 +232,8 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
                 log.debug("table version %d (revision %d) from %s", table.version, table.state.revision, control)
             elif kind == "heartbeat":
                 state.confirm(now)
+            elif kind == "certificate":
+                _renewed(config.renewal, message)
             elif kind == "usage_ack":
                 if isinstance(message.get("seq"), int):
                     feeds.rlog.rollups.acked(str(message.get("boot")), message["seq"])
@@ -229,6 +243,25 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
                 log.warning("control %s rejected a message of this gateway: %s", control, str(message.get("reason"))[:500])
             else:
                 log.debug("ignoring message %r", kind)
+
+
+async def _renew(ws: WebSocketConnection, renewal: Renewal, every_s: float) -> None:
+    """Ask for a new certificate once this one is two thirds through its life."""
+    while True:
+        if renewal.due():
+            await ws.send_message(protocol.dumps(renewal.request()))
+        renewal.refresh()  # a sibling worker renewed the files
+        await trio.sleep(every_s)
+
+
+def _renewed(renewal: Renewal | None, message: dict[str, Any]) -> None:
+    cert, bundle = message.get("certificate"), message.get("ca")
+    try:
+        if renewal is None or not isinstance(cert, str) or not isinstance(bundle, str):
+            raise ValueError("a certificate this gateway did not ask for, or one without its bundle")
+        renewal.accept(cert, bundle)
+    except (ValueError, OSError, ssl.SSLError) as e:
+        log.warning("control's renewed certificate was not taken: %s", e)
 
 
 async def _report(ws: WebSocketConnection, router: Router, t: Timeouts, judges: JudgeFailures) -> None:

@@ -56,8 +56,8 @@ def worker_state_dir(state_dir: Path, index: int) -> Path:
 
 def gateway_command(controls: Sequence[str], name: str, state_dir: Path | None, *, log_json: bool,
                     log_level: str) -> Callable[[int, str], list[str]]:
-    """(index, HOST:PORT) -> the command line of that worker. Its key travels in its environment
-    (LLMGW_KEY), never on a command line that `ps` shows."""
+    """(index, HOST:PORT) -> the command line of that worker. It authenticates to control with the
+    certificate its parent joined with (STATE_DIR/tls): nothing secret is on a command line `ps` shows."""
 
     def command(index: int, listen: str) -> list[str]:
         argv = [sys.executable, "-m", "llmgw", "gateway", "--listen", listen, "--name", worker_name(name, index),

@@ -20,8 +20,10 @@ from prometheus_client.registry import Collector
 from llmgw import __version__
 from llmgw.domain.conditions import Condition
 from llmgw.domain.judges import Guard
-from llmgw.domain.summary import ModelRow, Notify, Summary
+from llmgw.domain.summary import CertRow, ModelRow, Notify, Summary
+from llmgw.metrics.connections import connection_families
 from llmgw.metrics.expose import counter, gauge, one
+from llmgw.wire.gate import GateStats
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Scrape:
     restarts: Mapping[str, int] = field(default_factory=dict)  # model -> restarts counted (AgentHub.restarts_total)
     conditions: Sequence[Condition] | None = None  # llmgw.domain.conditions' (None on a standby)
     deliveries: Mapping[str, int] | None = None  # webhook deliveries by outcome (llmgw/notify); None: none kept
+    connections: GateStats | None = None  # the admin API's client connections (llmgw/wire/gate.py); None: none kept
 
 
 class ControlCollector(Collector):
@@ -66,11 +69,14 @@ def families(s: Scrape) -> Iterator[Metric]:
     yield gauge("llmgw_control_leader", "1 on the member that leads the control planes, 0 on the others; the "
                 "fleet's families below come from the leader alone.", (), [((), float(s.leading))])
     yield from raft_families(s.self_id, s.raft)
+    if s.connections is not None:
+        yield from connection_families(s.connections)
     if s.summary is not None:
         yield from model_families(s.summary, s.restarts)
         yield from fleet_families(s.summary)
         yield from guard_families(s.summary.guard)
         yield from notify_families(s.summary.notify, s.deliveries)
+        yield from certificate_families(s.summary.certificates)
     if s.conditions is not None:
         yield gauge("llmgw_condition", "1 for each failure true now, by kind and subject (what alerts and webhooks "
                     "both see; docs/observability.md lists the kinds).", ("kind", "subject", "severity"),
@@ -194,6 +200,14 @@ def fleet_families(summary: Summary) -> Iterator[Metric]:
                    float(summary.cluster.revision))
     yield gauge("llmgw_status_warnings", "Warnings `ctl status` prints now (each in words there).", (),
                 [((), float(len(summary.warnings)))])
+
+
+def certificate_families(certificates: tuple[CertRow, ...]) -> Iterator[Metric]:
+    """Every certificate the cluster holds for a machine (its newest) and every intermediate CA (role
+    "ca"): seconds until it expires (negative: expired). The `cert_expiring` condition is at 7 days."""
+    yield gauge("llmgw_cert_expiry_seconds", "Seconds until a certificate in use expires: each machine's newest "
+                "(role agent, gateway, control) and each intermediate CA (role ca).", ("role", "name"),
+                [((c.role, c.name), float(c.expires_in_s)) for c in certificates if c.expires_in_s is not None])
 
 
 def guard_families(guard: Guard) -> Iterator[Metric]:

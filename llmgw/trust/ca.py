@@ -223,6 +223,19 @@ def identity(cert: x509.Certificate | str | bytes, issuers: dict[str, x509.Certi
     return Identity(role, name, serial_hex(cert), cert.not_valid_after_utc.timestamp(), issuer_serial)
 
 
+def split_pem(text: str) -> list[str]:
+    """The certificates in a PEM bundle, each as its own PEM text."""
+    end = "-----END CERTIFICATE-----"
+    return [part.strip() + "\n" + end + "\n" for part in text.split(end) if "-----BEGIN CERTIFICATE-----" in part]
+
+
+def roots_hash(bundle_pem: str) -> str:
+    """`sha256:HEX` of a bundle's self-signed certificates, sorted: what a joining machine pins
+    (`--ca-hash`). It changes only when the root does, not at a rotation of intermediates."""
+    roots = sorted({p for p in split_pem(bundle_pem) if (c := load_cert(p)).issuer == c.subject})
+    return "sha256:" + hashlib.sha256("".join(roots).encode()).hexdigest()
+
+
 def fingerprint(cert_pem: str) -> str:
     return "sha256:" + load_cert(cert_pem).fingerprint(hashes.SHA256()).hex()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import ssl
 from pathlib import Path
+from typing import Any
 
 MIN_VERSION = ssl.TLSVersion.TLSv1_2
 # TLS 1.2 suites (TLS 1.3's are all AEAD with forward secrecy and stay OpenSSL's default).
@@ -67,3 +68,21 @@ def client_context(ca: Path | None, cert: Path | None = None, key: Path | None =
     if cert is not None and key is not None:
         context.load_cert_chain(str(cert), str(key))
     return context
+
+
+def hypercorn_tls(config: Any, context: ssl.SSLContext) -> Any:
+    """A copy of a hypercorn `Config` that serves TLS with `context` (ours, not one hypercorn makes
+    from files: it records peers' certificates and is reloaded in place on renewal)."""
+    from hypercorn.config import Config
+
+    class _TlsConfig(Config):  # type: ignore[misc]
+        @property
+        def ssl_enabled(self) -> bool:
+            return True
+
+        def create_ssl_context(self) -> ssl.SSLContext:
+            return context
+
+    copy = _TlsConfig()
+    copy.__dict__.update(config.__dict__)
+    return copy

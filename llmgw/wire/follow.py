@@ -17,6 +17,7 @@ and calls `welcomed` once the leader took it), and its name, which names the log
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -149,7 +150,7 @@ class _Attempt:
             self.why, self.level = str(refused), logging.INFO
             self.refused, self.leader_url = True, refused.leader_url
         except* HandshakeError as group:
-            self.why = f"control {control} refused the stream: {describe(first_error(group))}"
+            self.why = f"control {control} refused the stream: {_rejection(first_error(group))}"
         except* Silent as group:
             self.why = str(first_error(group))
         except* (ConnectionClosed, OSError, trio.BrokenResourceError, trio.TooSlowError) as group:
@@ -187,6 +188,20 @@ def _about(seconds: float) -> float:
 def _same(url: str) -> str:
     """A URL as compared for the pointer chain: `http://h:p/` and `http://h:p` are one member."""
     return url.rstrip("/")
+
+
+def _rejection(error: BaseException) -> str:
+    """A refused WebSocket handshake in words: its status and the admin error's message, not the raw
+    headers trio-websocket keeps."""
+    status, body = getattr(error, "status_code", None), getattr(error, "body", None)
+    if status is None:
+        return describe(error)
+    try:
+        found = json.loads(body or b"{}").get("error", {})
+        words = f"{found.get('code')}: {found.get('message')}" if isinstance(found, dict) and found else ""
+    except (ValueError, AttributeError):
+        words = ""
+    return f"{status} {words or (body or b'')[:200].decode(errors='replace')}".strip()
 
 
 def _tail(words: str) -> str:

@@ -5,8 +5,9 @@ its type's schema and return the typed value, `Unknown` for a type this side doe
 (a newer peer: ignored), or raise `ProtocolError` whose reason names the field.
 
 Up: hello, inventory (again whenever it changes), replicas (the full list, on every change),
-heartbeat, rejected. Down: welcome, start_replica, stop_replica, refused (not the leader, or
-stepped down), heartbeat, rejected. `rejected` answers a malformed message of a known type
+renew (a certificate request, at two thirds of its certificate's life), heartbeat, rejected. Down:
+welcome, start_replica, stop_replica, certificate (the renewed one, with the trust bundle), refused
+(not the leader, or stepped down), heartbeat, rejected. `rejected` answers a malformed message of a known type
 (`message_type`, `reason`, `replica_id` when one was readable); the stream goes on.
 """
 
@@ -67,7 +68,18 @@ class Replicas:
     replicas: tuple[ReplicaObs, ...]
 
 
+@dataclass(frozen=True)
+class Renew:
+    csr: str  # PEM
+
+
 # --- down: control → agent -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Certificate:
+    certificate: str  # PEM: the machine's, then its intermediate
+    ca: str  # PEM: the bundle the machine trusts
 
 
 @dataclass(frozen=True)
@@ -107,8 +119,9 @@ class Refused:
     leader_url: str | None = None
 
 
-UpMessage = Union[Hello, Inventory, Replicas, Heartbeat, Rejected, Unknown]
-DownMessage = Union[Welcome, StartReplica, StopReplica, Refused, Heartbeat, Rejected, Unknown]
+UpMessage = Union[Hello, Inventory, Replicas, Renew, Heartbeat, Rejected, Unknown]
+DownMessage = Union[Welcome, StartReplica, StopReplica, Certificate, Refused, Heartbeat, Rejected, Unknown]
+PEM_MAX_CHARS = 20_000
 
 
 def read_up(message: Mapping[str, Any], node: str) -> UpMessage:
@@ -124,6 +137,8 @@ def read_up(message: Mapping[str, Any], node: str) -> UpMessage:
         return Inventory(_inventory(message.get("inventory"), node))
     if kind == "replicas":
         return Replicas(_replicas(message.get("replicas"), node))
+    if kind == "renew":
+        return Renew(_pem(message, "csr", kind))
     if kind == "heartbeat":
         return Heartbeat()
     if kind == "rejected":
@@ -148,6 +163,8 @@ def read_down(message: Mapping[str, Any]) -> DownMessage:
                             _group(message.get("group"), kind))
     if kind == "stop_replica":
         return StopReplica(_id(message, "replica_id", kind))
+    if kind == "certificate":
+        return Certificate(_pem(message, "certificate", kind), _pem(message, "ca", kind))
     if kind == "refused":
         return Refused(str(message.get("reason", ""))[:MAX_REASON_CHARS], _opt_str(message.get("leader")),
                        _opt_str(message.get("leader_url")))
@@ -165,6 +182,13 @@ def replica_id_of(message: Mapping[str, Any]) -> str | None:
 
 
 # --- checks ------------------------------------------------------------------------------------
+
+
+def _pem(message: Mapping[str, Any], key: str, kind: str) -> str:
+    value = message.get(key)
+    if not isinstance(value, str) or "-----BEGIN " not in value or len(value) > PEM_MAX_CHARS:
+        raise ProtocolError(f"{kind}.{key}: {_missing_or('PEM text', value)}")
+    return value
 
 
 def _type(message: Mapping[str, Any]) -> str:

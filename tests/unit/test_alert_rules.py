@@ -20,8 +20,8 @@ from llmgw.domain.conditions import KINDS
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "docs" / "alerts" / "llmgw.rules.yml"
 TESTS = REPO / "docs" / "alerts" / "llmgw.rules.test.yml"
-# Read by a rule, exported by no code yet: llmgw runs no TLS listener of its own (docs/observability.md).
-NOT_EXPORTED_YET = {"llmgw_certificate_expiry_timestamp_seconds"}
+# Read by a rule, exported by no code yet: none (certificates are exported since llmgw serves TLS).
+NOT_EXPORTED_YET: set[str] = set()
 
 
 def promtool() -> str:
@@ -83,15 +83,14 @@ def test_every_alert_says_what_to_do_and_how_bad() -> None:
         assert f'<a id="{anchor}"></a>' in (REPO / "docs" / "observability.md").read_text(encoding="utf-8"), name
 
 
-def test_the_certificate_alert_waits_for_a_metric_only_while_llmgw_serves_no_tls() -> None:
-    """docs/observability.md: no certificate is exported because llmgw has no TLS listener. The day one comes
-    (a certfile, an ssl context), this fails until `llmgw_certificate_expiry_timestamp_seconds` is exported
-    (read from disk at each scrape) and documented, and NOT_EXPORTED_YET is emptied."""
-    tls = re.compile(r"\bimport ssl\b|\bfrom ssl\b|\bcertfile\b|\bkeyfile\b|\bssl_context\b|\bca_certs\b")
+def test_llmgw_serves_tls_so_its_certificates_are_exported_and_alerted_on() -> None:
+    """llmgw serves TLS (llmgw/trust): every certificate in use is exported (`llmgw_cert_expiry_seconds`,
+    documented) and an alert reads the `cert_expiring` condition made from the same facts."""
+    tls = re.compile(r"\bimport ssl\b|\bfrom ssl\b|\bssl_context\b")
     using = sorted(str(p.relative_to(REPO)) for p in (REPO / "llmgw").rglob("*.py")
                    if tls.search(p.read_text(encoding="utf-8")))
-    if using:
-        assert not NOT_EXPORTED_YET, (f"{using} use TLS: export llmgw_certificate_expiry_timestamp_seconds from "
-                                      f"the certificates they load, and document it")
-    else:
-        assert NOT_EXPORTED_YET == {"llmgw_certificate_expiry_timestamp_seconds"}
+    assert using, "llmgw serves TLS"
+    text = (REPO / "docs" / "observability.md").read_text(encoding="utf-8")
+    assert "| `llmgw_cert_expiry_seconds` |" in text
+    assert 'kind="cert_expiring"' in alerts()["LlmgwCertificateExpiring"]["expr"]
+    assert not NOT_EXPORTED_YET

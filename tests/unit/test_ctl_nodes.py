@@ -44,10 +44,11 @@ def test_nodes_lists_each_node_with_its_gpus_engines_and_storage() -> None:
         r = ctl(argv, FakeApi().on("GET", "/api/v1/nodes", json_body=NODES))
         assert r.rc == 0, r.err
         rows = columns(r.out, "NODE ")
-        assert rows[0] == ["NODE", "STATE", "SINCE", "ADDRESS", "FABRIC", "VERSION", "CPUS", "GPUS", "ENGINES"]
+        assert rows[0] == ["NODE", "STATE", "SINCE", "ADDRESS", "FABRIC", "VERSION", "CPUS", "GPUS", "ENGINES",
+                           "CERTIFICATE"]
         assert rows[1] == ["gpu-01", "connected", "-", "10.0.0.11", "ib-a", "0.4.0", "64", "1/3 usable",
-                           "llama.cpp, sim 0.4.0, vllm 0.6.3"]
-        assert rows[2] == ["gpu-02", "lost", "gone 95 s (grace 30 s)", "-", "-", "-", "-", "-", "-"], \
+                           "llama.cpp, sim 0.4.0, vllm 0.6.3", "-"]
+        assert rows[2] == ["gpu-02", "lost", "gone 95 s (grace 30 s)", "-", "-", "-", "-", "-", "-", "-"], \
             "a lost node: unknown is '-', never 0"
         assert rows[3][:3] == ["gpu-03", "disconnected", "gone 12 s (lost in 18 s)"]
         gpus = columns(r.out, "  GPU ")

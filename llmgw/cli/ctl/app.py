@@ -28,6 +28,7 @@ COMMAND_GROUPS = (
     "requests",
     "settings",
     "status",
+    "trust",  # after "nodes": it adds `nodes token|certs|revoke`
 )
 
 _commands = cyclopts.App(name="ctl", help="The operator's command line over the admin API.")
@@ -54,6 +55,7 @@ def ctl(
     url: Annotated[str | None, Parameter(name="--url")] = None,
     key: Annotated[str | None, Parameter(name="--key")] = None,
     state_dir: Annotated[Path, Parameter(name="--state-dir")] = Path(".llmgw"),
+    ca_file: Annotated[str | None, Parameter(name="--ca-file")] = None,
     as_json: Annotated[bool, Parameter(name="--json", negative="", show_default=False)] = False,
     io: Annotated[Io | None, Parameter(parse=False)] = None,
 ) -> int:
@@ -67,6 +69,9 @@ def ctl(
         Admin key (else LLMGW_KEY, else DIR/credentials.json).
     state_dir
         Directory holding credentials.json, as written by `llmgw up`.
+    ca_file
+        The cluster's CA bundle, to verify an https admin URL (else LLMGW_CA_FILE, else the one
+        credentials.json names, else STATE_DIR/tls/ca.pem).
     as_json
         Print the API's JSON as it came, for scripts.
     """
@@ -75,7 +80,7 @@ def ctl(
     if "session" not in ignored:  # help, version
         result = command(*bound.args, **bound.kwargs)
         return result if isinstance(result, int) else EXIT_OK
-    session = Session(url=url, key=key, state_dir=state_dir, as_json=as_json, io=io)
+    session = Session(url=url, key=key, state_dir=state_dir, as_json=as_json, io=io, ca_file=ca_file)
     try:
         return int(command(*bound.args, **bound.kwargs, session=session))
     except CtlError as e:

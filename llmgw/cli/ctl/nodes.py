@@ -4,6 +4,7 @@ period, or lost), with its GPUs, engines and storage; and forgetting a lost one.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 import cyclopts
@@ -49,9 +50,9 @@ def render_nodes(doc: Mapping[str, Any]) -> str:
     nodes = dig(doc, "nodes")
     if not isinstance(nodes, list) or not nodes:
         return "no nodes known: start an agent (`llmgw agent --control URL ...`)"
-    out = [table(["NODE", "STATE", "SINCE", "ADDRESS", "FABRIC", "VERSION", "CPUS", "GPUS", "ENGINES"],
+    out = [table(["NODE", "STATE", "SINCE", "ADDRESS", "FABRIC", "VERSION", "CPUS", "GPUS", "ENGINES", "CERTIFICATE"],
                  [[n.get("node"), n.get("state"), _since(n), n.get("address"), n.get("fabric"), n.get("version"),
-                   n.get("cpus") or None, _gpu_count(n.get("gpus")), _engines(n)]
+                   n.get("cpus") or None, _gpu_count(n.get("gpus")), _engines(n), _certificate(n.get("certificate"))]
                   for n in nodes if isinstance(n, Mapping)])]
     for n in nodes:
         if not isinstance(n, Mapping):
@@ -72,6 +73,18 @@ def render_nodes(doc: Mapping[str, Any]) -> str:
     if lost:
         out += ["", "lost nodes stay listed until forgotten: `llmgw ctl nodes forget NAME`"]
     return "\n".join(out)
+
+
+def _certificate(cert: Any) -> str | None:
+    """`SERIAL.. until DATE`, or `SERIAL.. revoked`; none: no certificate (an agent inside `llmgw up`)."""
+    if not isinstance(cert, Mapping):
+        return None
+    serial = str(cert.get("serial"))[:12]
+    if cert.get("revoked"):
+        return f"{serial} revoked"
+    until = cert.get("not_after")
+    when = datetime.fromtimestamp(until, timezone.utc).strftime("%Y-%m-%d") if isinstance(until, (int, float)) else "?"
+    return f"{serial} until {when}"
 
 
 def _since(n: Mapping[str, Any]) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 import urllib.parse
 import uuid
@@ -17,7 +18,7 @@ from typing import Annotated, Any, TextIO
 import httpx
 from cyclopts import Parameter
 
-from llmgw.cli.ctl.errors import EXIT_OK, CtlError, Refused
+from llmgw.cli.ctl.errors import EXIT_OK, CtlError, Refused, UsageError
 from llmgw.cli.ctl.render import clean
 from llmgw.cli.ctl.target import Target, resolve_target
 from llmgw.domain.timeouts import TIMEOUTS
@@ -37,8 +38,10 @@ class Io:
 class Session:
     """Global options, the output streams and a lazily opened HTTP client."""
 
-    def __init__(self, *, url: str | None, key: str | None, state_dir: Path, as_json: bool, io: Io) -> None:
+    def __init__(self, *, url: str | None, key: str | None, state_dir: Path, as_json: bool, io: Io,
+                 ca_file: str | None = None) -> None:
         self.as_json = as_json
+        self._ca_file = ca_file
         self._url = url
         self._key = key
         self._state_dir = state_dir
@@ -81,7 +84,8 @@ class Session:
     def target(self) -> Target:
         if self._target is None:
             env = self._io.env if self._io.env is not None else os.environ
-            self._target = resolve_target(url=self._url, key=self._key, state_dir=self._state_dir, env=env)
+            self._target = resolve_target(url=self._url, key=self._key, state_dir=self._state_dir, env=env,
+                                          ca_file=self._ca_file)
         return self._target
 
     def request(self, method: str, path: str, *, body: Any = None, send_body: bool = False) -> tuple[int, Any]:
@@ -95,6 +99,7 @@ class Session:
         if self._client is None:
             self._client = httpx.Client(
                 base_url=target.url,
+                verify=_verify(target.ca_file),
                 transport=self._io.transport,
                 timeout=TIMEOUTS.ctl_request_s,
                 headers={"Authorization": f"Bearer {target.key}", "Accept": "application/json"},
@@ -226,3 +231,15 @@ def _decode(response: httpx.Response, url: str) -> Any:
 def _excerpt(text: str, limit: int = 200) -> str:
     text = clean(text.strip())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _verify(ca_file: str | None) -> Any:
+    """What an https admin URL is verified with: the cluster's bundle, or the system's trust store."""
+    if ca_file is None:
+        return True
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as e:
+        raise UsageError(f"cannot use the CA file {ca_file}: {e}") from None
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context

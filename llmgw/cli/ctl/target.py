@@ -18,9 +18,14 @@ class Target:
     key: str
     url_from: str  # words for messages: "--url", "LLMGW_URL", ".llmgw/credentials.json"
     key_from: str
+    # The CA bundle an https admin URL is verified with: --ca-file, else LLMGW_CA_FILE, else the one
+    # credentials.json names (for its own URL), else DIR/tls/ca.pem (a control plane's own); None: the
+    # system's trust store.
+    ca_file: str | None = None
 
 
-def resolve_target(*, url: str | None, key: str | None, state_dir: Path, env: Mapping[str, str]) -> Target:
+def resolve_target(*, url: str | None, key: str | None, state_dir: Path, env: Mapping[str, str],
+                   ca_file: str | None = None) -> Target:
     """Each of URL and key: the flag, else the environment, else DIR/credentials.json.
 
     The file's admin key goes only to the file's own admin URL: `--url` pointing
@@ -28,6 +33,7 @@ def resolve_target(*, url: str | None, key: str | None, state_dir: Path, env: Ma
     """
     creds_path = state_dir / "credentials.json"
     url_from = key_from = ""
+    ca_file = ca_file or env.get("LLMGW_CA_FILE") or None
     if url:
         url_from = "--url"
     elif env.get("LLMGW_URL"):
@@ -45,6 +51,10 @@ def resolve_target(*, url: str | None, key: str | None, state_dir: Path, env: Ma
             same_cluster = bool(url) and isinstance(file_url, str) and str(url).rstrip("/") == file_url.rstrip("/")
             if not key and same_cluster and isinstance(creds.get("admin_key"), str) and creds["admin_key"]:
                 key, key_from = creds["admin_key"], str(creds_path)
+            if not ca_file and same_cluster and isinstance(creds.get("ca_file"), str) and creds["ca_file"]:
+                ca_file = creds["ca_file"]
+    if not ca_file and (state_dir / "tls" / "ca.pem").is_file():
+        ca_file = str(state_dir / "tls" / "ca.pem")
     missing = [what for what, value in (("admin URL", url), ("admin key", key)) if not value]
     if url and not key and url_from in ("--url", "LLMGW_URL") and creds_path.is_file():
         raise UsageError(
@@ -61,7 +71,7 @@ def resolve_target(*, url: str | None, key: str | None, state_dir: Path, env: Ma
     assert url and key
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"the admin URL {url!r} (from {url_from}) is not an http:// or https:// URL")
-    return Target(url=url.rstrip("/"), key=key, url_from=url_from, key_from=key_from)
+    return Target(url=url.rstrip("/"), key=key, url_from=url_from, key_from=key_from, ca_file=ca_file)
 
 
 def _read_credentials(path: Path) -> dict[str, Any] | None:

@@ -8,6 +8,8 @@ from typing import Any
 from llmgw.control.context import Context
 from llmgw.domain import summary
 from llmgw.domain.observed import NodeInfo
+from llmgw.domain.state import ClusterState
+from llmgw.domain.trust import machine_id
 from llmgw.errors import AdminError
 
 
@@ -37,7 +39,8 @@ def node_docs(ctx: Context) -> list[dict[str, Any]]:
         return None if at is None else round(max(now - at, 0.0), 3)
 
     docs = []
-    for doc in summary.nodes(ctx.state(), observed):
+    state = ctx.state()
+    for doc in summary.nodes(state, observed):
         name = str(doc["node"])
         info = observed.nodes.get(name)
         lost_at = hub.lost.get(name)
@@ -55,8 +58,22 @@ def node_docs(ctx: Context) -> list[dict[str, Any]]:
             "last_contact": hub.last_contact.get(name),
             "last_contact_age_s": age(hub.last_contact.get(name)),
             "replicas": None if reported is None else sorted(reported),
+            "certificate": _certificate(state, name),
         })
     return docs
+
+
+def _certificate(state: ClusterState, node: str) -> dict[str, Any] | None:
+    """The node's agent certificate as the cluster holds it: its newest serial and expiry, or the
+    revoked one (None: it holds none: an agent in `llmgw up`'s own process)."""
+    held = state.machines.get(machine_id("agent", node))
+    if held is not None:
+        return {"serial": held.serials[-1], "not_after": held.not_after, "revoked": False}
+    revoked = [r for r in state.revoked.values() if r.role == "agent" and r.name == node]
+    if revoked:
+        newest = max(revoked, key=lambda r: r.not_after)
+        return {"serial": newest.serial, "not_after": newest.not_after, "revoked": True}
+    return None
 
 
 def _inventory(info: NodeInfo | None) -> dict[str, Any]:

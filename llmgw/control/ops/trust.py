@@ -37,19 +37,7 @@ def _trust(ctx: Context) -> Trust:
 
 def ca_fingerprint(ctx: Context) -> str:
     """What a joining machine pins: the SHA-256 of the bundle's roots (`--ca-hash`)."""
-    return ca_hash(bundle(ctx.state()))
-
-
-def ca_hash(bundle_pem: str) -> str:
-    import hashlib
-
-    roots = sorted({p for p in _pems(bundle_pem) if ca.load_cert(p).issuer == ca.load_cert(p).subject})
-    return "sha256:" + hashlib.sha256("".join(roots).encode()).hexdigest()
-
-
-def _pems(text: str) -> list[str]:
-    end = "-----END CERTIFICATE-----"
-    return [part.strip() + "\n" + end + "\n" for part in text.split(end) if "-----BEGIN CERTIFICATE-----" in part]
+    return ca.roots_hash(bundle(ctx.state()))
 
 
 def _fields(doc: Any, allowed: tuple[str, ...], code: str) -> dict[str, Any]:
