@@ -71,6 +71,7 @@ class Timeouts:
     node_avoid_s: float = _t(600.0, "control", "a node on which a model failed to start health.avoid_node_after_failures times in a row is avoided for that model this long after the last failure (placement tries the other nodes first)")
     scale_down_delay_s: float = _t(300.0, "control", "a replica added under load is kept until the load has stayed below what needs it for this long (the leader remembers the peak of requests in flight over this window)")
     admin_keep_alive_s: float = _t(5.0, "control", "the admin API closes an idle client connection after this long")
+    admin_accept_retry_s: float = _t(0.1, "control", "after a failed accept (out of file descriptors after all), the admin API waits this long before accepting again")
     admin_shutdown_grace_s: float = _t(1.0, "control", "on stop, the admin API's open requests get this long (streams close at once)")
     admin_forward_s: float = _t(15.0, "control", "a standby waits this long for the leader's answer to a request it forwarded (longer than store_commit_s, so the leader's own answer comes first)")
     member_probe_s: float = _t(1.0, "control", "listing the members, each member's /api/v1/cluster/self gets this long to answer; one that does not shows as missing")
@@ -100,6 +101,7 @@ class Timeouts:
     gateway_open_wait_s: float = _t(10.0, "gateway", "`--workers`: a worker takes connections on the shared port once it has its table from control, or after this long without one (then it answers 503 gateway_not_synced until one comes)")
     gateway_gil_switch_s: float = _t(0.0005, "gateway", "a thread holding Python's GIL (the log and request-log writers) hands it back to the serving loop after at most this long (Python's default, 5 ms, was the p99 of the gateway's added latency)")
     judge_failure_report_s: float = _t(1.0, "gateway", "a remote gateway reports a judge's failures to answer to the leader at most this often per judge (the latest words)")
+    gateway_first_request_s: float = _t(10.0, "gateway", "a new client connection that sends no byte for this long is closed (between requests a kept-alive one waits gateway_keep_alive_s)")
     gateway_head_s: float = _t(10.0, "gateway", "a request head (request line and headers) must arrive whole within this long of its first byte (408, then the connection is closed)")
     gateway_body_idle_s: float = _t(30.0, "gateway", "a client that sends no byte of its request body for this long is taken for gone")
     gateway_send_s: float = _t(60.0, "gateway", "a client that takes no byte of its answer for this long is dropped (its engine request is cancelled)")
@@ -142,6 +144,7 @@ class Timeouts:
     notify_retry_first_s: float = _t(1.0, "control", "wait before the second attempt to deliver an event to a webhook (doubles each attempt, up to notify_retry_max_s)")
     notify_retry_max_s: float = _t(60.0, "control", "longest wait between two attempts to deliver an event to a webhook")
     # --- processes and the command line ------------------------------------------------
+    listener_limit_log_s: float = _t(60.0, "process", "a listener at its connection limit (docs/operations.md, Limits) logs what it closed and refused at most this often")
     stop_deadline_s: float = _t(10.0, "process", "after SIGINT/SIGTERM a process has stopped within this long, started or not")
     ctl_request_s: float = _t(30.0, "ctl", "`llmgw ctl` waits this long for the admin API's answer")
 

@@ -45,6 +45,7 @@ from llmgw.wire.asgi import (MAX_BODY_BYTES, RawApp, Receive, Scope, Send, cance
                              read_body, send_json)
 from llmgw.wire import logquery
 from llmgw.wire.front import BACKLOG, Front, listen_socket
+from llmgw.wire.gate import listener_gate
 
 __all__ = [
     "GatewayApp",
@@ -326,7 +327,10 @@ async def serve(
                                            listen=open_when is None))
         if query_listen is not None:
             sockets.append(await listen_socket(*query_listen))
-        front = Front(app, timeouts=deps.timeouts, new_id=app.log.new_id)
+        # How many client connections this process holds, from its open-files limit (llmgw/wire/gate.py).
+        gate = listener_gate("gateway", log_every_s=deps.timeouts.listener_limit_log_s)
+        app.metrics.connections = gate.statistics
+        front = Front(app, timeouts=deps.timeouts, new_id=app.log.new_id, gate=gate)
         async with trio.open_nursery() as nursery:
             await nursery.start(partial(_serve_then_stop, front, sockets[0 if open_when is None else 1:],
                                         shutdown_trigger, nursery.cancel_scope))

@@ -13,8 +13,6 @@ it is refused at once (`Overloaded`, the gateway's 503 `overloaded`), never left
 
 from __future__ import annotations
 
-import logging
-import resource
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ import trio
 from llmgw.domain.settings import effective
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.net import url_host
+from llmgw.wire.gate import raise_fd_limit
 from llmgw.wire.http1 import ResponseReader
 
 __all__ = [
@@ -38,8 +37,6 @@ __all__ = [
     "raise_fd_limit",
     "split_url",
 ]
-
-_log = logging.getLogger("llmgw.gateway.pool")
 
 
 class Overloaded(Exception):
@@ -288,14 +285,3 @@ class Pool:
                 ep.open -= 1
         self._endpoints.clear()
 
-
-def raise_fd_limit() -> None:
-    """Raise this process's soft open-files limit to the hard one: each request in flight holds two sockets
-    (client and engine), and the usual soft limit of 1,024 would refuse connections at ~500 concurrent."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError) as error:
-            _log.warning("cannot raise the open-files limit from %d: %s", soft, error)

@@ -9,7 +9,7 @@ families only when Prometheus scrapes (tests/bench/metrics.py measures both).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
@@ -20,7 +20,9 @@ from prometheus_client.registry import Collector
 from llmgw import __version__
 from llmgw.gateway.guard import GuardStats
 from llmgw.gateway.requestlog import RequestLog, RequestRecord
+from llmgw.metrics.connections import connection_families
 from llmgw.metrics.expose import CONTENT_TYPE, counter, gauge, render
+from llmgw.wire.gate import GateStats
 
 # Seconds. A chat answer runs from milliseconds (a refusal) to minutes (a long generation).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -93,10 +95,11 @@ class GatewayCollector(Collector):
     """The gateway's families, read from counters when scraped (`Exporter` hands it a copy)."""
 
     def __init__(self, metrics: RequestMetrics | None, guard: GuardStats | None = None,
-                 requestlog: RequestLog | _Stats | None = None) -> None:
+                 requestlog: RequestLog | _Stats | None = None, connections: GateStats | None = None) -> None:
         self.metrics = metrics
         self.guard = guard
         self.requestlog = requestlog
+        self.connections = connections
 
     def collect(self) -> Iterator[Metric]:
         yield gauge("llmgw_build_info", "This process's llmgw version and role (always 1).", ("version", "role"),
@@ -113,6 +116,8 @@ class GatewayCollector(Collector):
                           (), [((), float(st["write_errors"]))])
             yield gauge("llmgw_requestlog_queued_records", "Request records waiting for the log's writer.",
                         (), [((), float(st["queued"]))])
+        if self.connections is not None:
+            yield from connection_families(self.connections)
 
     def _requests(self, m: RequestMetrics) -> Iterator[Metric]:
         requests = dict(m.requests)
@@ -148,10 +153,11 @@ def _guard(g: GuardStats) -> Iterator[Metric]:
 
 
 def registry_for(metrics: RequestMetrics | None, guard: GuardStats | None = None,
-                 requestlog: RequestLog | _Stats | None = None) -> CollectorRegistry:
+                 requestlog: RequestLog | _Stats | None = None, connections: GateStats | None = None
+                 ) -> CollectorRegistry:
     """A registry of the gateway's own (auto_describe off: describing would run a whole collect)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GatewayCollector(metrics, guard, requestlog))
+    registry.register(GatewayCollector(metrics, guard, requestlog, connections))
     return registry
 
 
@@ -165,6 +171,7 @@ class Exporter:
         self.metrics = metrics
         self.guard = guard
         self.requestlog = requestlog
+        self.connections: Callable[[], GateStats] | None = None  # the listener's gate, set by whoever serves
 
     def frozen(self) -> CollectorRegistry:
         """A registry over a copy of the counters as they are now."""
@@ -179,7 +186,8 @@ class Exporter:
         if self.guard is not None:
             guard = GuardStats(self.guard.judge_calls, self.guard.cache_hits, self.guard.refusals, self.guard.failures,
                                verdicts=dict(self.guard.verdicts))
-        return registry_for(metrics, guard, _Stats(self.requestlog.statistics()) if self.requestlog else None)
+        return registry_for(metrics, guard, _Stats(self.requestlog.statistics()) if self.requestlog else None,
+                            self.connections() if self.connections is not None else None)
 
     async def answer(self, send: Any) -> None:
         """The exposition, whole (no key: see docs/observability.md)."""

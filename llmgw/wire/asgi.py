@@ -162,6 +162,10 @@ def hypercorn_config(
     # once retry after 1 s, 3 s, ...: client timeouts); the kernel caps this at net.core.somaxconn.
     config.backlog = 2048
     config.graceful_timeout = graceful_s
+    # A TLS handshake that never ends holds its descriptor no longer than an idle connection (hypercorn's
+    # default: 60 s). A head over h11_max_incomplete_size (16 KiB) is refused; one that never ends is
+    # closed at keep_alive_s (hypercorn's idle timer runs until a whole head is in).
+    config.ssl_handshake_timeout = keep_alive_s
     # Hypercorn has no response timeout and read_timeout stays None, so long streams are never cut.
     config.read_timeout = None
     # A Logger object (not "-") so hypercorn adds no handler of its own and lines reach ours.

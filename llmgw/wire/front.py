@@ -8,9 +8,12 @@ This server runs one task per connection, hands the app the subset of ASGI our t
 whole answer with one `send_all`, and reads the socket during a request only when the app asks (the
 app's disconnect watcher). The admin API and the console stay on hypercorn.
 
-Hostile clients: a head must arrive whole within `gateway_head_s` of its first byte and stay under
-`MAX_HEAD_BYTES`; a body stalled `gateway_body_idle_s` counts as a disconnect; a client that takes no
-bytes of its answer for `gateway_send_s` is dropped. Malformed HTTP gets a JSON error and a close.
+Hostile clients: a new connection must send its first byte within `gateway_first_request_s`, a kept-alive
+one its next request within `gateway_keep_alive_s`; a head must arrive whole within `gateway_head_s` of its
+first byte and stay under `MAX_HEAD_BYTES` (every byte counted); a body stalled `gateway_body_idle_s` counts
+as a disconnect; a client that takes no bytes of its answer for `gateway_send_s` is dropped. Malformed HTTP
+gets a JSON error and a close. How many connections it holds, in all and per address, is its gate's
+(`llmgw/wire/gate.py`): a connection waiting for a request is idle there, the first closed to make room.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import trio
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError
 from llmgw.wire.asgi import MAX_BODY_BYTES, Message, Receive, Scope, Send, dumps
+from llmgw.wire.gate import ConnectionGate, Slot, accept_loop
 from llmgw.wire.http1 import BODY, END, HEAD, LAST_CHUNK, BadRequest, Head, RequestReader, chunk, response_head
 
 __all__ = ["MAX_HEAD_BYTES", "Front", "listen_socket"]
@@ -93,20 +97,15 @@ class _Date:
 class _Connection:
     """One client connection: the ASGI `receive` and `send` of its current request, and its parser."""
 
-    __slots__ = ("front", "stream", "reader", "peer", "status", "head", "head_only", "body_done", "gone",
+    __slots__ = ("front", "stream", "slot", "reader", "peer", "status", "head", "head_only", "body_done", "gone",
                  "sent_head", "finished", "close_after", "chunked", "http10", "continue_pending", "buffered")
 
-    def __init__(self, front: Front, stream: trio.abc.HalfCloseableStream) -> None:
+    def __init__(self, front: Front, stream: trio.abc.HalfCloseableStream, slot: Slot) -> None:
         self.front = front
         self.stream = stream
+        self.slot = slot
         self.reader = RequestReader(MAX_HEAD_BYTES)
-        self.peer: tuple[str, int] | None = None
-        sock = getattr(stream, "socket", None)  # (tests drive a connection over memory streams)
-        try:
-            name = sock.getpeername() if sock is not None else None
-            self.peer = (name[0], name[1]) if name else None
-        except OSError:
-            pass
+        self.peer = slot.peer  # (None over the memory streams of tests)
         self._reset(None)
 
     def _reset(self, request: Head | None) -> None:
@@ -241,11 +240,13 @@ class _Connection:
     # --- the connection's life --------------------------------------------------------------
 
     async def run(self, app: App) -> None:
+        first = True
         try:
             while True:
-                request = await self._next_request()
+                request = await self._next_request(first)
                 if request is None:
                     return
+                first = False
                 await self._serve(app, request)
                 if self.gone or self.close_after or self.front.closing or not self.finished:
                     return
@@ -263,10 +264,11 @@ class _Connection:
                 self.body_done = True
         return self.body_done
 
-    async def _next_request(self) -> Head | None:
+    async def _next_request(self, first: bool) -> Head | None:
         """The next request's head; None when the client closed, went quiet, or sent no valid HTTP."""
         events = self.reader.events
         timeouts = self.front.timeouts
+        gate, slot = self.front.gate, self.slot
         deadline: float | None = None  # set by the head's first byte
         try:
             while True:
@@ -278,12 +280,16 @@ class _Connection:
                 if deadline is None and not self.reader.in_head:
                     if self.front.closing:
                         return None
-                    with trio.move_on_after(timeouts.gateway_keep_alive_s) as idle:
-                        self.front.idle.add(idle)
+                    # Idle: the gate may close it to make room (its socket closed: ClosedResourceError).
+                    wait = timeouts.gateway_first_request_s if first else timeouts.gateway_keep_alive_s
+                    with trio.move_on_after(wait) as idle:
+                        slot.scope = idle
+                        gate.rest(slot)
                         try:
                             data = bytes(await self.stream.receive_some(_READ))
                         finally:
-                            self.front.idle.discard(idle)
+                            slot.scope = None
+                            gate.wake(slot)
                     if idle.cancelled_caught:
                         return None
                     deadline = trio.current_time() + timeouts.gateway_head_s
@@ -365,13 +371,14 @@ class Front:
     then it stops accepting, closes idle connections, and gives busy ones `gateway_shutdown_grace_s`."""
 
     def __init__(self, app: App, *, timeouts: Timeouts = TIMEOUTS, server_header: bytes = b"llmgw",
-                 new_id: Callable[[], str] | None = None) -> None:
+                 new_id: Callable[[], str] | None = None, gate: ConnectionGate | None = None) -> None:
         self.app = app
         self.new_id = new_id  # names the answers this server gives itself (`x-request-id`), as the app's
         self.timeouts = timeouts
         self.server_header = server_header
         self.closing = False
-        self.idle: set[trio.CancelScope] = set()  # connections waiting for a next request
+        # Which connections it holds, which are idle (waiting for a request); None: no limits (the sim engine).
+        self.gate = gate if gate is not None else ConnectionGate("gateway", log_every_s=timeouts.listener_limit_log_s)
         self.date = _Date()
         self.bound: tuple[str, int] | None = None
         self.connections = 0
@@ -409,8 +416,9 @@ class Front:
             accepting.cancel()
             for listener in self._listeners:
                 await listener.aclose()
-            for scope in list(self.idle):
-                scope.cancel()
+            for slot in self.gate.idle_slots():
+                if slot.scope is not None:  # (one not yet waiting sees `closing` first)
+                    slot.scope.cancel()
             with trio.move_on_after(self.timeouts.gateway_shutdown_grace_s):
                 if self.connections:
                     await self._all_closed.wait()
@@ -428,23 +436,21 @@ class Front:
             self.bound = (host, port)
         listener = trio.SocketListener(sock)
         self._listeners.append(listener)
-        self._acceptors.start_soon(self._accept, listener, self._connections)
+        self._acceptors.start_soon(accept_loop, listener, self.gate, self._connections, self._connection,
+                                   self.timeouts.gateway_accept_retry_s)
 
-    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as error:  # out of file descriptors: wait, the clients retry
-                _log.warning("accepting a connection failed: %s", error)
-                await trio.sleep(self.timeouts.gateway_accept_retry_s)
-                continue
-            nursery.start_soon(self._connection, stream)
-
-    async def _connection(self, stream: trio.abc.HalfCloseableStream) -> None:
+    async def _connection(self, stream: trio.abc.HalfCloseableStream, slot: Slot | None = None) -> None:
+        """Serve one connection (`slot`: its place in the gate, taken when accepted; tests pass none)."""
+        if slot is None:
+            slot = self.gate.admit(stream)
+            if slot is None:
+                await trio.aclose_forcefully(stream)
+                return
         self.connections += 1
         try:
-            await _Connection(self, stream).run(self.app)
+            await _Connection(self, stream, slot).run(self.app)
         finally:
+            self.gate.release(slot)
             self.connections -= 1
             if not self.connections and self.closing:
                 self._all_closed.set()

@@ -87,6 +87,7 @@ class UpProcess:
     admin_port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
+    wrap: list[str] = field(default_factory=list)  # a command that runs `up`, such as prlimit's
     proc: subprocess.Popen[str] | None = None
     output: list[str] = field(default_factory=list)
     ready_line: str = ""
@@ -99,7 +100,7 @@ class UpProcess:
             self.admin_port = free_port()
 
     def start(self, timeout: float = 60.0) -> UpProcess:
-        argv = [sys.executable, "-m", "llmgw", "up", "--state-dir", str(self.state_dir),
+        argv = [*self.wrap, sys.executable, "-m", "llmgw", "up", "--state-dir", str(self.state_dir),
                 "--gateway-port", str(self.gateway_port), "--admin-port", str(self.admin_port), *self.extra_args]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **self.env})

@@ -332,12 +332,22 @@ async def test_a_large_head_under_the_limit_is_served(autojump_clock: Clock) -> 
 
 async def test_a_head_that_never_ends_gets_a_408_counted_from_its_first_byte(autojump_clock: Clock) -> None:
     async with serving(hello) as s:
-        await trio.sleep(2 * T.gateway_head_s)  # idle before the first byte: not counted against the head
+        await trio.sleep(0.9 * T.gateway_first_request_s)  # idle before the first byte: not counted against the head
         began = trio.current_time()
         await s.client.send(b"GET /v1/models HTTP/1.1\r\nhost: te")
         error, answered = await refused(s, 408)
         assert answered - began == pytest.approx(T.gateway_head_s)
     assert error["code"] == "request_timeout"
+
+
+async def test_a_new_connection_that_sends_nothing_closes_after_the_first_request_wait(
+        autojump_clock: Clock) -> None:
+    # Not after the keep-alive (75 s): a flood of silent connections would hold descriptors that long.
+    assert T.gateway_first_request_s < T.gateway_keep_alive_s
+    async with serving(hello) as s:
+        await s.closed.wait()
+        assert s.closed_at == pytest.approx(T.gateway_first_request_s)
+        assert await s.client.rest() == b""  # closed without a word: nothing was asked
 
 
 async def test_an_idle_kept_alive_connection_closes_after_the_keep_alive(autojump_clock: Clock) -> None:

@@ -20,12 +20,15 @@ from llmgw.domain.summary import Summary
 from llmgw.metrics.control import Scrape, registry_for
 from llmgw.metrics.expose import render
 from llmgw.reconcile import ModelView
+from llmgw.domain.limits import Listener
+from llmgw.wire.gate import GateStats
 from llmgw.testing.builders import NodeBuilder, model, node, observed, placed, replica, state_with
 
 NAME = re.compile(r"llmgw_[a-z0-9_]+\Z")
 # Every label the code may use: none carries a request id, a key or a prompt.
 BOUNDED_LABELS = {"model", "node", "class", "mig", "state", "code", "status", "member", "engine", "version",
-                  "judge", "hazard", "outcome", "standing", "direction", "kind", "subject", "severity", "role", "le"}
+                  "judge", "hazard", "outcome", "standing", "direction", "kind", "subject", "severity", "role", "le",
+                  "scope", "reason"}
 
 
 def view(name: str, desired: int, ready: int, state: str, starting: int = 0, failures: int = 0) -> ModelView:
@@ -46,6 +49,11 @@ def fleet_doc() -> Summary:
     views = {"down": view("down", 1, 0, "starting", failures=3), "up": view("up", 1, 1, "ready"),
              "never": view("never", 1, 0, "unplaceable")}  # "fresh": not judged yet
     return summary.summarize(state, obs, views, {}, 2000.0)
+
+
+def gate_stats(listener: Listener) -> GateStats:
+    return GateStats(listener, open=3, limit=192, per_address=96, refused_listener_full=1, refused_address_full=2,
+                     evicted=4)
 
 
 RAFT = {"ready": True, "leader": "n1:1", "is_leader": True, "term": 4, "commit_index": 120, "last_applied": 118,
@@ -116,8 +124,8 @@ def test_names_follow_prometheus_rules_and_labels_are_bounded() -> None:
     m = gw.RequestMetrics()
     m.count(RequestRecord("r", 0.0, "k", "demo", 200, latency_ms=12.0, ttft_ms=3.0, tokens_in=3, tokens_out=5))
     texts = [scrape_text(Scrape("n1:1", True, RAFT, fleet_doc(), {"down": 1}, [Condition("no_leader", "", "critical", "w")],
-                             {"delivered": 1})),
-             render(gw.registry_for(m, stats)).decode()]
+                             {"delivered": 1}, connections=gate_stats("admin"))),
+             render(gw.registry_for(m, stats, connections=gate_stats("gateway"))).decode()]
     for text in texts:
         for family in text_string_to_metric_families(text):
             assert NAME.match(family.name), family.name
@@ -173,8 +181,8 @@ def test_registries_of_up_s_two_roles_never_collide() -> None:
     """`llmgw up` serves both in one process: each role's own registry, the default one untouched."""
     from prometheus_client import REGISTRY
     before = set(REGISTRY._names_to_collectors)
-    control = registry_for(lambda: Scrape("n1:1", True, RAFT, fleet_doc()))
-    gateway = gw.registry_for(gw.RequestMetrics(), GuardStats())
+    control = registry_for(lambda: Scrape("n1:1", True, RAFT, fleet_doc(), connections=gate_stats("admin")))
+    gateway = gw.registry_for(gw.RequestMetrics(), GuardStats(), connections=gate_stats("gateway"))
     both = CollectorRegistry()
     for r in (control, gateway):
         both.register(r)  # a registry is a collector of its collectors
@@ -233,9 +241,10 @@ def test_every_exported_family_is_in_the_docs_and_every_documented_one_is_export
     found = [Condition("no_leader", "", "critical", "w")]
     exported: dict[tuple[str, str], tuple[str, set[str] | None]] = {}
     for role, text in (
-            ("control", scrape_text(Scrape("n1:1", True, RAFT, fleet_doc(), {"down": 1}, found, {"delivered": 1}))),
-            ("gateway", render(gw.registry_for(m, stats, gw._Stats({"dropped": 0, "write_errors": 0,
-                                                                    "queued": 0}))).decode())):
+            ("control", scrape_text(Scrape("n1:1", True, RAFT, fleet_doc(), {"down": 1}, found, {"delivered": 1},
+                                           connections=gate_stats("admin")))),
+            ("gateway", render(gw.registry_for(m, stats, gw._Stats({"dropped": 0, "write_errors": 0, "queued": 0}),
+                                               gate_stats("gateway"))).decode())):
         for family in text_string_to_metric_families(text):
             name = family.name + ("_total" if family.type == "counter" else "")
             labels = {k for s in family.samples for k in s.labels} - {"le"} if family.samples else None
@@ -248,3 +257,17 @@ def test_every_exported_family_is_in_the_docs_and_every_documented_one_is_export
         assert documented[key][0] == kind, (key, kind, documented[key])
         if labels is not None:
             assert documented[key][1] == labels, (key, labels, documented[key])
+
+
+def test_a_listeners_connections_held_refused_and_evicted() -> None:
+    samples = parse(scrape_text(Scrape("n1:1", False, RAFT, connections=gate_stats("admin"))))  # every member
+    assert value(samples, "llmgw_admin_connections") == 3.0
+    assert value(samples, "llmgw_admin_connections_limit", scope="listener") == 192.0
+    assert value(samples, "llmgw_admin_connections_limit", scope="address") == 96.0
+    assert value(samples, "llmgw_admin_connections_refused_total", reason="listener_full") == 1.0
+    assert value(samples, "llmgw_admin_connections_refused_total", reason="address_full") == 2.0
+    assert value(samples, "llmgw_admin_connections_evicted_total") == 4.0
+    exporter = gw.Exporter(gw.RequestMetrics())
+    exporter.connections = lambda: gate_stats("gateway")
+    samples = parse(render(exporter.frozen()).decode())
+    assert value(samples, "llmgw_gateway_connections_evicted_total") == 4.0

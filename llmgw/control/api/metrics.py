@@ -23,15 +23,17 @@ def reader(ctx: Context) -> Callable[[], Scrape]:
     thread (at 1,000 nodes it takes tens of ms: tests/bench/metrics.py)."""
     leading = ctx.store.is_leader()
     raft = {**ctx.store_status(), "is_leader": leading}
+    connections = ctx.connections() if ctx.connections is not None else None
     if not leading:
-        return lambda: Scrape(ctx.self_id, leading, raft)
+        return lambda: Scrape(ctx.self_id, leading, raft, connections=connections)
     inputs = ctx.look_inputs(ctx.local_cluster())
     restarts = dict(ctx.hub.restarts_total)
     delivered = dict(ctx.webhook_deliveries()) if ctx.webhook_deliveries is not None else None
 
     def build() -> Scrape:
         look = inputs.compute()
-        return Scrape(ctx.self_id, leading, raft, look.summary, restarts, look.conditions, delivered)
+        return Scrape(ctx.self_id, leading, raft, look.summary, restarts, look.conditions, delivered,
+                      connections=connections)
     return build
 
 
