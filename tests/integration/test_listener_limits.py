@@ -10,15 +10,17 @@ import resource
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 import httpx
 import pytest
 import trio
 
 from llmgw.domain.limits import Caps
-from llmgw.wire.asgi import Receive, Scope, Send
+from llmgw.wire.asgi import Receive, Scope, Send, hypercorn_config, lifespan
 from llmgw.wire.front import Front, listen_socket
 from llmgw.wire.gate import ConnectionGate
+from llmgw.wire.hyper import serve_gated
 from tests.support.processes import UpProcess
 
 GET = b"GET /v1/models HTTP/1.1\r\nhost: test\r\n\r\n"
@@ -97,6 +99,30 @@ async def test_with_every_connection_busy_a_new_one_is_refused_at_once() -> None
             assert (await answered(s)).startswith(b"HTTP/1.1 200")
             await s.aclose()
         await refused.aclose()
+
+
+async def test_the_admin_listener_under_hypercorn_makes_room_from_its_idle_connections() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            return await lifespan(receive, send)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    gate = ConnectionGate("admin", Caps(4, 4))
+    config = hypercorn_config("127.0.0.1", 0, logger="test", graceful_s=1.0, keep_alive_s=5.0)
+    async with trio.open_nursery() as nursery:
+        (url,) = await nursery.start(partial(serve_gated, app, config, gate, accept_retry_s=0.1))
+        port = int(url.rsplit(":", 1)[1])
+        idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(10)]
+        async with httpx.AsyncClient(base_url=url) as client:
+            assert (await client.get("/api/v1/status")).status_code == 200
+        for stream in idle[:7]:  # 10 idle and the request's: the 7 oldest made room
+            assert await closed(stream)
+        stats = gate.statistics()
+        assert stats.evicted == 7 and stats.refused_listener_full == 0 and stats.open <= 4
+        for stream in idle:
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
 
 
 # --- a whole process, limited to 1,024 descriptors ---------------------------------------------------
