@@ -51,7 +51,26 @@ GOAL_ADDED_P50_MS, GOAL_ADDED_P99_MS, GOAL_RPS, GOAL_TTFC_MS, GOAL_HANDLER_CPU_M
 # --- child: one gateway process -------------------------------------------------------------
 
 
-async def _gateway_child(upstream: str, port: int, reuse_port: bool, log_dir: str) -> None:
+def _throwaway_tls(directory: Path) -> Any:
+    """A server context as a gateway's /v1 gets one (`llmgw.trust.tls.server_context` with the cluster's CA:
+    client certificates asked for, not required), from a throwaway CA: an ECDSA P-256 cert for 127.0.0.1."""
+    from llmgw.trust import ca, tls
+    from llmgw.trust.files import write_private
+
+    now = time.time()
+    root = ca.make_root("bench", now)
+    inter = ca.make_intermediate(root, now)
+    key = ca.new_key_pem()
+    cert = ca.sign_request(ca.make_request(key, "gateway", "bench"), inter, role="gateway", name="bench",
+                           hosts=("127.0.0.1",), now=now)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_private(directory / "tls.pem", cert + inter.cert_pem)
+    write_private(directory / "tls.key", key)
+    write_private(directory / "ca.pem", root.cert_pem)
+    return tls.server_context(directory / "tls.pem", directory / "tls.key", directory / "ca.pem")
+
+
+async def _gateway_child(upstream: str, port: int, reuse_port: bool, log_dir: str, tls: bool = False) -> None:
     from llmgw import logs
     from llmgw.domain import commands
     from llmgw.domain.keys import hash_key
@@ -71,17 +90,19 @@ async def _gateway_child(upstream: str, port: int, reuse_port: bool, log_dir: st
     router.update_routes({MODEL: ModelRoute(MODEL, "chat", "ready", (Endpoint("bench-r1", upstream),))})
     deps = GatewayDeps(router=router, state=store, requestlog=RequestLog(Path(log_dir), "bench"))
     kwargs: dict[str, Any] = {"reuse_port": True} if reuse_port else {}  # older serve() had no reuse_port
+    if tls:  # the certificate beside the request log (the parent's temporary directory)
+        kwargs["tls"] = _throwaway_tls(Path(log_dir + "-tls"))
     import trio
 
     async with trio.open_nursery() as nursery:
         host, bound = await nursery.start(partial(serve, "127.0.0.1", port, deps, **kwargs))
-        print(f"READY http://{host}:{bound}", flush=True)
+        print(f"READY {'https' if tls else 'http'}://{host}:{bound}", flush=True)
 
 
 def _run_child(opts: argparse.Namespace) -> None:
     import trio
 
-    run = partial(trio.run, _gateway_child, opts.child_gateway, opts.port, opts.reuse_port, opts.log_dir)
+    run = partial(trio.run, _gateway_child, opts.child_gateway, opts.port, opts.reuse_port, opts.log_dir, opts.tls)
     if not opts.profile:
         run()
         return
@@ -147,10 +168,11 @@ class Procs:
 
 
 def _gateway_args(upstream: str, log_dir: Path, *, port: int = 0, reuse_port: bool = False,
-                  profile: Path | None = None) -> list[str]:
+                  profile: Path | None = None, tls: bool = False) -> list[str]:
     args = [sys.executable, str(Path(__file__).resolve()), "--child-gateway", upstream, "--port", str(port),
             "--log-dir", str(log_dir)]
-    return args + (["--reuse-port"] if reuse_port else []) + (["--profile", str(profile)] if profile else [])
+    return (args + (["--reuse-port"] if reuse_port else []) + (["--profile", str(profile)] if profile else [])
+            + (["--tls"] if tls else []))
 
 
 def _free_port() -> int:
@@ -383,6 +405,7 @@ def _options() -> argparse.Namespace:
     parser.add_argument("--child-gateway", metavar="UPSTREAM", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tls", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", help=argparse.SUPPRESS)
     parser.add_argument("--profile", help=argparse.SUPPRESS)
     if "--quick" in sys.argv:  # shorter defaults; flags given beside --quick still win

@@ -1,15 +1,18 @@
 """The gateway benchmark's harness cannot rot unseen: its raw upstream answers chat requests and streams as
-valid HTTP/1.1 over real loopback (checked by h11, a strict parser), and its wrk report parser reads wrk's output.
+valid HTTP/1.1 over real loopback (checked by h11, a strict parser), its wrk report parser reads wrk's output,
+and the TLS bench's gateway serves a certificate its client verifies, kept alive across requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import h11
 import pytest
@@ -164,3 +167,46 @@ def test_the_metrics_bench_runs() -> None:
     finally:  # the bench sets both as the gateway does: not for the rest of this process
         gc.unfreeze()
         sys.setswitchinterval(switch)
+
+
+def test_the_tls_bench_gateway_verifies_and_keeps_its_connection_alive(upstream: str, tmp_path: Path) -> None:
+    """tests/bench/gateway_tls.py's TLS gateway (gateway.py's child with --tls, a throwaway CA): its certificate
+    verifies for 127.0.0.1, its requests share one connection (one handshake), and the plain one still answers."""
+    from llmgw.domain.keys import new_key
+
+    tls_bench = load_bench("gateway_tls")
+    bench = tls_bench.bench
+    key = new_key()
+    procs = bench.Procs()
+    try:
+        env = {**os.environ, bench.KEY_ENV: key, "PYTHONPATH": str(bench.ROOT)}
+        _proc, url = procs.start(bench._gateway_args(upstream, tmp_path / "log-tls", tls=True), env)
+        assert url.startswith("https://127.0.0.1:")
+        tls_bench.check_tls(url, tls_bench.tls_ca(tmp_path / "log-tls"), key, requests=3)
+        _proc, plain = procs.start(bench._gateway_args(upstream, tmp_path / "log-plain"), env)
+        assert plain.startswith("http://") and probe.check(plain + bench.PATH, key, bench.CHAT)["usage"]
+    finally:
+        procs.stop_all()
+        for proc in procs.all:  # the bench leaves its children's pipes to the process's exit
+            assert proc.stdout is not None
+            proc.stdout.close()
+    script = tls_bench.close_script(tmp_path, key).read_text()
+    assert script.startswith(wrk.lua_script(bench.CHAT, key)) and 'wrk.headers["Connection"] = "close"' in script
+
+
+def test_the_tls_bench_table_sets_tls_beside_plain() -> None:
+    tls_bench = load_bench("gateway_tls")
+    targets = tls_bench._targets("http://u", 1, {"plain": (2, "http://p"), "TLS": (3, "https://t")},
+                                 {True: Path("ka.lua"), False: Path("close.lua")}, "k", [1])
+    for (_c, row), t in targets.items():  # two rounds: direct 0.1 ms; TLS 1.5x plain; closing 2x more
+        base = {"direct": 0.1, "plain, keep-alive": 0.5, "TLS, keep-alive": 0.75}.get(row)
+        base = base or {"plain, Connection: close": 1.0, "TLS, Connection: close": 1.5}[row]
+        t.load = [wrk.WrkRun(1000, 1.0, 1000 / base, base, 2 * base, 0)] * 2
+        t.cpu_ms = [base] * 2
+    rows = tls_bench.table(targets)
+    assert [r[1] for r in rows[1:]] == [
+        "direct (upstream), keep-alive", "plain, keep-alive", "TLS, keep-alive", "TLS / plain, keep-alive",
+        "plain, Connection: close", "TLS, Connection: close", "TLS / plain, Connection: close",
+        "TLS: close / keep-alive"]
+    assert rows[2][4] == "0.40" and rows[4][2] == "x1.50 (+0.25)" and rows[4][6] == "x0.67"
+    assert rows[8][7] == "x2.00 (+0.750)"  # a connection per request: twice the CPU
