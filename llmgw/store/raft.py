@@ -33,7 +33,7 @@ from llmgw.store.handoff import Handoff
 from llmgw.store.journal import DEFAULT_FSYNC, FsyncPolicy, JournalWriteError, RaftJournal, Repeats
 from llmgw.store.membership import MemberChanges, group_at_start, keep_a_group_of_one
 from llmgw.store.readindex import Confirmed, ConfirmsReads, Verdict
-from llmgw.store.snapshot import SnapshotFiles
+from llmgw.store.snapshot import SnapshotFiles, check_received
 from llmgw.store.secret import load_or_create, raft_password
 from llmgw.store import unpickle
 from llmgw.store.wire import MAX_COMMAND_BYTES, RefusalLog, sealed_transport
@@ -252,6 +252,7 @@ class RaftStore:
             opened.close()
             raise
         snapshots.state_of = lambda: obj._state
+        check_received(obj._SyncObj__serializer)  # a received snapshot read whole before it replaces ours
 
         def restore(state: ClusterState) -> None:  # a snapshot loaded: at start, or sent by the leader
             obj._state = state

@@ -34,7 +34,12 @@ WHAT_TO_DO = JOURNAL_WHAT_TO_DO  # moving only the snapshot (and journal) away i
 
 
 class SnapshotDamaged(startup.CannotStart):
-    """A snapshot file that cannot be read; the message names the file and what to do."""
+    """A snapshot file that cannot be read; the message names the file and what to do, `what` only
+    what is wrong."""
+
+    def __init__(self, message: str, what: str = "") -> None:
+        super().__init__(message)
+        self.what = what or message
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,8 @@ def read(path: Path) -> Snapshot:
         raise SnapshotDamaged(f"cannot read the snapshot {path}: {e.strerror or e}") from None
 
     def damaged(what: str) -> SnapshotDamaged:
-        return SnapshotDamaged(f"snapshot {path} is damaged: {what}; the member will not start on it: {WHAT_TO_DO}")
+        return SnapshotDamaged(f"snapshot {path} is damaged: {what}; the member will not start on it: {WHAT_TO_DO}",
+                               what)
 
     head, newline, body = data.partition(b"\n")
     try:
@@ -185,18 +191,75 @@ class SnapshotFiles:
     def load(self, path: str) -> tuple[Entry, Entry, list[Any]]:
         """Called in the Raft thread: at the first tick, and when the leader sent a snapshot."""
         snap, self.loaded = self.loaded, None
-        if snap is None:  # received from the leader: pysyncobj wrote it without fsync
+        if snap is None:  # received from the leader: checked whole and flushed before it was renamed here
             try:
                 snap = read(Path(path))
             except SnapshotDamaged as e:
                 log.error("%s (received from the leader; not loaded)", e)
                 raise
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-            fsync_dir(Path(path).parent)  # before pysyncobj clears the journal on its word
         assert self.restore is not None
         self.restore(snap.state)
         return snap.last, snap.prev, [TCPNode(m) for m in snap.members]
+
+
+def check_received(serializer: Any, on_refused: Callable[[str], None] | None = None) -> None:
+    """A snapshot the leader sends is checked whole, and flushed, before it replaces this member's own.
+
+    pysyncobj writes the chunks of a received snapshot to `snapshot.json.1.tmp` and renames it over
+    `snapshot.json` at the last chunk, unflushed, before anything reads it. Chunks of two transfers that
+    interleave (a transfer restarted on a new connection while the old one's chunks were still queued)
+    made a file longer than its header: it replaced the member's good snapshot, the load refused it, and
+    at its next start the member refused to start (the fault campaign, seed 4101, round 108). Now a file
+    that does not read whole is dropped where it lies, the member keeps its own, and the leader sends the
+    snapshot again (its next index is not advanced); one that reads is flushed before the rename."""
+    tmp_of = getattr(serializer, "_Serializer__fileName", None)
+    if tmp_of is None:  # an in-memory serializer (no file): nothing on disk to protect
+        return
+    final = Path(tmp_of)
+    tmp = final.with_name(final.name + ".1.tmp")
+    original = serializer.setTransmissionData
+
+    def set_transmission_data(data: Any) -> bool:
+        if data is None or not data[2]:  # not the last chunk: pysyncobj writes it
+            return bool(original(data))
+        incoming = serializer._Serializer__incomingTransmissionFile
+        if incoming is None:  # a last chunk of a transfer whose first this member never saw
+            return False
+        try:
+            incoming.write(data[0])
+            incoming.flush()
+            os.fsync(incoming.fileno())
+        except OSError as e:
+            log.error("cannot write the snapshot received from the leader to %s: %s", tmp, e.strerror or e)
+            _drop(serializer, tmp)
+            return False
+        incoming.close()
+        serializer._Serializer__incomingTransmissionFile = None
+        try:
+            read(tmp)
+        except SnapshotDamaged as e:
+            log.error("a snapshot received from the leader does not read whole (%s): dropped; this member keeps "
+                      "its own, and the leader sends it again", e.what)
+            _drop(serializer, tmp)
+            if on_refused is not None:
+                on_refused(e.what)
+            return False
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+        return True
+
+    serializer.setTransmissionData = set_transmission_data
+
+
+def _drop(serializer: Any, tmp: Path) -> None:
+    incoming = serializer._Serializer__incomingTransmissionFile
+    if incoming is not None:
+        incoming.close()
+    serializer._Serializer__incomingTransmissionFile = None
+    try:
+        tmp.unlink()
+    except OSError:
+        pass
 
 
 class _OursSaysWhy(logging.Filter):
