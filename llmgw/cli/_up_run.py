@@ -26,7 +26,7 @@ from llmgw.gateway.app import serve as gateway_serve
 from llmgw.gateway.guard import GuardStats
 from llmgw.gateway.requestlog import RequestLog, push_usage
 from llmgw.gateway.router import Router
-from llmgw.net import free_port, url_host
+from llmgw.net import free_port, off_loopback, url_host
 from llmgw.trust.tls import client_context as tls_client
 
 log = logging.getLogger("llmgw.up")
@@ -45,16 +45,6 @@ class UpOptions:
     env_client_key: str | None = None
     env_admin_key: str | None = None
     tls: bool | None = None  # None: on unless `host` is a loopback address
-
-
-def off_loopback(host: str) -> bool:
-    """Whether `host` reaches beyond this machine (a wildcard, an interface's address, a name)."""
-    if host == "localhost":
-        return False
-    try:
-        return not ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return True
 
 
 def raft_host(host: str) -> str:

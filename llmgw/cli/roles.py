@@ -8,6 +8,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
+import ssl
+
 from cyclopts import Parameter
 
 from llmgw.cli._log_flags import LogFlags
@@ -309,6 +311,54 @@ def agent(
     sys.exit(status)
 
 
+def _gateway_tls(host: str, cert: Path | None, key: Path | None, renewal: Renewal) -> ssl.SSLContext | None:
+    """What /v1 serves: the operator's certificate; else, bound off loopback, the gateway's own (kept
+    current by its renewal); else plain HTTP. Clients' certificates are asked for and checked against
+    the cluster's bundle either way: a control plane reads the request log with its own."""
+    from llmgw.net import off_loopback
+    from llmgw.trust import tls
+
+    if (cert is None) != (key is None):
+        raise SystemExit("error: --tls-cert and --tls-key go together: give both or neither")
+    try:
+        if cert is not None and key is not None:
+            return tls.server_context(cert, key, renewal.files.ca)
+    except (OSError, ssl.SSLError) as e:
+        raise SystemExit(f"error: cannot use --tls-cert {cert} / --tls-key {key}: {e}") from None
+    return own_tls(renewal) if off_loopback(host) else None
+
+
+def own_tls(renewal: Renewal) -> ssl.SSLContext:
+    """A listener's context with the machine's own certificate, kept current by its renewal."""
+    from llmgw.trust import tls
+
+    context = tls.server_context(renewal.files.cert, renewal.files.key, renewal.files.ca)
+    renewal.also.append(context)
+    return context
+
+
+async def _reload_on_hangup(context: ssl.SSLContext | None, cert: Path, key: Path | None, handle: object) -> None:
+    """SIGHUP: read --tls-cert/--tls-key again into the live context (new connections get the new
+    certificate, open ones go on); a parent of --workers passes it on to each worker."""
+    import logging
+    import signal
+
+    import trio
+
+    log_ = logging.getLogger("llmgw.gateway")
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            for worker in getattr(handle, "workers", ()):
+                os.kill(worker.pid, signal.SIGHUP)
+            if context is None:
+                continue
+            try:
+                context.load_cert_chain(str(cert), str(key))
+                log_.info("SIGHUP: serving the certificate in %s again, as it is now", cert)
+            except (OSError, ssl.SSLError) as e:
+                log_.error("SIGHUP: could not load %s / %s, still serving the one loaded before: %s", cert, key, e)
+
+
 def _storage(flags: list[str]) -> tuple[StorageDir, ...]:
     from llmgw.agent.storage import parse_storage_flags
 
@@ -328,6 +378,8 @@ def gateway(
     ca_hash: str | None = None,
     ca_file: Path | None = None,
     key: Annotated[str | None, Parameter(show=False)] = None,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
     workers: int = 1,
     worker_of: Annotated[int | None, Parameter(show=False)] = None,
     log: LogFlags = LogFlags(),
@@ -355,6 +407,12 @@ def gateway(
         The cluster's CA bundle, instead of --ca-hash.
     key
         Refused: an admin key is never a machine's credential.
+    tls_cert
+        The certificate chain (PEM) /v1 serves, with --tls-key: an operator's own (its clients trust
+        its CA). Reloaded on SIGHUP, without dropping a connection. Without it, a gateway bound off
+        loopback serves its own certificate from the cluster's CA; on loopback, plain HTTP.
+    tls_key
+        The private key (PEM) of --tls-cert.
     workers
         Gateway processes sharing the --listen port (SO_REUSEPORT), up to one per core: each
         follows the leader itself, is listed as NAME-wI and keeps its request log in
@@ -395,8 +453,12 @@ def gateway(
         renewal = _machine_tls("gateway", machine, credentials, control, key=key, join_token=join_token,
                                ca_hash=ca_hash, ca_file=ca_file, hosts=(host, machine))
         renewal.renews = worker_of is None or name.endswith("-w0")  # one process of the machine renews
-        cfg = GatewayConfig(controls=control, tls=renewal.context, renewal=renewal, listen_host=host, listen_port=port, name=name,
-                            timeouts=timeouts, state_dir=state_dir)
+        server_tls = _gateway_tls(host, tls_cert, tls_key, renewal)
+        cfg = GatewayConfig(controls=control, tls=renewal.context, renewal=renewal, server_tls=server_tls,
+                            listen_host=host, listen_port=port, name=name, timeouts=timeouts, state_dir=state_dir)
+        if tls_cert is not None:  # control planes ask the request log on a listener of the gateway's own certificate
+            cfg.query_listen = (host, 0)
+            cfg.query_tls = own_tls(renewal)
         role: Callable[..., Awaitable[object]] = partial(serve, cfg)
         if worker_of is not None:  # one of --workers N: shares the port, answers control on a port of its own
             cfg.reuse_port, cfg.query_listen, cfg.role = True, (host, 0), gateway_workers.worker_role(name)
@@ -405,7 +467,7 @@ def gateway(
             role = partial(gateway_workers.serve, gateway_workers.WorkersConfig(
                 count=workers, listen_host=host, listen_port=port, state_dir=state_dir, timeouts=timeouts,
                 command=gateway_workers.gateway_command(control, name, state_dir, log_json=log.log_json,
-                                                        log_level=log.log_level),
+                                                        log_level=log.log_level, tls_cert=tls_cert, tls_key=tls_key),
                 env=dict(os.environ)))
 
         async def serve_naming_port(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
@@ -414,6 +476,8 @@ def gateway(
                     if workers > 1 and port != 0:  # bound without SO_REUSEPORT by another process?
                         _ports.check_free("gateway", host, port, "--listen")
                     handle = await nursery.start(role)
+                if tls_cert is not None:
+                    nursery.start_soon(_reload_on_hangup, server_tls, tls_cert, tls_key, handle)
                 pids = ",".join(str(w.pid) for w in getattr(handle, "workers", ()))  # --workers: which to watch
                 print(f"llmgw gateway ready url={handle.url}/v1{f' workers={pids}' if pids else ''}", flush=True)
                 task_status.started(handle)

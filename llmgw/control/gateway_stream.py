@@ -298,12 +298,14 @@ async def session(ctx: Context, receive: Receive, send: Send, remote: str, *, ma
 
 
 def reachable_url(url: Any, address: str) -> str:
-    """A gateway's announced URL, its wildcard host (0.0.0.0, ::) replaced by the address it connected from."""
-    if not isinstance(url, str) or not url.startswith("http://") or len(url) > 300:
+    """A gateway's announced URL (http or https), its wildcard host (0.0.0.0, ::) replaced by the address
+    it connected from."""
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) > 300:
         return ""
-    host, _, port = url[len("http://"):].rpartition(":")
+    scheme, _, rest = url.partition("://")
+    host, _, port = rest.rpartition(":")
     if host.strip("[]") in ("0.0.0.0", "::", "") and address not in ("", "?"):
-        return f"http://{url_host(address)}:{port}"
+        return f"{scheme}://{url_host(address)}:{port}"
     return url
 
 

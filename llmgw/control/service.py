@@ -176,7 +176,7 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
         trust: Trust | None = None
         if config.tls:
             trust = Trust(config.state_dir, store, config.clock, name=config.raft_addr,
-                          hosts=certificate_hosts(config), ca_root=config.ca_root)
+                          hosts=certificate_hosts(config), ca_root=config.ca_root, timeouts=timeouts)
             log.info("waiting for the cluster's CA and this member's certificate")
             await trust.ready()
         hub = AgentHub(config.clock, timeouts)

@@ -26,6 +26,7 @@ from llmgw.domain import commands
 from llmgw.domain.commands import trust as trust_commands
 from llmgw.domain.state import ClusterState
 from llmgw.errors import AdminError
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import WritableStore
 from llmgw.store.secret import FILE_NAME as SECRET_FILE
 from llmgw.store.secret import read_file as read_secret
@@ -71,6 +72,7 @@ class Trust:
     name: str  # this control plane's machine name (its Raft address)
     hosts: tuple[str, ...]  # the names and addresses its listeners are reached at
     ca_root: Path | None = None  # `--ca-root`: a dir with the operator's root.pem and root.key
+    timeouts: Timeouts = TIMEOUTS
     files: MachineFiles = field(init=False)
     _issued_at: float = field(default=0.0, init=False)
     _contexts: list[ssl.SSLContext] = field(default_factory=list, init=False)
@@ -119,7 +121,8 @@ class Trust:
         the request is unusable."""
         aid, authority = self.authority(state)
         try:
-            cert = ca.sign_request(csr_pem, authority, role=role, name=name, hosts=hosts, now=now)
+            cert = ca.sign_request(csr_pem, authority, role=role, name=name, hosts=hosts, now=now,
+                                   lifetime_s=self.timeouts.cert_life_s)
         except ca.CaError as e:
             raise AdminError(400, "invalid_request", str(e)) from None
         return cert + authority.cert_pem, ca.identity(cert), aid
@@ -138,7 +141,7 @@ class Trust:
                         raise AdminError(500, "ca_root", f"cannot copy {src}: {e.strerror}") from None
                 log.info("the cluster's root CA is the operator's, from %s", self.ca_root)
             else:
-                made = ca.make_root(self.name, now)
+                made = ca.make_root(self.name, now, self.timeouts.ca_root_life_s)
                 write_private(key, made.key_pem)
                 write_private(pem, made.cert_pem)
                 log.info("made the cluster's root CA (%s): its key stays in %s", pem, key)
@@ -153,7 +156,7 @@ class Trust:
         start, and by `ctl ca rotate` on the member holding the root."""
         now = self.clock()
         root = self._root(now)
-        inter = ca.make_intermediate(root, now)
+        inter = ca.make_intermediate(root, now, self.timeouts.ca_intermediate_life_s)
         aid = ca.serial_hex(ca.load_cert(inter.cert_pem))
         await self.store.submit(trust_commands.ca_add(aid, inter.cert_pem, ca.seal(inter.key_pem, self.secret()),
                                                       root.cert_pem, ca.not_after(inter.cert_pem), now,
@@ -170,7 +173,7 @@ class Trust:
                                                             for aid, a in state.authorities.items()})
         except ca.CaError:
             return True
-        issued = self._issued_at or (who.not_after - ca.MACHINE_LIFETIME_S)
+        issued = self._issued_at or (who.not_after - self.timeouts.cert_life_s)
         return not who.issuer_serial or who.serial in state.revoked or due(who.not_after, issued, now)
 
     async def renew_own(self, state: ClusterState) -> None:
@@ -205,7 +208,7 @@ class Trust:
                     log.warning("could not add the cluster's CA: %s", e.message)
                 state = self.store.snapshot()
                 continue
-            with trio.move_on_after(1.0):  # leadership may come without a state change
+            with trio.move_on_after(self.timeouts.trust_ca_wait_s):  # leadership may come without a state change
                 state = await self.store.wait_changed(state.revision)
             state = self.store.snapshot()
 
@@ -223,7 +226,7 @@ class Trust:
                     await self.renew_own(state)
                 except AdminError as e:
                     log.warning("could not renew this control plane's certificate: %s", e.message)
-            with trio.move_on_after(60.0):
+            with trio.move_on_after(self.timeouts.trust_recheck_s):
                 state = await self.store.wait_changed(state.revision)
 
 

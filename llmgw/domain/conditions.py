@@ -39,8 +39,6 @@ KINDS: Mapping[str, str] = {
     "cert_expiring": WARNING,
 }
 
-CERT_EXPIRING_S = 7 * 86400.0  # a certificate this close to its end is a condition (machines renew at 2/3)
-
 # judges.STATUSES that are a failure of a judge (not "ok", not "unknown").
 JUDGE_FAILING = ("missing", "not_a_judge", "down", "failing")
 
@@ -74,7 +72,7 @@ def conditions(summary: Summary, now: float | None = None, *, timeouts: Timeouts
     found: dict[tuple[str, str], Condition] = {}
     for c in (*_nodes(summary.nodes, now, timeouts), *_node_problems(summary.nodes),
               *_models(summary.models, timeouts), *_judges(summary.guard), *_members(summary.cluster),
-              *_webhooks(webhooks), *_certificates(summary.certificates)):
+              *_webhooks(webhooks), *_certificates(summary.certificates, timeouts)):
         found.setdefault(c.key, c)
     return sorted(found.values())
 
@@ -192,9 +190,9 @@ def _members(cluster: ClusterPart) -> Iterable[Condition]:
                 + f": {r.reason}. It cannot take over until it catches up; check its disk and network"))
 
 
-def _certificates(rows: Iterable[CertRow]) -> Iterable[Condition]:
+def _certificates(rows: Iterable[CertRow], timeouts: Timeouts) -> Iterable[Condition]:
     for c in rows:
-        if c.expires_in_s is None or c.expires_in_s >= CERT_EXPIRING_S:
+        if c.expires_in_s is None or c.expires_in_s >= timeouts.cert_expiring_s:
             continue  # unknown is no failure
         what = f"the intermediate CA {c.name}" if c.role == "ca" else f"the certificate of {c.role} {c.name}"
         if c.expires_in_s <= 0:

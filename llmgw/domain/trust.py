@@ -22,13 +22,12 @@ import re
 import secrets
 from dataclasses import dataclass
 
-ROLES = ("agent", "gateway", "control")
+MACHINE_ROLES = ("agent", "gateway", "control")
 TOKEN_PREFIX = "llmgw-join-"
 TOKEN_ID_PREFIX = "tok_"
 _ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 TOKEN_CHARS = 32  # 190 random bits
 TOKEN_ID_CHARS = 12
-TOKEN_TTL_MAX_S = 30 * 24 * 3600.0  # a join token lives an hour by default; a month at most
 # A machine's name: a host name, roughly; a control plane's is its Raft address (HOST:PORT, [V6]:PORT).
 NAME_RE = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9._:\[\]-]{0,252}")
 SERIAL_RE = re.compile(r"[0-9a-f]{1,40}")  # a certificate's serial, lower-case hex

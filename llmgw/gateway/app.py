@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -307,6 +308,8 @@ async def serve(
     reuse_port: bool = False,
     query_listen: tuple[str, int] | None = None,
     open_when: Callable[[], Awaitable[object]] | None = None,
+    tls: ssl.SSLContext | None = None,
+    query_tls: ssl.SSLContext | None | bool = True,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway until cancelled (or `shutdown_trigger` returns: in-flight requests get a grace).
@@ -318,6 +321,9 @@ async def serve(
     `open_when`: the `/v1` port is held at once but takes connections only once this returns, or after
     `gateway_open_wait_s` (a worker joins its shared port when it has its table: until then its share of
     clients would get 503s while the other workers could serve them); `task_status` reports after that.
+    `tls`: every listener speaks TLS with it (an operator's certificate, or the gateway's own from the
+    cluster's CA); None: plain HTTP. `query_tls`: the `query_listen` listener's own (the gateway's own
+    certificate, which control plans verify, when /v1 serves an operator's); True: as /v1.
     """
     role_var.set("gateway")  # this task's context: every request task inherits it
     app = make_app(deps)
@@ -330,13 +336,17 @@ async def serve(
         # How many client connections this process holds, from its open-files limit (llmgw/wire/gate.py).
         gate = listener_gate("gateway", log_every_s=deps.timeouts.listener_limit_log_s)
         app.metrics.connections = gate.statistics
-        front = Front(app, timeouts=deps.timeouts, new_id=app.log.new_id, gate=gate)
+        front = Front(app, timeouts=deps.timeouts, new_id=app.log.new_id, gate=gate, tls=tls)
+        scheme = "https" if tls is not None else "http"
+        query_scheme = scheme if query_tls is True or len(sockets) == 1 else ("https" if query_tls else "http")
         async with trio.open_nursery() as nursery:
-            await nursery.start(partial(_serve_then_stop, front, sockets[0 if open_when is None else 1:],
+            tls_of = [True] + [query_tls] * (len(sockets) - 1)
+            await nursery.start(partial(_serve_then_stop, front,
+                                        list(zip(sockets, tls_of))[0 if open_when is None else 1:],
                                         shutdown_trigger, nursery.cancel_scope))
             host, port = sockets[0].getsockname()[:2]
             query_host, query_port = sockets[-1].getsockname()[:2]
-            app.log.query_url = f"http://{url_host(query_host)}:{query_port}"
+            app.log.query_url = f"{query_scheme}://{url_host(query_host)}:{query_port}"
             nursery.start_soon(app.log.run)  # the request log's writer: off the request path
             if open_when is not None:
                 with trio.move_on_after(deps.timeouts.gateway_open_wait_s) as waiting:
@@ -346,7 +356,7 @@ async def serve(
                                  "gateway_not_synced until one comes)", deps.timeouts.gateway_open_wait_s)
                 sockets[0].listen(BACKLOG)
                 front.add(sockets[0])
-            _log.info("gateway listening on http://%s:%d", url_host(host), port)
+            _log.info("gateway listening on %s://%s:%d", scheme, url_host(host), port)
             # What is alive now (modules, the app, the table) lives as long as the process: out of the
             # collector's way, so a full collection scans what requests left behind, not every import
             # (tens of ms on a loaded `llmgw up`: the p99 of added latency).

@@ -46,6 +46,12 @@ class GatewayConfig:
     tls: ssl.SSLContext | None
     # Renews the certificate in `tls` over the stream at two thirds of its life (llmgw/trust/renewal.py).
     renewal: Renewal | None = None
+    # The /v1 listener's (and the request log's) TLS: an operator's certificate (`--tls-cert`) or the
+    # gateway's own; None: plain HTTP (bound to loopback).
+    server_tls: ssl.SSLContext | None = None
+    # The request log's listener (`query_listen`) when it is not /v1's: the gateway's own certificate, which
+    # control planes verify and which verifies theirs; True: as /v1.
+    query_tls: ssl.SSLContext | None | bool = True
     # Instead, a machine inside the control plane's own process (`llmgw up`): its in-memory credential
     # (`Context.local_credential`).
     local_credential: str | None = None
@@ -168,10 +174,11 @@ async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IG
                                                  reuse_port=config.reuse_port, query_listen=config.query_listen,
                                                  # A worker shares its port: it takes clients once it has a table.
                                                  open_when=partial(state.wait_changed, -1) if config.reuse_port
-                                                 else None))
+                                                 else None, tls=config.server_tls, query_tls=config.query_tls))
         nursery.start_soon(_follow, config, state, router, _Feeds(rlog, judges))
         nursery.start_soon(_warn_while_stale, config, state)
-        task_status.started(GatewayHandle(f"http://{url_host(host)}:{port}", state, router, rlog))
+        scheme = "https" if config.server_tls is not None else "http"
+        task_status.started(GatewayHandle(f"{scheme}://{url_host(host)}:{port}", state, router, rlog))
 
 
 async def _follow(config: GatewayConfig, state: FollowedState, router: Router, feeds: _Feeds) -> None:

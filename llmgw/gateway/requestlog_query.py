@@ -21,6 +21,8 @@ from llmgw.domain.keys import hash_key
 from llmgw.errors import OpenAIError
 from llmgw.gateway.requestlog import RequestLog, read_summary, record_doc, segments
 from llmgw.interfaces import StateReader
+from llmgw.trust.ca import CaError, identity
+from llmgw.trust.tls import peer_certificate
 from llmgw.wire.asgi import dumps
 from llmgw.wire.logquery import ID_RE, MAX_LIMIT, PATH, Filters, QueryError, json_bytes
 
@@ -172,6 +174,15 @@ def _limit(raw: str | None) -> int:
 
 
 def _admin(scope: Any, state: StateReader) -> None:
+    """A control plane's certificate (its TLS handshake verified the chain against the cluster's bundle),
+    or an admin or viewer key (a control plane asking over loopback, or an operator)."""
+    peer = peer_certificate()
+    if peer is not None:
+        try:
+            if identity(peer).role == "control":
+                return
+        except CaError:
+            pass
     for name, value in scope["headers"]:
         if name == b"authorization":
             scheme, _, key = value.decode("latin-1").partition(" ")
@@ -179,5 +190,6 @@ def _admin(scope: Any, state: StateReader) -> None:
                 found = state.snapshot().keys.get(hash_key(key.strip()))
                 if found is not None and found.role in ("admin", "viewer"):  # reading: a viewer may
                     return
-    raise OpenAIError(401, "invalid_api_key", "this gateway's request log answers an admin or viewer key only",
+    raise OpenAIError(401, "invalid_api_key", "this gateway's request log answers a control plane's certificate, "
+                      "or an admin or viewer key",
                       headers=[(b"www-authenticate", b"Bearer")])

@@ -55,7 +55,8 @@ def worker_state_dir(state_dir: Path, index: int) -> Path:
 
 
 def gateway_command(controls: Sequence[str], name: str, state_dir: Path | None, *, log_json: bool,
-                    log_level: str) -> Callable[[int, str], list[str]]:
+                    log_level: str, tls_cert: Path | None = None,
+                    tls_key: Path | None = None) -> Callable[[int, str], list[str]]:
     """(index, HOST:PORT) -> the command line of that worker. It authenticates to control with the
     certificate its parent joined with (STATE_DIR/tls): nothing secret is on a command line `ps` shows."""
 
@@ -68,6 +69,8 @@ def gateway_command(controls: Sequence[str], name: str, state_dir: Path | None, 
             argv += ["--state-dir", str(worker_state_dir(state_dir.resolve(), index))]
         if log_json:
             argv.append("--log-json")
+        if tls_cert is not None and tls_key is not None:
+            argv += ["--tls-cert", str(tls_cert.resolve()), "--tls-key", str(tls_key.resolve())]
         return argv
 
     return command

@@ -24,12 +24,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from llmgw.domain.trust import ROLES
+from llmgw.domain.timeouts import TIMEOUTS
+from llmgw.domain.trust import MACHINE_ROLES
 
-ROOT_LIFETIME_S = 10 * 365 * 86400.0
-INTERMEDIATE_LIFETIME_S = 2 * 365 * 86400.0
-MACHINE_LIFETIME_S = 90 * 86400.0  # renewed at two thirds (60 days) over the machine's stream
-BACKDATE_S = 300.0  # not-before this far in the past: a machine whose clock is a little behind still accepts
+# Lifetimes and the backdating of not-before: the timeouts table's (domain/timeouts.py, area "trust").
+ROOT_LIFE = TIMEOUTS.ca_root_life_s
+INTERMEDIATE_LIFE = TIMEOUTS.ca_intermediate_life_s
+MACHINE_LIFE = TIMEOUTS.cert_life_s  # renewed at two thirds (60 days) over the machine's stream
+BACKDATE = TIMEOUTS.cert_backdate_s
 URI_PREFIX = "urn:llmgw:"
 _SEAL_CONTEXT = b"llmgw ca key seal v1"
 
@@ -101,7 +103,7 @@ def _ca_cert(subject: x509.Name, key: ec.EllipticCurvePrivateKey, issuer: x509.N
     return (x509.CertificateBuilder()
             .subject_name(subject).issuer_name(issuer).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(_time(now - BACKDATE_S)).not_valid_after(_time(now + lifetime_s))
+            .not_valid_before(_time(now - BACKDATE)).not_valid_after(_time(now + lifetime_s))
             .add_extension(x509.BasicConstraints(ca=True, path_length=path_length), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
                                          content_commitment=False, key_encipherment=False, data_encipherment=False,
@@ -111,7 +113,7 @@ def _ca_cert(subject: x509.Name, key: ec.EllipticCurvePrivateKey, issuer: x509.N
             .sign(signer, hashes.SHA256()))
 
 
-def make_root(cluster: str, now: float, lifetime_s: float = ROOT_LIFETIME_S) -> Issued:
+def make_root(cluster: str, now: float, lifetime_s: float = ROOT_LIFE) -> Issued:
     """A new root CA for a cluster (`cluster`: a name for people, in its subject)."""
     key = _key()
     name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "llmgw"),
@@ -120,7 +122,7 @@ def make_root(cluster: str, now: float, lifetime_s: float = ROOT_LIFETIME_S) -> 
     return Issued(_cert_pem(cert), _key_pem(key))
 
 
-def make_intermediate(root: Issued, now: float, lifetime_s: float = INTERMEDIATE_LIFETIME_S) -> Issued:
+def make_intermediate(root: Issued, now: float, lifetime_s: float = INTERMEDIATE_LIFE) -> Issued:
     """A new intermediate signed by `root`; never outlives it."""
     root_cert, root_key = load_cert(root.cert_pem), load_key(root.key_pem)
     until = min(lifetime_s, root_cert.not_valid_after_utc.timestamp() - now)
@@ -159,12 +161,12 @@ def _alt_names(role: str, name: str, hosts: tuple[str, ...]) -> list[x509.Genera
 
 
 def sign_request(csr_pem: str, intermediate: Issued, *, role: str, name: str, hosts: tuple[str, ...], now: float,
-                 lifetime_s: float = MACHINE_LIFETIME_S) -> str:
+                 lifetime_s: float = MACHINE_LIFE) -> str:
     """A certificate for `role/name` over the request's public key, signed by `intermediate`,
     naming `hosts` (DNS names and IP addresses the machine is reached at). The request's own subject
     is ignored: the cluster says who the machine is, never the machine. Raises CaError."""
-    if role not in ROLES:
-        raise CaError(f"role must be one of {', '.join(ROLES)}")
+    if role not in MACHINE_ROLES:
+        raise CaError(f"role must be one of {', '.join(MACHINE_ROLES)}")
     try:
         csr = x509.load_pem_x509_csr(csr_pem.encode())
     except ValueError as e:
@@ -182,7 +184,7 @@ def sign_request(csr_pem: str, intermediate: Issued, *, role: str, name: str, ho
                                      x509.NameAttribute(NameOID.COMMON_NAME, name[:64])]))
             .issuer_name(ca_cert.subject).public_key(public)
             .serial_number(x509.random_serial_number())
-            .not_valid_before(_time(now - BACKDATE_S)).not_valid_after(_time(until))
+            .not_valid_before(_time(now - BACKDATE)).not_valid_after(_time(until))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, key_cert_sign=False,
                                          crl_sign=False, content_commitment=False, data_encipherment=False,
@@ -209,7 +211,7 @@ def identity(cert: x509.Certificate | str | bytes, issuers: dict[str, x509.Certi
     if len(uris) != 1:
         raise CaError("the certificate names no llmgw machine (no urn:llmgw: URI)")
     role, _, name = uris[0][len(URI_PREFIX):].partition(":")
-    if role not in ROLES or not name:
+    if role not in MACHINE_ROLES or not name:
         raise CaError(f"the certificate's {uris[0]!r:.80} names no llmgw role")
     issuer_serial = ""
     for serial, issuer in (issuers or {}).items():

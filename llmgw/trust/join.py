@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from llmgw import startup
+from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.trust import ca, tls
 from llmgw.trust.files import MachineFiles
 
@@ -78,7 +79,7 @@ def _pinned(bundle: str) -> ssl.SSLContext:
 
 
 async def ensure_credentials(files: MachineFiles, controls: list[str], req: JoinRequest, *,
-                             timeout_s: float = 30.0) -> MachineFiles:
+                             timeout_s: float = TIMEOUTS.join_request_s) -> MachineFiles:
     """This machine's credential: the one on disk, or a new one got with the join token from the
     first control plane that answers. Raises JoinError."""
     if files.complete():

@@ -16,19 +16,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.trust import ca
 from llmgw.trust.files import MachineFiles, write_private
 
 log = logging.getLogger("llmgw.trust")
 
 RENEW_AT = 2 / 3  # of a certificate's life
-RETRY_S = 300.0  # a request unanswered (or refused) is sent again after this long
 
 
 def renew_at(cert_pem: str) -> float:
     """When a certificate is due for renewal: two thirds into its life (unix time)."""
     cert = ca.load_cert(cert_pem)
-    born = cert.not_valid_before_utc.timestamp() + ca.BACKDATE_S
+    born = cert.not_valid_before_utc.timestamp() + ca.BACKDATE
     return born + (cert.not_valid_after_utc.timestamp() - born) * RENEW_AT
 
 
@@ -41,9 +41,12 @@ class Renewal:
     name: str
     context: ssl.SSLContext  # the machine's client context: reloaded in place on renewal
     clock: Callable[[], float] = time.time
+    retry_s: float = TIMEOUTS.cert_renew_retry_s  # a request unanswered (or refused) is sent again after this long
     # False: another process of this machine renews (gateway workers: the first one); this one only
     # reloads its context when the files change (`refresh`).
     renews: bool = True
+    # More contexts made from the same files (a gateway's listener serving its own certificate): reloaded too.
+    also: list[ssl.SSLContext] = field(default_factory=list)
     _pending_key: str | None = field(default=None, init=False)
     _asked_at: float | None = field(default=None, init=False)
     _loaded: float = field(default=0.0, init=False)
@@ -66,15 +69,16 @@ class Renewal:
         return True
 
     def _reload(self) -> None:
-        self.context.load_cert_chain(str(self.files.cert), str(self.files.key))
-        self.context.load_verify_locations(cafile=str(self.files.ca))
+        for context in (self.context, *self.also):
+            context.load_cert_chain(str(self.files.cert), str(self.files.key))
+            context.load_verify_locations(cafile=str(self.files.ca))
         self._loaded = self._stamp()
 
     def due(self) -> bool:
         if not self.renews:
             return False
         now = self.clock()
-        if self._asked_at is not None and now - self._asked_at < RETRY_S:
+        if self._asked_at is not None and now - self._asked_at < self.retry_s:
             return False
         return now >= renew_at(self.files.cert.read_text())
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 import email.utils
 import logging
 import socket as stdlib_socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -356,7 +358,8 @@ class _Connection:
             return
         try:
             with trio.move_on_after(self.front.timeouts.gateway_close_drain_s):
-                await self.stream.send_eof()
+                if isinstance(self.stream, trio.abc.HalfCloseableStream):  # TLS has no half-close: drain, then close
+                    await self.stream.send_eof()
                 seen = 0
                 while seen < _CLOSE_DRAIN_BYTES and (data := await self.stream.receive_some(_READ)):
                     seen += len(data)
@@ -371,8 +374,12 @@ class Front:
     then it stops accepting, closes idle connections, and gives busy ones `gateway_shutdown_grace_s`."""
 
     def __init__(self, app: App, *, timeouts: Timeouts = TIMEOUTS, server_header: bytes = b"llmgw",
-                 new_id: Callable[[], str] | None = None, gate: ConnectionGate | None = None) -> None:
+                 new_id: Callable[[], str] | None = None, gate: ConnectionGate | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.app = app
+        # Every connection speaks TLS with this context (its handshake within `gateway_first_request_s`),
+        # unless its listener was added with its own (`add`); None: plain HTTP (a listener on loopback).
+        self.tls = tls
         self.new_id = new_id  # names the answers this server gives itself (`x-request-id`), as the app's
         self.timeouts = timeouts
         self.server_header = server_header
@@ -389,7 +396,7 @@ class Front:
 
     async def serve(
         self,
-        sockets: list[trio.socket.SocketType],
+        sockets: list[trio.socket.SocketType] | list[tuple[trio.socket.SocketType, ssl.SSLContext | None | bool]],
         *,
         shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -405,8 +412,9 @@ class Front:
 
             self._acceptors = await connections.start(accept_all)
             self._connections = connections
-            for sock in sockets:
-                self.add(sock)
+            for item in sockets:  # a socket, or (socket, its own TLS context: see `add`)
+                sock, tls = item if isinstance(item, tuple) else (item, True)
+                self.add(sock, tls=tls)
             task_status.started()
             if shutdown_trigger is None:
                 await trio.sleep_forever()
@@ -428,19 +436,36 @@ class Front:
         """The `x-request-id` header of an answer this server gives itself (none without `new_id`)."""
         return [] if self.new_id is None else [(b"x-request-id", self.new_id().encode())]
 
-    def add(self, sock: trio.socket.SocketType) -> None:
-        """Accept connections on one more listening socket (once `serve` has started)."""
+    def add(self, sock: trio.socket.SocketType, *, tls: ssl.SSLContext | None | bool = True) -> None:
+        """Accept connections on one more listening socket (once `serve` has started); `tls`: this
+        listener's own context (None: plain), True: the server's."""
+        context = self.tls if tls is True else tls
         assert self._acceptors is not None and self._connections is not None, "add() before serve() started"
         if self.bound is None:
             host, port = sock.getsockname()[:2]
             self.bound = (host, port)
         listener = trio.SocketListener(sock)
         self._listeners.append(listener)
-        self._acceptors.start_soon(accept_loop, listener, self.gate, self._connections, self._connection,
-                                   self.timeouts.gateway_accept_retry_s)
+        self._acceptors.start_soon(accept_loop, listener, self.gate, self._connections,
+                                   partial(self._connection, tls=context), self.timeouts.gateway_accept_retry_s)
 
-    async def _connection(self, stream: trio.abc.HalfCloseableStream, slot: Slot | None = None) -> None:
-        """Serve one connection (`slot`: its place in the gate, taken when accepted; tests pass none)."""
+    async def _handshake(self, stream: trio.abc.HalfCloseableStream,
+                         context: ssl.SSLContext) -> trio.SSLStream[Any] | None:
+        """The connection's TLS, or None (closed) when its handshake fails or takes too long: in this
+        task, so the client's certificate is what `llmgw.trust.tls.peer_certificate()` reads here."""
+        tls = trio.SSLStream(stream, context, server_side=True, https_compatible=True)
+        try:
+            with trio.fail_after(self.timeouts.gateway_first_request_s):
+                await tls.do_handshake()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            await trio.aclose_forcefully(stream)
+            return None
+        return tls
+
+    async def _connection(self, stream: trio.abc.HalfCloseableStream, slot: Slot | None = None, *,
+                          tls: ssl.SSLContext | None = None) -> None:
+        """Serve one connection (`slot`: its place in the gate, taken when accepted; tests pass none)
+        over TLS with `tls` (None: plain)."""
         if slot is None:
             slot = self.gate.admit(stream)
             if slot is None:
@@ -448,6 +473,10 @@ class Front:
                 return
         self.connections += 1
         try:
+            if tls is not None:
+                stream = await self._handshake(stream, tls)
+                if stream is None:
+                    return
             await _Connection(self, stream, slot).run(self.app)
         finally:
             self.gate.release(slot)

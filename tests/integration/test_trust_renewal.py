@@ -122,3 +122,21 @@ async def test_a_certificate_left_to_its_end_is_a_condition_then_refused(tmp_pat
         with pytest.raises(PeerRefused, match="expired"):
             authorize(der, ctx.state(), who.not_after + 1, role="gateway")
         nursery.cancel_scope.cancel()
+
+
+async def test_a_join_token_lives_at_most_its_longest_life_and_is_shown_once(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        control = await start_control(nursery, tmp_path)
+        async with httpx.AsyncClient(base_url=control.admin_url,
+                                     verify=tls.client_context(tmp_path / "control" / "tls" / "ca.pem"),
+                                     headers={"authorization": f"Bearer {ADMIN}"}) as admin:
+            longest = control.reconciler.timeouts.join_token_ttl_max_s
+            for ttl in (longest + 1, 0, -5, True, "1h"):
+                refused = await admin.post("/api/v1/trust/tokens", json={"role": "agent", "ttl_s": ttl})
+                assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_token", ttl
+            made = await admin.post("/api/v1/trust/tokens", json={"role": "agent", "ttl_s": longest})
+            assert made.status_code == 201 and made.json()["token"].startswith("llmgw-join-")
+            listed = (await admin.get("/api/v1/trust/tokens")).json()["tokens"]
+            assert [t["id"] for t in listed] == [made.json()["id"]]
+            assert made.json()["token"] not in str(listed), "a token is shown once, never listed"
+        nursery.cancel_scope.cancel()

@@ -16,7 +16,7 @@ from llmgw import __version__
 from llmgw.control.api.route import IDEMPOTENCY_KEY_MAX_CHARS
 from llmgw.domain import conditions, guard, model, usage
 from llmgw.domain.judges import STATUSES
-from llmgw.domain.trust import ROLES
+from llmgw.domain.trust import MACHINE_ROLES
 from llmgw.domain.keys import KEY_ROLES, LIMIT_MAX, NAME_MAX_CHARS, SCOPE_MAX_MODELS
 from llmgw.domain.settings import SETTINGS
 
@@ -460,7 +460,7 @@ def _no_key(op: Schema) -> Schema:
 
 def _trust_paths() -> Schema:
     """Trust between machines (ops/trust.py): join tokens, joins, machines' certificates, the CA."""
-    role = {"type": "string", "enum": list(ROLES)}
+    role = {"type": "string", "enum": list(MACHINE_ROLES)}
     token = _obj({"id": _STR, "role": _STR, "name": _null(_STR), "created_at": _NUM, "expires_at": _NUM,
                   "expired": _BOOL, "used_at": _null(_NUM), "used_by": _null(_STR)})
     made = _obj({"id": _STR, "token": _STR, "role": _STR, "name": _null(_STR), "expires_at": _NUM, "ca_hash": _STR})

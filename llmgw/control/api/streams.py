@@ -92,7 +92,7 @@ async def _while_trusted(ctx: Context, who: Identity, run: Callable[[], Awaitabl
                         who.serial)
             if who.role == "agent":
                 ctx.hub.lose_now(who.name, f"its agent's certificate (serial {who.serial}) was revoked")
-            with trio.move_on_after(1.0):
+            with trio.move_on_after(ctx.timeouts.revoke_notice_s):
                 await websocket.send(protocol.dumps({"type": "refused", "reason": "this machine's certificate was "
                                                      "revoked", "code": "revoked"}))
             nursery.cancel_scope.cancel()

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import base64
 import heapq
+import ipaddress
 import json
 import math
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import trio
@@ -42,13 +45,24 @@ def known_gateways(ctx: Context) -> dict[str, str]:
     return out
 
 
-async def _ask(client: httpx.AsyncClient, name: str, url: str, path: str, params: dict[str, str],
+async def _ask(clients: _Clients, name: str, url: str, path: str, params: dict[str, str],
                auth: str, answers: dict[str, Any], failures: dict[str, str]) -> None:
     if not url:
         failures[name] = "it announced no address for its request log"
         return
     try:
-        response = await client.get(url + path, params=params, headers={"authorization": auth})
+        if url.startswith("https://"):
+            if clients.tls is None:
+                failures[name] = "it serves TLS, and this control plane holds no certificate to ask it with"
+                return
+            # This member's certificate is the credential: the caller's key never goes to a machine.
+            response = await clients.tls.get(url + path, params=params)
+        elif _loopback(url):  # a gateway in this machine (`llmgw up`'s own, a test's): the caller's key
+            response = await clients.plain.get(url + path, params=params, headers={"authorization": auth})
+        else:
+            failures[name] = ("it serves plain HTTP off this machine: an admin key is never sent there (start it "
+                              "with TLS: docs/security.md)")
+            return
         doc = response.json()
         if response.status_code != 200 or not isinstance(doc, dict):
             failures[name] = f"it answered {response.status_code}"
@@ -68,11 +82,31 @@ async def fan_out(ctx: Context, gateways: dict[str, str], path: str,
     answers: dict[str, Any] = {}
     failures: dict[str, str] = {}
     auth = authorization or ""
-    async with httpx.AsyncClient(timeout=ctx.timeouts.requests_query_s) as client:
+    timeout = ctx.timeouts.requests_query_s
+    tls = ctx.trust.client_context() if ctx.trust is not None else None
+    async with httpx.AsyncClient(timeout=timeout) as plain, \
+            httpx.AsyncClient(timeout=timeout, verify=tls if tls is not None else True) as with_tls:
+        clients = _Clients(plain, with_tls if tls is not None else None)
         async with trio.open_nursery() as nursery:
             for name, url in gateways.items():
-                nursery.start_soon(_ask, client, name, url, path, params.get(name, {}), auth, answers, failures)
+                nursery.start_soon(_ask, clients, name, url, path, params.get(name, {}), auth, answers, failures)
     return answers, failures
+
+
+@dataclass(frozen=True)
+class _Clients:
+    plain: httpx.AsyncClient  # gateways on this machine's loopback, asked with the caller's key
+    tls: httpx.AsyncClient | None  # gateways serving TLS, asked with this member's certificate
+
+
+def _loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _only(args: Any, known: tuple[str, ...]) -> None:

@@ -17,14 +17,13 @@ from llmgw.control.ops import Commit, Created
 from llmgw.control.trust import Trust, active, bundle
 from llmgw.domain import commands
 from llmgw.domain.commands import trust as trust_commands
-from llmgw.domain.trust import (ROLES, TOKEN_TTL_MAX_S, hash_token, machine_id, name_problem, new_token,
+from llmgw.domain.trust import (MACHINE_ROLES, hash_token, machine_id, name_problem, new_token,
                                 new_token_id, token_refusal)
 from llmgw.errors import AdminError
 from llmgw.trust import ca
 
 log = logging.getLogger("llmgw.control.admin")
 
-TOKEN_TTL_DEFAULT_S = 3600.0
 HOSTS_MAX = 32
 
 
@@ -50,8 +49,8 @@ def _fields(doc: Any, allowed: tuple[str, ...], code: str) -> dict[str, Any]:
 
 
 def _role(value: Any, code: str) -> str:
-    if value not in ROLES:
-        raise AdminError(400, code, f"role must be one of {', '.join(ROLES)}, not {value!r:.40}")
+    if value not in MACHINE_ROLES:
+        raise AdminError(400, code, f"role must be one of {', '.join(MACHINE_ROLES)}, not {value!r:.40}")
     return str(value)
 
 
@@ -71,9 +70,9 @@ async def create_token(ctx: Context, commit: Commit, doc: Any) -> dict[str, Any]
     name = fields.get("name") or ""
     if name and name_problem(name):
         raise AdminError(400, "invalid_token", str(name_problem(name)))
-    ttl = fields.get("ttl_s", TOKEN_TTL_DEFAULT_S)
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= TOKEN_TTL_MAX_S:
-        raise AdminError(400, "invalid_token", f"ttl_s must be seconds, more than 0 and at most {TOKEN_TTL_MAX_S:.0f}")
+    ttl, longest = fields.get("ttl_s", ctx.timeouts.join_token_ttl_s), ctx.timeouts.join_token_ttl_max_s
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= longest:
+        raise AdminError(400, "invalid_token", f"ttl_s must be seconds, more than 0 and at most {longest:.0f}")
     _trust(ctx)
     if not ctx.state().authorities:
         raise AdminError(503, "no_authority", "the cluster has no certificate authority yet; retry in a moment")
