@@ -145,7 +145,7 @@ async def make_cluster(nursery: trio.Nursery, root: Path) -> Cluster:
     state = control.store.snapshot()
     authority_id, authority = trust.authority(state)
     assert authority.key_pem == ca.unseal(state.authorities[authority_id].key_sealed, trust.secret())
-    long_ago = now - ca.MACHINE_LIFETIME_S - 86400
+    long_ago = now - ca.MACHINE_LIFE - 86400
     expired_key = ca.new_key_pem()
     expired_cert = ca.sign_request(ca.make_request(expired_key, "agent", "n-expired"), authority, role="agent",
                                    name="n-expired", hosts=(), now=long_ago)
