@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System programs the tests use beyond Python: `ip` (iproute2), `ping` and `arping` (the floating
 # address's tests run them inside network namespaces), `promtool` (the alert rules), `chromium` (the
-# console's browser tests). Installs only what is missing, as root with apt-get (CI); elsewhere it says
+# console's browser tests), `openssl` (what a TLS listener offers). Installs only what is missing, as root with apt-get (CI); elsewhere it says
 # what is missing and leaves the rest to the tests' own skips.
 set -euo pipefail
 
@@ -30,6 +30,8 @@ need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v ping >/dev/null || need+=(iputils-ping)
 command -v arping >/dev/null || need+=(iputils-arping)
+# openssl's s_client asks a TLS listener what it offers (tests/integration/test_tls_policy.py).
+command -v openssl >/dev/null || need+=(openssl)
 # Debian's chromium, for the console's browser tests (Playwright drives /usr/bin/chromium; no `playwright install`).
 [ -x /usr/bin/chromium ] || need+=(chromium)
 [ ${#need[@]} -eq 0 ] && exit 0
