@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from llmgw.cli._lifecycle import serve_until_signal
 from llmgw import console, logs, statedir
 from llmgw.agent import AgentConfig
 from llmgw.agent import serve as agent_serve
+from llmgw.control.members import advertised_url
 from llmgw.control.service import ControlConfig, Seed
 from llmgw.control.service import serve as control_serve
 from llmgw.gateway.app import GatewayDeps
@@ -123,18 +125,21 @@ async def _serve_all(opts: UpOptions, router: Router, control_cfg: ControlConfig
             _ports.check_free("Raft", raft_host(opts.host), opts.raft_port, "--raft-port")
         with _ports.naming("admin API", opts.host, opts.admin_port, "--admin-port"):
             control = await nursery.start(control_serve, control_cfg)
+        trust = control.context.trust if control.context is not None else None
+        # Bound off loopback, /v1 serves TLS too, with this control plane's certificate (the cluster's CA).
+        gateway_tls = trust.server_context() if trust is not None and off_loopback(opts.host) else None
         with _ports.naming("gateway", opts.host, opts.gateway_port, "--gateway-port"):
             rlog = RequestLog(state_dir / "requests", "local", settings=lambda: control.store.snapshot().settings,
                               timeouts=control_cfg.timeouts)
-            _, gw_port = await nursery.start(gateway_serve, opts.host, opts.gateway_port,
+            _, gw_port = await nursery.start(partial(gateway_serve, tls=gateway_tls), opts.host, opts.gateway_port,
                                              GatewayDeps(router=router, state=control.store, requestlog=rlog,
                                                          # a judge's failure: straight to the hub
                                                          guard_stats=GuardStats(
                                                              on_failure=control.hub.record_judge_failure)))
         nursery.start_soon(push_usage, rlog, control.store.submit)  # rollups straight to the store
-        gateway_url = f"http://{url_host(opts.host)}:{gw_port}/v1"
-        admin_url = control.admin_url
-        trust = control.context.trust if control.context is not None else None
+        # Where clients reach it: a wildcard host is this machine's Raft host (its certificate names it).
+        gateway_url = f"{'https' if gateway_tls is not None else 'http'}://{url_host(raft_host(opts.host))}:{gw_port}/v1"
+        admin_url = advertised_url(control.admin_url, control_cfg.raft_addr)
         ca_file = {"ca_file": str(trust.files.ca)} if trust is not None else {}
         write_credentials(cred_path, {"gateway_url": gateway_url, "admin_url": admin_url, **keys, **ca_file})
         # Its own agent speaks over loopback with a credential held in this process's memory only.

@@ -40,7 +40,7 @@ def up(
     tls
         Serve the admin API over TLS with the cluster's own CA (credentials.json names its file, and
         `llmgw ctl` uses it). Default: on when --host is not a loopback address, off on loopback (so
-        curl and every SDK work as they are).
+        curl and every SDK work as they are). Off loopback the gateway's /v1 serves TLS too.
     """
     from llmgw.cli._up_run import UpOptions, run
 
