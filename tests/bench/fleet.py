@@ -40,6 +40,7 @@ def fleet(control: str, nodes: int, first: int, log: Path) -> subprocess.Popen[b
             "--first", str(first), "--gpus-per-node", "8", "--class", "h100-80g", "--fabric", "ib-a",
             "--fabric", "ib-b", "--storage-holds", "model-01"]
     with log.open("ab") as out:
+        # LLMGW_KEY: the operator's admin key, with which the fleet makes each node's join token.
         return subprocess.Popen(argv, env={**os.environ, "LLMGW_KEY": KEY}, stdout=out, stderr=subprocess.STDOUT)
 
 

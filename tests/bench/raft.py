@@ -45,6 +45,7 @@ from tests.support.campaign import model_doc  # noqa: E402
 from tests.support.cluster import Cluster, Member  # noqa: E402
 from tests.support.figures import pct  # noqa: E402
 from tests.support.fsync_cost import measure_commits  # noqa: E402
+from tests.support.trust import join_token  # noqa: E402
 
 
 @dataclass
@@ -145,15 +146,20 @@ class Followers:
     """An `llmgw agent` and an `llmgw gateway`, each given every member's admin URL."""
 
     def __init__(self, cluster: Cluster, root: Path) -> None:
+        """Each joins once with a token of its own, made with the admin key (the group is up and led)."""
         urls = [a for m in cluster.members for a in ("--control", m.url)]
-        env = {**os.environ, "LLMGW_KEY": cluster.admin_key}
+        member = cluster.members[0].url
+        agent_token = join_token(member, cluster.admin_key, "agent", "bench-node", wait_s=30)
+        gateway_token = join_token(member, cluster.admin_key, "gateway", "bench-gateway", wait_s=30)
         self.gateway_port = free_port()
         self.logs = (root / "agent.log").open("ab"), (root / "gateway.log").open("ab")
         self.agent = subprocess.Popen([sys.executable, "-m", "llmgw", "agent", "--stop-engines-on-exit", *urls, "--state-dir", str(root / "agent"),
-                                       "--node", "bench-node"], stdout=self.logs[0], stderr=subprocess.STDOUT, env=env)
+                                       "--node", "bench-node", "--join-token", agent_token], stdout=self.logs[0],
+                                      stderr=subprocess.STDOUT)
         self.gateway = subprocess.Popen([sys.executable, "-m", "llmgw", "gateway", *urls, "--listen",
-                                         f"127.0.0.1:{self.gateway_port}"], stdout=self.logs[1],
-                                        stderr=subprocess.STDOUT, env=env)
+                                         f"127.0.0.1:{self.gateway_port}", "--state-dir", str(root / "gateway"),
+                                         "--name", "bench-gateway", "--join-token", gateway_token],
+                                        stdout=self.logs[1], stderr=subprocess.STDOUT)
 
     async def agent_on(self, cluster: Cluster, survivors: list[Member], http: httpx.AsyncClient) -> bool:
         """Whether the leader (asked through a survivor) lists the agent as connected."""

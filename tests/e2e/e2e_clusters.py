@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from tests.support.processes import free_port, kill_engines_under
+from tests.support.trust import ca_root_args, join_token
 
 SIM_MODELS = ({"name": "demo", "engine": "sim", "source": "sim://demo"},
               {"name": "demo-embed", "engine": "sim", "source": "sim://demo-embed", "role": "embedding"})
@@ -61,7 +62,7 @@ def remote_cluster(root: Path, models: Sequence[dict[str, Any]] = SIM_MODELS) ->
 
 def _start(root: Path, models: Sequence[dict[str, Any]]) -> Target:
     admin_port, gw_port = free_port(), free_port()
-    target = Target(f"http://127.0.0.1:{gw_port}/v1", "sk-sdk-client", "sk-sdk-admin", f"http://127.0.0.1:{admin_port}")
+    target = Target(f"http://127.0.0.1:{gw_port}/v1", "sk-sdk-client", "sk-sdk-admin", f"https://127.0.0.1:{admin_port}")
 
     def start(args: list[str], env: dict[str, str], name: str) -> None:
         with (root / f"{name}.log").open("wb") as out:
@@ -69,12 +70,19 @@ def _start(root: Path, models: Sequence[dict[str, Any]]) -> Target:
                                                  stderr=subprocess.STDOUT, env={**os.environ, **env}))
 
     start(["control", "--state-dir", str(root / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
-           "--admin-addr", f"127.0.0.1:{admin_port}"],
+           "--admin-addr", f"127.0.0.1:{admin_port}", *ca_root_args()],
           {"LLMGW_ADMIN_KEY": target.admin_key, "LLMGW_CLIENT_KEY": target.client_key}, "control")
+    # The agent and the gateway join as an operator joins machines: a token each, made with the admin key.
+    try:
+        tokens = {role: join_token(target.admin_url, target.admin_key, role, name, wait_s=60, proc=target.procs[0])
+                  for role, name in (("agent", "worker-1"), ("gateway", "gw-e2e"))}
+    except AssertionError as e:
+        target.procs[0].kill()
+        raise AssertionError(f"{e}\n{(root / 'control.log').read_text()}") from None
     start(["agent", "--stop-engines-on-exit", "--control", target.admin_url, "--state-dir", str(root / "agent"),
-           "--node", "worker-1"], {"LLMGW_KEY": target.admin_key}, "agent")
+           "--node", "worker-1", "--join-token", tokens["agent"]], {}, "agent")
     start(["gateway", "--control", target.admin_url, "--listen", f"127.0.0.1:{gw_port}", "--state-dir",
-           str(root / "gateway"), "--name", "gw-e2e"], {"LLMGW_KEY": target.admin_key}, "gateway")
+           str(root / "gateway"), "--name", "gw-e2e", "--join-token", tokens["gateway"]], {}, "gateway")
     with httpx.Client(base_url=target.admin_url, headers={"Authorization": f"Bearer {target.admin_key}"},
                       timeout=5) as api:
         for model in models:

@@ -7,12 +7,18 @@ CSRF token is refused, signing out ends the session, and the key is never in a U
 Screenshots of each page are kept in $LLMGW_SCREENSHOTS (default: a temporary directory); the copies
 in docs/console/ come from a run with LLMGW_SCREENSHOTS=docs/console. The sync API runs outside trio:
 these are plain functions. One `up`, one fleet and one browser serve the whole module.
+
+`up --tls`: the simulated nodes join as machines do (a join token each, made by `sim-fleet` with the
+admin key) and authenticate with their certificates, which only a TLS admin API can see. That `up`'s CA
+is its own: `ctl`, httpx and the fleets are given its bundle (credentials.json's ca_file), the browser
+takes its certificate as it is (`ignore_https_errors`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -59,6 +65,7 @@ class Cluster:
     gateway_url: str
     admin_key: str
     client_key: str
+    ca_file: str  # the bundle `up --tls` names in credentials.json
     shots: Path
     fleets: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -66,7 +73,8 @@ class Cluster:
         """`llmgw ctl --json ARGS` against this cluster's admin URL: its JSON answer."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
         done = subprocess.run([sys.executable, "-m", "llmgw", "ctl", "--url", self.admin_url, "--key", self.admin_key,
-                               "--json", *args], capture_output=True, text=True, timeout=30, env=env)
+                               "--ca-file", self.ca_file, "--json", *args], capture_output=True, text=True, timeout=30,
+                              env=env)
         assert done.returncode == 0, f"ctl {' '.join(args)}: {done.stdout}{done.stderr}"
         return json.loads(done.stdout)
 
@@ -75,7 +83,8 @@ class Cluster:
         return doc["value"] if isinstance(doc, dict) and "value" in doc else doc
 
     def api(self, path: str) -> Any:
-        r = httpx.get(self.admin_url + path, headers={"Authorization": f"Bearer {self.admin_key}"}, timeout=10)
+        r = httpx.get(self.admin_url + path, headers={"Authorization": f"Bearer {self.admin_key}"}, timeout=10,
+                      verify=ssl.create_default_context(cafile=self.ca_file))
         assert r.status_code == 200, r.text
         return r.json()
 
@@ -95,12 +104,13 @@ def until(what: str, check: Callable[[], Any], timeout: float) -> Any:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("console")
     (root / "catalog.toml").write_text(CATALOG)
-    up = UpProcess(root / "state", extra_args=["--catalog", str(root / "catalog.toml")]).start()
+    up = UpProcess(root / "state", extra_args=["--catalog", str(root / "catalog.toml"), "--tls"]).start()
     creds = up.credentials
     shots = Path(os.environ.get("LLMGW_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
     shots.mkdir(parents=True, exist_ok=True)
-    c = Cluster(up, creds["admin_url"], creds["gateway_url"], creds["admin_key"], creds["client_key"], shots)
-    env = {**os.environ, "LLMGW_KEY": c.admin_key}
+    c = Cluster(up, creds["admin_url"], creds["gateway_url"], creds["admin_key"], creds["client_key"],
+                creds["ca_file"], shots)
+    env = {**os.environ, "LLMGW_KEY": c.admin_key}  # the operator's key: the fleet makes each node's join token
     log = (root / "fleet.log").open("ab")
     try:
         for flags in (["--nodes", str(SIM_NODES), "--class", "h100-80g", "--fabric", "ib-a", "--fabric", "ib-b",
@@ -108,7 +118,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                       ["--nodes", str(MIG_NODES), "--prefix", "mig", "--gpus-per-node", "2", "--class", "a100-80g",
                        "--mig", "3g.40gb", "--mig", "3g.40gb", "--fabric", "ib-c"]):
             c.fleets.append(subprocess.Popen([sys.executable, "-m", "llmgw", "sim-fleet", "--control", c.admin_url,
-                                              *flags], env=env, stdout=log, stderr=subprocess.STDOUT))
+                                              "--ca-file", c.ca_file, *flags], env=env, stdout=log,
+                                             stderr=subprocess.STDOUT))
         until("every simulated node connected", lambda: len(c.api("/api/v1/nodes")["nodes"])
               >= SIM_NODES + MIG_NODES + 1, 45)
         # A policy whose judge is not served: Guardrails and Do say what is wrong with it. It checks only the
@@ -142,7 +153,7 @@ class Console:
 
     def __init__(self, browser: Any, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.context = browser.new_context(viewport={"width": 1280, "height": 800})
+        self.context = browser.new_context(viewport={"width": 1280, "height": 800}, ignore_https_errors=True)
         self.urls: list[str] = []
         self.context.on("request", lambda r: self.urls.append(r.url))
         self.page = self.context.new_page()

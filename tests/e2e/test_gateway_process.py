@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.support.processes import free_port
+from tests.support.trust import ca_root_args, join_token, offline_credentials
 
 pytestmark = pytest.mark.slow
 
@@ -30,21 +31,28 @@ def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
 
 def test_a_gateway_process_serves_through_the_leader(tmp_path: Path) -> None:
     admin_port, gw_port = free_port(), free_port()
-    admin_url, gw_url = f"http://127.0.0.1:{admin_port}", f"http://127.0.0.1:{gw_port}"
+    admin_url, gw_url = f"https://127.0.0.1:{admin_port}", f"http://127.0.0.1:{gw_port}"
     logs = {name: tmp_path / f"{name}.log" for name in ("control", "agent", "gateway")}
-    control = start(["control", "--state-dir", str(tmp_path / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
-                     "--admin-addr", f"127.0.0.1:{admin_port}"],
-                    {"LLMGW_ADMIN_KEY": ADMIN, "LLMGW_CLIENT_KEY": CLIENT}, logs["control"])
-    agent = start(["agent", "--stop-engines-on-exit", "--control", admin_url, "--state-dir", str(tmp_path / "agent"), "--node", "worker-1"],
-                  {"LLMGW_KEY": ADMIN}, logs["agent"])
-    # The first --control URL is dead: the gateway moves on to the one that answers.
-    gateway = start(["gateway", "--control", f"http://127.0.0.1:{free_port()}", "--control", admin_url,
-                     "--listen", f"127.0.0.1:{gw_port}", "--state-dir", str(tmp_path / "gateway"), "--name", "gw-1"],
-                    {"LLMGW_KEY": ADMIN}, logs["gateway"])
-    procs = (gateway, agent, control)
 
     def said() -> str:
-        return "\n".join(f"--- {n}\n{p.read_text()}" for n, p in logs.items())
+        return "\n".join(f"--- {n}\n{p.read_text()}" for n, p in logs.items() if p.exists())
+
+    control = start(["control", "--state-dir", str(tmp_path / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
+                     "--admin-addr", f"127.0.0.1:{admin_port}", *ca_root_args()],
+                    {"LLMGW_ADMIN_KEY": ADMIN, "LLMGW_CLIENT_KEY": CLIENT}, logs["control"])
+    try:  # each machine joins with a token of its own (it trusts the test root, as the system's store)
+        tokens = {role: join_token(admin_url, ADMIN, role, name, wait_s=60, proc=control)
+                  for role, name in (("agent", "worker-1"), ("gateway", "gw-1"))}
+    except AssertionError as e:
+        control.kill()
+        raise AssertionError(f"{e}\n{said()}") from None
+    agent = start(["agent", "--stop-engines-on-exit", "--control", admin_url, "--state-dir", str(tmp_path / "agent"),
+                   "--node", "worker-1", "--join-token", tokens["agent"]], {}, logs["agent"])
+    # The first --control URL is dead: the gateway joins through, and moves on to, the one that answers.
+    gateway = start(["gateway", "--control", f"https://127.0.0.1:{free_port()}", "--control", admin_url,
+                     "--listen", f"127.0.0.1:{gw_port}", "--state-dir", str(tmp_path / "gateway"), "--name", "gw-1",
+                     "--join-token", tokens["gateway"]], {}, logs["gateway"])
+    procs = (gateway, agent, control)
 
     try:
         with httpx.Client(base_url=admin_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=5) as api, \
@@ -93,24 +101,26 @@ def test_a_gateway_refuses_a_state_dir_in_use(tmp_path: Path) -> None:
 
     state = tmp_path / "state"
     with statedir.acquire(state, "llmgw up"):
-        out = subprocess.run([sys.executable, "-m", "llmgw", "gateway", "--control", f"http://127.0.0.1:{free_port()}",
-                              "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(state)],
-                             capture_output=True, text=True, timeout=60, env={**os.environ, "LLMGW_KEY": ADMIN})
+        out = subprocess.run([sys.executable, "-m", "llmgw", "gateway", "--control", f"https://127.0.0.1:{free_port()}",
+                              "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(state), "--join-token", "unused"],
+                             capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert out.stderr.strip() == (f"error: state dir {state.resolve()} is in use by pid {os.getpid()} (llmgw up); "
                                   "stop it first or use --state-dir")
 
 
-def test_a_gateway_names_a_busy_listen_port_and_its_flag() -> None:
+def test_a_gateway_names_a_busy_listen_port_and_its_flag(tmp_path: Path) -> None:
     import socket
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = subprocess.run([sys.executable, "-m", "llmgw", "gateway", "--control", f"http://127.0.0.1:{free_port()}",
-                              "--listen", f"127.0.0.1:{port}"],
-                             capture_output=True, text=True, timeout=60, env={**os.environ, "LLMGW_KEY": ADMIN})
+        # A gateway that joined before: it gets past its credential to its port without a cluster.
+        offline_credentials(tmp_path / "gw", "gateway", "gw-busy")
+        out = subprocess.run([sys.executable, "-m", "llmgw", "gateway", "--control", f"https://127.0.0.1:{free_port()}",
+                              "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "gw"), "--name", "gw-busy"],
+                             capture_output=True, text=True, timeout=60)
     assert out.returncode == 1, out.stderr
     assert (f"cannot start: the gateway port 127.0.0.1:{port} is already in use (another llmgw up?); "
             "pick another with --listen") in out.stderr

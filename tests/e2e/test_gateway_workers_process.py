@@ -20,6 +20,7 @@ import pytest
 from llmgw.cli import _ports
 from llmgw.wire.logquery import ID_RE
 from tests.support.processes import alive, children_of, free_port, kill_engines_under
+from tests.support.trust import ca_root_args, create_token
 
 pytestmark = pytest.mark.slow
 
@@ -61,20 +62,27 @@ def tags(responses: list[httpx.Response]) -> set[str]:
 
 def test_workers_share_the_port_are_restarted_and_stop_together(tmp_path: Path) -> None:
     admin_port, gw_port = free_port(), free_port()
-    admin_url, gw_url = f"http://127.0.0.1:{admin_port}", f"http://127.0.0.1:{gw_port}"
+    admin_url, gw_url = f"https://127.0.0.1:{admin_port}", f"http://127.0.0.1:{gw_port}"
     logs = {name: tmp_path / f"{name}.log" for name in ("control", "agent", "gateway")}
-    control = start(["control", "--state-dir", str(tmp_path / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
-                     "--admin-addr", f"127.0.0.1:{admin_port}"],
-                    {"LLMGW_ADMIN_KEY": ADMIN, "LLMGW_CLIENT_KEY": CLIENT}, logs["control"])
-    agent = start(["agent", "--stop-engines-on-exit", "--control", admin_url, "--state-dir", str(tmp_path / "agent"),
-                   "--node", "worker-1"], {"LLMGW_KEY": ADMIN}, logs["agent"])
-    gateway = start(["gateway", "--workers", "2", "--control", admin_url, "--listen", f"127.0.0.1:{gw_port}",
-                     "--state-dir", str(tmp_path / "gateway"), "--name", "gw"],
-                    {"LLMGW_KEY": ADMIN}, logs["gateway"])
-    procs = (gateway, agent, control)
 
     def said() -> str:
-        return "\n".join(f"--- {n}\n{p.read_text()}" for n, p in logs.items())
+        return "\n".join(f"--- {n}\n{p.read_text()}" for n, p in logs.items() if p.exists())
+
+    control = start(["control", "--state-dir", str(tmp_path / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
+                     "--admin-addr", f"127.0.0.1:{admin_port}", *ca_root_args()],
+                    {"LLMGW_ADMIN_KEY": ADMIN, "LLMGW_CLIENT_KEY": CLIENT}, logs["control"])
+    try:  # each machine joins with a token of its own; the workers use the certificate their parent got
+        tokens = {role: create_token(admin_url, ADMIN, role, name, wait_s=60, proc=control)
+                  for role, name in (("agent", "worker-1"), ("gateway", "gw"))}
+    except AssertionError as e:
+        control.kill()
+        raise AssertionError(f"{e}\n{said()}") from None
+    agent = start(["agent", "--stop-engines-on-exit", "--control", admin_url, "--state-dir", str(tmp_path / "agent"),
+                   "--node", "worker-1", "--join-token", tokens["agent"]["token"]], {}, logs["agent"])
+    gateway = start(["gateway", "--workers", "2", "--control", admin_url, "--listen", f"127.0.0.1:{gw_port}",
+                     "--state-dir", str(tmp_path / "gateway"), "--name", "gw", "--join-token", tokens["gateway"]["token"],
+                     "--ca-hash", tokens["gateway"]["ca_hash"]], {}, logs["gateway"])
+    procs = (gateway, agent, control)
 
     try:
         ready = wait_for("the gateway's ready line", lambda: re.search(
@@ -111,11 +119,14 @@ def test_workers_share_the_port_are_restarted_and_stop_together(tmp_path: Path) 
             refused = fresh_calls(gw_url, 12, made["key"])
             assert {r.status_code for r in refused} == {401} and tags(refused) == {"gww1", "gww2"}
 
-            # Control lists each worker's records and names no gateway as unreachable.
+            # Control lists each worker's records and names no gateway as unreachable (once each worker
+            # wrote every call's record: its request log writes after the answer is sent).
+            ids = {r.headers["x-request-id"] for r in calls}
+
             def both_logged() -> dict[str, Any] | None:
                 doc: dict[str, Any] = api.get("/api/v1/requests", params={"limit": "200"}).json()
                 held = {r["gateway"] for r in doc["requests"]}
-                return doc if held >= {"gw-w1", "gw-w2"} else None
+                return doc if held >= {"gw-w1", "gw-w2"} and ids <= {r["id"] for r in doc["requests"]} else None
 
             doc = wait_for("control's request log never held both workers' records", both_logged, said)
             assert doc["gateways"]["unavailable"] == [], doc["gateways"]

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.support.processes import alive, children_of, free_port
+from tests.support.trust import ca_root_args, create_token
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +30,19 @@ def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
 
 def test_control_and_agent_processes(tmp_path: Path) -> None:
     admin_port = free_port()
-    admin_url = f"http://127.0.0.1:{admin_port}"
+    admin_url = f"https://127.0.0.1:{admin_port}"
     control = start(["control", "--state-dir", str(tmp_path / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
-                     "--admin-addr", f"127.0.0.1:{admin_port}"], {"LLMGW_ADMIN_KEY": ADMIN}, tmp_path / "control.log")
-    agent = start(["agent", "--stop-engines-on-exit", "--control", admin_url, "--state-dir", str(tmp_path / "agent"), "--node", "worker-1"],
-                  {"LLMGW_KEY": ADMIN}, tmp_path / "agent.log")
+                     "--admin-addr", f"127.0.0.1:{admin_port}", *ca_root_args()], {"LLMGW_ADMIN_KEY": ADMIN},
+                    tmp_path / "control.log")
+    # The agent joins as an operator joins a machine: a token made with the admin key, the CA pinned by its hash.
+    try:
+        token = create_token(admin_url, ADMIN, "agent", "worker-1", wait_s=60, proc=control)
+    except AssertionError as e:
+        control.kill()
+        raise AssertionError(f"{e}\n{(tmp_path / 'control.log').read_text()}") from None
+    agent = start(["agent", "--stop-engines-on-exit", "--control", admin_url, "--state-dir", str(tmp_path / "agent"),
+                   "--node", "worker-1", "--join-token", token["token"], "--ca-hash", token["ca_hash"]],
+                  {}, tmp_path / "agent.log")
     engines: set[int] = set()
     try:
         with httpx.Client(base_url=admin_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=5) as api:
@@ -112,10 +121,10 @@ def test_a_role_refuses_a_state_dir_in_use(tmp_path: Path, role: str) -> None:
 
     state = tmp_path / "state"
     args = {"control": ["control", "--raft-addr", f"127.0.0.1:{free_port()}", "--admin-addr", f"127.0.0.1:{free_port()}"],
-            "agent": ["agent", "--control", f"http://127.0.0.1:{free_port()}"]}[role]
+            "agent": ["agent", "--control", f"https://127.0.0.1:{free_port()}", "--join-token", "unused"]}[role]
     with statedir.acquire(state, "llmgw up"):
         out = subprocess.run([sys.executable, "-m", "llmgw", *args, "--state-dir", str(state)], capture_output=True,
-                             text=True, timeout=60, env={**os.environ, "LLMGW_ADMIN_KEY": ADMIN, "LLMGW_KEY": ADMIN})
+                             text=True, timeout=60, env={**os.environ, "LLMGW_ADMIN_KEY": ADMIN})
         assert out.returncode == 1
         assert out.stderr.strip() == (f"error: state dir {state.resolve()} is in use by pid {os.getpid()} (llmgw up); "
                                       "stop it first or use --state-dir")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -49,7 +50,8 @@ class Machines:
         return self.ports.setdefault((machine, port), free_port())
 
     def url(self, machine: str, port: str) -> str:
-        return f"http://127.0.0.1:{self.port(machine, port)}"
+        """The doc's admin API (8081) serves TLS; its gateways (8080) plain HTTP."""
+        return f"{'https' if port == '8081' else 'http'}://127.0.0.1:{self.port(machine, port)}"
 
     def local(self, script: str, machine: str) -> str:
         # scp's source: a path on another machine, by its address.
@@ -129,11 +131,12 @@ def groups(tmp_path: Path) -> Iterator[list[int]]:
 def test_the_quickstart_three_machines_run_as_written(tmp_path: Path, groups: list[int]) -> None:
     found = blocks()
     assert [first for first, _ in found] == ["# on 10.0.0.1", "# on 10.0.0.2", "# on 10.0.0.3",
+                                             "# on 10.0.0.1", "# on 10.0.0.2", "# on 10.0.0.3",
                                              "# from any machine"], "the section's blocks changed: update the test"
     machines = Machines(tmp_path)
     logs = [tmp_path / f"m{i}.log" for i in (1, 2, 3)]
-    *servers, (first_line, client) = found
-    for (first, text), log in zip(servers, logs, strict=True):
+    controls, joins, (first_line, client) = found[:3], found[3:6], found[6]
+    for (first, text), log in zip(controls, logs, strict=True):
         if first.endswith("10.0.0.2"):  # the others copy the secret machine 1 made: once it exists
             wait_for("machine 1's cluster secret", (tmp_path / "m1/var/lib/llmgw/control/cluster.secret").exists,
                      20, logs)
@@ -142,12 +145,28 @@ def test_the_quickstart_three_machines_run_as_written(tmp_path: Path, groups: li
         assert block.wait(10) == 0, log.read_text()  # the block itself only starts the roles
 
     admin = machines.url("1", "8081")
-
+    # The doc's cluster has a CA of its own (not the tests' root): the test trusts what machine 1 keeps.
+    bundle = tmp_path / "m1/var/lib/llmgw/control/tls/ca.pem"
     seen: list[Any] = []
 
+    def get(url: str) -> Any:
+        return httpx.get(url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=5,
+                         verify=ssl.create_default_context(cafile=str(bundle))).json()
+
+    def members_healthy() -> bool:
+        doc = get(admin + "/api/v1/cluster/members")
+        seen[:] = [doc]
+        return len(doc["members"]) == 3 and all(m["state"] == "healthy" for m in doc["members"])
+
+    # As the doc says: the machines join once the group has a leader (and so its CA).
+    wait_for("three healthy members", lambda: bundle.exists() and members_healthy(), 30, logs, seen=seen)
+    for (first, text), log in zip(joins, logs, strict=True):
+        block = run_block(machines, first, text, log, background=True)
+        groups.append(block.pid)
+        assert block.wait(30) == 0, log.read_text()  # the block makes two tokens, then starts the roles
+
     def settled() -> bool:
-        doc = httpx.get(admin + "/api/v1/cluster/members", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-                        timeout=5).json()
+        doc = get(admin + "/api/v1/cluster/members")
         seen[:] = [doc]
         return (len(doc["members"]) == 3 and all(m["state"] == "healthy" for m in doc["members"])
                 and sorted(a["node"] for a in doc["agents"] if a["connected"]) == ["node-1", "node-2", "node-3"]
@@ -171,6 +190,5 @@ def test_the_quickstart_three_machines_run_as_written(tmp_path: Path, groups: li
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"] == f"sim says: via machine {m}"
     # One replica on each machine, as the doc says.
-    model = httpx.get(admin + "/api/v1/models/echo", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-                      timeout=5).json()["model"]
+    model = get(admin + "/api/v1/models/echo")["model"]
     assert sorted(r["node"] for r in model["status"]["replicas"]) == ["node-1", "node-2", "node-3"], model

@@ -35,6 +35,7 @@ from llmgw.trust.join import client_context as machine_context
 from llmgw.trust.tls import client_context as tls_client_context
 from llmgw.wire import protocol
 from tests.support.processes import free_port
+from tests.support.trust import ajoin_token, test_ca_root
 
 pytestmark = pytest.mark.slow
 
@@ -83,8 +84,9 @@ def api_client(url: str) -> httpx.AsyncClient:
 
 @pytest.fixture
 async def control(tmp_path: Path) -> AsyncIterator[ControlHandle]:
+    """A control plane in this process serving TLS as `llmgw control` does (its CA under the tests' root)."""
     cfg = ControlConfig(state_dir=tmp_path / "control", raft_addr=f"127.0.0.1:{free_port()}", admin_host="127.0.0.1",
-                        admin_port=0, seed=Seed(admin_key=ADMIN), timeouts=FAST)
+                        admin_port=0, seed=Seed(admin_key=ADMIN), timeouts=FAST, tls=True, ca_root=test_ca_root())
     async with trio.open_nursery() as nursery:
         yield await nursery.start(control_serve, cfg)
         nursery.cancel_scope.cancel()
@@ -94,9 +96,10 @@ async def test_a_stopped_agent_is_gone_within_three_intervals_then_lost_then_for
         tmp_path: Path, control: ControlHandle) -> None:
     models = tmp_path / "models"
     models.mkdir()
+    token = await ajoin_token(control.admin_url, ADMIN, "agent", "n1")  # the agent process joins with it, once
     agent = start(["agent", "--stop-engines-on-exit", "--control", control.admin_url, "--state-dir", str(tmp_path / "agent"), "--node", "n1",
-                   "--engine-host", "127.0.0.1", "--fabric", "lab", "--storage", f"{models}:lab-nfs:shared"],
-                  {"LLMGW_KEY": ADMIN}, tmp_path / "agent.log")
+                   "--engine-host", "127.0.0.1", "--fabric", "lab", "--storage", f"{models}:lab-nfs:shared",
+                   "--join-token", token], {}, tmp_path / "agent.log")
     hub = control.hub
     try:
         async with api_client(control.admin_url) as api:

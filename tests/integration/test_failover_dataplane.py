@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from tests.support.processes import alive, children_of, free_port
+from tests.support.trust import ca_root_args, join_token
 
 pytestmark = pytest.mark.slow
 
@@ -103,17 +104,17 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     members = []
     for i in (1, 2, 3):
         raft, admin = f"127.0.0.1:{free_port()}", free_port()
-        members.append(Member(f"m{i}", [], tmp_path / f"m{i}.log", raft_addr=raft, url=f"http://127.0.0.1:{admin}"))
+        members.append(Member(f"m{i}", [], tmp_path / f"m{i}.log", raft_addr=raft, url=f"https://127.0.0.1:{admin}"))
     urls = [a for m in members for a in ("--control", m.url)]
     for m in members:
         m.argv = ["control", "--state-dir", str(tmp_path / m.name), "--raft-addr", m.raft_addr,
-                  "--admin-addr", m.url.removeprefix("http://"),
+                  "--admin-addr", m.url.removeprefix("https://"), *ca_root_args(),
                   *[a for o in members if o is not m for a in ("--peer", o.raft_addr)]]
     gw_port = free_port()
     agent = Proc("agent", ["agent", "--stop-engines-on-exit", *urls, "--state-dir", str(tmp_path / "agent"), "--node", "worker-1"],
-                 tmp_path / "agent.log", {"LLMGW_KEY": ADMIN})
-    gateway = Proc("gateway", ["gateway", *urls, "--listen", f"127.0.0.1:{gw_port}", "--name", "gw-1"],
-                   tmp_path / "gateway.log", {"LLMGW_KEY": ADMIN})
+                 tmp_path / "agent.log")
+    gateway = Proc("gateway", ["gateway", *urls, "--listen", f"127.0.0.1:{gw_port}", "--name", "gw-1",
+                               "--state-dir", str(tmp_path / "gateway")], tmp_path / "gateway.log")
     c = Cluster(members, agent, gateway, f"http://127.0.0.1:{gw_port}")
     # The first member's first start makes the secret and, from the environment, both first keys.
     members[0].env = {"LLMGW_ADMIN_KEY": ADMIN, "LLMGW_CLIENT_KEY": CLIENT}
@@ -123,6 +124,14 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     for m in members[1:]:
         m.argv += ["--cluster-secret-file", str(secret)]
         m.start()
+    # The agent and the gateway join once the group has a leader (and so its CA), each with its own token.
+    try:
+        for proc, role, name in ((agent, "agent", "worker-1"), (gateway, "gateway", "gw-1")):
+            proc.argv += ["--join-token", join_token(members[0].url, ADMIN, role, name, wait_s=60)]
+    except AssertionError as e:
+        for m in members:
+            m.stop()
+        raise AssertionError(f"{e}\n{said(c.procs)}") from None
     agent.start()
     gateway.start()
     try:

@@ -1,5 +1,7 @@
-"""`llmgw sim-fleet` at 200 nodes, as a process, against a real control plane and a remote
-gateway in one trio run: every node connects over its own stream and reports what it is, a sim
+"""`llmgw sim-fleet` at 200 nodes, as a process, against a real control plane (TLS, its CA under the
+session's test root) and a remote gateway in one trio run: every node joins with a token of its own
+(made with the operator's admin key, LLMGW_KEY), connects over its own stream with its own
+certificate and reports what it is, a sim
 model with a GPU profile is placed on GPUs and answers through the gateway, and a `--fail-start`
 model fails on the simulated engines and is parked with the engine's words. A second, small fleet of
 MIG nodes takes a model of a MIG class on one instance."""
@@ -25,7 +27,9 @@ from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway.follower import GatewayConfig, GatewayHandle
 from llmgw.gateway.follower import serve as gateway_serve
 from llmgw.simfleet.nodes import node_names
+from llmgw.trust.tls import client_context
 from tests.support.processes import free_port
+from tests.support.trust import test_ca_root
 
 pytestmark = pytest.mark.slow
 
@@ -55,16 +59,26 @@ async def until(what: str, check: Callable[[], Awaitable[bool]] | Callable[[], b
 
 
 def fleet_process(control: str, log: Path, *flags: str) -> subprocess.Popen[bytes]:
+    """A fleet as an operator runs it: LLMGW_KEY is the operator's admin key (it makes each node's join
+    token); the fleet trusts control through the system's store (SSL_CERT_FILE: the test root)."""
     argv = [sys.executable, "-m", "llmgw", "sim-fleet", "--control", control, *flags]
     with log.open("ab") as out:
         return subprocess.Popen(argv, env={**os.environ, "LLMGW_KEY": ADMIN}, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def ca_hash_of(admin_url: str) -> str:
+    async with httpx.AsyncClient() as http:
+        r = await http.get(admin_url + "/api/v1/trust/ca")
+    assert r.status_code == 200, r.text
+    found: str = r.json()["ca_hash"]
+    return found
 
 
 async def test_a_200_node_sim_fleet_through_the_real_control_plane_and_gateway(tmp_path: Path) -> None:
     raft_port, admin_port = free_port(), free_port()
     seed = Seed(admin_key=ADMIN, client_key=CLIENT, models=[ModelDef.from_doc(d) for d in (GPU_MODEL, MIG_MODEL, BROKEN)])
     config = ControlConfig(state_dir=tmp_path / "control", raft_addr=f"127.0.0.1:{raft_port}", admin_host="127.0.0.1",
-                           admin_port=admin_port, seed=seed, timeouts=FAST)
+                           admin_port=admin_port, seed=seed, timeouts=FAST, tls=True, ca_root=test_ca_root())
     fleet_log = tmp_path / "fleet.log"
     fleets: list[subprocess.Popen[bytes]] = []
     try:
@@ -72,14 +86,26 @@ async def test_a_200_node_sim_fleet_through_the_real_control_plane_and_gateway(t
             control: ControlHandle = await nursery.start(control_serve, config)
             fleets.append(fleet_process(control.admin_url, fleet_log, "--nodes", str(NODES), "--gpus-per-node", "8",
                                         "--class", "h100-80g", "--fabric", "ib-a", "--storage-holds", "gpu-sim"))
+            # This one pins the CA by its hash, as `ctl nodes token create` prints it, and keeps its nodes'
+            # certificates in a state dir of its own.
+            ca_hash = await ca_hash_of(control.admin_url)
             fleets.append(fleet_process(control.admin_url, fleet_log, "--nodes", str(MIG_NODES), "--prefix", "mig",
                                         "--gpus-per-node", "2", "--class", "a100-80g", "--mig", "3g.40gb",
-                                        "--mig", "3g.40gb", "--fabric", "ib-b"))
+                                        "--mig", "3g.40gb", "--fabric", "ib-b", "--ca-hash", ca_hash,
+                                        "--state-dir", str(tmp_path / "mig-fleet")))
+            # The gateway is inside this process: the control's in-memory credential, over its TLS.
+            assert control.context is not None
             gw: GatewayHandle = await nursery.start(gateway_serve, GatewayConfig(
-                controls=[control.admin_url], key=ADMIN, listen_port=0, name="gw-fleet", timeouts=FAST))
+                controls=[control.admin_url], tls=client_context(None), listen_port=0, name="gw-fleet", timeouts=FAST,
+                local_credential=control.context.local_credential("gateway", "gw-fleet")))
 
             # Every node on its own stream, each reporting the inventory it was given.
-            await until("every node connected", lambda: len(control.hub.nodes) == NODES + MIG_NODES, 45)
+            await until("every node connected", lambda: len(control.hub.nodes) == NODES + MIG_NODES, 60)
+            # ... each with a certificate of its own, made at its join.
+            machines = control.store.snapshot().machines
+            assert len([m for m in machines.values() if m.role == "agent"]) == NODES + MIG_NODES
+            kept = sorted(p.parent.parent.name for p in (tmp_path / "mig-fleet" / "nodes").glob("*/tls/cert.pem"))
+            assert kept == node_names(MIG_NODES, "mig")
             assert sorted(control.hub.nodes) == node_names(MIG_NODES, "mig") + node_names(NODES)
             first = control.hub.nodes["sim-0001"]
             assert [g.gpu_class for g in first.gpus] == ["h100-80g"] * 8 and first.fabric == "ib-a"
@@ -122,3 +148,48 @@ async def test_a_200_node_sim_fleet_through_the_real_control_plane_and_gateway(t
                 f.kill()
                 f.wait()
     assert [f.returncode for f in fleets] == [0, 0], fleet_log.read_text()[-3000:]
+
+
+async def test_a_fleet_started_again_on_its_state_dir_joins_no_node_and_needs_no_key(tmp_path: Path) -> None:
+    """Each node keeps its certificate in --state-dir: a second start joins none (no token, no LLMGW_KEY),
+    and is welcomed with the certificates of the first. Without a key and without certificates, and
+    with an http:// control, the fleet does not start and says why."""
+    config = ControlConfig(state_dir=tmp_path / "control", raft_addr=f"127.0.0.1:{free_port()}", admin_host="127.0.0.1",
+                           admin_port=0, seed=Seed(admin_key=ADMIN), timeouts=FAST, tls=True, ca_root=test_ca_root())
+    state, log = tmp_path / "fleet", tmp_path / "fleet.log"
+    flags = ("--nodes", "3", "--gpus-per-node", "1", "--state-dir", str(state), "--log-level", "info")
+
+    def said() -> str:
+        return log.read_text() if log.exists() else ""
+
+    async with trio.open_nursery() as nursery:
+        control: ControlHandle = await nursery.start(control_serve, config)
+        for run, env in ((1, {"LLMGW_KEY": ADMIN}), (2, {"LLMGW_KEY": ""})):
+            with log.open("ab") as out:
+                fleet = subprocess.Popen([sys.executable, "-m", "llmgw", "sim-fleet", "--control", control.admin_url,
+                                          *flags], env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                await until(f"start {run}: every node connected", lambda: len(control.hub.nodes) == 3
+                            and said().count("nodes connected") == run, 60)
+            finally:
+                fleet.terminate()
+                await trio.to_thread.run_sync(fleet.wait, 15)
+            assert fleet.returncode == 0, said()
+            await until("the nodes gone", lambda: not control.hub.links, 30)
+        # The fleet's line once all are in names how many joined: all three at the first start, none after.
+        lines = [line for line in said().splitlines() if "nodes connected" in line]
+        assert ["(3 joined now" in lines[0], "(0 joined now" in lines[1]] == [True, True], lines
+        assert sorted(p.parent.parent.name for p in (state / "nodes").glob("*/tls/cert.pem")) == node_names(3)
+        machines = control.store.snapshot().machines
+        assert sorted(m.name for m in machines.values() if m.role == "agent") == node_names(3)
+        assert all(len(m.serials) == 1 for m in machines.values() if m.role == "agent"), "a node joined twice"
+        nursery.cancel_scope.cancel()
+
+    env = {k: v for k, v in os.environ.items() if k != "LLMGW_KEY"}
+    no_key = subprocess.run([sys.executable, "-m", "llmgw", "sim-fleet", "--control", "https://127.0.0.1:9",
+                             "--nodes", "1"], env=env, capture_output=True, text=True, timeout=60)
+    assert no_key.returncode == 1 and "set LLMGW_KEY (the operator's admin key)" in no_key.stderr, no_key.stderr
+    plain = subprocess.run([sys.executable, "-m", "llmgw", "sim-fleet", "--control", "http://127.0.0.1:9",
+                            "--nodes", "1"], env={**env, "LLMGW_KEY": ADMIN}, capture_output=True, text=True,
+                           timeout=60)
+    assert plain.returncode == 1 and "give its https:// admin URL" in plain.stderr, plain.stderr

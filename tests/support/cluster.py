@@ -1,5 +1,7 @@
 """A group of real `llmgw control` processes on loopback for tests and benchmarks: free ports, one
-cluster secret, the first admin key; start, stop, SIGKILL, SIGSTOP/SIGCONT; who leads; settled states.
+cluster secret, the first admin key, the session's test root CA (`--ca-root`: each member's admin API
+serves TLS that the tests' SSL_CERT_FILE trusts); start, stop, SIGKILL, SIGSTOP/SIGCONT; who leads;
+settled states.
 
 Each member is one `python -m llmgw control` process with its own state dir and log file. The
 first member's first start makes the group's secret and gets `LLMGW_ADMIN_KEY`; the others get a
@@ -24,8 +26,12 @@ import trio
 from llmgw.net import free_port
 from llmgw.store.failpoints import lose_unflushed, write_controls
 from tests.support.netns import Fabric
+from tests.support.trust import ca_root_args, test_ca_root
 
 ADMIN_KEY = "sk-cluster-admin"
+# At import, before any client is made: a script (tests/bench) that starts members trusts them too (its
+# httpx clients and the processes it starts read SSL_CERT_FILE). Under pytest, conftest made it already.
+test_ca_root()
 T = TypeVar("T")
 
 
@@ -47,7 +53,8 @@ class Member:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.admin_port}"
+        """Its admin URL: TLS, with a certificate of the group's CA (under the session's test root)."""
+        return f"https://{self.host}:{self.admin_port}"
 
     @property
     def raft_dir(self) -> Path:
@@ -63,7 +70,8 @@ class Member:
 
     def start(self, peers: Iterable[str], *, env: dict[str, str] | None = None, extra: Iterable[str] = ()) -> None:
         args = ["control", "--state-dir", str(self.state_dir), "--raft-addr", self.raft_addr,
-                "--admin-addr", f"{self.host}:{self.admin_port}", *[a for p in peers for a in ("--peer", p)], *extra]
+                "--admin-addr", f"{self.host}:{self.admin_port}", *[a for p in peers for a in ("--peer", p)],
+                *ca_root_args(), *extra]
         env = {**os.environ, **(env or {})}
         if self.failpoints is not None:
             env["LLMGW_FAILPOINTS"] = str(self.failpoints)

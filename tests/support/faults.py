@@ -191,7 +191,9 @@ class World:
         """Start node `name`'s agent (again); returns once the leader welcomed it."""
         agent, handle, nursery = self.agents[name], self.handle, self._nursery
         assert handle is not None and nursery is not None
-        cfg = AgentConfig(controls=[handle.admin_url], key=ADMIN, state_dir=self.root / "agents" / name, node=name,
+        assert handle.context is not None  # an agent in the control plane's process: its in-memory credential
+        cfg = AgentConfig(controls=[handle.admin_url], tls=None, local_credential=handle.context.local_credential(
+                              "agent", name), state_dir=self.root / "agents" / name, node=name,
                           probe=agent.probe, timeouts=self.timeouts, storage=agent.storage)
         scope = agent.scope = trio.CancelScope()
 
