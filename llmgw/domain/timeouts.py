@@ -91,8 +91,6 @@ class Timeouts:
     raft_election_max_s: float = _t(0.9, "store", "longest time without a leader before a follower stands for election")
     raft_connect_retry_s: float = _t(0.5, "store", "a member unreachable at its Raft address is dialled again this often (a member that comes back joins this fast)")
     failpoints_poll_s: float = _t(0.02, "store", "tests only (LLMGW_FAILPOINTS, llmgw/store/failpoints.py): how often a member re-reads its failpoints' control file")
-    raft_accept_pause_s: float = _t(0.1, "store", "a Raft listener whose accept failed (out of descriptors) pauses this long before it accepts again")
-    raft_sweep_s: float = _t(0.1, "store", "Raft connections are checked this often for a late handshake or a silence past the connection timeout")
     raft_connection_timeout_s: float = _t(2.0, "store", "a Raft connection that has read nothing this long is closed and dialled again (heartbeats keep a live one busy); after a heal, a connect attempt whose packets were dropped is given up this soon")
     raft_leader_fallback_s: float = _t(2.0, "store", "a leader that heard from no majority this long steps down; until then a partitioned leader still believes it leads, but serves no read (each is confirmed by a majority first: store_read_s)")
     raft_refusal_log_s: float = _t(60.0, "store", "a refused Raft peer (wrong cluster secret, not in the group) is logged at most once per this long, per address")
