@@ -310,6 +310,7 @@ async def serve(
     open_when: Callable[[], Awaitable[object]] | None = None,
     tls: ssl.SSLContext | None = None,
     query_tls: ssl.SSLContext | None | bool = True,
+    listening: trio.Event | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway until cancelled (or `shutdown_trigger` returns: in-flight requests get a grace).
@@ -324,6 +325,7 @@ async def serve(
     `tls`: every listener speaks TLS with it (an operator's certificate, or the gateway's own from the
     cluster's CA); None: plain HTTP. `query_tls`: the `query_listen` listener's own (the gateway's own
     certificate, which control plans verify, when /v1 serves an operator's); True: as /v1.
+    `listening`: set once the request log answers (its `query_url` known), before `open_when` is waited on.
     """
     role_var.set("gateway")  # this task's context: every request task inherits it
     app = make_app(deps)
@@ -347,6 +349,8 @@ async def serve(
             host, port = sockets[0].getsockname()[:2]
             query_host, query_port = sockets[-1].getsockname()[:2]
             app.log.query_url = f"{query_scheme}://{url_host(query_host)}:{query_port}"
+            if listening is not None:
+                listening.set()
             nursery.start_soon(app.log.run)  # the request log's writer: off the request path
             if open_when is not None:
                 with trio.move_on_after(deps.timeouts.gateway_open_wait_s) as waiting:

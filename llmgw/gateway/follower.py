@@ -170,12 +170,21 @@ async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IG
     deps = gateway_app.GatewayDeps(router=router, state=state, timeouts=config.timeouts, health=state.health,
                                    requestlog=rlog, guard_stats=GuardStats(on_failure=judges.add))
     async with trio.open_nursery() as nursery:
+        # It follows the leader as soon as its request log answers (the hello names where): a worker takes
+        # clients only once it has a table, which the leader sends on that stream.
+        listening = trio.Event()
+
+        async def follow() -> None:
+            await listening.wait()
+            await _follow(config, state, router, _Feeds(rlog, judges))
+
+        nursery.start_soon(follow)
         host, port = await nursery.start(partial(gateway_app.serve, config.listen_host, config.listen_port, deps,
                                                  reuse_port=config.reuse_port, query_listen=config.query_listen,
                                                  # A worker shares its port: it takes clients once it has a table.
                                                  open_when=partial(state.wait_changed, -1) if config.reuse_port
-                                                 else None, tls=config.server_tls, query_tls=config.query_tls))
-        nursery.start_soon(_follow, config, state, router, _Feeds(rlog, judges))
+                                                 else None, tls=config.server_tls, query_tls=config.query_tls,
+                                                 listening=listening))
         nursery.start_soon(_warn_while_stale, config, state)
         scheme = "https" if config.server_tls is not None else "http"
         task_status.started(GatewayHandle(f"{scheme}://{url_host(host)}:{port}", state, router, rlog))

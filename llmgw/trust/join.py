@@ -98,7 +98,11 @@ async def ensure_credentials(files: MachineFiles, controls: list[str], req: Join
         if not control.startswith("https://"):
             errors.append(f"{control}: a machine joins over TLS (an https:// admin URL)")
             continue
-        verify = await _anchor(control, req, timeout_s)
+        try:
+            verify = await _anchor(control, req, timeout_s)
+        except JoinError as e:  # this one is down, or not the cluster the hash names: the next may do
+            errors.append(str(e))
+            continue
         async with httpx.AsyncClient(verify=verify, timeout=timeout_s) as client:
             try:
                 answer = await client.post(control.rstrip("/") + JOIN_PATH,

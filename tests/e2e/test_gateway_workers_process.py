@@ -90,6 +90,9 @@ def test_workers_share_the_port_are_restarted_and_stop_together(tmp_path: Path) 
         assert ready.group(1) == f"{gw_url}/v1"
         w1, w2 = int(ready.group(2)), int(ready.group(3))
         assert children_of(gateway.pid) == {w1, w2}
+        # A worker follows the leader from its start, so it opens with a table: it never waits out
+        # gateway_open_wait_s and then answers gateway_not_synced.
+        assert "no table from control after" not in said(), said()
         with httpx.Client(base_url=admin_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10) as api:
             def model_taken() -> bool:
                 assert all(p.poll() is None for p in procs), said()

@@ -140,3 +140,21 @@ async def test_a_join_token_lives_at_most_its_longest_life_and_is_shown_once(tmp
             assert [t["id"] for t in listed] == [made.json()["id"]]
             assert made.json()["token"] not in str(listed), "a token is shown once, never listed"
         nursery.cancel_scope.cancel()
+
+
+async def test_a_join_pinned_by_hash_tries_the_next_control_when_one_is_down_or_not_the_cluster(
+        tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        control = await start_control(nursery, tmp_path)
+        other = await start_control(nursery, tmp_path / "other")  # another cluster: its CA is not the one pinned
+        async with httpx.AsyncClient(base_url=control.admin_url,
+                                     verify=tls.client_context(tmp_path / "control" / "tls" / "ca.pem"),
+                                     headers={"authorization": f"Bearer {ADMIN}"}) as admin:
+            made = (await admin.post("/api/v1/trust/tokens", json={"role": "agent", "name": "n1"})).json()
+        down = f"https://127.0.0.1:{free_port()}"
+        files = MachineFiles.of(tmp_path / "n1")
+        await ensure_credentials(files, [down, other.admin_url, control.admin_url],
+                                 JoinRequest("agent", "n1", made["token"], ca_hash=made["ca_hash"]))
+        assert files.identity().name == "n1"
+        assert ca.roots_hash(files.ca.read_text()) == made["ca_hash"]
+        nursery.cancel_scope.cancel()
