@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from llmgw.domain.timeouts import overrides
+
 Listener = Literal["admin", "gateway"]
 
 # Of the descriptors left after the reserve, the share of connections each listener may hold, alone in its
@@ -44,17 +46,8 @@ class Limits:
     def overridden(self, spec: str) -> Limits:
         """These limits with `name=count,name=count` applied (`LLMGW_LIMITS`, read where a listener starts).
         Raises ValueError naming an unknown field or a bad value."""
-        known = {f.name for f in dataclasses.fields(self)}
-        changes: dict[str, int] = {}
-        for item in filter(None, (part.strip() for part in spec.split(","))):
-            name, sep, raw = item.partition("=")
-            name = name.strip()
-            if not sep or name not in known:
-                raise ValueError(f"{item!r}: give NAME=COUNT with NAME one of the limits in docs/operations.md")
-            try:
-                changes[name] = int(raw)
-            except ValueError:
-                raise ValueError(f"{item!r}: {raw.strip()!r} is not a whole number") from None
+        changes = overrides(spec, {f.name for f in dataclasses.fields(self)}, int, "COUNT", "limits",
+                            "a whole number")
         return dataclasses.replace(self, **changes)
 
     @staticmethod

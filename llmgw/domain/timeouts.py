@@ -11,11 +11,31 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+_V = TypeVar("_V")
 
 
 def _t(default: float, area: str, help: str) -> Any:
     return field(default=default, metadata={"area": area, "help": help})
+
+
+def overrides(spec: str, known: set[str], parse: Callable[[str], _V], unit: str, table: str,
+              kind: str) -> dict[str, _V]:
+    """`name=value,name=value` (an environment variable's overrides of one of the tables: LLMGW_TIMEOUTS,
+    LLMGW_LIMITS) as {name: value}; ValueError naming an unknown name (`table` says where they are
+    listed) or a value `parse` refuses (`kind` says what it must be, `unit` the placeholder)."""
+    changes: dict[str, _V] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep or name not in known:
+            raise ValueError(f"{item!r}: give NAME={unit} with NAME one of the {table} in docs/operations.md")
+        try:
+            changes[name] = parse(raw)
+        except ValueError:
+            raise ValueError(f"{item!r}: {raw.strip()!r} is not {kind}") from None
+    return changes
 
 
 # Either end of an agent's stream that heard nothing for this many heartbeat intervals takes its
@@ -188,17 +208,8 @@ class Timeouts:
         """These timeouts with `name=seconds,name=seconds` applied (`LLMGW_TIMEOUTS`, read by the
         `control` and `agent` roles: tests of processes shorten what they wait on). Raises
         ValueError naming an unknown field or a bad value."""
-        known = {f.name for f in dataclasses.fields(self)}
-        changes: dict[str, float] = {}
-        for item in filter(None, (part.strip() for part in spec.split(","))):
-            name, sep, raw = item.partition("=")
-            name = name.strip()
-            if not sep or name not in known:
-                raise ValueError(f"{item!r}: give NAME=SECONDS with NAME one of the timeouts in docs/operations.md")
-            try:
-                changes[name] = float(raw)
-            except ValueError:
-                raise ValueError(f"{item!r}: {raw.strip()!r} is not a number of seconds") from None
+        changes = overrides(spec, {f.name for f in dataclasses.fields(self)}, float, "SECONDS", "timeouts",
+                            "a number of seconds")
         return dataclasses.replace(self, **changes)
 
     def scaled(self, factor: float) -> Timeouts:
