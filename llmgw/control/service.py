@@ -162,7 +162,7 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
     timeouts = config.timeouts
     store = RaftStore(self_addr=config.raft_addr, peers=config.peers, state_dir=config.state_dir, timeouts=timeouts,
                       cluster_secret=config.cluster_secret, fsync=config.journal_fsync,
-                      compaction_min_entries=config.journal_compact_after)
+                      compaction_min_entries=config.journal_compact_after, abstain_until_synced=config.join)
     await store.start()
     try:
         if config.join:

@@ -109,13 +109,20 @@ class RaftStore:
 
     def __init__(self, *, self_addr: str, peers: list[str], state_dir: Path, timeouts: Timeouts = TIMEOUTS,
                  run_in_thread: RunInThread = _worker_thread, cluster_secret: str | None = None,
-                 fsync: FsyncPolicy = DEFAULT_FSYNC, compaction_min_entries: int = 5000) -> None:
+                 fsync: FsyncPolicy = DEFAULT_FSYNC, compaction_min_entries: int = 5000,
+                 abstain_until_synced: bool = False) -> None:
         """`run_in_thread` builds the member (replaying the journal) off the event loop;
         the default is a trio worker thread, abandoned if the start is cancelled.
         `cluster_secret`: the group's secret, given by the operator; None: the one in the state dir
         (a new one on a fresh state dir). Raft traffic is sealed with it.
         `fsync`: when the journal is flushed to the disk (docs/operations.md, "Durability");
-        `compaction_min_entries`: a snapshot is taken past this many journal entries (or 300 s)."""
+        `compaction_min_entries`: a snapshot is taken past this many journal entries (or 300 s).
+        `abstain_until_synced`: this member grants no vote until it has caught up with a leader once
+        (`--join`, `--rejoin`). A member that lost its log (a damaged journal moved aside) may have
+        acknowledged entries it no longer holds; voting before it has them again, it could elect a
+        candidate that lacks them too, and a committed write would be lost (the fault campaign, seed
+        6101 round 103: a standby rejoined empty while the leader was cut off gave the deciding vote
+        to the one other member, which never had the write that it had acknowledged)."""
         self.self_addr = self_addr
         self._given_secret = cluster_secret
         self.peers = [p for p in peers if p != self_addr]
@@ -140,6 +147,7 @@ class RaftStore:
         self._appending: list[tuple[bytes, Callable[[JournalWriteError], None]]] = []
         self._member_changes = MemberChanges()
         self.group = GroupCommit()  # submits in one scheduler pass go as one Raft entry (group commit)
+        self._abstaining = abstain_until_synced
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -192,7 +200,7 @@ class RaftStore:
             # One bind attempt: pysyncobj would otherwise retry a busy port forever, spinning.
             maxBindRetries=1,
         )
-        transport = sealed_transport(RefusalLog(self.timeouts.raft_refusal_log_s))
+        transport = sealed_transport(RefusalLog(self.timeouts.raft_refusal_log_s), abstain=self._abstains)
         clock: Callable[[], float] = time.monotonic
         fp = failpoints.active()  # (tests only: LLMGW_FAILPOINTS)
         if fp is not None:
@@ -291,6 +299,17 @@ class RaftStore:
                 return
         raise StoreNotReady(f"the Raft store did not become ready within {timeout:g} s "
                             f"({self.not_ready_reason() or 'ready just now'})")
+
+    def _abstains(self) -> bool:
+        """In the Raft thread, at a vote request: whether this member still abstains (see __init__)."""
+        if not self._abstaining:
+            return False
+        obj = self._obj
+        if obj is None or not obj.isReady():
+            return True
+        self._abstaining = False
+        log.info("caught up with the leader since its start: this member votes again")
+        return False
 
     def not_ready_reason(self) -> str:
         """Why this member cannot serve yet, in words; "" once it has a leader and its log applied."""

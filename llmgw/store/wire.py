@@ -94,9 +94,13 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
     Each member now sends a `llmgw_keepalive` on every link a few times per timeout; the receiver
     drops it before pysyncobj (which would ignore an unknown type anyway: an older member is fine)."""
 
-    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *, refusals: RefusalLog) -> None:
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *, refusals: RefusalLog,
+                 abstain: Callable[[], bool] | None = None) -> None:
         self._refusals = refusals  # before the base's __init__: it adds the peers (addNode) and the server
         self._keepalive_at = 0.0
+        # True while this member must not vote (it started empty to rejoin, and has not caught up with a
+        # leader yet): see `RaftStore`'s `abstain_until_synced`.
+        self._abstain = abstain
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _onTick(self) -> None:
@@ -110,6 +114,9 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
     def _onMessageReceived(self, node: Any, message: Any) -> None:
         if isinstance(message, dict) and message.get("type") == KEEPALIVE:
             return
+        if (self._abstain is not None and isinstance(message, dict) and message.get("type") == "request_vote"
+                and self._abstain()):
+            return  # no vote, not even a refusal: the candidate counts it as a missing member
         super()._onMessageReceived(node, message)
 
     def _onNewIncomingConnection(self, conn: Any) -> None:
@@ -165,9 +172,9 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
         self._refusals.refused(_host(peer), f"refused Raft peer {peer}: its answer is {_WRONG_SECRET}")
 
 
-def sealed_transport(refusals: RefusalLog) -> Callable[..., SealedTransport]:
+def sealed_transport(refusals: RefusalLog, abstain: Callable[[], bool] | None = None) -> Callable[..., SealedTransport]:
     """What SyncObj takes as `transportClass`: it calls it with (syncObj, selfNode, otherNodes)."""
-    return functools.partial(SealedTransport, refusals=refusals)
+    return functools.partial(SealedTransport, refusals=refusals, abstain=abstain)
 
 
 def _peer_host(conn: Any) -> str:

@@ -1,0 +1,134 @@
+"""A member that lost its log and rejoins empty votes for no one until it has caught up with a leader.
+
+The fault campaign (seed 6101, round 103) lost an acknowledged write this way: the leader committed it
+with one standby while the other was down; that standby's journal was then damaged, and it was
+restarted empty (`--rejoin`) while the leader was cut off. Its vote, given with an empty log, made
+the other standby (which never had the write) leader: the write was gone. Raft counts on a vote
+coming from a member that still holds what it acknowledged; one that lost it must abstain until it
+holds the group's log again (`RaftStore(abstain_until_synced=...)`, the transport's `abstain`).
+
+Three members of the store's own Raft class in this process, on the store's sealed transport with a
+switch that drops a member's traffic (tests/integration/test_raft_catchup.py)."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from pysyncobj import SyncObjConf
+
+from llmgw.domain import commands
+from llmgw.domain.model import ModelDef
+from llmgw.domain.timeouts import TIMEOUTS
+from llmgw.net import free_port
+from llmgw.store.raft import _Replicated
+from llmgw.store.wire import RefusalLog
+from tests.integration.test_raft_catchup import _Cuttable
+
+pytestmark = pytest.mark.slow
+
+
+class _Member:
+    def __init__(self, addr: str, peers: list[str], *, abstain: Callable[[_Member], bool] | None = None) -> None:
+        self.addr = addr
+        self.cut = threading.Event()
+        conf = SyncObjConf(
+            autoTick=False, dynamicMembershipChange=True, appendEntriesUseBatch=False, commandsWaitLeader=True,
+            bindAddress=addr, connectionRetryTime=TIMEOUTS.raft_connect_retry_s,
+            leaderFallbackTimeout=TIMEOUTS.raft_leader_fallback_s, appendEntriesPeriod=TIMEOUTS.raft_heartbeat_s,
+            raftMinTimeout=TIMEOUTS.raft_election_min_s, raftMaxTimeout=TIMEOUTS.raft_election_max_s,
+            logCompactionMinEntries=10**9, logCompactionMinTime=10**9)
+        transport = functools.partial(_Cuttable, refusals=RefusalLog(60.0), cut=self.cut,
+                                      abstain=(lambda: abstain(self)) if abstain is not None else None)
+        self.obj = _Replicated(addr, peers, conf, lambda: None, transport, TIMEOUTS.raft_heartbeat_s)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._tick, name=f"raft-{addr}", daemon=True)
+        self.thread.start()
+
+    def _tick(self) -> None:
+        while not self.stop.is_set():
+            self.obj.doTick(TIMEOUTS.raft_tick_s)
+
+    def leads(self) -> bool:
+        return bool(self.obj._isLeader())
+
+    def holds(self, name: str) -> bool:
+        return name in self.obj._state.models
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.obj.destroy()
+
+
+def until_synced(member: _Member) -> bool:
+    """The rejoined member's rule, as RaftStore's `_abstains`: abstain until caught up with a leader once."""
+    return not member.obj.isReady()
+
+
+def _wait(what: str, check: Any, limit: float = 30.0) -> None:
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {limit:g} s"
+        time.sleep(0.01)
+
+
+def _put(member: _Member, name: str) -> None:
+    done = threading.Event()
+    model = ModelDef.from_doc({"name": name, "engine": "sim", "source": f"sim://{name}"})
+    member.obj.apply(commands.encode(commands.put_model(model, 1.0)), callback=lambda *_: done.set())
+    assert done.wait(10), f"{name} was not committed"
+
+
+@pytest.fixture
+def addrs() -> Iterator[list[str]]:
+    yield [f"127.0.0.1:{free_port()}" for _ in range(3)]
+
+
+def run(addrs: list[str], abstain: Callable[[_Member], bool] | None) -> tuple[bool, bool]:
+    """The campaign's round, in one process: (was a leader elected without the write while the old
+    leader was cut off, does the write survive the heal)."""
+    members = {a: _Member(a, [p for p in addrs if p != a]) for a in addrs}
+    try:
+        _wait("a leader", lambda: any(m.leads() for m in members.values()))
+        leader = next(m for m in members.values() if m.leads())
+        down, other = [m for m in members.values() if m is not leader]
+        other.cut.set()  # the other standby is away: the write is committed by the leader and `down`
+        _put(leader, "acknowledged")
+        _wait("the write applied on the standby", lambda: down.holds("acknowledged"))
+        assert not other.holds("acknowledged")
+        down.close()  # its journal is damaged: it comes back empty, under the same address
+        leader.cut.set()  # and the leader is cut off
+        other.cut.clear()
+        rejoined = _Member(down.addr, [p for p in addrs if p != down.addr], abstain=abstain)
+        members[down.addr] = rejoined
+        deadline = time.monotonic() + 20 * TIMEOUTS.raft_election_max_s
+        elected_without = False
+        while time.monotonic() < deadline and not elected_without:
+            elected_without = other.leads() or rejoined.leads()
+            time.sleep(0.01)
+        leader.cut.clear()
+        _wait("a leader after the heal", lambda: any(m.leads() and not m.cut.is_set() for m in members.values()))
+        new = next(m for m in members.values() if m.leads())
+        _wait("the group settled", lambda: all(m.obj.isReady() for m in members.values()))
+        survived = new.holds("acknowledged") and all(m.holds("acknowledged") for m in members.values())
+        return elected_without, survived
+    finally:
+        for m in members.values():
+            m.close()
+
+
+def test_a_member_rejoined_empty_votes_for_no_one_until_it_has_caught_up(addrs: list[str]) -> None:
+    elected_without, survived = run(addrs, until_synced)
+    assert not elected_without, "a leader was elected by the vote of a member that had lost its log"
+    assert survived, "the acknowledged write was lost"
+
+
+def test_without_the_rule_the_write_is_lost(addrs: list[str]) -> None:
+    """The failure the rule prevents, reproduced: so the test above fails if the rule is gone."""
+    elected_without, survived = run(addrs, None)
+    assert elected_without and not survived
