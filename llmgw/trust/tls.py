@@ -75,7 +75,7 @@ def hypercorn_tls(config: Any, context: ssl.SSLContext) -> Any:
     from files: it records peers' certificates and is reloaded in place on renewal)."""
     from hypercorn.config import Config
 
-    class _TlsConfig(Config):  # type: ignore[misc]
+    class _TlsConfig(Config):
         @property
         def ssl_enabled(self) -> bool:
             return True

@@ -102,7 +102,7 @@ class _Connection:
     __slots__ = ("front", "stream", "slot", "reader", "peer", "status", "head", "head_only", "body_done", "gone",
                  "sent_head", "finished", "close_after", "chunked", "http10", "continue_pending", "buffered")
 
-    def __init__(self, front: Front, stream: trio.abc.HalfCloseableStream, slot: Slot) -> None:
+    def __init__(self, front: Front, stream: trio.abc.Stream, slot: Slot) -> None:
         self.front = front
         self.stream = stream
         self.slot = slot
@@ -439,7 +439,7 @@ class Front:
     def add(self, sock: trio.socket.SocketType, *, tls: ssl.SSLContext | None | bool = True) -> None:
         """Accept connections on one more listening socket (once `serve` has started); `tls`: this
         listener's own context (None: plain), True: the server's."""
-        context = self.tls if tls is True else tls
+        context = self.tls if tls is True else (tls or None)
         assert self._acceptors is not None and self._connections is not None, "add() before serve() started"
         if self.bound is None:
             host, port = sock.getsockname()[:2]
@@ -473,11 +473,13 @@ class Front:
                 return
         self.connections += 1
         try:
+            served: trio.abc.Stream = stream
             if tls is not None:
-                stream = await self._handshake(stream, tls)
-                if stream is None:
+                secured = await self._handshake(stream, tls)
+                if secured is None:
                     return
-            await _Connection(self, stream, slot).run(self.app)
+                served = secured
+            await _Connection(self, served, slot).run(self.app)
         finally:
             self.gate.release(slot)
             self.connections -= 1

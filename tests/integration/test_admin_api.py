@@ -159,13 +159,13 @@ def machine(control: ControlHandle, role: str, name: str) -> list[tuple[bytes, b
 async def test_a_stream_takes_a_machine_credential_and_no_key_not_even_the_admin_key(control: ControlHandle) -> None:
     url = control.admin_url.replace("http://", "ws://") + protocol.STREAM_PATH
     # A key is for people and scripts, never a machine's credential: on this plain loopback control plane
-    # only a machine inside its process can speak (501 no_tls says so); over TLS a key gets 401
+    # only a machine inside its process can speak (409 no_tls says so); over TLS a key gets 401
     # (tests/integration/test_trust_credentials.py).
     for key in (CLIENT, ADMIN):
         with pytest.raises(HandshakeError) as refused:
             async with open_websocket_url(url, extra_headers=[(b"authorization", f"Bearer {key}".encode())]):
                 pass
-        assert getattr(refused.value, "status_code", None) == 501, refused.value
+        assert getattr(refused.value, "status_code", None) == 409, refused.value
         assert b"no_tls" in (getattr(refused.value, "body", None) or b""), refused.value
         del refused  # its traceback holds the refused handshake's socket
     # trio-websocket 0.12.2 leaves a rejected handshake's socket to the garbage collector.

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.domain import codec, commands
-from llmgw.domain.commands import usage
+from llmgw.domain.commands import trust, usage
 from llmgw.domain.codec import CodecError, state_from_json, state_to_json
 from llmgw.domain.frozen import freeze
 from llmgw.domain.guard import GuardPolicy
@@ -92,7 +92,8 @@ def test_every_state_the_commands_build_round_trips(steps: list[tuple[dict[str, 
 
 
 def test_the_generated_states_are_not_trivial() -> None:
-    """The property above must see models, keys, placements, health, settings, outcomes and refusals."""
+    """The property above must see models, keys, placements, health, settings, outcomes, refusals and the
+    trust facts (an authority, a join token, a machine's certificate, a revocation)."""
     state = build([
         (commands.make("model.put", 1.0, model=model_doc("a", "always", 1, 2, ["--x"], 1.5)), "c1"),
         (commands.add_key("sha256:k1", "ops", "admin", 2.0), None),
@@ -104,6 +105,12 @@ def test_the_generated_states_are_not_trivial() -> None:
         (usage.add_usage("gw1", "b1", 1, [usage.row_doc(3600, "key_a", "a", 2, 10, 20, 0, 1)], "", 8.0), None),
         (commands.set_policy(GuardPolicy.from_doc({"name": "p", "judge": "lg", "categories": ["S6"]}), 9.0),
          None),
+        (trust.ca_add("a1", "-----BEGIN CERTIFICATE-----x", "sealed", "-----BEGIN CERTIFICATE-----r", 99.0, 10.0),
+         None),
+        (trust.token_add("sha256:" + "0" * 64, "tok_a", "agent", 50.0, 11.0), None),
+        (trust.issue("agent", "n1", "ab", 90.0, "a1", 12.0), None),
+        (trust.issue("gateway", "g1", "cd", 90.0, "a1", 13.0), None),
+        (trust.revoke("gateway", "g1", 14.0), None),
     ])
     for f in dataclasses.fields(ClusterState):
         assert getattr(state, f.name) != getattr(ClusterState(), f.name), f"{f.name} stays at its default"

@@ -222,10 +222,10 @@ _ERRORS = {
     "401": "no admin key, a client key, or an unknown key (`unauthorized`)",
     "404": "no such model, key, node, setting, member, request or guard policy, or a path that routes nowhere",
     "403": "a join token that cannot be used (`invalid_join_token`): unknown, used or expired",
-    "409": "the cluster's state forbids it now (the message says what to do)",
+    "409": "the cluster's state forbids it now (the message says what to do); `no_tls`: this control plane serves "
+           "plain HTTP on loopback and issues no certificates",
     "413": "a body over 1 MiB (`request_too_large`)",
     "422": "this Idempotency-Key was used for a different request (`idempotency_key_reused`)",
-    "501": "this control plane serves plain HTTP on loopback and issues no certificates (`no_tls`)",
     "502": "the engine asked did not answer, or failed (`judge_failed`)",
     "503": "not committed, or not answered: `not_leader`, `no_leader`, `leader_unreachable`, `commit_unknown`,"
            " `store_unavailable`, `gateway_unavailable`",
@@ -478,14 +478,14 @@ def _trust_paths() -> Schema:
             "get": _op("the join tokens that can still be used (never the tokens themselves)",
                        _obj({"tokens": _arr(token)})),
             "post": _op("a join token for one machine of a role, shown once, with the CA hash to pin", made,
-                        status="201", body=_obj({"role": role, "name": _STR, "ttl_s": _NUM}, ("role",), closed=True),
+                        status="201", errors=("409",), body=_obj({"role": role, "name": _STR, "ttl_s": _NUM}, ("role",), closed=True),
                         write=True, example={"role": "agent", "ttl_s": 3600}),
         },
         "/api/v1/trust/tokens/{token_id}": {"delete": _op("remove a join token", _obj({"id": _STR, "removed": _BOOL}),
                                                           errors=("404",), params=(token_id,), write=True)},
         "/api/v1/trust/join": {"post": _no_key(_op(
             "a machine's join: its token and certificate request for a certificate (no key: the token is the "
-            "credential)", joined, status="201", errors=("403", "501"),
+            "credential)", joined, status="201", errors=("403", "409"),
             body=_obj({"token": _STR, "role": role, "name": _STR, "csr": _STR, "hosts": _arr(_STR)},
                       ("token", "role", "name", "csr"), closed=True)))},
         "/api/v1/trust/machines": {"get": _op("every machine's certificate, and the revoked ones",
@@ -498,7 +498,7 @@ def _trust_paths() -> Schema:
                                                 "the hash a joining machine pins (no key)", ca_doc))},
         "/api/v1/trust/ca/rotate": {"post": _op(
             "a new intermediate from the root (on the member that holds it); the old ones stay trusted until they "
-            "expire", ca_doc, status="201", errors=("409", "501"), write=True)},
+            "expire", ca_doc, status="201", errors=("409",), write=True)},
     }
 
 

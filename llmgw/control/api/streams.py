@@ -44,7 +44,7 @@ def authenticate(ctx: Context, role: str, cert_der: bytes | None, *, local: str 
             return AdminError(403, "forbidden", f"a {who.role}'s credential cannot speak as a {role}")
         return who
     if ctx.trust is None:
-        return AdminError(501, "no_tls", "this control plane serves plain HTTP on loopback, where machines cannot "
+        return AdminError(409, "no_tls", "this control plane serves plain HTTP on loopback, where machines cannot "
                           "authenticate; start it bound to another address or with --tls (docs/security.md)")
     try:
         return authorize(cert_der, ctx.state(), ctx.clock(), role=role)

@@ -29,7 +29,7 @@ HOSTS_MAX = 32
 
 def _trust(ctx: Context) -> Trust:
     if ctx.trust is None:
-        raise AdminError(501, "no_tls", "this control plane serves plain HTTP on loopback and issues no machine "
+        raise AdminError(409, "no_tls", "this control plane serves plain HTTP on loopback and issues no machine "
                          "certificates; start it bound to another address, or with --tls (docs/security.md)")
     return ctx.trust
 
