@@ -147,6 +147,7 @@ def test_every_link_gets_a_keepalive_a_few_times_per_timeout_and_the_receiver_dr
     monkeypatch.setattr(TCPTransport, "_onTick", lambda self: None)  # binding and dialling: not this test's
     t = object.__new__(SealedTransport)
     t._keepalive_at = 0.0
+    t._abstain = None  # a member that votes
     t._syncObj = SimpleNamespace(conf=SimpleNamespace(connectionTimeout=2.0))
     t._connections = {"a": None, "b": None}
     sent: list[tuple[str, Any]] = []
