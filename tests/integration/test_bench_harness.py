@@ -208,5 +208,6 @@ def test_the_tls_bench_table_sets_tls_beside_plain() -> None:
         "direct (upstream), keep-alive", "plain, keep-alive", "TLS, keep-alive", "TLS / plain, keep-alive",
         "plain, Connection: close", "TLS, Connection: close", "TLS / plain, Connection: close",
         "TLS: close / keep-alive"]
-    assert rows[2][4] == "0.40" and rows[4][2] == "x1.50 (+0.25)" and rows[4][6] == "x0.67"
-    assert rows[8][7] == "x2.00 (+0.750)"  # a connection per request: twice the CPU
+    assert rows[2][4] == "0.40" and rows[4][2] == "x1.50 (+0.25)" and rows[4][7] == "x0.67"
+    assert rows[2][6] == "0.50" and rows[8][6] == "x2.00 (+0.75)"  # c / req/s: each request's whole turn
+    assert rows[8][8] == "x2.00 (+0.750)"  # a connection per request: twice the CPU
