@@ -52,17 +52,22 @@ class _Cuttable(SealedTransport):
             super()._onMessageReceived(node, message)
 
 
+def member_conf(addr: str) -> SyncObjConf:
+    """A member's pysyncobj settings as RaftStore's (timeouts from the table), without its journal."""
+    return SyncObjConf(
+        autoTick=False, dynamicMembershipChange=True, appendEntriesUseBatch=False, commandsWaitLeader=True,
+        bindAddress=addr, connectionRetryTime=TIMEOUTS.raft_connect_retry_s,
+        leaderFallbackTimeout=TIMEOUTS.raft_leader_fallback_s, appendEntriesPeriod=TIMEOUTS.raft_heartbeat_s,
+        raftMinTimeout=TIMEOUTS.raft_election_min_s, raftMaxTimeout=TIMEOUTS.raft_election_max_s,
+        # No compaction: a snapshot sent to the former leader would hide a stalled catch-up.
+        logCompactionMinEntries=10**9, logCompactionMinTime=10**9)
+
+
 class _Member:
     def __init__(self, addr: str, peers: list[str]) -> None:
         self.addr = addr
         self.cut = threading.Event()
-        conf = SyncObjConf(
-            autoTick=False, dynamicMembershipChange=True, appendEntriesUseBatch=False, commandsWaitLeader=True,
-            bindAddress=addr, connectionRetryTime=TIMEOUTS.raft_connect_retry_s,
-            leaderFallbackTimeout=TIMEOUTS.raft_leader_fallback_s, appendEntriesPeriod=TIMEOUTS.raft_heartbeat_s,
-            raftMinTimeout=TIMEOUTS.raft_election_min_s, raftMaxTimeout=TIMEOUTS.raft_election_max_s,
-            # No compaction: a snapshot sent to the former leader would hide a stalled catch-up.
-            logCompactionMinEntries=10**9, logCompactionMinTime=10**9)
+        conf = member_conf(addr)
         transport = functools.partial(_Cuttable, refusals=RefusalLog(60.0), cut=self.cut)
         self.obj = _Replicated(addr, peers, conf, lambda: None, transport, TIMEOUTS.raft_heartbeat_s)  # as RaftStore
         self.stop = threading.Event()

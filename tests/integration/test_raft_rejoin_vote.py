@@ -19,15 +19,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from pysyncobj import SyncObjConf
-
 from llmgw.domain import commands
 from llmgw.domain.model import ModelDef
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.net import free_port
 from llmgw.store.raft import _Replicated
 from llmgw.store.wire import RefusalLog
-from tests.integration.test_raft_catchup import _Cuttable
+from tests.integration.test_raft_catchup import _Cuttable, member_conf
 
 pytestmark = pytest.mark.slow
 
@@ -36,12 +34,7 @@ class _Member:
     def __init__(self, addr: str, peers: list[str], *, abstain: Callable[[_Member], bool] | None = None) -> None:
         self.addr = addr
         self.cut = threading.Event()
-        conf = SyncObjConf(
-            autoTick=False, dynamicMembershipChange=True, appendEntriesUseBatch=False, commandsWaitLeader=True,
-            bindAddress=addr, connectionRetryTime=TIMEOUTS.raft_connect_retry_s,
-            leaderFallbackTimeout=TIMEOUTS.raft_leader_fallback_s, appendEntriesPeriod=TIMEOUTS.raft_heartbeat_s,
-            raftMinTimeout=TIMEOUTS.raft_election_min_s, raftMaxTimeout=TIMEOUTS.raft_election_max_s,
-            logCompactionMinEntries=10**9, logCompactionMinTime=10**9)
+        conf = member_conf(addr)
         transport = functools.partial(_Cuttable, refusals=RefusalLog(60.0), cut=self.cut,
                                       abstain=(lambda: abstain(self)) if abstain is not None else None)
         self.obj = _Replicated(addr, peers, conf, lambda: None, transport, TIMEOUTS.raft_heartbeat_s)
