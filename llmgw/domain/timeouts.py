@@ -160,6 +160,7 @@ class Timeouts:
     restart_window_s: float = _t(600.0, "control", "a model's restarts (failed starts and crashes of its replicas) are counted over this window; health.restart_storm_restarts of them in it is a restart storm (`ctl status`, a webhook, an alert)")
     notify_check_s: float = _t(1.0, "control", "the leader works out the conditions (lost nodes, parked models, ...) this often and posts each start and resolution to the webhooks")
     notify_resolve_hold_s: float = _t(30.0, "control", "a condition that cleared is posted as resolved once it has stayed clear this long; back within it, nothing is posted (a flapping condition is one event)")
+    notify_election_settle_s: float = _t(10.0, "control", "a new leader posts the group's own conditions (a member missing or lagging) only once it has led this long and they still hold: its Raft links to the others are still connecting after an election or a start")
     notify_post_s: float = _t(5.0, "control", "one POST of an event to a webhook gives up after this long (counted as a failed attempt)")
     notify_retry_first_s: float = _t(1.0, "control", "wait before the second attempt to deliver an event to a webhook (doubles each attempt, up to notify_retry_max_s)")
     notify_retry_max_s: float = _t(60.0, "control", "longest wait between two attempts to deliver an event to a webhook")

@@ -25,6 +25,10 @@ FAILING_AFTER = 3  # failed attempts in a row after which a webhook is failing (
 QUEUE_MAX = 100  # events waiting per webhook; past it the oldest is dropped (and counted)
 KEPT_DELIVERIES = 20  # finished deliveries kept per webhook for `ctl notify status`
 ERROR_MAX_CHARS = 300
+# The conditions of the group itself that a new leader sees while its Raft links to the others are still
+# connecting (a member starting, an election just won): posted only once this leader has led for
+# `notify_election_settle_s` and they are still true.
+SETTLING_KINDS = frozenset({"member_missing", "member_lagging"})
 
 # POST `body` (JSON) to `url`; returns the HTTP status, raises when no answer came. The seam tests fill
 # with a real loopback server; the default is httpx's (`notify.watch.http_post`).
@@ -97,6 +101,7 @@ class Notifier:
         self._nursery: trio.Nursery | None = None
         self.conditions: list[Condition] = []  # the last check's (leader only; [] on a standby)
         self.checked_at: float | None = None
+        self.leading_since: float | None = None  # the first check of this term of leading
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hold the webhooks' tasks until cancelled."""
@@ -127,13 +132,20 @@ class Notifier:
     def observe(self, found: Iterable[Condition], now: float) -> None:
         """The conditions true now. A new one is posted at once ("started"; again when its severity rises
         to critical); one gone is posted "resolved" once it has stayed gone `notify_resolve_hold_s`, and
-        nothing is posted if it comes back before: a condition flapping within the hold is one event."""
+        nothing is posted if it comes back before: a condition flapping within the hold is one event.
+        The group's own conditions (`SETTLING_KINDS`) wait until this leader has led `notify_election_settle_s`:
+        links still connecting after an election or a start are no failure."""
         self.conditions, self.checked_at = sorted(found), now
+        if self.leading_since is None:
+            self.leading_since = now
+        settling = now < self.settled_at()
         seen = set()
         for c in self.conditions:
             seen.add(c.key)
             active = self._active.get(c.key)
             if active is None:
+                if settling and c.kind in SETTLING_KINDS:
+                    continue
                 self._active[c.key] = _Active(c, now)
                 self._emit(Event("started", c, now, since=now, cluster=self._cluster()))
                 continue
@@ -153,7 +165,13 @@ class Notifier:
         """No longer the leader: forget the conditions (the next leader posts what it finds). Events
         already queued are still delivered."""
         self._active.clear()
-        self.conditions, self.checked_at = [], None
+        self.conditions, self.checked_at, self.leading_since = [], None, None
+
+    def settled_at(self) -> float:
+        """When this leader's group conditions are posted from (inf: not leading)."""
+        if self.leading_since is None:
+            return float("inf")
+        return self.leading_since + self._timeouts.notify_election_settle_s
 
     async def test(self) -> list[dict[str, Any]]:
         """Post a test event to every webhook at once, one attempt each (within `notify_post_s`); each
@@ -195,7 +213,9 @@ class Notifier:
                           "last_failure_at": box.last_failure_at, "deliveries": [d.doc() for d in recent]})
         active = [{**a.condition.to_doc(), "since": a.since, "clearing_since": a.clear_since}
                   for _, a in sorted(self._active.items())]
-        return {"checked_at": self.checked_at, "webhooks": hooks, "active": active}
+        settled = self.settled_at()
+        return {"checked_at": self.checked_at, "leading_since": self.leading_since,
+                "settling_until": settled if settled != float("inf") else None, "webhooks": hooks, "active": active}
 
     # -- delivery ---------------------------------------------------------------------------------------
 

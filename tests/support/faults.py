@@ -49,7 +49,8 @@ FAST = dataclasses.replace(
     agent_reconnect_max_s=0.5, notify_check_s=0.1, notify_resolve_hold_s=0.3, notify_post_s=1.0,
     notify_retry_first_s=0.05, notify_retry_max_s=0.2, engine_exit_log_s=0.05, engine_stop_grace_s=2.0)
 # The same for the group's processes (LLMGW_TIMEOUTS).
-GROUP_TIMEOUTS = "reconcile_tick_s=1,notify_check_s=0.1,notify_resolve_hold_s=0.3,member_probe_s=0.5"
+GROUP_TIMEOUTS = ("reconcile_tick_s=1,notify_check_s=0.1,notify_resolve_hold_s=0.3,member_probe_s=0.5,"
+                  "notify_election_settle_s=1")
 
 # --- what each place shows ----------------------------------------------------------------------------------
 
@@ -308,8 +309,21 @@ class Group:
         for m in c.members[1:]:
             self.start_member(m)
         trio.run(c.wait_for, "every member healthy and announced", c.all_healthy, 60.0)
-        self.api(self.leader(), "PUT", "/api/v1/settings/notify.webhooks", [self.receiver.url + World.HOOK])
+        r = self.api(self.leader(), "PUT", "/api/v1/settings/notify.webhooks", [self.receiver.url + World.HOOK])
+        assert r.status_code == 200, r.text
+        trio.run(c.wait_for, "the leader's notifier settled with nothing active", self.notifier_quiet, 60.0)
         return self
+
+    async def notifier_quiet(self) -> bool | None:
+        """True once the leader's notifier is past its election hold with no condition active: a fault injected
+        from here is the only thing its webhook can post (a member still connecting at the start is not)."""
+        leader = await self.cluster.leader()
+        if leader is None:
+            return None
+        r = self.api(leader, "GET", "/api/v1/notify/status")
+        doc = r.json() if r.status_code == 200 else {}
+        settled, checked = doc.get("settling_until"), doc.get("checked_at")
+        return (settled is not None and checked is not None and checked >= settled and not doc.get("active")) or None
 
     def close(self) -> None:
         self.cluster.close()

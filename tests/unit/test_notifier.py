@@ -263,6 +263,34 @@ async def test_stepping_down_forgets_the_conditions(autojump_clock: trio.testing
         assert [e["event"] for e in r.receiver.events()] == ["started", "started"]
 
 
+async def test_a_new_leader_holds_the_groups_own_conditions_while_its_links_connect(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """A member missing at an election or a start is no alarm when its link comes up within
+    notify_election_settle_s; one still missing after it is posted then. Other conditions go at once."""
+    settle_s = TIMEOUTS.notify_election_settle_s
+    starting = Condition("member_missing", "cp2:7000", "warning", "its Raft link is down")
+    gone = Condition("member_missing", "cp3:7000", "warning", "its Raft link is down")
+    async with rig() as r:
+        r.notifier.configure([r.hook()])
+        elected = trio.current_time()
+        while trio.current_time() - elected < settle_s / 2:  # cp2 still connecting; cp3 and n1 down
+            r.notifier.observe([starting, gone, LOST], trio.current_time())
+            await trio.sleep(1)
+        assert [e["condition"]["kind"] for e in r.receiver.events()] == ["node_lost"]
+        assert r.notifier.status()["settling_until"] == elected + settle_s
+        while trio.current_time() - elected < settle_s + 1:  # cp2's link came up within the hold
+            r.notifier.observe([gone, LOST], trio.current_time())
+            await trio.sleep(1)
+        await settle()
+        assert [(e["condition"]["kind"], e["condition"]["subject"]) for e in r.receiver.events()] == [
+            ("node_lost", "n1"), ("member_missing", "cp3:7000")]
+        r.notifier.step_down()  # a later term holds them again
+        assert r.notifier.status()["settling_until"] is None
+        r.notifier.observe([starting], trio.current_time())
+        await settle()
+        assert len(r.receiver.events()) == 2
+
+
 async def test_the_check_runs_only_while_leading_with_the_webhooks_of_the_setting(
         autojump_clock: trio.testing.MockClock) -> None:
     leads = [False]
