@@ -21,6 +21,16 @@ follower's applied entries under dropped and delayed messages. The entries it al
 is re-based on its last entry: nothing is truncated, the new entries are appended after it, and
 its answer (next index: its last entry + 1) is true. Any other message (a conflict, a log of an
 older term, a snapshot, a chunked transmission) goes to pysyncobj as it came.
+
+A second fix, for a message that carries a snapshot instead of entries (a chunk of one, or none
+yet while the leader is still writing it): pysyncobj's follower takes the leader's commit index for
+its own over whatever its log holds, unchecked against the leader's log. A former leader cut off
+with entries no one else has then applied them and answered their writers "committed": writes
+acknowledged that the group never had (the fault campaign lost them in its partition-leader rounds,
+where the new leader had compacted past the old one's log and so sent it a snapshot). Such a
+message says nothing about this member's log: its commit index is capped at this member's own
+(`cap_commit`), and the member commits on the next append that matched its log, or on the snapshot
+once it is loaded.
 """
 
 from __future__ import annotations
@@ -56,19 +66,34 @@ def keep_matching(log: Any, message: dict[str, Any], verified: int = 0) -> dict[
             "entries": [entry for entry in entries if entry[1] > end]}
 
 
+def cap_commit(message: dict[str, Any], commit_index: int) -> dict[str, Any]:
+    """`message` (an `append_entries`) with its commit index no higher than this follower's own
+    `commit_index` when it carries no entries to check against this follower's log (a snapshot, a
+    chunk of one, or the leader's "not ready yet"). Pure: returns a new message or `message` itself."""
+    if message.get("type") != "append_entries" or "prevLogIdx" in message:
+        return message
+    leader_commit = message.get("commit_index")
+    if not isinstance(leader_commit, int) or leader_commit <= commit_index:
+        return message
+    return {**message, "commit_index": commit_index}
+
+
 class KeepsMatchingEntries(SyncObj):  # type: ignore[misc]
-    """pysyncobj's SyncObj, whose followers read each append through `keep_matching`.
+    """pysyncobj's SyncObj, whose followers read each append through `keep_matching` and `cap_commit`.
 
     pysyncobj registers `self.__onMessageReceived` with its transport; the name is mangled to
     `_SyncObj__onMessageReceived`, which this class defines, so the transport calls this one."""
 
     # (term, index): in that term this follower answered the leader "I hold everything up to index"
     _matched_up_to: tuple[int, int] = (-1, 0)
+    _cap_commit = True  # False only in the test that shows the loss without it
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         if isinstance(message, dict) and message.get("type") == "append_entries":
             term, upto = self._matched_up_to
             message = keep_matching(self._SyncObj__raftLog, message, upto if message.get("term") == term else 0)
+            if self._cap_commit:
+                message = cap_commit(message, self._SyncObj__raftCommitIndex)
         SyncObj._SyncObj__onMessageReceived(self, node, message)
 
     def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False, nextNodeIdx: int | None = None,

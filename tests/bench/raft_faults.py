@@ -48,6 +48,11 @@ async def run(args: argparse.Namespace, root: Path, fabric: Fabric | None = None
     if fabric is not None:
         cluster.every_start = low_compaction(random.Random(args.seed))
     faults = FAULTS + NET_FAULTS if fabric is not None else FAULTS
+    if args.only:
+        unknown = sorted(set(args.only) - set(faults))
+        if unknown:
+            raise SystemExit(f"--only {unknown}: no such fault here (the faults: {', '.join(faults)})")
+        faults = tuple(args.only)
     started = time.monotonic()
     config = RoundConfig(clients=args.clients, seconds=args.seconds)
 
@@ -99,6 +104,7 @@ def in_parallel(args: argparse.Namespace, root: Path) -> bool:
         argv = [sys.executable, __file__, "--rounds", str(rounds), "--seed", str(args.seed + i),
                 "--clients", str(args.clients), "--seconds", str(args.seconds), "--dir", str(root),
                 "--table-every", "0", "--summary-out", str(root / f"summary-{i}.json")]
+        argv += [a for kind in args.only for a in ("--only", kind)]
         argv += ["--keep-going"] * args.keep_going + ["--verbose"] * args.verbose + ["--netns"] * args.netns
         log = root / f"campaign-{i}.log"
         print(f"campaign {i}: {rounds} rounds, --seed {args.seed + i}, output in {log}", flush=True)
@@ -141,6 +147,8 @@ def main() -> None:
     parser.add_argument("--table-every", type=int, default=100, help="print the table so far every N rounds (0: no)")
     parser.add_argument("--netns", action="store_true",
                         help="members in network namespaces, with the network's and the disk's faults (root)")
+    parser.add_argument("--only", action="append", default=[], metavar="FAULT",
+                        help="draw only this fault kind (again for more), e.g. --only partition-leader")
     parser.add_argument("--parallel", type=int, default=1, help="campaigns at once, each on its own cluster")
     parser.add_argument("--summary-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -306,3 +306,40 @@ def test_a_conflicting_append_still_truncates() -> None:
     assert keep_matching(log, more)["entries"] == [(b"e", 5, 1)]
     chunked = {**same, "transmission": "start"}
     assert keep_matching(log, chunked) is chunked
+
+
+def _former_leader_given_a_snapshot_message(cls: type[SyncObj], message: dict[str, object]) -> tuple[int, int]:
+    """A member holds entries 2..5 of term 1 of which 2..3 are committed (the rest it took, or appended
+    itself as leader, while cut off: no one else has them); a leader of term 2, which has compacted past
+    them, sends it `message` (a snapshot, or none yet). Its commit index and last applied entry after."""
+    wire = _Wire()
+    member = cls(f"127.0.0.1:{free_port()}", [f"127.0.0.1:{free_port()}"], SyncObjConf(autoTick=False),
+                 transport=wire)
+    try:
+        old_leader = next(iter(member.otherNodes))
+        member._SyncObj__onMessageReceived(old_leader, {
+            "type": "append_entries", "term": 1, "commit_index": 3, "prevLogIdx": 1, "prevLogTerm": 0,
+            "entries": [(bytes([1]), idx, 1) for idx in range(2, 6)]})
+        member._SyncObj__applyLogEntries()
+        assert (member.raftCommitIndex, member.raftLastApplied) == (3, 3)
+        member._SyncObj__onMessageReceived(old_leader, {"type": "append_entries", "term": 2, "commit_index": 40,
+                                                        **message})
+        member._SyncObj__applyLogEntries()
+        return member.raftCommitIndex, member.raftLastApplied
+    finally:
+        member.destroy()
+
+
+@pytest.mark.parametrize("message", [{"serialized": None}, {"serialized": (b"part", True, False)}],
+                         ids=["snapshot not ready", "a snapshot's first chunk"])
+def test_pysyncobj_alone_commits_what_a_snapshot_message_never_checked(message: dict[str, object]) -> None:
+    # The loss this store fixes (the campaign's partition-leader rounds): the member applies 4 and 5 on the
+    # word of a leader whose log it never compared with its own; had it appended them as leader, their
+    # writers would hear "committed", and the snapshot then replaces them.
+    assert _former_leader_given_a_snapshot_message(SyncObj, message) == (5, 5)
+
+
+@pytest.mark.parametrize("message", [{"serialized": None}, {"serialized": (b"part", True, False)}],
+                         ids=["snapshot not ready", "a snapshot's first chunk"])
+def test_a_snapshot_message_commits_nothing_the_member_holds(message: dict[str, object]) -> None:
+    assert _former_leader_given_a_snapshot_message(KeepsMatchingEntries, message) == (3, 3)

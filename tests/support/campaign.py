@@ -554,7 +554,8 @@ def judge(res: RoundResult, rows: dict[str, dict[str, Any]], revision_before: in
         what = "DUPLICATED" if res.revision_delta > high else "LOST"
         res.failures.append(f"{what}: the revision moved by {res.revision_delta} ({revision_before} -> {revision}) "
                             f"for {res.acked} acknowledged writes, {res.changes} membership changes and "
-                            f"{res.unknown} writes of unknown outcome")
+                            f"{res.unknown} writes of unknown outcome; the acknowledged: "
+                            + "; ".join(f"{w.key}={w.value} {w.tries}" for w in res.writes if w.outcome == "ok")[:3000])
     for name, lines in sorted(said.items()):  # what pysyncobj says when a follower cut entries it had applied
         cut = [line for line in lines if _DIVERGED in line]
         if cut:
