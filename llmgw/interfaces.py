@@ -12,6 +12,7 @@ from llmgw.domain.state import ApiKey, ClusterState
 
 if TYPE_CHECKING:
     from llmgw.engines.base import Group
+    from llmgw.service.manager import ServiceStatus
 
 
 class EndpointSink(Protocol):
@@ -178,3 +179,21 @@ class RequestFacts(Protocol):
     tokens_out: int | None
     ttft: float | None  # trio time of the first streamed chunk; None: not streamed
     guard_rule: str  # the judges' verdicts (gateway/guard.py); "" when no policy applied
+
+
+class ServiceManager(Protocol):
+    """`llmgw service` → what keeps this machine's roles running: systemd's units (`service/systemd.py`)
+    or the built-in supervisor (`service/supervisor.py`), one role at a time."""
+
+    name: str
+
+    def status(self, role: str) -> ServiceStatus: ...
+
+    def start(self, role: str) -> ServiceStatus:
+        """Start the role if it is not running; its status once started (ServiceError if it does not)."""
+
+    def stop(self, role: str) -> ServiceStatus:
+        """Stop the role (its own stop first; killed past `service_stop_s`); its status after."""
+
+    def restart(self, role: str) -> ServiceStatus:
+        """Stop, then start: a new process of the role."""

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LOCK_NAME = "lock"
+# `llmgw init` leaves the hash of the first admin key here for the control plane's first start (never the
+# key); the control plane removes it once the group holds the key, so a key removed later stays removed.
+FIRST_ADMIN_FILE = "first-admin-key.json"
 PRIVATE_UMASK = 0o077  # what a role and its engines create is the owner's alone
 NAMED = 5  # the paths a warning names; the rest are counted
 

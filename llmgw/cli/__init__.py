@@ -39,6 +39,16 @@ app.command("llmgw.cli.system:start", name="start",
             help="Serve again after `llmgw stop`: every model is placed again as it asks.")
 app.command("llmgw.cli.system:status", name="status",
             help="The cluster summary (as `llmgw ctl status`), saying when serving is stopped.")
+app.command("llmgw.cli.init:init", name="init", help="""\
+Make the first control plane of a new cluster on this machine, installed and started as a service.
+
+State dir, cluster secret, the cluster CA and this machine's certificate, the first admin key (shown
+once, stored hashed); each step looks first, so running it again on a live cluster changes nothing.""")
+app.command("llmgw.cli.service:service_app", name="service", help="""\
+This machine's roles as services: install what a role runs, then status, start, stop, restart.
+
+Through systemd's llmgw-ROLE units where systemd runs (docs/systemd/), else a built-in supervisor that
+starts a role again when it exits (its files in the services' dir).""")
 app.command("llmgw.cli.doctor:doctor", name="doctor",
             help="Check this machine: GPUs by each discovery path, MIG, engines, state dir, ports, clock.")
 app.command("llmgw.simfleet.command:sim_fleet", name="sim-fleet", help="""\

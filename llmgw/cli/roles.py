@@ -197,7 +197,8 @@ def control(
     from llmgw import console, statedir
     from llmgw.cli import _ports
     from llmgw.cli._lifecycle import serve_until_signal
-    from llmgw.control.service import ControlConfig, Seed, serve
+    from llmgw import startup
+    from llmgw.control.service import ControlConfig, Seed, first_admin_seed, serve
 
     admin_host, admin_port = _split_addr(admin_addr)
     raft_addr = _raft_addr(raft_addr)
@@ -210,6 +211,12 @@ def control(
     with statedir.acquire_or_exit(state_dir, "llmgw control") as lock:  # before anything in the dir is touched
         log.setup(state_dir / "logs" / "control.log")
         lock.warn_tightened()
+        seed = Seed(admin_key=key, client_key=client_key) if key else None
+        if seed is None and not join:
+            try:
+                seed = first_admin_seed(state_dir)  # left by `llmgw init`: the key's hash, never the key
+            except startup.CannotStart as e:
+                raise SystemExit(f"error: {e}") from None
         if rejoin:
             from llmgw.store.durable import move_raft_aside
 
@@ -224,7 +231,7 @@ def control(
                 "LLMGW_CLIENT_KEY is ignored: the first keys are given together, with LLMGW_ADMIN_KEY, at the first "
                 "start of a fresh group")
         cfg = ControlConfig(state_dir=state_dir, raft_addr=raft_addr, admin_host=admin_host, admin_port=admin_port,
-                            peers=list(peer or []), seed=Seed(admin_key=key, client_key=client_key) if key else None,
+                            peers=list(peer or []), seed=seed,
                             floating=floating, cluster_secret=cluster_secret, join=join,
                             admin_url=_admin_url(admin_url), journal_fsync=journal_fsync,
                             journal_compact_after=journal_compact_after, timeouts=_timeouts(),

@@ -7,6 +7,7 @@ cluster (first keys, catalog), then runs the reconciler and the admin listener.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import time
@@ -17,6 +18,7 @@ from typing import Any, Awaitable, Callable
 import httpx
 import trio
 
+from llmgw import startup
 from llmgw.control.api import Mount, make_app
 from llmgw.control.context import Context
 from llmgw.control.floating import FloatingDuty
@@ -31,6 +33,7 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import DemandReport, EndpointSink, FloatingAddress, WritableStore
 from llmgw.logs import role_var
+from llmgw.statedir import FIRST_ADMIN_FILE
 from llmgw.notify.notifier import Notifier
 from llmgw.notify.watch import control_conditions, http_post, watch
 from llmgw.store import RaftStore
@@ -45,11 +48,34 @@ log = logging.getLogger("llmgw.control")
 
 @dataclass
 class Seed:
-    """What a fresh cluster starts with. Applied once: a restart keeps what the operator changed."""
+    """What a fresh cluster starts with. Applied once: a restart keeps what the operator changed.
+    `admin_key` is the clear key (LLMGW_ADMIN_KEY, `llmgw up`) or, from `llmgw init`, its hash alone
+    (`FIRST_ADMIN_FILE`: the key itself was shown once and is kept nowhere)."""
 
     admin_key: str
     client_key: str | None = None
     models: list[ModelDef] = field(default_factory=list)
+    hashed: bool = False  # admin_key is a `sha256:` hash (from FIRST_ADMIN_FILE), not the key
+    from_file: Path | None = None  # FIRST_ADMIN_FILE it came from: removed once the group holds the key
+
+    def admin_hash(self) -> str:
+        return self.admin_key if self.hashed else hash_key(self.admin_key)
+
+
+def first_admin_seed(state_dir: Path) -> Seed | None:
+    """The seed `llmgw init` left in `state_dir`, if any (CannotStart for a damaged file)."""
+    path = state_dir / FIRST_ADMIN_FILE
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as e:
+        raise startup.CannotStart(f"{path} cannot be read ({e}): run `llmgw init` again, or remove it and give "
+                                  f"LLMGW_ADMIN_KEY") from None
+    key_hash = doc.get("key_hash") if isinstance(doc, dict) else None
+    if not isinstance(key_hash, str) or not key_hash.startswith("sha256:"):
+        raise startup.CannotStart(f"{path} holds no key_hash: run `llmgw init` again")
+    return Seed(admin_key=key_hash, hashed=True, from_file=path)
 
 
 @dataclass
@@ -117,12 +143,12 @@ async def seed_cluster(store: WritableStore, seed: Seed, at: float, *, fresh: bo
     (default `store.submit`) lets a fresh standby seed through the leader. On a cluster that
     has state, the seed's keys are only re-added if missing, by the leader."""
     submit = submit or store.submit
-    keys = [(seed.admin_key, "admin")] + ([(seed.client_key, "client")] if seed.client_key else [])
+    keys = [(seed.admin_hash(), "admin")] + ([(hash_key(seed.client_key), "client")] if seed.client_key else [])
     state = store.snapshot()
     fresh = fresh and not state.keys
-    for key, role in keys:
-        if fresh or (store.is_leader() and state.key_role(hash_key(key)) is None):
-            await submit(commands.add_key(hash_key(key), role, role, at))
+    for key_hash, role in keys:
+        if fresh or (store.is_leader() and state.key_role(key_hash) is None):
+            await submit(commands.add_key(key_hash, role, role, at))
     if fresh:
         for model in seed.models:
             await submit(commands.put_model(model, at))
@@ -173,6 +199,10 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
         if config.seed is not None and not config.join:
             await seed_cluster(store, config.seed, config.clock(), fresh=store.fresh,
                                submit=functools.partial(store.submit, through_leader=True))
+            if config.seed.from_file is not None and store.snapshot().key_role(config.seed.admin_hash()):
+                config.seed.from_file.unlink(missing_ok=True)
+                log.info("the first admin key (from `llmgw init`) is in the group: %s removed",
+                         config.seed.from_file.name)
         trust: Trust | None = None
         if config.tls:
             trust = Trust(config.state_dir, store, config.clock, name=config.raft_addr,

@@ -180,6 +180,14 @@ class Timeouts:
     # --- processes and the command line ------------------------------------------------
     listener_limit_log_s: float = _t(60.0, "process", "a listener at its connection limit (docs/operations.md, Limits) logs what it closed and refused at most this often")
     stop_deadline_s: float = _t(10.0, "process", "after SIGINT/SIGTERM a process has stopped within this long, started or not")
+    # --- this machine's services (`llmgw service`, docs/operations.md "Services") ----------
+    service_start_s: float = _t(10.0, "service", "`llmgw service start` waits this long for the built-in supervisor to say it started the role")
+    service_stop_s: float = _t(20.0, "service", "`llmgw service stop` waits this long for the role to stop (its own stop deadline included) before it kills the supervisor and the role")
+    service_poll_s: float = _t(0.05, "service", "`llmgw service` and `llmgw init` look at what they wait for (the supervisor's state file, the admin API's first answer) this often")
+    init_ready_s: float = _t(60.0, "service", "`llmgw init` waits this long for the control plane it started to answer over TLS (its CA and certificate made)")
+    service_restart_first_s: float = _t(1.0, "service", "the built-in supervisor waits this long before starting again a role that exited (doubles each time, up to service_restart_max_s)")
+    service_restart_max_s: float = _t(60.0, "service", "the longest wait of the built-in supervisor before starting again a role that keeps exiting")
+    service_stable_s: float = _t(30.0, "service", "a role that ran this long before it exited is started again after the first wait (its backoff starts over)")
     ctl_request_s: float = _t(30.0, "ctl", "`llmgw ctl` waits this long for the admin API's answer")
 
     def __post_init__(self) -> None:
