@@ -92,6 +92,7 @@ class Timeouts:
     scale_down_delay_s: float = _t(300.0, "control", "a replica added under load is kept until the load has stayed below what needs it for this long (the leader remembers the peak of requests in flight over this window)")
     admin_keep_alive_s: float = _t(5.0, "control", "the admin API closes an idle client connection after this long")
     admin_accept_retry_s: float = _t(0.1, "control", "after a failed accept (out of file descriptors after all), the admin API waits this long before accepting again")
+    leader_handover_s: float = _t(2.0, "control", "on stop, a leading control plane waits this long for its most caught-up member to take leadership over (Raft's TimeoutNow) before it stops anyway; the others then elect after their election timeout")
     admin_shutdown_grace_s: float = _t(1.0, "control", "on stop, the admin API's open requests get this long (streams close at once)")
     admin_forward_s: float = _t(15.0, "control", "a standby waits this long for the leader's answer to a request it forwarded (longer than store_commit_s, so the leader's own answer comes first)")
     member_probe_s: float = _t(1.0, "control", "listing the members, each member's /api/v1/cluster/self gets this long to answer; one that does not shows as missing")

@@ -32,6 +32,7 @@ from llmgw.store.durable import open_durable, take_back
 from llmgw.store.handoff import Handoff
 from llmgw.store.journal import DEFAULT_FSYNC, FsyncPolicy, JournalWriteError, RaftJournal, Repeats
 from llmgw.store.membership import MemberChanges, group_at_start, keep_a_group_of_one
+from llmgw.store.handover import HandsOver
 from llmgw.store.readindex import Confirmed, ConfirmsReads, Verdict
 from llmgw.store.snapshot import SnapshotFiles, check_received
 from llmgw.store.secret import load_or_create, raft_password
@@ -85,15 +86,16 @@ class StoreNotReady(StoreUnavailable, startup.CannotStart):
     """The member found no leader, or did not apply its log, within the start deadline."""
 
 
-class _Replicated(ConfirmsReads, CatchesUp):  # CatchesUp: KeepsMatchingEntries, and a catch-up that converges
+class _Replicated(HandsOver, ConfirmsReads, CatchesUp):  # CatchesUp: KeepsMatchingEntries, and a catch-up that converges
     def __init__(self, self_addr: str, peers: list[str], conf: SyncObjConf, on_applied: Callable[[], None],
                  transport: Callable[..., Any], read_resend_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         # Attributes set before SyncObj.__init__ are kept out of snapshots.
         self._on_applied = on_applied
         # ConfirmsReads: reads on the leader wait for a majority's confirmation (ReadIndex).
+        # HandsOver: a stopping leader hands leadership over first (`RaftStore.hand_over`).
         super().__init__(self_addr, peers, conf, transportClass=transport, read_resend_s=read_resend_s,
-                         clock=clock)
+                         clock=clock, handover_every_s=read_resend_s)
         self._state = ClusterState()  # the ONE replicated attribute
 
     @replicated  # type: ignore[untyped-decorator]
@@ -371,6 +373,25 @@ class RaftStore:
         verdict = verdicts[0]
         if not isinstance(verdict, Confirmed):
             raise NotLeader(verdict.leader)
+
+    async def hand_over(self, timeout: float) -> str | None:
+        """While this member leads a group of more than one: ask its most caught-up follower to take over
+        (Raft's TimeoutNow, `store/handover.py`) and wait, up to `timeout`, until another member leads.
+        Returns that member, or None (not leading, alone, or no member took over in time)."""
+        obj = self._obj
+        if obj is None or not obj._isLeader() or not obj.otherNodes:
+            return None
+        obj.ask_handover()
+        try:
+            with trio.move_on_after(timeout):
+                while True:
+                    leader = self.leader()
+                    if leader is not None and leader != self.self_addr:
+                        return leader
+                    await trio.sleep(self.timeouts.raft_tick_s)
+        finally:
+            obj.cancel_handover()
+        return None
 
     def leader(self) -> str | None:
         if self._obj is None:
