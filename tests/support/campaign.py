@@ -33,7 +33,7 @@ from tests.support.figures import pct
 from tests.support.netns import Fabric
 from tests.support.linearizability import KV_MODEL, KvInput, KvOutput, Operation, Verdict, check, get, put
 
-FAULTS = ("kill-leader", "kill-standby", "pause-leader", "pause-standby", "restart-all")
+FAULTS = ("kill-leader", "kill-standby", "pause-leader", "pause-standby", "restart-all", "stop-leader")
 # Faults that need the members in network namespaces (tests/support/netns.py) and failpoints on.
 NET_FAULTS = ("partition-leader", "partition-standby", "partition-one-way", "partition-bridge", "net-flaky",
               "clock-jump", "power-loss", "bitflip", "member-change", "overlap")
@@ -251,7 +251,7 @@ class Round:
             await trio.sleep(self.rng.uniform(0.0, 0.3))
             for m in self.cluster.members:
                 self.cluster.start_member(m)
-        elif kind in ("kill-leader", "kill-standby", "pause-leader", "pause-standby"):
+        elif kind in ("kill-leader", "kill-standby", "pause-leader", "pause-standby", "stop-leader"):
             await self.process_fault(kind)
         else:
             await NET_FAULT_STEPS[kind](self)
@@ -277,6 +277,13 @@ class Round:
             async with trio.open_nursery() as nursery:
                 if self.result.fault == "kill-leader":
                     self.start_failover_probe(nursery, target)
+                await trio.sleep(rng.uniform(0.2, 1.0))
+                c.start_member(target)
+        elif kind.startswith("stop"):  # a planned stop (SIGTERM): a leader hands leadership over first
+            async with trio.open_nursery() as nursery:
+                if self.result.fault == "stop-leader":
+                    self.start_failover_probe(nursery, target)
+                await trio.to_thread.run_sync(target.stop)
                 await trio.sleep(rng.uniform(0.2, 1.0))
                 c.start_member(target)
         else:
