@@ -138,6 +138,11 @@ class ReplicaRunner(Protocol):
         """The agent stops: its replicas stop, or keep running for the next agent (the runner's choice)."""
         ...
 
+    def leave_running(self) -> None:
+        """The agent restarts in place (`ctl nodes restart`): at `close`, leave the replicas running for the
+        agent that adopts them. A runner whose replicas cannot outlive its process does nothing."""
+        ...
+
 
 class NvmlApi(Protocol):
     """The part of pynvml GPU discovery calls (same names, return shapes and errors): the real one

@@ -28,6 +28,7 @@ from llmgw.domain.observed import NodeInfo
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.engines import Group
 from llmgw.interfaces import GpuProbe, ReplicaRunner
+from llmgw.errors import first_error
 from llmgw.logs import role_var
 from llmgw.trust.renewal import Renewal
 from llmgw.wire import protocol
@@ -66,6 +67,9 @@ class AgentConfig:
     # Instead of `tls`, a machine inside the control plane's own process (`llmgw up`): its in-memory credential
     # (`Context.local_credential`).
     local_credential: str | None = None
+    # Set when control asked this agent to restart (`ctl nodes restart`): `serve` returns, engines left
+    # running, and `llmgw agent` runs itself again (`restart_in_place`). The reason, as control gave it.
+    restart_asked: list[str] = field(default_factory=list)
 
 
 class _Link:
@@ -102,6 +106,12 @@ async def serve(config: AgentConfig, *, task_status: Any = trio.TASK_STATUS_IGNO
                                 timeouts=timeouts, stop_on_exit=config.stop_engines_on_exit,
                                 inventory=lambda: link.inventory, roots=[str(d.path) for d in config.storage])
         await _run(config, scanner, link, supervisor, task_status)
+        if config.restart_asked:  # the engines' watchers end; the engines, left running, are adopted next
+            engines.cancel_scope.cancel()
+
+
+class _RestartAsked(Exception):
+    """Control's `restart_agent`: ends the agent's run (not an error), engines left running."""
 
 
 async def _run(config: AgentConfig, scanner: StorageScanner, link: _Link, supervisor: ReplicaRunner,
@@ -112,6 +122,11 @@ async def _run(config: AgentConfig, scanner: StorageScanner, link: _Link, superv
             nursery.start_soon(_follow, config, supervisor, link)
             await link.welcomed.wait()
             task_status.started()
+    except* _RestartAsked as asked:
+        reason = str(first_error(asked))
+        log.info("restarting, as control asked (%s): the engines keep running and are adopted", reason)
+        config.restart_asked.append(reason)
+        supervisor.leave_running()
     finally:
         supervisor.close()  # engines stop as `engines` unwinds, or keep running for the next agent
 
@@ -162,6 +177,12 @@ async def _session(receive: Receive, send: Send, control: str, config: AgentConf
             message = _read(await receive_within(receive, control, silence), link)
             if isinstance(message, pa.Refused):  # the leader stepped down: find the next one
                 raise Refused(control, message.reason, message.leader, message.leader_url)
+            if isinstance(message, pa.RestartAgent):
+                if config.runner is not None or config.local_credential is not None:
+                    # Inside another process (`llmgw up`, sim-fleet): no process of its own to restart.
+                    raise Refused(control, f"asked to restart ({message.reason}): this agent runs inside "
+                                           f"another process, so it reconnects", None, None)
+                raise _RestartAsked(message.reason)
             if isinstance(message, pa.Certificate):
                 _renewed(config.renewal, message, link)
             elif message is not None:

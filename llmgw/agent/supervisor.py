@@ -151,6 +151,11 @@ class Supervisor:
         for rid in list(self._replicas):
             self.stop(rid)
 
+    def leave_running(self) -> None:
+        """The agent restarts in place: whatever `stop_on_exit` said, its engines keep running for the agent
+        that runs next as the same process (an engine told to stop with its parent's pid sees it live on)."""
+        self._stop_on_exit = False
+
     def close(self) -> None:
         """The agent stops: engines stop with it, or keep running for the next agent (`stop_on_exit`)."""
         if self._stop_on_exit:

@@ -315,7 +315,24 @@ def agent(
                           engine_host=engine_host, storage=dirs, fabric=fabric or "", timeouts=timeouts,
                           stop_engines_on_exit=stop_engines_on_exit)
         status = trio.run(serve_until_signal, serve, cfg)
+    if cfg.restart_asked:  # out of the state dir's lock: the program that runs next takes it again
+        restart_in_place()
     sys.exit(status)
+
+
+def restart_in_place() -> None:
+    """Run this very program again as this same process (`ctl nodes restart`): same pid, so engines started
+    by it see their parent live on, and the agent that runs next adopts them; same flags and environment."""
+    import logging
+
+    from llmgw.engines.base import self_command
+
+    argv = [*self_command(), *sys.argv[1:]]
+    logging.getLogger("llmgw.agent").info("restarting in place (pid %d, the same flags)", os.getpid())
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
 
 
 def _gateway_tls(host: str, cert: Path | None, key: Path | None, renewal: Renewal) -> ssl.SSLContext | None:

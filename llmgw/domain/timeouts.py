@@ -189,6 +189,8 @@ class Timeouts:
     service_restart_first_s: float = _t(1.0, "service", "the built-in supervisor waits this long before starting again a role that exited (doubles each time, up to service_restart_max_s)")
     service_restart_max_s: float = _t(60.0, "service", "the longest wait of the built-in supervisor before starting again a role that keeps exiting")
     service_stable_s: float = _t(30.0, "service", "a role that ran this long before it exited is started again after the first wait (its backoff starts over)")
+    ctl_node_restart_s: float = _t(60.0, "ctl", "`llmgw ctl nodes restart` waits this long for the node's agent to be back on a new stream (`--no-wait`: not at all)")
+    ctl_poll_s: float = _t(0.2, "ctl", "`llmgw ctl` asks again this often while it waits for a change it asked for (an agent back after its restart)")
     ctl_request_s: float = _t(30.0, "ctl", "`llmgw ctl` waits this long for the admin API's answer")
 
     def __post_init__(self) -> None:

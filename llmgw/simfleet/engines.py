@@ -126,6 +126,10 @@ class SimRunner:
         for rid in list(self._replicas):
             self.stop(rid)
 
+    def leave_running(self) -> None:
+        """In-process replicas cannot outlive the fleet's process: nothing to leave (its agents never restart
+        in place; control's `restart_agent` only makes them reconnect)."""
+
     # -- internals -----------------------------------------------------------
 
     def _options(self, model: ModelDef, gpus: Sequence[int], group: Group | None) -> SimOptions:

@@ -113,6 +113,14 @@ class StopReplica:
 
 
 @dataclass(frozen=True)
+class RestartAgent:
+    """Control asks the agent to restart itself (`ctl nodes restart`): it ends its stream, leaves its
+    engines running, and runs again as the same process (same pid, same flags), adopting them."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Refused:
     reason: str
     leader: str | None = None
@@ -120,7 +128,8 @@ class Refused:
 
 
 UpMessage = Union[Hello, Inventory, Replicas, Renew, Heartbeat, Rejected, Unknown]
-DownMessage = Union[Welcome, StartReplica, StopReplica, Certificate, Refused, Heartbeat, Rejected, Unknown]
+DownMessage = Union[Welcome, StartReplica, StopReplica, RestartAgent, Certificate, Refused, Heartbeat, Rejected,
+                    Unknown]
 PEM_MAX_CHARS = 20_000
 
 
@@ -165,6 +174,8 @@ def read_down(message: Mapping[str, Any]) -> DownMessage:
         return StopReplica(_id(message, "replica_id", kind))
     if kind == "certificate":
         return Certificate(_pem(message, "certificate", kind), _pem(message, "ca", kind))
+    if kind == "restart_agent":
+        return RestartAgent(str(message.get("reason", ""))[:MAX_REASON_CHARS])
     if kind == "refused":
         return Refused(str(message.get("reason", ""))[:MAX_REASON_CHARS], _opt_str(message.get("leader")),
                        _opt_str(message.get("leader_url")))

@@ -5,19 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any
+import time
+from typing import Annotated, Any
 
 import cyclopts
+from cyclopts import Parameter
 
 from llmgw.cli.ctl.render import cell, clean, dig, table
+from llmgw.cli.ctl.errors import EXIT_OK, CtlError
 from llmgw.cli.ctl.session import SessionParam, api_path
+from llmgw.domain.timeouts import TIMEOUTS
 
 
 def register(app: cyclopts.App) -> None:
     app.command(nodes_app)
 
 
-nodes_app = cyclopts.App(name="nodes", help="The nodes (agents) the leader knows; forget a lost one.")
+nodes_app = cyclopts.App(name="nodes", help="The nodes (agents) the leader knows; restart one's agent, forget a "
+                                             "lost one.")
 
 
 @nodes_app.command(name="list")
@@ -41,6 +46,38 @@ def nodes_forget(name: str, /, *, session: SessionParam) -> int:
     """
     return session.show_answer("DELETE", api_path("nodes", name),
                                render=lambda d: f"forgot node {cell(dig(d, 'forgotten'))}")
+
+
+@nodes_app.command(name="restart")
+def nodes_restart(name: str, /, *, wait: Annotated[bool, Parameter(
+        negative="--no-wait", help="Wait until the agent is back on a new stream (default), or return at once.")
+] = True, session: SessionParam) -> int:
+    """Restart a connected node's agent in place: it ends its stream, leaves its engines serving, and runs
+    again as the same process with the same flags, adopting them (replica ids and engine pids unchanged).
+
+    Parameters
+    ----------
+    name
+        The node's name, as `llmgw ctl nodes` lists it.
+    """
+    _, asked = session.request("POST", api_path("nodes", name, "restart"))
+    before = dig(asked, "connected_at")
+    if not wait:
+        session.show(asked, lambda d: f"node {cell(dig(d, 'restarting'))}: asked to restart")
+        return EXIT_OK
+    deadline = time.monotonic() + TIMEOUTS.ctl_node_restart_s
+    while True:
+        _, doc = session.request("GET", api_path("nodes"))
+        node = next((n for n in dig(doc, "nodes") or [] if isinstance(n, Mapping) and n.get("node") == name), None)
+        if node is not None and node.get("state") == "connected" and node.get("connected_at") not in (None, before):
+            session.show(node, lambda n: f"node {name}: restarted, back on a new stream with "
+                                         f"{len(n.get('replicas') or [])} replica(s)")
+            return EXIT_OK
+        if time.monotonic() > deadline:
+            raise CtlError(f"node {name} was asked to restart but is not back within "
+                           f"{TIMEOUTS.ctl_node_restart_s:g} s (state: {cell(node.get('state') if node else None)}); "
+                           f"its agent's log says why (`llmgw service status agent` on its machine)")
+        time.sleep(TIMEOUTS.ctl_poll_s)
 
 
 # --- rendering: pure functions of the JSON; unknown is `-`, never 0 --------------------------------

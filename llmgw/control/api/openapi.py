@@ -350,9 +350,14 @@ def _paths() -> Schema:
                        write=True),
         },
         "/api/v1/nodes": {"get": _op("every node the leader knows", _obj({"nodes": _arr(_obj(
-            {"node": _STR, "state": _STR, "gpus": _null(_arr(_OBJ)), "replicas": _null(_arr(_STR))}))}))},
+            {"node": _STR, "state": _STR, "gpus": _null(_arr(_OBJ)), "replicas": _null(_arr(_STR)),
+             "connected_at": _null(_NUM)}))}))},
         "/api/v1/nodes/{name}": {"delete": _op("forget a lost node", _obj({"forgotten": _STR}),
                                                errors=("404", "409"), params=(node,), write=True)},
+        "/api/v1/nodes/{name}/restart": {"post": _op(
+            "ask a connected node's agent to restart in place (engines keep serving, adopted)",
+            _obj({"restarting": _STR, "connected_at": _null(_NUM)}), errors=("404", "409", "503"), params=(node,),
+            write=True)},
         "/api/v1/system/stop": {"post": _op("stop serving (`serving.stopped` = true)", switch, write=True)},
         "/api/v1/system/start": {"post": _op("serve again (`serving.stopped` = false)", switch, write=True)},
         "/api/v1/keys": {

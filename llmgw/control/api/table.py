@@ -47,6 +47,7 @@ ROUTES: tuple[Route, ...] = (
     # Nodes.
     Route("GET", "/api/v1/nodes", VIEWER, lambda c: nodes.list_nodes(c.ctx)),
     Route("DELETE", "/api/v1/nodes/<path:name>", ADMIN, lambda c: nodes.forget(c.ctx, c.path["name"])),
+    Route("POST", "/api/v1/nodes/<path:name>/restart", ADMIN, lambda c: nodes.restart(c.ctx, c.path["name"])),
     # The request log (fanned out to the gateways) and usage.
     Route("GET", "/api/v1/requests", VIEWER, lambda c: requests.list_page(c.ctx, c.args, c.authorization)),
     Route("GET", "/api/v1/requests/<path:request_id>", VIEWER,

@@ -27,6 +27,22 @@ async def forget(ctx: Context, name: str) -> dict[str, Any]:
     return {"forgotten": name}
 
 
+async def restart(ctx: Context, name: str) -> dict[str, Any]:
+    """Ask a connected node's agent to restart in place (its engines keep serving and are adopted), with
+    when its current stream connected, so a caller can wait for the next one."""
+    state = ctx.hub.node_state(name)
+    if state == "unknown":
+        raise AdminError(404, "node_not_found", f"no node named {name!r} is known to the leader")
+    if state != "connected":
+        raise AdminError(409, "node_not_connected", f"node {name} is {state}: only a connected agent can be asked to "
+                                                    f"restart; start it on its machine (`llmgw service start agent`)")
+    since = ctx.hub.connected_at.get(name)
+    if not ctx.hub.send(name, {"type": "restart_agent", "reason": "asked by an operator (ctl nodes restart)"}):
+        raise AdminError(503, "node_busy", f"node {name}'s stream did not take the message (backed up or "
+                                           f"closing); retry")
+    return {"restarting": name, "connected_at": since}
+
+
 def node_docs(ctx: Context) -> list[dict[str, Any]]:
     """Each node as the summary lists it, with how the leader sees it: `state` (connected,
     disconnected: within its grace period, lost: past it, unknown: placed on but never heard of
@@ -56,6 +72,7 @@ def node_docs(ctx: Context) -> list[dict[str, Any]]:
             "lost_after": None if lost_at is None else lost_at + hub.grace_s,
             "gone_for_s": age(lost_at),
             "last_contact": hub.last_contact.get(name),
+            "connected_at": hub.connected_at.get(name) if name in hub.links else None,
             "last_contact_age_s": age(hub.last_contact.get(name)),
             "replicas": None if reported is None else sorted(reported),
             "certificate": _certificate(state, name),
