@@ -37,6 +37,8 @@ app.command("llmgw.cli.system:stop", name="stop", help="""\
 Stop serving cluster-wide, live: every model wants 0 replicas and every GPU is freed; definitions stay.""")
 app.command("llmgw.cli.system:start", name="start",
             help="Serve again after `llmgw stop`: every model is placed again as it asks.")
+app.command("llmgw.cli.system:restart", name="restart", help="""\
+Restart the cluster's agents (in place, engines kept serving) and control planes (the leader last, handing over).""")
 app.command("llmgw.cli.system:status", name="status",
             help="The cluster summary (as `llmgw ctl status`), saying when serving is stopped.")
 app.command("llmgw.cli.init:init", name="init", help="""\

@@ -235,7 +235,8 @@ def control(
                             floating=floating, cluster_secret=cluster_secret, join=join,
                             admin_url=_admin_url(admin_url), journal_fsync=journal_fsync,
                             journal_compact_after=journal_compact_after, timeouts=_timeouts(),
-                            mounts=(console.register,), tls=True, ca_root=ca_root, tls_names=tuple(tls_name or ()))
+                            mounts=(console.register,), tls=True, ca_root=ca_root, tls_names=tuple(tls_name or ()),
+                            restart_asked=[])
 
         async def serve_naming_ports(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             async with trio.open_nursery() as nursery:
@@ -244,6 +245,8 @@ def control(
                 task_status.started(handle)
 
         status = trio.run(serve_until_signal, serve_naming_ports)
+    if cfg.restart_asked:  # out of the state dir's lock: the program that runs next takes it again
+        restart_in_place()
     sys.exit(status)
 
 
@@ -321,14 +324,15 @@ def agent(
 
 
 def restart_in_place() -> None:
-    """Run this very program again as this same process (`ctl nodes restart`): same pid, so engines started
-    by it see their parent live on, and the agent that runs next adopts them; same flags and environment."""
+    """Run this very program again as this same process (`ctl nodes restart`, `ctl members restart`): same
+    pid (an agent's engines see their parent live on, and the agent that runs next adopts them), same flags
+    and environment."""
     import logging
 
     from llmgw.engines.base import self_command
 
     argv = [*self_command(), *sys.argv[1:]]
-    logging.getLogger("llmgw.agent").info("restarting in place (pid %d, the same flags)", os.getpid())
+    logging.getLogger("llmgw.lifecycle").info("restarting in place (pid %d, the same flags)", os.getpid())
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -43,6 +43,34 @@ def status(*, url: Url = None, key: Key = None, state_dir: StateDir = Path(".llm
     return _run(url, key, state_dir, as_json, io, lambda s: ctl_status(session=s))
 
 
+def restart(*, url: Url = None, key: Key = None, state_dir: StateDir = Path(".llmgw"), as_json: Json = False,
+            io: IoParam = None) -> int:
+    """Restart the cluster's processes in an order that keeps it serving: every connected agent, one at a
+    time, in place (its engines keep serving and are adopted); then the control planes, standbys first and
+    the leader last (it hands leadership over before it stops). Each is back before the next is asked.
+    Gateways are not restarted by this command yet: `llmgw service restart gateway` on each machine."""
+    return _run(url, key, state_dir, as_json, io, _restart_all)
+
+
+def _restart_all(session: Session) -> int:
+    from llmgw.cli.ctl.members import members_restart
+    from llmgw.cli.ctl.nodes import nodes_restart
+
+    _, doc = session.request("GET", api_path("nodes"))
+    nodes = [n for n in (doc.get("nodes") or []) if isinstance(n, dict) and n.get("state") == "connected"]
+    session.note(f"restarting {len(nodes)} agent(s), one at a time")
+    for n in nodes:
+        nodes_restart(str(n["node"]), wait=True, session=session)
+    _, table = session.request("GET", api_path("cluster", "members"))
+    rows = [r for r in (table.get("members") or []) if isinstance(r, dict)]
+    ordered = [r for r in rows if r.get("role") != "leader"] + [r for r in rows if r.get("role") == "leader"]
+    session.note(f"restarting {len(ordered)} control plane(s): standbys first, the leader last")
+    for r in ordered:
+        members_restart(str(r["id"]), wait=True, session=session)
+    session.note("gateways were not restarted: `llmgw service restart gateway` on each gateway machine")
+    return EXIT_OK
+
+
 def _run(url: str | None, key: str | None, state_dir: Path, as_json: bool, io: Io | None,
          command: Callable[[Session], int]) -> int:
     session = Session(url=url, key=key, state_dir=state_dir, as_json=as_json, io=io or Io())

@@ -100,6 +100,9 @@ class Context:
     # (`llmgw up`), no machine certificates.
     trust: Trust | None = None
 
+    # Restart this member in place (`POST /api/v1/cluster/self/restart`): given the reason; None: it cannot.
+    restart: Callable[[str], None] | None = None
+
     # Machines inside this very process (`llmgw up`'s own agent): a random credential each, held in memory
     # only, by its hash (`local_credential`). Never written, never sent off this host.
     local_machines: dict[str, Identity] = field(default_factory=dict)

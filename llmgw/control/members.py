@@ -13,6 +13,8 @@ import contextlib
 import ipaddress
 import json
 import logging
+import os
+import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmgw.control.members")
 
 SELF_PATH = "/api/v1/cluster/self"
+_STARTED_AT = time.time()  # when this process started (a restart in place keeps its pid, not this)
 # Set by a standby on what it forwards: the leader that gets it never forwards it again.
 FORWARDED_BY = "x-llmgw-forwarded-by"
 # Set on the answer a standby relays: which member answered it.
@@ -142,6 +145,8 @@ class Members:
             "raft_addr": self.self_addr,
             "admin_url": self.admin_url,
             "version": __version__,
+            "pid": os.getpid(),
+            "started_at": _STARTED_AT,
             "role": "leader" if st.get("is_leader") else "standby",
             "leader": st.get("leader"),
             "ready": bool(st.get("ready")),

@@ -117,6 +117,22 @@ class ControlConfig:
     # More names and addresses this member's certificate carries (`--tls-name`), beyond its bound and
     # advertised hosts.
     tls_names: tuple[str, ...] = ()
+    # Set when an operator asked this member to restart in place (`ctl members restart`): it stops as on
+    # SIGTERM (a leader hands over first), and `llmgw control` runs itself again. None: it cannot (a
+    # control plane inside `llmgw up` or a test's process).
+    restart_asked: list[str] | None = None
+
+
+def ask_restart(config: ControlConfig, reason: str) -> None:
+    """Stop this member as SIGTERM does (the answer to the asking request still goes out within the admin
+    API's shutdown grace), then let `llmgw control` run itself again (`config.restart_asked`)."""
+    import os
+    import signal
+
+    assert config.restart_asked is not None
+    config.restart_asked.append(reason)
+    log.info("restart asked (%s): stopping, then running again in place", reason)
+    trio.lowlevel.current_trio_token().run_sync_soon(os.kill, os.getpid(), signal.SIGTERM)
 
 
 @dataclass
@@ -232,7 +248,8 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
         gate = listener_gate("admin", log_every_s=timeouts.listener_limit_log_s)
         ctx = Context(store=store, hub=hub, reconciler=reconciler, clock=config.clock, connections=gate.statistics,
                       self_id=config.raft_addr, store_status=members.status, members=members,
-                      notifier=notifier, webhook_deliveries=notifier.deliveries, trust=trust)
+                      notifier=notifier, webhook_deliveries=notifier.deliveries, trust=trust,
+                      restart=(functools.partial(ask_restart, config) if config.restart_asked is not None else None))
         app = make_app(ctx, config.mounts)
         # graceful_s: agents' streams close at once, not drained.
         hc = hypercorn_config(config.admin_host, config.admin_port, logger="llmgw.control.server",

@@ -39,6 +39,10 @@ NET_FAULTS = ("partition-leader", "partition-standby", "partition-one-way", "par
               "clock-jump", "power-loss", "bitflip", "member-change", "overlap")
 Outcome = Literal["ok", "refused", "unknown"]
 _DIVERGED = "state machine may have diverged"  # pysyncobj's word for a follower that cut applied entries
+# A member's own writes, each one more revision than the clients': its announcement (sent again by a member
+# that restarted behind the group, whose copy of the state did not yet hold its record), and the record of
+# its certificate (a member whose certificate files a power loss took makes a new one).
+_OWN_WRITES = ("llmgw.control.members: announced to the group", "this control plane's certificate: serial")
 _NOTHING_DONE = frozenset({"no_leader", "not_leader", "leader_unreachable", "store_unavailable"})
 
 
@@ -556,12 +560,13 @@ def judge(res: RoundResult, rows: dict[str, dict[str, Any]], revision_before: in
     res.revision_delta = revision - revision_before
     # A membership change (remove, add) may move the revision or not: the member's record goes when it is
     # removed, and a rejoined member announces itself again only if its record says otherwise.
-    low, high = res.acked, res.acked + 2 * res.changes + res.unknown
+    own = sum(1 for lines in said.values() for line in lines if any(w in line for w in _OWN_WRITES))
+    low, high = res.acked, res.acked + 2 * res.changes + res.unknown + own
     if not low <= res.revision_delta <= high:
         what = "DUPLICATED" if res.revision_delta > high else "LOST"
         res.failures.append(f"{what}: the revision moved by {res.revision_delta} ({revision_before} -> {revision}) "
-                            f"for {res.acked} acknowledged writes, {res.changes} membership changes and "
-                            f"{res.unknown} writes of unknown outcome; the acknowledged: "
+                            f"for {res.acked} acknowledged writes, {res.changes} membership changes, {own} of the "
+                            f"members' own writes and {res.unknown} writes of unknown outcome; the acknowledged: "
                             + "; ".join(f"{w.key}={w.value} {w.tries}" for w in res.writes if w.outcome == "ok")[:3000])
     for name, lines in sorted(said.items()):  # what pysyncobj says when a follower cut entries it had applied
         cut = [line for line in lines if _DIVERGED in line]

@@ -3,18 +3,24 @@ missing or behind), and adding or removing one, one change at a time."""
 
 from __future__ import annotations
 
-import cyclopts
+import time
+from collections.abc import Mapping
+from typing import Annotated
 
-from llmgw.cli.ctl.errors import EXIT_OK
+import cyclopts
+from cyclopts import Parameter
+
+from llmgw.cli.ctl.errors import EXIT_OK, CtlError, UsageError
 from llmgw.cli.ctl.render import cell, dig, render_members
 from llmgw.cli.ctl.session import SessionParam, api_path
+from llmgw.domain.timeouts import TIMEOUTS
 
 
 def register(app: cyclopts.App) -> None:
     app.command(members_app)
 
 
-members_app = cyclopts.App(name="members", help="The control planes of the group; add or remove one.")
+members_app = cyclopts.App(name="members", help="The control planes of the group; add, remove or restart one.")
 
 
 @members_app.default
@@ -49,6 +55,50 @@ def members_remove(member: str, /, *, session: SessionParam) -> int:
     session.show(doc, lambda d: f"removed {cell(dig(d, 'removed'))}; the group is now: {_group(d)}. "
                                 f"Stop its process now: it is no longer part of the group")
     return EXIT_OK
+
+
+@members_app.command(name="restart")
+def members_restart(member: str, /, *, wait: Annotated[bool, Parameter(
+        negative="--no-wait", help="Wait until it answers again, restarted and caught up (default), or return "
+                                   "at once.")] = True, session: SessionParam) -> int:
+    """Restart a member in place: it stops as on SIGTERM (a leader hands leadership over first) and runs again
+    as the same process with the same flags. Asked of the member itself, at its admin URL.
+
+    Parameters
+    ----------
+    member
+        The member's id: its Raft address, as `llmgw ctl members` lists it.
+    """
+    _, table = session.request("GET", api_path("cluster", "members"))
+    rows = [r for r in dig(table, "members") or [] if isinstance(r, Mapping)]
+    row = next((r for r in rows if r.get("id") == member), None)
+    if row is None:
+        raise UsageError(f"no member {member!r} in the group: " + (", ".join(str(r.get("id")) for r in rows) or "-"))
+    url = row.get("admin_url")
+    if not isinstance(url, str) or not url:
+        raise CtlError(f"member {member} has not announced its admin URL (is it running?): restart it on its "
+                       f"machine (`llmgw service restart control`)")
+    _, before = session.request("GET", url + api_path("cluster", "self"))
+    _, asked = session.request("POST", url + api_path("cluster", "self", "restart"))
+    if not wait:
+        session.show(asked, lambda d: f"member {member}: asked to restart (pid {cell(dig(d, 'pid'))})")
+        return EXIT_OK
+    deadline = time.monotonic() + TIMEOUTS.ctl_member_restart_s
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        time.sleep(TIMEOUTS.ctl_poll_s)
+        try:
+            _, doc = session.request("GET", url + api_path("cluster", "self"))
+        except CtlError as e:  # stopping, or not listening yet
+            last = str(e)
+            continue
+        if dig(doc, "started_at") != dig(before, "started_at") and dig(doc, "ready") and dig(doc, "leader"):
+            session.show(doc, lambda d: f"member {member}: restarted (pid {cell(dig(d, 'pid'))}), {cell(dig(d, 'role'))}"
+                                        f", leader {cell(dig(d, 'leader'))}")
+            return EXIT_OK
+        last = f"answering, {'not restarted yet' if dig(doc, 'started_at') == dig(before, 'started_at') else 'not caught up'}"
+    raise CtlError(f"member {member} was asked to restart but is not back within {TIMEOUTS.ctl_member_restart_s:g} s "
+                   f"({last}); its log says why (`llmgw service status control` on its machine)")
 
 
 def _group(doc: object) -> str:

@@ -86,6 +86,7 @@ ROUTES: tuple[Route, ...] = (
     # own view (so it also answers while there is no leader).
     Route("GET", "/api/v1/cluster/members", VIEWER, lambda c: members.table(c.ctx, c.authorization), local=True),
     Route("GET", "/api/v1/cluster/self", VIEWER, lambda c: members.self_view(c.ctx), local=True),
+    Route("POST", "/api/v1/cluster/self/restart", ADMIN, lambda c: members.restart_self(c.ctx), local=True),
     Route("POST", "/api/v1/cluster/members", ADMIN, lambda c: members.add(c.ctx, c.note, c.body), body=True),
     Route("DELETE", "/api/v1/cluster/members/<path:member>", ADMIN,
           lambda c: members.remove(c.ctx, c.note, c.path["member"])),

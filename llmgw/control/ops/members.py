@@ -19,6 +19,18 @@ async def table(ctx: Context, authorization: str | None) -> dict[str, Any]:
     return await ctx.cluster(authorization)
 
 
+async def restart_self(ctx: Context) -> dict[str, Any]:
+    """Restart this member in place: it stops as on SIGTERM (a leader hands over first) and runs again with
+    the same flags and pid; 409 when it runs inside another process."""
+    if ctx.restart is None:
+        raise AdminError(409, "cannot_restart", "this control plane runs inside another process (llmgw up, a "
+                                                "test): restart that process instead")
+    import os
+
+    ctx.restart("asked by an operator (ctl members restart)")
+    return {"restarting": ctx.self_id, "pid": os.getpid()}
+
+
 async def self_view(ctx: Context) -> dict[str, Any]:
     if ctx.members is None:
         raise AdminError(404, "not_found", "this control plane runs no Raft group")
