@@ -8,7 +8,6 @@ import dataclasses
 import json
 import logging
 import os
-import pickle
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,6 +16,7 @@ from pysyncobj import FAIL_REASON
 from pysyncobj.syncobj import _COMMAND_TYPE
 
 from llmgw import startup
+from llmgw.store import unpickle
 from llmgw.store.handoff import Handoff
 from llmgw.store.journal import RaftJournal, fsync_dir
 from llmgw.store.snapshot import Snapshot, SnapshotFiles
@@ -137,7 +137,7 @@ def _replay_changes(base: list[str], journal: RaftJournal, after: int) -> list[s
         if idx <= after or not command or command[0] != _COMMAND_TYPE.MEMBERSHIP:
             continue
         try:
-            change = pickle.loads(command[1:])  # our own checksummed journal, as pysyncobj reads it
+            change = unpickle.loads(command[1:])  # our own checksummed journal, as pysyncobj reads it
             kind, node = change[0], str(change[1])
         except Exception as e:  # pysyncobj decides what such an entry means; this is only the warning's view
             log.debug("membership entry %d not read for the --peer check: %r", idx, e)

@@ -36,7 +36,8 @@ from llmgw.store.handover import HandsOver
 from llmgw.store.readindex import Confirmed, ConfirmsReads, Verdict
 from llmgw.store.snapshot import SnapshotFiles, check_received
 from llmgw.store.secret import load_or_create, raft_password
-from llmgw.store.wire import RefusalLog, sealed_transport
+from llmgw.store import unpickle
+from llmgw.store.wire import MAX_COMMAND_BYTES, RefusalLog, sealed_transport
 
 log = logging.getLogger("llmgw.store")
 
@@ -58,6 +59,9 @@ class _NoBindTraceback(logging.Filter):
 
 
 logging.getLogger("pysyncobj.syncobj").addFilter(_NoBindTraceback())
+# What pysyncobj unpickles (frames, log entries, membership changes: all from the network) is decoded
+# to plain values and its own node class only, so a leaked cluster secret is not code execution.
+unpickle.install()
 
 
 class NotLeader(Exception):
@@ -435,7 +439,8 @@ class RaftStore:
 
         A command with a `cid` applies at most once: if that id was applied already, its
         recorded outcome is returned (or raised) and nothing is logged.
-        Raises `CommandError` (refused; nothing changed, or a no-op recorded with its reason),
+        Raises `CommandError` (refused; nothing changed, or a no-op recorded with its reason; a
+        command over `MAX_COMMAND_BYTES` is refused so),
         `NotLeader` (not logged), `CommitUnknown` (handed to Raft, commit not confirmed
         within `timeout`, default `store_commit_s`: it may still apply) or `StoreUnavailable`
         (not logged). `through_leader`: on a standby, Raft hands the command to the leader over
@@ -451,6 +456,9 @@ class RaftStore:
         if journal is not None and journal.write_error:
             raise StoreUnavailable(f"this member cannot write its journal: {journal.write_error}")
         blob = commands.encode(command)
+        if len(blob) > MAX_COMMAND_BYTES:  # every member's Raft port would refuse the frame that carries it
+            raise commands.CommandError("command_too_large", f"a command is at most {MAX_COMMAND_BYTES} bytes "
+                                                             f"(this one has {len(blob)}); nothing was written")
         wired = commands.decode(blob)  # refuse what the members would refuse, before it is logged
         state = self.snapshot()
         recorded = commands.replay(state, wired)

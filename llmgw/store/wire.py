@@ -1,37 +1,123 @@
-"""Raft's wire: pysyncobj's TCP transport, sealed with the cluster secret, saying whom it refuses.
+"""Raft's wire: pysyncobj's TCP transport, sealed with the cluster secret, bounded, saying whom it refuses.
 
-With a password, pysyncobj checks each frame's Fernet seal (HMAC) before it unpickles
-anything, and drops a connection whose frame fails the check, without a word. This
-module adds the word: each connection's encryptor is wrapped, so the one place that
-sees the failed check also reports the peer, at most once per peer per interval.
+With a password, pysyncobj checks each frame's Fernet seal (HMAC) before it unpickles anything,
+and drops a connection whose frame fails the check, without a word. This module adds the word
+(each connection's encryptor is wrapped, so the one place that sees the failed check also reports
+the peer, at most once per peer per interval) and the bounds pysyncobj lacks (docs/security.md,
+"The Raft port"): a frame over its bound is refused at its length word, before it is buffered;
+a connection that has not finished its handshake within the connection timeout, or reads nothing
+for that long, is closed; connections waiting for their handshake are limited per address and in
+all; and what a frame holds is decoded by `llmgw.store.unpickle`, never by `pickle.loads`.
+
+pysyncobj 0.3.17 is pinned: `_BoundedConnection` overrides two of its connection's name-mangled
+methods and reads its private socket and buffer, as `catchup.py` and `readindex.py` do with SyncObj.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
+import ipaddress
 import logging
 import socket
+import struct
 import threading
 import time
+import zlib
 from typing import Any, Callable
 
 from cryptography.fernet import Fernet, InvalidToken
+from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.transport import TCPTransport
+
+from llmgw.store import unpickle
 
 log = logging.getLogger("llmgw.store")
 
 _WRONG_SECRET = ("not sealed with this cluster's secret (a member of another cluster or started with "
                  "another --cluster-secret-file, or no Raft member at all)")
 
+# -- the bounds ------------------------------------------------------------------------------------
+
+# The longest frame read before its seal is checked. The handshake's frames (a 32-byte key; then the
+# key and a member's address) are 150-250 bytes sealed: a stranger can make a member hold no more.
+HANDSHAKE_FRAME_BYTES = 4096
+# The largest command `RaftStore.submit` logs (its JSON): the frame bound is sized to carry one, so
+# no member ever refuses what its leader sends. The admin API takes bodies of 1 MiB at most.
+MAX_COMMAND_BYTES = 4 << 20
+# Incoming connections that have not finished the handshake: from one address (more are refused at
+# once), and from all (the oldest is dropped for a new one, so strangers at many addresses cannot
+# keep a member's peers out for longer than a handshake takes).
+PENDING_PER_ADDRESS = 8
+PENDING_TOTAL = 64
+# What a message adds to the values it carries: keys, terms, indexes and pickle opcodes.
+_MESSAGE_HEADROOM = 64 * 1024
+# A listening socket whose accept failed (no descriptor left: EMFILE) rests this long.
+_ACCEPT_PAUSE_S = 0.1
+_SWEEP_S = 0.1  # how often connections are checked for a late handshake or silence
+
+
+def payload_bound(snapshot_chunk: int, entries_batch: int, max_command: int = MAX_COMMAND_BYTES) -> int:
+    """The longest pickled message a member sends: a chunk of a snapshot (pysyncobj's
+    `logCompactionBatchSize`), or an append that gathers entries up to `appendEntriesBatchSizeBytes`
+    and then one more, which may be a whole command (as may a command forwarded to the leader).
+    Twice that: protocol 2 pickles each byte of 0x80 or more as two."""
+    return 2 * max(snapshot_chunk, entries_batch + max_command) + _MESSAGE_HEADROOM
+
+
+def sealed_size(payload: int) -> int:
+    """The longest frame that carries `payload` bytes of pickle: zlib's worst case (compressBound),
+    then a Fernet token (version, time, IV, padded ciphertext, HMAC; base64)."""
+    deflated = payload + (payload >> 12) + (payload >> 14) + (payload >> 25) + 13
+    token = 1 + 8 + 16 + (deflated // 16 + 1) * 16 + 32
+    return -(-token // 3) * 4
+
+
+class FrameRefused(Exception):
+    """A frame over its bound, or one that inflates past it: the words say which."""
+
+
+def inflate(data: bytes, limit: int) -> bytes:
+    """zlib's `decompress`, stopping at `limit` bytes: a sealed frame of a few MiB can inflate to GiBs."""
+    d = zlib.decompressobj()
+    out = d.decompress(data, limit)
+    if d.unconsumed_tail:
+        raise FrameRefused(f"its message inflates past {limit} bytes")
+    if not d.eof:
+        raise zlib.error("a cut zlib stream")
+    return out
+
+
+def address_key(host: str) -> str:
+    """What the per-address limit and the refusal log count by: an IPv4 address, or an IPv6 /64
+    (one machine may hold a whole /64)."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip.ipv4_mapped or ip) if isinstance(ip, ipaddress.IPv6Address) else str(ip)
+
+
+def frame_length(buffer: bytes | bytearray) -> int | None:
+    """The length word that starts `buffer` (pysyncobj's: a native signed int), None before 4 bytes."""
+    return struct.unpack_from("i", buffer)[0] if len(buffer) >= 4 else None
+
 
 class RefusalLog:
     """A warning per refused peer host and reason, at most one per `interval_s`; the next one
     counts the refusals in between. Per host, not per connection: a peer redials every
-    `raft_connect_retry_s`, each time from a new port."""
+    `raft_connect_retry_s`, each time from a new port. At most `max_hosts` (host, reason) pairs are
+    remembered: past that, those logged more than an interval ago are forgotten, and while it stays
+    full (strangers at that many addresses within an interval) the others share one warning."""
 
-    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic, *,
+                 max_hosts: int = 4096) -> None:
         self.interval_s = interval_s
         self._clock = clock
+        self._max_hosts = max_hosts
         self._lock = threading.Lock()
         self._last: dict[tuple[str, str], float] = {}
         self._quiet: dict[tuple[str, str], int] = {}  # refusals not logged since the last warning
@@ -42,6 +128,13 @@ class RefusalLog:
         now = self._clock()
         key = (host, reason)
         with self._lock:
+            if key not in self._last and len(self._last) >= self._max_hosts:
+                for old in [k for k, at in self._last.items() if now - at >= self.interval_s]:
+                    del self._last[old]
+                    self._quiet.pop(old, None)
+                if len(self._last) >= self._max_hosts:
+                    key = ("many addresses", reason)
+                    message += f" (and refusals from more than {self._max_hosts} other addresses)"
             last = self._last.get(key)
             if last is not None and now - last < self.interval_s:
                 self._quiet[key] = self._quiet.get(key, 0) + 1
@@ -80,27 +173,217 @@ class _SealCheck:
         return self._fernet.encrypt_at_time(data, current_time)
 
 
+Report = Callable[[str, str, str], None]  # (host, reason, message): a refusal, for the RefusalLog
+
+
+class _BoundedConnection(TcpConnection):  # type: ignore[misc]
+    """pysyncobj's connection, bounded. pysyncobj read a frame whole, whatever its length word said
+    (up to 2 GiB), into `bytes` that each read copied whole (`buffer += incoming`): a stranger who
+    announced 2 GiB and dripped bytes made every read cost what it had sent so far, on the one
+    thread that runs Raft, until the member stopped answering its peers. Here a frame over its bound
+    is refused as soon as its length word is in, before a byte of it is kept; the buffer is a
+    bytearray (appending costs what is appended); reading stops once a whole frame of the largest
+    size is buffered (the rest waits in the kernel); and the message is decoded by
+    `llmgw.store.unpickle` and inflated up to a bound.
+
+    The bound is `HANDSHAKE_FRAME_BYTES` until a frame's seal was checked, then `sealed_bound`.
+    `host` keys the refusals; `peer` is what they show."""
+
+    # pysyncobj's, set in its __init__ (the buffer under its name-mangled name)
+    _TcpConnection__readBuffer: bytes | bytearray
+    recvLastTimestamp: int
+
+    def __init__(self, *args: Any, host: str, peer: str, report: Report, sealed_bound: int, payload_limit: int,
+                 **kwargs: Any) -> None:
+        # Before the base's __init__: an accepted connection is subscribed to the poller there.
+        self.host, self.peer = host, peer
+        self.sealed = False  # a frame's seal was checked: the peer holds the cluster secret
+        self.accepted_at = self.last_read = time.monotonic()
+        self._report = report
+        self._sealed_bound = sealed_bound
+        self._payload_limit = payload_limit
+        super().__init__(*args, **kwargs)
+
+    def bound(self) -> int:
+        return self._sealed_bound if self.sealed or not self.encryptor else HANDSHAKE_FRAME_BYTES
+
+    def _buffer(self) -> bytearray:
+        buf = self._TcpConnection__readBuffer
+        if not isinstance(buf, bytearray):  # pysyncobj sets bytes() at each (dis)connect
+            buf = self._TcpConnection__readBuffer = bytearray(buf)
+        return buf
+
+    def _refuse(self, reason: str, words: str) -> None:
+        self._report(self.host, reason, f"refused a Raft connection from {self.peer}: {words}")
+        self.disconnect()
+
+    def _over_bound(self, length: int) -> bool:
+        if length <= self.bound():
+            return False
+        when = "from a peer that holds the secret" if self.sealed else "before its seal was checked"
+        self._refuse("frame", f"it announced a frame of {length} bytes, over the bound of {self.bound()} "
+                              f"bytes for a frame {when}")
+        return True
+
+    # pysyncobj's TcpConnection.__processRead, reading into a bytearray and checking the length word.
+    def _TcpConnection__processRead(self) -> bool:
+        buf = self._buffer()
+        if len(buf) >= 4 + self.bound():
+            return False  # parse first; the poller reports the rest again
+        sock = self._TcpConnection__socket
+        try:
+            incoming = sock.recv(self._TcpConnection__recvBufferSize)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                self.disconnect()
+            return False
+        if not incoming or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self.disconnect()
+            return False
+        buf += incoming
+        self.last_read = time.monotonic()
+        length = frame_length(buf)
+        return not (length is not None and self._over_bound(length))
+
+    # pysyncobj's TcpConnection.__processParseMessage: the seal, then a bounded inflate and our unpickler.
+    def _TcpConnection__processParseMessage(self) -> Any:
+        buf = self._buffer()
+        length = frame_length(buf)
+        if length is None or self._over_bound(length) or len(buf) - 4 < length:
+            return None
+        end = 4 + max(length, 0)  # a negative length: an empty frame, which no seal check passes
+        data = bytes(buf[4:end])
+        try:
+            if self.encryptor:
+                stamp = self.encryptor.extract_timestamp(data)  # a _SealCheck reports a failed seal
+                if stamp < self.recvLastTimestamp:
+                    raise ValueError("a frame sealed before the last one")
+                self.recvLastTimestamp = stamp
+                data = self.encryptor.decrypt(data)
+                self.sealed = True
+            message = unpickle.loads(inflate(data, self._payload_limit))
+            if self.recvRandKey:
+                rand_key, message = message
+                if rand_key != self.recvRandKey:
+                    raise ValueError("not this connection's key")
+        except unpickle.RefusedPickle as e:
+            self._refuse("decode", f"its message {e} (it was sealed with this cluster's secret: if this "
+                                   f"is no member of this cluster, the secret has leaked)")
+            return None
+        except FrameRefused as e:
+            self._refuse("frame", str(e))
+            return None
+        except Exception:  # a failed seal (reported by _SealCheck), a cut stream, a wrong key: as pysyncobj
+            self.disconnect()
+            return None
+        del buf[:end]
+        return message
+
+
+class _Listener:
+    """pysyncobj's TcpServer (the Raft port), handing each accepted socket to `accepted`, which may
+    refuse it. An accept that fails (EMFILE: no descriptor left) pauses accepting for a moment and
+    is logged; pysyncobj's closed the port for good instead."""
+
+    def __init__(self, poller: Any, host: str, port: int, accepted: Callable[[socket.socket, Any], None],
+                 report: Report) -> None:
+        self._poller = poller
+        self._host, self._port = host, int(port)
+        self._accepted = accepted
+        self._report = report
+        self._socket: socket.socket | None = None
+        self._resume_at: float | None = None
+
+    def bind(self) -> None:
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setblocking(False)
+            sock.bind((self._host, self._port))
+            sock.listen(128)
+        except BaseException:
+            sock.close()
+            raise
+        self._socket = sock
+        self._subscribe()
+
+    def unbind(self) -> None:
+        sock, self._socket = self._socket, None
+        if sock is not None:
+            if self._resume_at is None:
+                self._poller.unsubscribe(sock.fileno())
+            sock.close()
+
+    def resume(self, now: float) -> None:
+        if self._resume_at is not None and now >= self._resume_at and self._socket is not None:
+            self._subscribe()
+
+    def _subscribe(self) -> None:
+        assert self._socket is not None
+        self._resume_at = None
+        self._poller.subscribe(self._socket.fileno(), self._on_event, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
+
+    def _on_event(self, descr: int, event: int) -> None:
+        sock = self._socket
+        if sock is None or descr != sock.fileno():
+            self._poller.unsubscribe(descr)
+            return
+        if event & POLL_EVENT_TYPE.ERROR:
+            self.unbind()
+            return
+        for _ in range(PENDING_TOTAL):  # drain the queue, within reason
+            try:
+                conn, addr = sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as e:
+                self._poller.unsubscribe(sock.fileno())
+                self._resume_at = time.monotonic() + _ACCEPT_PAUSE_S
+                self._report("", "accept", f"the Raft port could not accept a connection ({e.strerror}): "
+                                           f"accepting again in {_ACCEPT_PAUSE_S:g} s")
+                return
+            self._accepted(conn, addr)
+
+
 KEEPALIVE = "llmgw_keepalive"
 
 
 class SealedTransport(TCPTransport):  # type: ignore[misc]
-    """pysyncobj's TCP transport with each connection's seal check reported to `refusals`, and every
-    link kept warm.
+    """pysyncobj's TCP transport with each connection's seal check reported to `refusals`, every
+    link kept warm, and the port bounded (`_BoundedConnection`, `_Listener`, and below).
 
     Keepalives: pysyncobj closes a connection that has read nothing for `connectionTimeout`, but
     checks only when it sends on it. Followers never send to each other, so when the leader died the
     first vote request a candidate sent to the other follower found that link idle for longer, closed
     it and was lost: the election waited for another timeout (failover after a SIGKILL ~1.3 s p50).
     Each member now sends a `llmgw_keepalive` on every link a few times per timeout; the receiver
-    drops it before pysyncobj (which would ignore an unknown type anyway: an older member is fine)."""
+    drops it before pysyncobj (which would ignore an unknown type anyway: an older member is fine).
+
+    Accepted connections: one that has not named its member within `connectionTimeout` (the
+    handshake: the sealed key exchange, then the name) is dropped and logged, and one that then
+    reads nothing for as long is closed; pysyncobj checked neither, as it never sends on them, so
+    1,000 silent strangers held 1,000 descriptors for good. Of connections waiting for their
+    handshake, `PENDING_PER_ADDRESS` from one address are kept (more are refused at once) and
+    `PENDING_TOTAL` from all (a new one drops the oldest). Of named ones, a member holds one per
+    peer: a peer's new connection closes its previous one (pysyncobj forgot it, open), and a
+    read-only node (pysyncobj's, which llmgw never runs) is refused."""
+
+    _server: Any  # pysyncobj's: its TcpServer, made into a `_Listener` here
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *, refusals: RefusalLog,
                  abstain: Callable[[], bool] | None = None) -> None:
-        self._refusals = refusals  # before the base's __init__: it adds the peers (addNode) and the server
+        # Before the base's __init__: it adds the peers (addNode) and the server.
+        self._refusals = refusals
         self._keepalive_at = 0.0
         # True while this member must not vote (it started empty to rejoin, and has not caught up with a
         # leader yet): see `RaftStore`'s `abstain_until_synced`.
         self._abstain = abstain
+        self._swept_at = 0.0
+        self._accepted_conns: set[_BoundedConnection] = set()  # this member's incoming connections, until closed
+        conf = syncObj.conf
+        self._payload_limit = payload_bound(conf.logCompactionBatchSize, conf.appendEntriesBatchSizeBytes)
+        self._sealed_bound = sealed_size(self._payload_limit)
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _onTick(self) -> None:
@@ -110,6 +393,24 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
             self._keepalive_at = now
             for node in list(self._connections):
                 self.send(node, {"type": KEEPALIVE})
+        if now - self._swept_at >= _SWEEP_S:
+            self._swept_at = now
+            self._sweep(now)
+            if isinstance(self._server, _Listener):
+                self._server.resume(now)
+
+    def _sweep(self, now: float) -> None:
+        timeout = self._syncObj.conf.connectionTimeout
+        for conn in list(self._accepted_conns):
+            if conn.state == CONNECTION_STATE.DISCONNECTED:
+                self._accepted_conns.discard(conn)
+            elif conn in self._unknownConnections:
+                if now - conn.accepted_at > timeout:
+                    self._refusals.refused(conn.host, f"dropped a Raft connection from {conn.peer}: no handshake "
+                                                      f"within {timeout:g} s", reason="handshake")
+                    conn.disconnect()
+            elif now - conn.last_read > timeout:
+                conn.disconnect()  # silent: pysyncobj would close it on a send, and may never send on it
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
         if isinstance(message, dict) and message.get("type") == KEEPALIVE:
@@ -119,31 +420,89 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
             return  # no vote, not even a refusal: the candidate counts it as a missing member
         super()._onMessageReceived(node, message)
 
+    def _createServer(self) -> None:
+        super()._createServer()  # resolves the bind address as pysyncobj does; nothing is bound yet
+        server = self._server
+        self._server = _Listener(self._syncObj._poller, server._TcpServer__host, server._TcpServer__port,
+                                 self._accepted, self._report)
+
+    def _accepted(self, sock: socket.socket, addr: Any) -> None:
+        peer = str(addr[0])
+        host = address_key(peer)
+        waiting = [c for c in self._unknownConnections if isinstance(c, _BoundedConnection)]
+        if sum(c.host == host for c in waiting) >= PENDING_PER_ADDRESS:
+            sock.close()
+            self._report(host, "limit", f"refused a Raft connection from {peer}: it has {PENDING_PER_ADDRESS} "
+                                        f"connections waiting for their handshake already")
+            return
+        if len(waiting) >= PENDING_TOTAL:
+            oldest = min(waiting, key=lambda c: c.accepted_at)
+            self._report(oldest.host, "limit", f"dropped a Raft connection from {oldest.peer}: {PENDING_TOTAL} "
+                                               f"connections were waiting for their handshake, it the longest")
+            oldest.disconnect()
+        conf = self._syncObj.conf
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, conf.sendBufferSize)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, conf.recvBufferSize)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            return
+        conn = self._connection(host=host, peer=peer, poller=self._syncObj._poller, socket=sock,
+                                timeout=conf.connectionTimeout, sendBufferSize=conf.sendBufferSize,
+                                recvBufferSize=conf.recvBufferSize, keepalive=None)  # as pysyncobj's server
+        self._accepted_conns.add(conn)
+        self._onNewIncomingConnection(conn)
+
+    def _connection(self, **kwargs: Any) -> _BoundedConnection:
+        return _BoundedConnection(report=self._report, sealed_bound=self._sealed_bound,
+                                  payload_limit=self._payload_limit, **kwargs)
+
     def _onNewIncomingConnection(self, conn: Any) -> None:
         super()._onNewIncomingConnection(conn)
         fernet = self._syncObj.encryptor
         if fernet is not None:
-            conn.encryptor = _SealCheck(fernet, _peer_host(conn), self._refused_incoming)
+            conn.encryptor = _SealCheck(fernet, conn.peer, self._refused_incoming)
 
     def addNode(self, node: Any) -> None:
         super().addNode(node)
-        conn = self._connections.get(node)  # only the peers this member dials have one now
-        fernet = self._syncObj.encryptor
-        if conn is not None and fernet is not None:
+        if not self._shouldConnect(node):
+            return
+        # The connection this member dials: pysyncobj's, made above and never used, becomes ours.
+        conf, fernet = self._syncObj.conf, self._syncObj.encryptor
+        conn = self._connection(host=_host(str(node.address)), peer=str(node.address), poller=self._syncObj._poller,
+                                timeout=conf.connectionTimeout, sendBufferSize=conf.sendBufferSize,
+                                recvBufferSize=conf.recvBufferSize, keepalive=conf.tcp_keepalive)
+        if fernet is not None:
             conn.encryptor = _SealCheck(fernet, str(node.address), self._refused_outgoing)
+        conn.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, conn))
+        conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+        conn.setOnDisconnectedCallback(functools.partial(self._onDisconnected, conn))
+        self._connections[node] = conn
 
     def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
         # After the key exchange, an incoming connection names its member: one this group lacks
         # (a peer list that disagrees) is dropped by pysyncobj, without a word.
-        named = self._syncObj.encryptor is None or conn.sendRandKey
-        if named and isinstance(message, str) and message != "readonly" and message not in self._nodeAddrToNode:
-            check = conn.encryptor
-            host = check.peer if isinstance(check, _SealCheck) else _peer_host(conn)
+        named = bool(self._syncObj.encryptor is None or conn.sendRandKey) and isinstance(message, str)
+        if named and message == "readonly":
+            # pysyncobj would keep it (any number of them) and send it the log; llmgw has no read-only nodes.
+            self._refusals.refused(conn.host, f"refused a read-only Raft node (from {conn.peer}): an llmgw group "
+                                              f"has none", reason="group")
+            conn.disconnect()
+            return
+        if named and message not in self._nodeAddrToNode:
             members = ", ".join(sorted(self._nodeAddrToNode)) or "no other member"
-            self._refusals.refused(host, f"refused Raft member {message[:100]!r} (from {host}): it is not in "
-                                         f"this member's group ({members}); check both members' --peer lists",
-                                   reason="group")
+            self._refusals.refused(conn.host, f"refused Raft member {message[:100]!r} (from {conn.peer}): it is not in "
+                                              f"this member's group ({members}); check both members' --peer "
+                                              f"lists", reason="group")
+        node = self._nodeAddrToNode.get(message) if named else None
+        before = self._connections.get(node) if node is not None else None
         super()._onIncomingMessageReceived(conn, message)
+        if before is not None and before is not conn and before in self._accepted_conns:
+            # The member dialled again: pysyncobj forgets its previous connection, dead or dying,
+            # without closing it. So a member holds one incoming connection per peer, no more.
+            before.disconnect()
 
     def _onOutgoingConnected(self, conn: Any) -> None:
         if isinstance(conn.encryptor, _SealCheck):
@@ -165,8 +524,18 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
                     f"another cluster secret (its log says whom it refused)")
         super()._onDisconnected(conn)
 
-    def _refused_incoming(self, host: str) -> None:
-        self._refusals.refused(host, f"refused a Raft connection from {host}: its message is {_WRONG_SECRET}")
+    def destroy(self) -> None:
+        super().destroy()
+        for conn in list(self._accepted_conns):  # named ones pysyncobj forgot (a member that dialled again)
+            conn.disconnect()
+        self._accepted_conns.clear()
+
+    def _report(self, host: str, reason: str, message: str) -> None:
+        self._refusals.refused(host, message, reason=reason)
+
+    def _refused_incoming(self, peer: str) -> None:
+        self._refusals.refused(address_key(peer), f"refused a Raft connection from {peer}: its message is "
+                                                  f"{_WRONG_SECRET}")
 
     def _refused_outgoing(self, peer: str) -> None:
         self._refusals.refused(_host(peer), f"refused Raft peer {peer}: its answer is {_WRONG_SECRET}")
@@ -175,19 +544,6 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
 def sealed_transport(refusals: RefusalLog, abstain: Callable[[], bool] | None = None) -> Callable[..., SealedTransport]:
     """What SyncObj takes as `transportClass`: it calls it with (syncObj, selfNode, otherNodes)."""
     return functools.partial(SealedTransport, refusals=refusals, abstain=abstain)
-
-
-def _peer_host(conn: Any) -> str:
-    """The remote address of an accepted connection, from a duplicate of its descriptor
-    (pysyncobj keeps the socket private)."""
-    fd = conn.fileno()
-    if fd is None:
-        return "an unknown address"
-    try:
-        with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as dup:  # family read from the fd
-            return str(dup.getpeername()[0])
-    except OSError:
-        return "an unknown address"
 
 
 def _host(address: str) -> str:

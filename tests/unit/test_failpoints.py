@@ -148,6 +148,7 @@ def test_every_link_gets_a_keepalive_a_few_times_per_timeout_and_the_receiver_dr
     t = object.__new__(SealedTransport)
     t._keepalive_at = 0.0
     t._abstain = None  # a member that votes
+    t._swept_at, t._accepted_conns, t._server = 0.0, set(), None  # no incoming connection to check
     t._syncObj = SimpleNamespace(conf=SimpleNamespace(connectionTimeout=2.0))
     t._connections = {"a": None, "b": None}
     sent: list[tuple[str, Any]] = []
