@@ -132,7 +132,12 @@ def ask_restart(config: ControlConfig, reason: str) -> None:
     assert config.restart_asked is not None
     config.restart_asked.append(reason)
     log.info("restart asked (%s): stopping, then running again in place", reason)
-    trio.lowlevel.current_trio_token().run_sync_soon(os.kill, os.getpid(), signal.SIGTERM)
+
+    async def stop_soon() -> None:  # the answer to the asking request goes out first
+        await trio.sleep(config.timeouts.restart_answer_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    trio.lowlevel.spawn_system_task(stop_soon)
 
 
 @dataclass

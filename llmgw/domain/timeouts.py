@@ -92,6 +92,7 @@ class Timeouts:
     scale_down_delay_s: float = _t(300.0, "control", "a replica added under load is kept until the load has stayed below what needs it for this long (the leader remembers the peak of requests in flight over this window)")
     admin_keep_alive_s: float = _t(5.0, "control", "the admin API closes an idle client connection after this long")
     admin_accept_retry_s: float = _t(0.1, "control", "after a failed accept (out of file descriptors after all), the admin API waits this long before accepting again")
+    restart_answer_s: float = _t(0.2, "control", "asked to restart in place (`ctl members restart`), a control plane answers, then waits this long (its answer on the way) before it stops as on SIGTERM")
     leader_handover_s: float = _t(2.0, "control", "on stop, a leading control plane waits this long for its most caught-up member to take leadership over (Raft's TimeoutNow) before it stops anyway; the others then elect after their election timeout")
     admin_shutdown_grace_s: float = _t(1.0, "control", "on stop, the admin API's open requests get this long (streams close at once)")
     admin_forward_s: float = _t(15.0, "control", "a standby waits this long for the leader's answer to a request it forwarded (longer than store_commit_s, so the leader's own answer comes first)")
@@ -114,6 +115,8 @@ class Timeouts:
     failpoints_poll_s: float = _t(0.02, "store", "tests only (LLMGW_FAILPOINTS, llmgw/store/failpoints.py): how often a member re-reads its failpoints' control file")
     raft_connection_timeout_s: float = _t(2.0, "store", "a Raft connection that has read nothing this long is closed and dialled again (heartbeats keep a live one busy); after a heal, a connect attempt whose packets were dropped is given up this soon")
     raft_leader_fallback_s: float = _t(2.0, "store", "a leader that heard from no majority this long steps down; until then a partitioned leader still believes it leads, but serves no read (each is confirmed by a majority first: store_read_s)")
+    raft_accept_pause_s: float = _t(0.1, "store", "the Raft port whose accept failed (no descriptor left: EMFILE) rests this long before it accepts again")
+    raft_sweep_s: float = _t(0.1, "store", "a member checks its Raft connections this often for a handshake not finished within the connection timeout, or a silent one")
     raft_refusal_log_s: float = _t(60.0, "store", "a refused Raft peer (wrong cluster secret, not in the group) is logged at most once per this long, per address")
     # --- the gateway ---------------------------------------------------------------------
     gateway_keep_alive_s: float = _t(75.0, "gateway", "idle client connections stay open this long (longer than SDK pools keep them)")

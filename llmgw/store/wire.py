@@ -31,6 +31,7 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.transport import TCPTransport
 
+from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.store import unpickle
 
 log = logging.getLogger("llmgw.store")
@@ -53,9 +54,6 @@ PENDING_PER_ADDRESS = 8
 PENDING_TOTAL = 64
 # What a message adds to the values it carries: keys, terms, indexes and pickle opcodes.
 _MESSAGE_HEADROOM = 64 * 1024
-# A listening socket whose accept failed (no descriptor left: EMFILE) rests this long.
-_ACCEPT_PAUSE_S = 0.1
-_SWEEP_S = 0.1  # how often connections are checked for a late handshake or silence
 
 
 def payload_bound(snapshot_chunk: int, entries_batch: int, max_command: int = MAX_COMMAND_BYTES) -> int:
@@ -339,9 +337,9 @@ class _Listener:
                 return
             except OSError as e:
                 self._poller.unsubscribe(sock.fileno())
-                self._resume_at = time.monotonic() + _ACCEPT_PAUSE_S
+                self._resume_at = time.monotonic() + TIMEOUTS.raft_accept_pause_s
                 self._report("", "accept", f"the Raft port could not accept a connection ({e.strerror}): "
-                                           f"accepting again in {_ACCEPT_PAUSE_S:g} s")
+                                           f"accepting again in {TIMEOUTS.raft_accept_pause_s:g} s")
                 return
             self._accepted(conn, addr)
 
@@ -393,7 +391,7 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
             self._keepalive_at = now
             for node in list(self._connections):
                 self.send(node, {"type": KEEPALIVE})
-        if now - self._swept_at >= _SWEEP_S:
+        if now - self._swept_at >= TIMEOUTS.raft_sweep_s:
             self._swept_at = now
             self._sweep(now)
             if isinstance(self._server, _Listener):

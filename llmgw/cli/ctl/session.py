@@ -123,7 +123,7 @@ class Session:
             return self._send(method, path, content, headers, retry=True)
         except _Unknown as second:
             raise CtlError(
-                f"the outcome of {method} {target.url + path} is unknown: {first_why}; retried: {second.why}. The"
+                f"the outcome of {method} {(path if path.startswith(('http://', 'https://')) else target.url + path)} is unknown: {first_why}; retried: {second.why}. The"
                 f" change may or may not have been applied; read the state (e.g. `llmgw ctl status`) before"
                 f" writing again"
                 f" (Idempotency-Key {key})"
@@ -135,7 +135,7 @@ class Session:
         `retry`, also when this attempt says nothing of the first one (not sent, or a 5xx)."""
         assert self._client is not None
         target = self.target()
-        url = target.url + path
+        url = (path if path.startswith(('http://', 'https://')) else target.url + path)
         write = "Idempotency-Key" in headers
         try:
             response = self._client.request(method, path, content=content, headers=headers)
