@@ -32,7 +32,8 @@ from cyclopts import Parameter
 from llmgw.cli.ctl.errors import EXIT_API, EXIT_OK, EXIT_USAGE
 from llmgw.domain.keys import hash_key, new_key
 from llmgw.statedir import FIRST_ADMIN_FILE
-from llmgw.domain.timeouts import TIMEOUTS, Timeouts
+from llmgw.cli.roles import env_timeouts
+from llmgw.domain.timeouts import Timeouts
 from llmgw.service.manager import ServiceError
 from llmgw.trust.files import write_private
 from llmgw.service.spec import ServiceSpec, SpecError, install as install_spec, load, services_dir
@@ -138,7 +139,7 @@ def init(*, state_dir: Path = Path("/var/lib/llmgw/control"), raft_addr: str, ad
     # 6. answering, with its CA and certificate
     url = (admin_url or f"https://{admin_addr}").rstrip("/")
     ca_file = state_dir / "tls" / "ca.pem"
-    answer = _wait_ready(url, ca_file, TIMEOUTS)
+    answer = _wait_ready(url, ca_file, env_timeouts())
     if answer is not None:
         print(f"error: {answer}", file=sys.stderr)
         return EXIT_API

@@ -65,7 +65,7 @@ def _admin_url(url: str | None) -> str | None:
     return url.rstrip("/") if url is not None else None
 
 
-def _timeouts() -> Timeouts:
+def env_timeouts() -> Timeouts:
     """The timeouts table, with LLMGW_TIMEOUTS (`name=seconds,...`) applied: for tests of processes
     and diagnosis (docs/operations.md); unset, the defaults."""
     from llmgw.domain.timeouts import TIMEOUTS
@@ -234,7 +234,7 @@ def control(
                             peers=list(peer or []), seed=seed,
                             floating=floating, cluster_secret=cluster_secret, join=join,
                             admin_url=_admin_url(admin_url), journal_fsync=journal_fsync,
-                            journal_compact_after=journal_compact_after, timeouts=_timeouts(),
+                            journal_compact_after=journal_compact_after, timeouts=env_timeouts(),
                             mounts=(console.register,), tls=True, ca_root=ca_root, tls_names=tuple(tls_name or ()),
                             restart_asked=[])
 
@@ -307,7 +307,7 @@ def agent(
     if key is not None:
         raise SystemExit(_MACHINE_KEY_REFUSED.format(flag="--key", role="agent"))
     dirs = _storage(storage or [])
-    timeouts = _timeouts()
+    timeouts = env_timeouts()
     node = node or socket.gethostname()
     with statedir.acquire_or_exit(state_dir, "llmgw agent") as lock:  # before anything in the dir is touched
         log.setup(state_dir / "logs" / "agent.log")
@@ -471,7 +471,7 @@ def gateway(
     if state_dir is None:
         raise SystemExit("error: give --state-dir: a gateway keeps its certificate there (STATE_DIR/tls)")
     name = name or socket.gethostname()
-    timeouts = _timeouts()
+    timeouts = env_timeouts()
     with statedir.acquire_or_exit(state_dir, "llmgw gateway") as lock:  # before anything in the dir is touched
         log.setup(state_dir / "logs" / "gateway.log")
         lock.warn_tightened()

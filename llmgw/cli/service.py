@@ -18,7 +18,7 @@ import cyclopts
 from cyclopts import Parameter
 
 from llmgw.cli.ctl.errors import EXIT_API, EXIT_OK, EXIT_USAGE
-from llmgw.domain.timeouts import TIMEOUTS
+from llmgw.cli.roles import env_timeouts
 from llmgw.interfaces import ServiceManager
 from llmgw.service.manager import ServiceError, ServiceStatus, systemd_runs
 from llmgw.service.spec import DIR_ENV, START_ORDER, ServiceSpec, SpecError, install as install_spec, load, \
@@ -43,7 +43,7 @@ def manager_for(dir: Path, which: str) -> ServiceManager:
         from llmgw.service.systemd import Systemd
 
         return Systemd()
-    return Supervisor(dir, TIMEOUTS)
+    return Supervisor(dir, env_timeouts())
 
 
 @service_app.command
@@ -95,7 +95,7 @@ def restart(role: RoleOrAll = None, /, *, dir: Dir = None, manager: Manager = "a
 @service_app.command(show=False)
 def supervise(role: Role, /, *, dir: Dir = None) -> int:
     """The built-in supervisor of ROLE (what `start` runs, in a session of its own)."""
-    return run_supervisor(services_dir(dir), role, TIMEOUTS)
+    return run_supervisor(services_dir(dir), role, env_timeouts())
 
 
 @service_app.command(name="exec", show=False)
