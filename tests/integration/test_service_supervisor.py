@@ -112,6 +112,9 @@ def test_start_status_a_killed_role_started_again_restart_stop(machine: Machine)
     assert r.returncode == 0, r
     renewed = machine.status()
     assert renewed["state"] == "running" and renewed["pid"] not in (first["pid"], back["pid"])
+    # Stopped before it is ready, a role exits 1 ("stopped before ready"): let it finish its start first.
+    until("the restarted role ready", lambda: (machine.dir / "control.log").read_text().count(
+        "llmgw.control: admin API on") >= 3)
 
     r = machine.service("stop")
     assert r.returncode == 0 and "control  stopped" in r.stdout, r
