@@ -11,28 +11,18 @@ import sys
 import ssl
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.e2e.test_roles import ADMIN, start
-from tests.support.processes import alive, children_of, free_port
+from tests.support.processes import alive, children_of, free_port, until
 from tests.support.trust import ca_root_args, create_token
 
 pytestmark = pytest.mark.slow
 
 
-def until(what: str, probe: Callable[[], Any], limit: float = 60.0) -> Any:
-    deadline = time.monotonic() + limit
-    while True:
-        got = probe()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what}: not within {limit:g} s"
-        time.sleep(0.1)
 
 
 def test_an_agent_restarts_in_place_and_keeps_its_engine(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from llmgw.net import free_port
@@ -67,6 +68,18 @@ def kill_engines_under(root: Path) -> list[int]:
     while any(alive(pid) for pid in killed) and time.monotonic() < deadline:
         time.sleep(0.05)
     return killed
+
+
+def until(what: str, probe: Callable[[], Any], limit: float = 60.0) -> Any:
+    """`probe()` until it gives something true (returned); AssertionError naming `what` after `limit` s
+    (a bound a loaded machine never reaches, not a timing)."""
+    deadline = time.monotonic() + limit
+    while True:
+        got = probe()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what}: not within {limit:g} s"
+        time.sleep(0.05)
 
 
 def alive(pid: int) -> bool:
