@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw.engines.base import self_command
+from llmgw.trust.files import write_private
 
 SERVICE_ROLES = ("control", "gateway", "agent")
 # The order a whole machine starts in (its control plane before what dials it) and stops in (reversed).
@@ -79,16 +80,9 @@ def spec_path(dir: Path, role: str) -> Path:
 
 def install(dir: Path, spec: ServiceSpec) -> Path:
     """Write `spec` as DIR/ROLE.json (the dir 0700, the file 0600, replaced whole). Returns its path."""
-    dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(dir, 0o700)
     path = spec_path(dir, spec.role)
-    tmp = path.with_suffix(".json.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(spec.to_doc(), f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_private(path, json.dumps(spec.to_doc(), indent=2))
+    os.chmod(dir, 0o700)
     return path
 
 

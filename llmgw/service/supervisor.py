@@ -33,6 +33,7 @@ from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.engines.base import self_command
 from llmgw.service.manager import ServiceError, ServiceStatus, exit_words
 from llmgw.service.spec import SpecError, load
+from llmgw.trust.files import write_private
 
 LOG_TAIL = 2000  # characters of ROLE.log an error quotes
 
@@ -72,11 +73,7 @@ class Files:
         return doc if isinstance(doc, dict) else {}
 
     def write_state(self, **doc: Any) -> None:
-        tmp = self.state.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f)
-        os.replace(tmp, self.state)
+        write_private(self.state, json.dumps(doc))
 
     def held(self) -> bool:
         """Whether a supervisor lives (holds the lock)."""
