@@ -87,7 +87,7 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    try:  # a zombie is gone for our purposes
+    try:  # a zombie is gone for our purposes (its main thread: its other threads may still be closing its files)
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
