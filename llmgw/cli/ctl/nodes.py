@@ -69,7 +69,9 @@ def nodes_restart(name: str, /, *, wait: Annotated[bool, Parameter(
     while True:
         _, doc = session.request("GET", api_path("nodes"))
         node = next((n for n in dig(doc, "nodes") or [] if isinstance(n, Mapping) and n.get("node") == name), None)
-        if node is not None and node.get("state") == "connected" and node.get("connected_at") not in (None, before):
+        # Back: connected on a new stream, and its replicas reported on it (None until then: not 0).
+        if (node is not None and node.get("state") == "connected" and node.get("connected_at") not in (None, before)
+                and node.get("replicas") is not None):
             session.show(node, lambda n: f"node {name}: restarted, back on a new stream with "
                                          f"{len(n.get('replicas') or [])} replica(s)")
             return EXIT_OK
