@@ -5,6 +5,7 @@ In one process they are plain calls; across machines an adapter carries them.
 
 from __future__ import annotations
 
+import ssl
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from llmgw.domain.observed import ModelRoute, NodeInfo, ReplicaObs
@@ -84,6 +85,30 @@ class RaftGroup(Protocol):
     async def add_member(self, raft_addr: str) -> None: ...
 
     async def remove_member(self, raft_addr: str) -> None: ...
+
+
+class RaftPeerTls(Protocol):
+    """The store's Raft transport → what its members' TLS rests on (the control plane's trust). Called
+    on pysyncobj's thread: each answer is read from files and the last applied state, never awaited."""
+
+    def server_context(self) -> ssl.SSLContext | None:
+        """What this member answers a TLS peer with (its control certificate, peers' required), or None
+        while it has no certificate yet."""
+        ...
+
+    def client_context(self, peer: str) -> ssl.SSLContext | None:
+        """What this member dials member `peer` with over TLS; None: sealed only (this member has no
+        certificate yet, or `peer` has none and the group does not require TLS yet)."""
+        ...
+
+    def check_peer(self, cert_der: bytes | None, name: str | None) -> str | None:
+        """Why a peer's certificate is refused (not a control plane's of this cluster, revoked, expired,
+        or not the member `name` when given), or None when it is accepted."""
+        ...
+
+    def plain_refused(self) -> str | None:
+        """Why a connection without TLS is refused now (the group requires TLS since ...), or None."""
+        ...
 
 
 class FloatingAddressError(Exception):

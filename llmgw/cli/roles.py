@@ -142,6 +142,9 @@ def control(
     journal_compact_after: int = 5000,
     ca_root: Path | None = None,
     tls_name: list[str] | None = None,
+    join_token: str | None = None,
+    join_via: str | None = None,
+    ca_hash: str | None = None,
     log: LogFlags = LogFlags(),
 ) -> None:
     """Run a control plane: Raft member, reconciler, admin API (TLS) and the machines' streams.
@@ -189,6 +192,16 @@ def control(
     tls_name
         Another DNS name or address this member's certificate carries (repeat the flag), beyond
         its bound, Raft and advertised hosts and its host name.
+    join_token
+        With --join: a one-time token for the control role (default: LLMGW_JOIN_TOKEN), from `llmgw
+        ctl nodes token create --role control --name RAFT_ADDR`: this member gets its certificate
+        with it, through --join-via, before its first Raft contact (a group whose members all hold
+        certificates takes none without one).
+    join_via
+        With --join-token: the https:// admin URL of a member of the group.
+    ca_hash
+        With --join-token: the hash of the cluster's CA the token creation printed; the CA fetched
+        from --join-via must match it (default: the system's trust store verifies it).
     """
     import logging
 
@@ -208,6 +221,15 @@ def control(
         raise SystemExit(f"error: --journal-compact-after {journal_compact_after}: give 10 entries or more")
     key = os.environ.get("LLMGW_ADMIN_KEY")
     client_key = os.environ.get("LLMGW_CLIENT_KEY") or None
+    token = join_token or os.environ.get("LLMGW_JOIN_TOKEN") or None
+    if token and not (join or rejoin):
+        raise SystemExit("error: --join-token is for a member that joins a running group: add --join")
+    if token and not (join_via or "").startswith("https://"):
+        raise SystemExit("error: --join-token needs --join-via https://MEMBER:PORT, the admin URL of a member of the "
+                         "group (the certificate is asked of it)")
+    from llmgw.trust.join import JoinRequest
+
+    join_with = JoinRequest("control", raft_addr, token, ca_hash=ca_hash) if token else None
     with statedir.acquire_or_exit(state_dir, "llmgw control") as lock:  # before anything in the dir is touched
         log.setup(state_dir / "logs" / "control.log")
         lock.warn_tightened()
@@ -236,7 +258,7 @@ def control(
                             admin_url=_admin_url(admin_url), journal_fsync=journal_fsync,
                             journal_compact_after=journal_compact_after, timeouts=env_timeouts(),
                             mounts=(console.register,), tls=True, ca_root=ca_root, tls_names=tuple(tls_name or ()),
-                            restart_asked=[])
+                            restart_asked=[], join_with=join_with, join_via=join_via)
 
         async def serve_naming_ports(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             async with trio.open_nursery() as nursery:

@@ -156,6 +156,10 @@ class Members:
             "revision": state.revision,
             "state_hash": self._hashed[1],
             "group": self.addresses(st),
+            # Each other member's Raft link as this one holds it ("tls", "sealed", "down"), and since when
+            # the group requires TLS between its members (None: not yet; docs/security.md).
+            "raft_links": dict(st.get("links") or {}),
+            "raft_tls_since": state.raft_tls_since or None,
             "floating": {"configured": False} if self.floating is None else {"configured": True,
                                                                                **self.floating.status()},
             **self._followers(bool(st.get("is_leader"))),

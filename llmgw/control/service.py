@@ -11,7 +11,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -26,7 +26,7 @@ from llmgw.control.gateway_stream import GatewayHub
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members, advertised_url
 from llmgw.control.reconciler import Reconciler
-from llmgw.control.trust import Trust
+from llmgw.control.trust import RaftPeers, Trust
 from llmgw.domain import commands
 from llmgw.domain.keys import hash_key
 from llmgw.domain.model import ModelDef
@@ -38,6 +38,8 @@ from llmgw.notify.notifier import Notifier
 from llmgw.notify.watch import control_conditions, http_post, watch
 from llmgw.store import RaftStore
 from llmgw.store.journal import DEFAULT_FSYNC, FsyncPolicy
+from llmgw.trust.files import MachineFiles
+from llmgw.trust.join import JoinRequest, ensure_credentials
 from llmgw.trust.tls import hypercorn_tls
 from llmgw.wire.asgi import hypercorn_config
 from llmgw.wire.gate import listener_gate
@@ -121,6 +123,10 @@ class ControlConfig:
     # SIGTERM (a leader hands over first), and `llmgw control` runs itself again. None: it cannot (a
     # control plane inside `llmgw up` or a test's process).
     restart_asked: list[str] | None = None
+    # `--join-token` (with `--join-via`, `--ca-hash`): a member joining a group that requires TLS between
+    # its members gets its control certificate first, with a token for the control role.
+    join_with: JoinRequest | None = None
+    join_via: str | None = None
 
 
 def ask_restart(config: ControlConfig, reason: str) -> None:
@@ -207,9 +213,16 @@ def certificate_hosts(config: ControlConfig) -> tuple[str, ...]:
 async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     role_var.set("control")
     timeouts = config.timeouts
+    peer_tls: RaftPeers | None = None
+    if config.tls:  # members speak TLS to each other with their control certificates (control/trust.py)
+        files = MachineFiles.of(config.state_dir)
+        if config.join_with is not None and config.join_via is not None:
+            await ensure_credentials(files, [config.join_via], replace(config.join_with, hosts=certificate_hosts(config)))
+        peer_tls = RaftPeers(files, state=lambda: store.snapshot(), clock=config.clock)
     store = RaftStore(self_addr=config.raft_addr, peers=config.peers, state_dir=config.state_dir, timeouts=timeouts,
                       cluster_secret=config.cluster_secret, fsync=config.journal_fsync,
-                      compaction_min_entries=config.journal_compact_after, abstain_until_synced=config.join)
+                      compaction_min_entries=config.journal_compact_after, abstain_until_synced=config.join,
+                      peer_tls=peer_tls)
     await store.start()
     try:
         if config.join:
@@ -227,7 +240,8 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
         trust: Trust | None = None
         if config.tls:
             trust = Trust(config.state_dir, store, config.clock, name=config.raft_addr,
-                          hosts=certificate_hosts(config), ca_root=config.ca_root, timeouts=timeouts)
+                          hosts=certificate_hosts(config), ca_root=config.ca_root, timeouts=timeouts,
+                          group=lambda: [config.raft_addr, *store.status().get("partners", {})])
             log.info("waiting for the cluster's CA and this member's certificate")
             await trust.ready()
         hub = AgentHub(config.clock, timeouts)

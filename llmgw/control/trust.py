@@ -10,6 +10,11 @@ rotations, and signs machines' certificate requests (`issue`).
 - A control plane's own certificate is signed locally by whichever authority is active (no token: it
   holds the secret), recorded through the leader (`trust.issue`), and renewed at two thirds of its
   life. Listeners start once it exists.
+- Between members, Raft speaks TLS with those certificates (`RaftPeers`, the store's `RaftPeerTls`).
+  A new group starts sealed-only (no member has a certificate before its CA exists); once every
+  member holds one, the leader commits `trust.raft_tls` and from then on every member refuses a
+  connection without TLS. A member that joins later brings a certificate: a join token for the
+  control role (`llmgw control --join --join-token ...`).
 """
 
 from __future__ import annotations
@@ -22,15 +27,18 @@ from pathlib import Path
 
 import trio
 
+from llmgw import startup
 from llmgw.domain import commands
 from llmgw.domain.commands import trust as trust_commands
 from llmgw.domain.state import ClusterState
+from llmgw.domain.trust import machine_id
 from llmgw.errors import AdminError
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import WritableStore
 from llmgw.store.secret import FILE_NAME as SECRET_FILE
 from llmgw.store.secret import read_file as read_secret
 from llmgw.trust import ca, tls
+from llmgw.trust.peer import PeerRefused, authorize
 from llmgw.trust.files import MachineFiles, write_private
 
 log = logging.getLogger("llmgw.control")
@@ -73,6 +81,8 @@ class Trust:
     hosts: tuple[str, ...]  # the names and addresses its listeners are reached at
     ca_root: Path | None = None  # `--ca-root`: a dir with the operator's root.pem and root.key
     timeouts: Timeouts = TIMEOUTS
+    # The Raft group's members (addresses, this one's included), for `trust.raft_tls`; None: not asked.
+    group: Callable[[], list[str]] | None = None
     files: MachineFiles = field(init=False)
     _issued_at: float = field(default=0.0, init=False)
     _contexts: list[ssl.SSLContext] = field(default_factory=list, init=False)
@@ -177,20 +187,31 @@ class Trust:
         return not who.issuer_serial or who.serial in state.revoked or due(who.not_after, issued, now)
 
     async def renew_own(self, state: ClusterState) -> None:
+        """A new certificate for this member, recorded in the cluster before it is used (peers accept a
+        control plane's certificate only once recorded, and a revoked one's record is refused); the
+        first one of a new member is used even if it cannot be recorded yet."""
         now = self.clock()
         key = self.files.key_pem()
         chain, who, aid = self.sign(state, ca.make_request(key, "control", self.name), role="control",
                                     name=self.name, hosts=self.hosts, now=now)
-        self.files.write(chain, bundle(state))
+        try:
+            await self.store.submit(trust_commands.issue("control", self.name, who.serial, who.not_after, aid, now),
+                                    through_leader=True)
+        except commands.CommandError as e:
+            if e.code == "revoked":
+                raise
+            log.warning("could not record this control plane's certificate in the cluster: %s", e.message)
+            if self.files.complete():
+                return  # the current one serves; retried at the next change
+        except Exception as e:  # noqa: BLE001 — logged, retried at the next change
+            log.warning("could not record this control plane's certificate in the cluster: %s", e)
+            if self.files.complete():
+                return
+        self.files.write(chain, bundle(self.store.snapshot()))
         self._issued_at = now
         self._reload()
         log.info("this control plane's certificate: serial %s, valid until %s", who.serial,
                  _when(who.not_after))
-        try:  # recorded for `ctl nodes`; the certificate serves even if this cannot commit now
-            await self.store.submit(trust_commands.issue("control", self.name, who.serial, who.not_after, aid, now),
-                                    through_leader=True)
-        except Exception as e:  # noqa: BLE001 — logged, retried at the next change
-            log.warning("could not record this control plane's certificate in the cluster: %s", e)
 
     async def ready(self) -> None:
         """Return once this member has a certificate of the cluster's CA (making the CA first if
@@ -199,7 +220,12 @@ class Trust:
         while True:
             if state.authorities:
                 if self.own_certificate_due(state, self.clock()):
-                    await self.renew_own(state)
+                    try:
+                        await self.renew_own(state)
+                    except commands.CommandError as e:  # revoked
+                        raise startup.CannotStart(f"this control plane's certificate cannot be renewed: {e.message}; "
+                                                  f"remove its state dir and join it with a token for the control "
+                                                  f"role (docs/security.md)") from None
                 return
             if self.store.is_leader():
                 try:
@@ -224,10 +250,98 @@ class Trust:
             if state.authorities and self.own_certificate_due(state, self.clock()):
                 try:
                     await self.renew_own(state)
-                except AdminError as e:
+                except (AdminError, commands.CommandError) as e:
                     log.warning("could not renew this control plane's certificate: %s", e.message)
+            if not state.raft_tls_since and self.store.is_leader():
+                await self._require_raft_tls(state)
             with trio.move_on_after(self.timeouts.trust_recheck_s):
                 state = await self.store.wait_changed(state.revision)
+
+    async def _require_raft_tls(self, state: ClusterState) -> None:
+        """On the leader: once every member of the group holds a control certificate, the group
+        requires TLS between its members (`trust.raft_tls`)."""
+        members = self.group() if self.group is not None else []
+        if not members or any(machine_id("control", m) not in state.machines for m in members):
+            return
+        try:
+            await self.store.submit(trust_commands.raft_tls(sorted(members), self.clock()), through_leader=True)
+        except Exception as e:  # noqa: BLE001 — retried at the next change
+            log.warning("could not make the group require TLS between its members yet: %s", e)
+            return
+        log.info("every member holds a control certificate: the group requires TLS between its members from now "
+                 "on (%s)", ", ".join(sorted(members)))
+
+
+@dataclass
+class RaftPeers:
+    """The store's `RaftPeerTls`: Raft connections between members speak TLS with this member's
+    control certificate (STATE_DIR/tls), and accept a peer whose certificate is a current control
+    plane's of this cluster, naming the member it says it is. Called on pysyncobj's thread: contexts
+    are rebuilt when the files change (a renewal, a rotation's new bundle), the state is the last
+    applied one."""
+
+    files: MachineFiles
+    state: Callable[[], ClusterState]
+    clock: Callable[[], float]
+    _made: tuple[object, ssl.SSLContext, ssl.SSLContext] | None = field(default=None, init=False)
+
+    def _contexts(self) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
+        files = self.files
+        try:
+            stamp = tuple(f.stat().st_mtime_ns for f in (files.cert, files.key, files.ca))
+        except OSError:
+            return None
+        if self._made is None or self._made[0] != stamp:
+            try:
+                server = tls.server_context(files.cert, files.key, files.ca)
+                server.verify_mode = ssl.CERT_REQUIRED
+                client = tls.client_context(files.ca, files.cert, files.key)
+                client.check_hostname = False  # a member is checked by the name in its certificate (check_peer)
+            except (OSError, ssl.SSLError, ValueError) as e:
+                log.warning("cannot load this member's certificate for Raft (%s): dialling sealed only", e)
+                return None
+            self._made = (stamp, server, client)
+        return self._made[1], self._made[2]
+
+    def server_context(self) -> ssl.SSLContext | None:
+        made = self._contexts()
+        return made[0] if made is not None else None
+
+    def client_context(self, peer: str) -> ssl.SSLContext | None:
+        """TLS once this member has a certificate and the peer can answer over TLS: its certificate is
+        recorded, or the group requires TLS. A member with a certificate and no state yet (rejoining
+        from nothing) dials over TLS: its group surely requires it."""
+        made = self._contexts()
+        if made is None:
+            return None
+        state = self.state()
+        if state.authorities and not state.raft_tls_since and machine_id("control", peer) not in state.machines:
+            return None  # a new group's member without its certificate yet would refuse TLS
+        return made[1]
+
+    def check_peer(self, cert_der: bytes | None, name: str | None) -> str | None:
+        state = self.state()
+        try:
+            if state.authorities:
+                who = authorize(cert_der, state, self.clock(), role="control")
+            else:  # no state yet (a member rejoining from nothing): the handshake checked it against its bundle file
+                who = ca.identity(cert_der or b"")
+                if who.role != "control":
+                    return f"a {who.role}'s certificate ({who.name}) cannot speak as a control plane"
+        except PeerRefused as e:
+            return str(e)
+        except (ca.CaError, ValueError) as e:
+            return f"its certificate names no machine of this cluster: {e}"
+        if name is not None and who.name != name:
+            return f"its certificate is control plane {who.name}'s, not {name}'s"
+        return None
+
+    def plain_refused(self) -> str | None:
+        since = self.state().raft_tls_since
+        if not since:
+            return None
+        return (f"this group requires TLS between its members since {_when(since)} (a member without a "
+                f"certificate joins with a token: llmgw ctl nodes token create --role control)")
 
 
 def _when(t: float) -> str:

@@ -212,6 +212,9 @@ class ClusterState:
     join_tokens: MappingProxyType[str, JoinToken] = field(default_factory=_empty)
     machines: MappingProxyType[str, MachineCert] = field(default_factory=_empty)
     revoked: MappingProxyType[str, Revocation] = field(default_factory=_empty)
+    # When the group began to require TLS between its members (`trust.raft_tls`: every member held a
+    # control certificate); 0: not yet, sealed-only connections are still taken. Never goes back.
+    raft_tls_since: float = 0.0
 
     def __post_init__(self) -> None:
         # A read-only mapping is kept as is: `replace` passes the unchanged fields on, and

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import trio
 from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjException, replicated
 
+from llmgw.interfaces import RaftPeerTls
 from llmgw import startup
 from llmgw.domain import commands
 from llmgw.domain.state import ClusterState, Outcome
@@ -37,7 +38,7 @@ from llmgw.store.readindex import Confirmed, ConfirmsReads, Verdict
 from llmgw.store.snapshot import SnapshotFiles, check_received
 from llmgw.store.secret import load_or_create, raft_password
 from llmgw.store import unpickle
-from llmgw.store.wire import MAX_COMMAND_BYTES, RefusalLog, sealed_transport
+from llmgw.store.wire import MAX_COMMAND_BYTES, RefusalLog, SealedTransport, sealed_transport
 
 log = logging.getLogger("llmgw.store")
 
@@ -116,7 +117,7 @@ class RaftStore:
     def __init__(self, *, self_addr: str, peers: list[str], state_dir: Path, timeouts: Timeouts = TIMEOUTS,
                  run_in_thread: RunInThread = _worker_thread, cluster_secret: str | None = None,
                  fsync: FsyncPolicy = DEFAULT_FSYNC, compaction_min_entries: int = 5000,
-                 abstain_until_synced: bool = False) -> None:
+                 abstain_until_synced: bool = False, peer_tls: RaftPeerTls | None = None) -> None:
         """`run_in_thread` builds the member (replaying the journal) off the event loop;
         the default is a trio worker thread, abandoned if the start is cancelled.
         `cluster_secret`: the group's secret, given by the operator; None: the one in the state dir
@@ -128,8 +129,11 @@ class RaftStore:
         acknowledged entries it no longer holds; voting before it has them again, it could elect a
         candidate that lacks them too, and a committed write would be lost (the fault campaign, seed
         6101 round 103: a standby rejoined empty while the leader was cut off gave the deciding vote
-        to the one other member, which never had the write that it had acknowledged)."""
+        to the one other member, which never had the write that it had acknowledged).
+        `peer_tls`: members speak TLS to each other with their control certificates, under the seal
+        (`llmgw.store.wire`); None: sealed only (`llmgw up` on loopback, the store's own tests)."""
         self.self_addr = self_addr
+        self._peer_tls = peer_tls
         self._given_secret = cluster_secret
         self.peers = [p for p in peers if p != self_addr]
         self.state_dir = state_dir
@@ -206,7 +210,8 @@ class RaftStore:
             # One bind attempt: pysyncobj would otherwise retry a busy port forever, spinning.
             maxBindRetries=1,
         )
-        transport = sealed_transport(RefusalLog(self.timeouts.raft_refusal_log_s), abstain=self._abstains)
+        transport = sealed_transport(RefusalLog(self.timeouts.raft_refusal_log_s), abstain=self._abstains,
+                                     tls=self._peer_tls)
         clock: Callable[[], float] = time.monotonic
         fp = failpoints.active()  # (tests only: LLMGW_FAILPOINTS)
         if fp is not None:
@@ -423,6 +428,8 @@ class RaftStore:
                 for k, v in raw.items()
                 if str(k).startswith("partner_node_status_server_")
             },
+            # Each other member's link as this one holds it: "tls", "sealed" (no TLS) or "down".
+            "links": self._links(obj),
             # On the leader: how far each follower's log is known to match its own (metrics' member lag).
             "match_index": {
                 str(k).replace("match_idx_server_", ""): v
@@ -430,6 +437,11 @@ class RaftStore:
                 if str(k).startswith("match_idx_server_")
             },
         }
+
+    @staticmethod
+    def _links(obj: _Replicated) -> dict[str, str]:
+        transport = getattr(obj, "_SyncObj__transport", None)
+        return transport.links() if isinstance(transport, SealedTransport) else {}
 
     # -- writes --------------------------------------------------------------
 

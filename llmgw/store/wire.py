@@ -9,6 +9,10 @@ a connection that has not finished its handshake within the connection timeout, 
 for that long, is closed; connections waiting for their handshake are limited per address and in
 all; and what a frame holds is decoded by `llmgw.store.unpickle`, never by `pickle.loads`.
 
+With a `RaftPeerTls` (control planes serving off loopback), members also speak TLS to each other
+with their control-plane certificates, under the seal (`_Tls`): an accepted connection is TLS or
+sealed-only by its first byte, and sealed-only ones are refused once the group requires TLS.
+
 pysyncobj 0.3.17 is pinned: `_BoundedConnection` overrides two of its connection's name-mangled
 methods and reads its private socket and buffer, as `catchup.py` and `readindex.py` do with SyncObj.
 """
@@ -20,11 +24,12 @@ import functools
 import ipaddress
 import logging
 import socket
+import ssl
 import struct
 import threading
 import time
 import zlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from cryptography.fernet import Fernet, InvalidToken
 from pysyncobj.poller import POLL_EVENT_TYPE
@@ -33,6 +38,9 @@ from pysyncobj.transport import TCPTransport
 
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.store import unpickle
+
+if TYPE_CHECKING:
+    from llmgw.interfaces import RaftPeerTls
 
 log = logging.getLogger("llmgw.store")
 
@@ -171,6 +179,26 @@ class _SealCheck:
         return self._fernet.encrypt_at_time(data, current_time)
 
 
+TLS_HANDSHAKE_RECORD = 0x16  # the first byte of a TLS client's first message
+_TLS_READ = 1 << 16
+
+
+class _Tls:
+    """One connection's TLS over memory buffers: pysyncobj's poller drives the socket as before, and
+    OpenSSL only turns bytes into bytes (an `SSLSocket` would raise want-read/want-write where
+    pysyncobj expects EAGAIN, and hide decrypted bytes from the poller)."""
+
+    __slots__ = ("obj", "incoming", "outgoing", "done", "early", "peer_der", "checked_at")
+
+    def __init__(self, context: ssl.SSLContext, *, server_side: bool) -> None:
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.obj = context.wrap_bio(self.incoming, self.outgoing, server_side=server_side)
+        self.done = False  # the handshake finished and the peer's certificate was accepted
+        self.early = b""  # frames pysyncobj sent before the handshake finished (its key exchange)
+        self.peer_der: bytes | None = None
+        self.checked_at = 0.0
+
+
 Report = Callable[[str, str, str], None]  # (host, reason, message): a refusal, for the RefusalLog
 
 
@@ -187,12 +215,13 @@ class _BoundedConnection(TcpConnection):  # type: ignore[misc]
     The bound is `HANDSHAKE_FRAME_BYTES` until a frame's seal was checked, then `sealed_bound`.
     `host` keys the refusals; `peer` is what they show."""
 
-    # pysyncobj's, set in its __init__ (the buffer under its name-mangled name)
+    # pysyncobj's, set in its __init__ (the buffers under their name-mangled names)
     _TcpConnection__readBuffer: bytes | bytearray
+    _TcpConnection__writeBuffer: bytes
     recvLastTimestamp: int
 
     def __init__(self, *args: Any, host: str, peer: str, report: Report, sealed_bound: int, payload_limit: int,
-                 **kwargs: Any) -> None:
+                 tls: RaftPeerTls | None = None, **kwargs: Any) -> None:
         # Before the base's __init__: an accepted connection is subscribed to the poller there.
         self.host, self.peer = host, peer
         self.sealed = False  # a frame's seal was checked: the peer holds the cluster secret
@@ -200,6 +229,12 @@ class _BoundedConnection(TcpConnection):  # type: ignore[misc]
         self._report = report
         self._sealed_bound = sealed_bound
         self._payload_limit = payload_limit
+        self._policy = tls
+        self.tls: _Tls | None = None
+        self.outgoing = kwargs.get("socket") is None
+        self._sniffing = tls is not None and not self.outgoing  # an accepted one: TLS or not, by its first byte
+        self._cipher = 0  # bytes at the head of the write buffer that are TLS records (the rest: frames to seal)
+        self.peer_name: str | None = None  # the member its certificate names (TLS only)
         super().__init__(*args, **kwargs)
 
     def bound(self) -> int:
@@ -212,7 +247,8 @@ class _BoundedConnection(TcpConnection):  # type: ignore[misc]
         return buf
 
     def _refuse(self, reason: str, words: str) -> None:
-        self._report(self.host, reason, f"refused a Raft connection from {self.peer}: {words}")
+        whom = f"Raft peer {self.peer}" if self.outgoing else f"a Raft connection from {self.peer}"
+        self._report(self.host, reason, f"refused {whom}: {words}")
         self.disconnect()
 
     def _over_bound(self, length: int) -> bool:
@@ -238,10 +274,157 @@ class _BoundedConnection(TcpConnection):  # type: ignore[misc]
         if not incoming or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
             self.disconnect()
             return False
-        buf += incoming
         self.last_read = time.monotonic()
+        if self._sniffing and not self._first_bytes(incoming):
+            return False
+        if self.tls is not None:
+            if not self._tls_received(incoming, buf):
+                return False
+        else:
+            buf += incoming
         length = frame_length(buf)
         return not (length is not None and self._over_bound(length))
+
+    # -- TLS (with a RaftPeerTls) ----------------------------------------------------------------
+
+    def _first_bytes(self, data: bytes) -> bool:
+        """An accepted connection's first bytes: a TLS client's hello starts TLS here, anything else is
+        sealed-only, refused when the group requires TLS. False: refused."""
+        self._sniffing = False
+        assert self._policy is not None
+        if data[0] == TLS_HANDSHAKE_RECORD:
+            context = self._policy.server_context()
+            if context is None:
+                self._refuse("tls-none", "it speaks TLS, and this member has no certificate yet (a member gets its "
+                                    "own once the group's CA exists, or joins with a token for the control role)")
+                return False
+            self.tls = _Tls(context, server_side=True)
+            return True
+        why = self._policy.plain_refused()
+        if why is not None:
+            self._refuse("tls-plain", f"it does not speak TLS, and {why}")
+            return False
+        return True
+
+    def start_tls(self, context: ssl.SSLContext) -> None:
+        """This (dialled, just connected) connection speaks TLS: the client's hello goes first."""
+        self.tls = _Tls(context, server_side=False)
+        self._handshake()
+
+    def _handshake(self) -> bool:
+        """One step of the handshake; True once it finished and the peer's certificate was accepted."""
+        tls = self.tls
+        assert tls is not None and self._policy is not None
+        try:
+            tls.obj.do_handshake()
+        except ssl.SSLWantReadError:
+            self._send_records()
+            return False
+        except ssl.SSLError as e:
+            self._send_records()  # the alert that says why, when OpenSSL made one
+            self._refuse("tls-handshake", f"its TLS handshake failed ({getattr(e, 'verify_message', None) or e.reason or e})")
+            return False
+        tls.peer_der = tls.obj.getpeercert(binary_form=True)
+        why = self._policy.check_peer(tls.peer_der, self.peer if self.outgoing else None)
+        if why is not None:
+            self._refuse("tls-peer", why)
+            return False
+        tls.done, tls.checked_at = True, time.monotonic()
+        self._send_records()
+        return True
+
+    def recheck(self, now: float, every_s: float) -> None:
+        """Drop this connection if its peer's certificate is no longer accepted (revoked, expired)."""
+        tls = self.tls
+        if tls is None or not tls.done or now - tls.checked_at < every_s or self._policy is None:
+            return
+        tls.checked_at = now
+        why = self._policy.check_peer(tls.peer_der, self.peer if self.outgoing else None)
+        if why is not None:
+            self._refuse("tls-peer", why)
+
+    def _tls_received(self, data: bytes, buf: bytearray) -> bool:
+        """TLS records in: the handshake's next step, or frames' bytes into `buf`. Drains what OpenSSL
+        decrypted (at most what came in), so nothing waits there unseen by the poller."""
+        tls = self.tls
+        assert tls is not None
+        tls.incoming.write(data)
+        if not tls.done and not self._handshake():
+            return bool(self.state != CONNECTION_STATE.DISCONNECTED)
+        while True:
+            try:
+                chunk = tls.obj.read(_TLS_READ)
+            except ssl.SSLWantReadError:
+                return True
+            except ssl.SSLZeroReturnError:
+                self.disconnect()
+                return False
+            except ssl.SSLError as e:
+                self._refuse("tls-handshake", f"its TLS records failed ({e.reason or e})")
+                return False
+            if not chunk:
+                self.disconnect()
+                return False
+            buf += chunk
+
+    def _send_records(self) -> None:
+        """Send what TLS has to say now (the handshake's records, and frames queued during it)."""
+        if self.state == CONNECTION_STATE.DISCONNECTED:
+            return
+        self._TcpConnection__trySendBuffer()
+        if self._TcpConnection__writeBuffer and self.state != CONNECTION_STATE.DISCONNECTED:
+            self._TcpConnection__poller.subscribe(
+                self.fileno(), self._TcpConnection__processConnection,
+                POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR)
+
+    def _seal_tail(self) -> None:
+        """Turn the frames pysyncobj appended to the write buffer into TLS records (once the handshake
+        finished; until then they wait in `early`, out of the buffer, so the poller is not asked to
+        write what cannot be sent yet)."""
+        tls = self.tls
+        assert tls is not None
+        buf = self._TcpConnection__writeBuffer
+        frames = tls.early + buf[self._cipher:]
+        tls.early = b""
+        if frames and tls.done:
+            tls.obj.write(frames)  # into a memory buffer: whole, never a want-write
+            frames = b""
+        tls.early = frames
+        records = tls.outgoing.read()
+        self._TcpConnection__writeBuffer = buf[:self._cipher] + records
+        self._cipher += len(records)
+
+    # pysyncobj's TcpConnection.__processSend, sending TLS records when the connection speaks TLS.
+    def _TcpConnection__processSend(self) -> bool:
+        if self.tls is None:
+            return bool(super()._TcpConnection__processSend())
+        self._seal_tail()
+        buf = self._TcpConnection__writeBuffer
+        if not buf:
+            return False
+        try:
+            sent = self._TcpConnection__socket.send(buf)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                self.disconnect()
+            return False
+        if sent <= 0:
+            return False
+        self._TcpConnection__writeBuffer = buf[sent:]
+        self._cipher -= sent
+        return True
+
+    def getSendBufferSize(self) -> int:
+        early = len(self.tls.early) if self.tls is not None else 0
+        return len(self._TcpConnection__writeBuffer) + early
+
+    def connect(self, host: str, port: int) -> bool:
+        self.tls, self._cipher = None, 0
+        return bool(super().connect(host, port))
+
+    def disconnect(self) -> None:
+        self.tls, self._cipher = None, 0
+        super().disconnect()
 
     # pysyncobj's TcpConnection.__processParseMessage: the seal, then a bounded inflate and our unpickler.
     def _TcpConnection__processParseMessage(self) -> Any:
@@ -370,9 +553,10 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
     _server: Any  # pysyncobj's: its TcpServer, made into a `_Listener` here
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *, refusals: RefusalLog,
-                 abstain: Callable[[], bool] | None = None) -> None:
+                 abstain: Callable[[], bool] | None = None, tls: RaftPeerTls | None = None) -> None:
         # Before the base's __init__: it adds the peers (addNode) and the server.
         self._refusals = refusals
+        self._tls = tls
         self._keepalive_at = 0.0
         # True while this member must not vote (it started empty to rejoin, and has not caught up with a
         # leader yet): see `RaftStore`'s `abstain_until_synced`.
@@ -399,6 +583,8 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
 
     def _sweep(self, now: float) -> None:
         timeout = self._syncObj.conf.connectionTimeout
+        if self._tls is not None:
+            self._sweep_tls(now)
         for conn in list(self._accepted_conns):
             if conn.state == CONNECTION_STATE.DISCONNECTED:
                 self._accepted_conns.discard(conn)
@@ -409,6 +595,37 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
                     conn.disconnect()
             elif now - conn.last_read > timeout:
                 conn.disconnect()  # silent: pysyncobj would close it on a send, and may never send on it
+
+    def _sweep_tls(self, now: float) -> None:
+        """Connections whose peer's certificate is no longer accepted (revoked, expired) are dropped,
+        and sealed-only ones once the group requires TLS (their members dial again, with TLS)."""
+        assert self._tls is not None
+        plain = self._tls.plain_refused()
+        conns = {*self._accepted_conns, *self._connections.values()}
+        for conn in conns:
+            if not isinstance(conn, _BoundedConnection) or conn.state == CONNECTION_STATE.DISCONNECTED:
+                continue
+            if conn.tls is None:
+                if plain is not None and conn.state == CONNECTION_STATE.CONNECTED and not conn._sniffing:
+                    log.info("closed the sealed-only Raft connection with %s: the group requires TLS now; it is "
+                             "dialled again over TLS", conn.peer)
+                    conn.disconnect()
+            else:
+                conn.recheck(now, TIMEOUTS.raft_peer_recheck_s)
+
+    def links(self) -> dict[str, str]:
+        """Each peer's link, as this member holds it: "tls", "sealed" (no TLS) or "down"."""
+        out = {}
+        for node, conn in list(self._connections.items()):
+            if node == self._selfNode:
+                continue
+            if conn.state != CONNECTION_STATE.CONNECTED:
+                out[str(node.address)] = "down"
+            elif isinstance(conn, _BoundedConnection) and conn.tls is not None:
+                out[str(node.address)] = "tls" if conn.tls.done else "down"
+            else:
+                out[str(node.address)] = "sealed"
+        return out
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
         if isinstance(message, dict) and message.get("type") == KEEPALIVE:
@@ -455,7 +672,7 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
 
     def _connection(self, **kwargs: Any) -> _BoundedConnection:
         return _BoundedConnection(report=self._report, sealed_bound=self._sealed_bound,
-                                  payload_limit=self._payload_limit, **kwargs)
+                                  payload_limit=self._payload_limit, tls=self._tls, **kwargs)
 
     def _onNewIncomingConnection(self, conn: Any) -> None:
         super()._onNewIncomingConnection(conn)
@@ -494,6 +711,12 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
             self._refusals.refused(conn.host, f"refused Raft member {message[:100]!r} (from {conn.peer}): it is not in "
                                               f"this member's group ({members}); check both members' --peer "
                                               f"lists", reason="group")
+        if named and isinstance(conn, _BoundedConnection) and conn.tls is not None and self._tls is not None:
+            why = self._tls.check_peer(conn.tls.peer_der, message)  # its certificate names the member it says it is
+            if why is not None:
+                self._report(conn.host, "tls-peer", f"refused a Raft connection from {conn.peer}: {why}")
+                conn.disconnect()
+                return
         node = self._nodeAddrToNode.get(message) if named else None
         before = self._connections.get(node) if node is not None else None
         super()._onIncomingMessageReceived(conn, message)
@@ -503,6 +726,11 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
             before.disconnect()
 
     def _onOutgoingConnected(self, conn: Any) -> None:
+        context = self._tls.client_context(str(conn.peer)) if self._tls is not None else None
+        if context is not None and isinstance(conn, _BoundedConnection):
+            conn.start_tls(context)  # its hello first; pysyncobj's key exchange waits for the handshake
+            if conn.state == CONNECTION_STATE.DISCONNECTED:
+                return
         if isinstance(conn.encryptor, _SealCheck):
             conn.encryptor.handshaking = True
             conn.encryptor.connected_at = time.monotonic()
@@ -539,9 +767,10 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
         self._refusals.refused(_host(peer), f"refused Raft peer {peer}: its answer is {_WRONG_SECRET}")
 
 
-def sealed_transport(refusals: RefusalLog, abstain: Callable[[], bool] | None = None) -> Callable[..., SealedTransport]:
+def sealed_transport(refusals: RefusalLog, abstain: Callable[[], bool] | None = None,
+                     tls: RaftPeerTls | None = None) -> Callable[..., SealedTransport]:
     """What SyncObj takes as `transportClass`: it calls it with (syncObj, selfNode, otherNodes)."""
-    return functools.partial(SealedTransport, refusals=refusals, abstain=abstain)
+    return functools.partial(SealedTransport, refusals=refusals, abstain=abstain, tls=tls)
 
 
 def _host(address: str) -> str:

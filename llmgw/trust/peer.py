@@ -48,7 +48,7 @@ def authorize(cert_der: bytes | None, state: ClusterState, now: float, *, role: 
     if who.serial in state.revoked:
         raise PeerRefused("revoked", f"the certificate of {who.role} {who.name} (serial {who.serial}) is revoked")
     machine = state.machines.get(machine_id(who.role, who.name))
-    if role != "control" and (machine is None or who.serial not in machine.serials):
+    if machine is None or who.serial not in machine.serials:  # a control plane records its own before using it
         raise PeerRefused("revoked", f"the certificate of {who.role} {who.name} (serial {who.serial}) is not one "
                           f"this cluster holds for it (revoked, or replaced long ago)")
     return who

@@ -18,6 +18,7 @@ import pytest
 
 from llmgw.cli.ctl import run_ctl
 from tests.support.cluster import Member
+from tests.support.trust import create_token
 from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
@@ -172,7 +173,11 @@ def test_a_member_is_added_and_removed_at_run_time(cluster: list[Member]) -> Non
     refused = httpx.post(standby.url + "/api/v1/cluster/members", json={"raft_addr": nobody},
                          headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "member_unreachable", refused.text
-    fourth.start(addrs, extra=["--join", "--cluster-secret-file", str(cluster[0].state_dir / "cluster.secret")])
+    # The members speak TLS to each other: the fourth gets its certificate first, with a token for the control
+    # role (docs/security.md, "Between control planes").
+    token = create_token(standby.url, ADMIN, "control", fourth.raft_addr)
+    fourth.start(addrs, extra=["--join", "--cluster-secret-file", str(cluster[0].state_dir / "cluster.secret"),
+                               "--join-token", token["token"], "--ca-hash", token["ca_hash"], "--join-via", standby.url])
     try:
         wait_for("the fourth member listening", lambda: "raft member" in fourth.log.read_text(), 20, [fourth])
         assert run_ctl(["--url", standby.url, "--key", ADMIN, "members", "add", fourth.raft_addr]) == 0

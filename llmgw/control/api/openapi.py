@@ -393,7 +393,7 @@ def _paths() -> Schema:
             {"removed": _STR, "members": _arr(_STR)}), errors=("404", "409"), params=(member,), write=True)},
         "/api/v1/cluster/self": {"get": _op("this member alone", _obj({
             "raft_addr": _STR, "role": _STR, "ready": _BOOL, "revision": _INT, "group": _arr(_STR), "pid": _INT,
-            "started_at": _NUM}), errors=("404",))},
+            "started_at": _NUM, "raft_links": {"type": "object", "additionalProperties": _STR}}), errors=("404",))},
         "/api/v1/cluster/self/restart": {"post": _op(
             "restart this member in place (a leader hands over first); answered by the member asked, never "
             "forwarded", _obj({"restarting": _STR, "pid": _INT}), errors=("409",), write=True)},

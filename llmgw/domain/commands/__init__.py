@@ -108,6 +108,7 @@ _OPS: dict[str, tuple[Check, Change]] = {
     "trust.token_remove": (trust.check_token_remove, trust.apply_token_remove),
     "trust.issue": (trust.check_issue, trust.apply_issue),
     "trust.revoke": (trust.check_revoke, trust.apply_revoke),
+    "trust.raft_tls": (trust.check_raft_tls, trust.apply_raft_tls),
 }
 
 

@@ -1,7 +1,8 @@
 """The trust commands (domain/trust.py): `trust.ca_add` (an intermediate CA, made at a group's first
 start or by `ctl ca rotate`), `trust.token_add` / `trust.token_remove` (join tokens), `trust.issue`
-(a certificate issued to a machine, with a join token or as a renewal) and `trust.revoke` (every
-unexpired certificate of a machine).
+(a certificate issued to a machine, with a join token or as a renewal), `trust.revoke` (every
+unexpired certificate of a machine) and `trust.raft_tls` (the group requires TLS between its members
+from now on).
 
 A join token is used at most once because `trust.issue` marks it used in the log: of two machines
 racing with one token, the second's command is refused at apply and its certificate, signed before,
@@ -48,6 +49,12 @@ def issue(role: str, name: str, serial: str, not_after: float, authority_id: str
 
 def revoke(role: str, name: str, at: float) -> dict[str, Any]:
     return make("trust.revoke", at, role=role, name=name)
+
+
+def raft_tls(members: list[str], at: float) -> dict[str, Any]:
+    """The group requires TLS between its members from now on: every one of `members` (the group's
+    Raft addresses) holds a control certificate."""
+    return make("trust.raft_tls", at, members=members)
 
 
 def _role(c: dict[str, Any]) -> str:
@@ -171,6 +178,9 @@ def apply_issue(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterS
         tokens = readonly(tokens | {th: replace(tokens[th], used_at=at, used_by=machine_id(role, name))})
     mid = machine_id(role, name)
     old = s.machines.get(mid)
+    if not th and old is None and any(r.role == role and r.name == name for r in s.revoked.values()):
+        # a revoked machine (a control plane signs its own certificates) comes back only with a join token
+        raise CommandError("revoked", f"{role} {name} was revoked: it joins again with a join token")
     # the unexpired serials only (their expiries are not kept per serial: a renewal happens at two thirds of
     # a lifetime, so the previous certificate outlives the newest one's issue by a third at most)
     serials = (old.serials if old is not None and old.not_after > at else ())[-(KEEP_SERIALS - 1):] + (serial,)
@@ -197,3 +207,20 @@ def apply_revoke(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Cluster
     machines = {k: m for k, m in s.machines.items() if k != mid}
     return (replace(s, revoked=readonly(revoked), machines=readonly(machines)),
             {"machine": mid, "revoked": list(machine.serials)})
+
+
+def check_raft_tls(c: dict[str, Any]) -> None:
+    members = c.get("members")
+    if not isinstance(members, list) or not members or not all(isinstance(m, str) and m for m in members):
+        raise CommandError("bad_command", "members must be the group's Raft addresses")
+
+
+def apply_raft_tls(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    """Refused unless each member named holds a control certificate here; once set, kept (a retry or
+    a second leader's command changes nothing)."""
+    if s.raft_tls_since:
+        return s, {"since": s.raft_tls_since, "changed": False}
+    lacking = [m for m in c["members"] if machine_id("control", m) not in s.machines]
+    if lacking:
+        raise CommandError("no_certificate", f"member {lacking[0]} holds no control certificate yet")
+    return replace(s, raft_tls_since=at), {"since": at, "changed": True}
