@@ -93,7 +93,7 @@ def test_every_state_the_commands_build_round_trips(steps: list[tuple[dict[str, 
 
 def test_the_generated_states_are_not_trivial() -> None:
     """The property above must see models, keys, placements, health, settings, outcomes, refusals and the
-    trust facts (an authority, a join token, a machine's certificate, a revocation)."""
+    trust facts (an authority, a join token, a machine's certificate, a revocation, TLS required between members)."""
     state = build([
         (commands.make("model.put", 1.0, model=model_doc("a", "always", 1, 2, ["--x"], 1.5)), "c1"),
         (commands.add_key("sha256:k1", "ops", "admin", 2.0), None),
@@ -111,6 +111,8 @@ def test_the_generated_states_are_not_trivial() -> None:
         (trust.issue("agent", "n1", "ab", 90.0, "a1", 12.0), None),
         (trust.issue("gateway", "g1", "cd", 90.0, "a1", 13.0), None),
         (trust.revoke("gateway", "g1", 14.0), None),
+        (trust.issue("control", "10.0.0.1:7000", "ef", 90.0, "a1", 15.0), None),
+        (trust.raft_tls(["10.0.0.1:7000"], 16.0), None),
     ])
     for f in dataclasses.fields(ClusterState):
         assert getattr(state, f.name) != getattr(ClusterState(), f.name), f"{f.name} stays at its default"
