@@ -1,8 +1,13 @@
-"""The Raft port of real `llmgw control` members, against strangers and secret holders: a frame over
-the bound is refused before it is buffered (memory stays flat, the group keeps committing), idle and
+"""The Raft port of real `llmgw control` members, against strangers and insiders: a frame over the
+bound is refused before it is buffered (memory stays flat, the group keeps committing), idle and
 unauthenticated connections are dropped and counted per address (descriptors stay bounded under a
 1,024 limit), and a pickle sealed with the right secret is refused without running. Each refusal
-is logged at most once a minute per address (docs/security.md, "The Raft port")."""
+is logged at most once a minute per address (docs/security.md, "The Raft port").
+
+The members speak TLS to each other (docs/security.md, "Between control planes"), so a stranger is
+refused at its first byte; the attacks on what lies under TLS come from an insider: one who holds a
+control certificate of the cluster (another member's files), and the secret where the attack needs
+it."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import pickle
 import resource
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -31,6 +37,8 @@ from llmgw.net import free_port
 from llmgw.store import RaftStore
 from llmgw.store.secret import raft_password
 from llmgw.store.wire import MAX_COMMAND_BYTES
+from llmgw.trust import tls
+from llmgw.trust.files import MachineFiles
 from tests.support.cluster import Cluster, Member
 
 pytestmark = pytest.mark.slow
@@ -124,26 +132,66 @@ def closed_by_peer(conn: socket.socket) -> bool:
     poll.register(conn, select.POLLIN | select.POLLHUP | select.POLLERR)
     if not poll.poll(0):
         return False
+    if isinstance(conn, ssl.SSLSocket):  # readable: a record (a session ticket), an alert, or the end
+        timeout = conn.gettimeout()
+        conn.settimeout(0.0)
+        try:
+            return conn.recv(1) == b""
+        except ssl.SSLWantReadError:
+            return False
+        except OSError:
+            return True
+        finally:
+            try:
+                conn.settimeout(timeout)
+            except OSError:
+                pass
     try:
         return conn.recv(1, socket.MSG_PEEK) == b""  # readable: it does not wait
     except OSError:
         return True
 
 
-class Dripper(threading.Thread):
-    """A stranger (no secret) who announces a 2^31-1 byte frame, sends 32 MiB of it at once, then
-    drips random bytes; when the member drops the connection it dials again."""
+def insider(c: Cluster, target: Member) -> ssl.SSLContext:
+    """TLS with a control certificate of the cluster: another member's, which `target` accepts."""
+    other = next(m for m in c.members if m is not target)
+    files = MachineFiles.of(other.state_dir)
+    context = tls.client_context(files.ca, files.cert, files.key)
+    context.check_hostname = False
+    return context
 
-    def __init__(self, port: int, stop: threading.Event) -> None:
+
+def dial(port: int, context: ssl.SSLContext | None = None) -> socket.socket:
+    """A connection to a member's Raft port: TCP, or TLS with `context`."""
+    conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+    return context.wrap_socket(conn) if context is not None else conn
+
+
+def recv_exactly(conn: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = conn.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("closed")
+        out += chunk
+    return out
+
+
+class Dripper(threading.Thread):
+    """An insider without the secret (a control certificate, over TLS) who announces a 2^31-1 byte
+    frame, sends 32 MiB of it at once, then drips random bytes; when the member drops the connection
+    it dials again."""
+
+    def __init__(self, port: int, stop: threading.Event, context: ssl.SSLContext | None = None) -> None:
         super().__init__(daemon=True)
-        self.port, self.stop = port, stop
+        self.port, self.stop, self.context = port, stop, context
         self.connections = 0
         self.dropped = 0  # connections the member closed
         self.sent = 0
 
     def run(self) -> None:
         while not self.stop.is_set():
-            with socket.create_connection(("127.0.0.1", self.port), timeout=5) as conn:
+            with dial(self.port, self.context) as conn:
                 self.connections += 1
                 if self._drip(conn):
                     self.dropped += 1
@@ -170,13 +218,14 @@ class Dripper(threading.Thread):
 
 
 async def test_a_2_gib_frame_from_a_stranger_is_refused_before_it_is_buffered(group: Cluster) -> None:
-    """One dripping stranger per member: before the bound, each member buffered what it was sent (the
-    length word allows 2 GiB) and re-copied it at every read, and the group acknowledged no write."""
+    """One dripping insider per member: before the bound, each member buffered what it was sent (the
+    length word allows 2 GiB) and re-copied it at every read, and the group acknowledged no write. (A
+    stranger without a certificate is refused at its first byte: tests/integration/test_raft_tls.py.)"""
     leader = await group.leader()
     assert leader is not None
     before = {m.name: rss_mib(m) for m in group.members}
     stop = threading.Event()
-    drippers = [Dripper(raft_port(m), stop) for m in group.members]
+    drippers = [Dripper(raft_port(m), stop, insider(group, m)) for m in group.members]
     for d in drippers:
         d.start()
     writes = Writes(group, leader, "drip")
@@ -267,12 +316,13 @@ def sealed_frame(password: str, message: object) -> bytes:
     return struct.pack("i", len(data)) + data
 
 
-def key_exchange(port: int, password: str) -> tuple[socket.socket, bytes]:
-    """Connect and do the first half of the handshake with the right secret: the member's key."""
-    conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+def key_exchange(port: int, password: str, context: ssl.SSLContext) -> tuple[socket.socket, bytes]:
+    """Connect (TLS with `context`) and do the first half of the handshake with the right secret: the
+    member's key."""
+    conn = dial(port, context)
     conn.sendall(sealed_frame(password, os.urandom(32)))
-    head = conn.recv(4, socket.MSG_WAITALL)
-    body = conn.recv(struct.unpack("i", head)[0], socket.MSG_WAITALL)
+    head = recv_exactly(conn, 4)
+    body = recv_exactly(conn, struct.unpack("i", head)[0])
     _, theirs = pickle.loads(zlib.decompress(getEncryptor(password).decrypt(body)))
     return conn, theirs
 
@@ -293,7 +343,7 @@ async def test_a_silent_connection_that_holds_the_secret_is_dropped(group: Clust
     leader = await group.leader()
     assert leader is not None
     password = raft_password(group.secret_file.read_text().strip())
-    conn, _ = await trio.to_thread.run_sync(key_exchange, raft_port(leader), password)
+    conn, _ = await trio.to_thread.run_sync(key_exchange, raft_port(leader), password, insider(group, leader))
     with conn:
         took = await trio.to_thread.run_sync(wait_closed, conn, HANDSHAKE_S + 3.0)
     assert took is not None and took <= HANDSHAKE_S + 1.5, took
@@ -306,7 +356,7 @@ async def test_a_read_only_node_is_refused(group: Cluster) -> None:
     password = raft_password(group.secret_file.read_text().strip())
 
     def name_readonly() -> float | None:
-        conn, theirs = key_exchange(raft_port(leader), password)
+        conn, theirs = key_exchange(raft_port(leader), password, insider(group, leader))
         with conn:
             conn.sendall(sealed_frame(password, (theirs, "readonly")))
             return wait_closed(conn, 5.0)
@@ -334,13 +384,15 @@ async def test_a_pickle_sealed_with_the_secret_is_refused_without_running(group:
     first, second = tmp_path / "first", tmp_path / "second"
     port = raft_port(leader)
 
+    context = insider(group, leader)
+
     def as_first_frame() -> float | None:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        with dial(port, context) as conn:
             conn.sendall(sealed_frame(password, Marker(first)))
             return wait_closed(conn, 5.0)
 
     def after_the_key_exchange() -> float | None:
-        conn, theirs = key_exchange(port, password)
+        conn, theirs = key_exchange(port, password, context)
         with conn:
             conn.sendall(sealed_frame(password, (theirs, Marker(second))))
             return wait_closed(conn, 5.0)
