@@ -261,7 +261,10 @@ class Trust:
         """On the leader: once every member of the group holds a control certificate, the group
         requires TLS between its members (`trust.raft_tls`)."""
         members = self.group() if self.group is not None else []
-        if not members or any(machine_id("control", m) not in state.machines for m in members):
+        # Each holds its certificate and has announced itself (the last step of its start: its links then
+        # carry no start-up write when they are dialled again over TLS).
+        if not members or any(machine_id("control", m) not in state.machines or m not in state.members
+                              for m in members):
             return
         try:
             await self.store.submit(trust_commands.raft_tls(sorted(members), self.clock()), through_leader=True)

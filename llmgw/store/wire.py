@@ -234,7 +234,7 @@ class _BoundedConnection(TcpConnection):  # type: ignore[misc]
         self.outgoing = kwargs.get("socket") is None
         self._sniffing = tls is not None and not self.outgoing  # an accepted one: TLS or not, by its first byte
         self._cipher = 0  # bytes at the head of the write buffer that are TLS records (the rest: frames to seal)
-        self.peer_name: str | None = None  # the member its certificate names (TLS only)
+        self.spoke_tls = False  # this dial used TLS (its failures are TLS's to report, not the seal's)
         super().__init__(*args, **kwargs)
 
     def bound(self) -> int:
@@ -294,9 +294,11 @@ class _BoundedConnection(TcpConnection):  # type: ignore[misc]
         assert self._policy is not None
         if data[0] == TLS_HANDSHAKE_RECORD:
             context = self._policy.server_context()
-            if context is None:
-                self._refuse("tls-none", "it speaks TLS, and this member has no certificate yet (a member gets its "
-                                    "own once the group's CA exists, or joins with a token for the control role)")
+            if context is None:  # a new group's member a moment before its certificate: the peer dials again
+                log.info("closed a Raft connection from %s: it speaks TLS, and this member has no certificate yet (a "
+                         "member gets its own once the group's CA exists, or joins with a token for the control "
+                         "role)", self.peer)
+                self.disconnect()
                 return False
             self.tls = _Tls(context, server_side=True)
             return True
@@ -309,6 +311,7 @@ class _BoundedConnection(TcpConnection):  # type: ignore[misc]
     def start_tls(self, context: ssl.SSLContext) -> None:
         """This (dialled, just connected) connection speaks TLS: the client's hello goes first."""
         self.tls = _Tls(context, server_side=False)
+        self.spoke_tls = True
         self._handshake()
 
     def _handshake(self) -> bool:
@@ -419,7 +422,7 @@ class _BoundedConnection(TcpConnection):  # type: ignore[misc]
         return len(self._TcpConnection__writeBuffer) + early
 
     def connect(self, host: str, port: int) -> bool:
-        self.tls, self._cipher = None, 0
+        self.tls, self._cipher, self.spoke_tls = None, 0, False
         return bool(super().connect(host, port))
 
     def disconnect(self) -> None:
@@ -597,21 +600,29 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
                 conn.disconnect()  # silent: pysyncobj would close it on a send, and may never send on it
 
     def _sweep_tls(self, now: float) -> None:
-        """Connections whose peer's certificate is no longer accepted (revoked, expired) are dropped,
-        and sealed-only ones once the group requires TLS (their members dial again, with TLS)."""
+        """Connections whose peer's certificate is no longer accepted (revoked, expired) are dropped;
+        and, once the group requires TLS, the sealed-only ones a follower holds (the new group's first
+        links), whichever end dialled: the dialler dials again at once, over TLS. A follower closes them,
+        never the leader, and holds its election back for as long as an election timeout meanwhile: two
+        followers that cut their links to the leader together would otherwise elect another (seen)."""
         assert self._tls is not None
         plain = self._tls.plain_refused()
-        conns = {*self._accepted_conns, *self._connections.values()}
-        for conn in conns:
+        switching = plain is not None and not self._syncObj._isLeader()
+        closed = False
+        for conn in {*self._accepted_conns, *self._connections.values()}:
             if not isinstance(conn, _BoundedConnection) or conn.state == CONNECTION_STATE.DISCONNECTED:
                 continue
-            if conn.tls is None:
-                if plain is not None and conn.state == CONNECTION_STATE.CONNECTED and not conn._sniffing:
-                    log.info("closed the sealed-only Raft connection with %s: the group requires TLS now; it is "
-                             "dialled again over TLS", conn.peer)
-                    conn.disconnect()
-            else:
+            if conn.tls is not None:
                 conn.recheck(now, TIMEOUTS.raft_peer_recheck_s)
+            elif switching and conn.state == CONNECTION_STATE.CONNECTED and not conn._sniffing:
+                if not closed:  # pysyncobj's own deadline, on its own clock: moved, not set
+                    self._syncObj._SyncObj__raftElectionDeadline += self._syncObj.conf.raftMaxTimeout
+                    closed = True
+                log.info("closed the sealed-only Raft connection with %s: the group requires TLS now; it is "
+                         "dialled again over TLS", conn.peer)
+                if conn.outgoing:  # dialled again at once, not after the retry interval of its first dial
+                    self._lastConnectAttempt.pop(self._connToNode(conn), None)
+                conn.disconnect()
 
     def links(self) -> dict[str, str]:
         """Each peer's link, as this member holds it: "tls", "sealed" (no TLS) or "down"."""
@@ -740,6 +751,9 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
         check = getattr(conn, "encryptor", None)
         if isinstance(check, _SealCheck) and check.handshaking:
             check.handshaking = False
+            if isinstance(conn, _BoundedConnection) and conn.spoke_tls:
+                super()._onDisconnected(conn)  # a refused certificate: the peer's log says why
+                return
             # The peer took the connection, got our sealed key and hung up at once, unanswered.
             # A peer that only stays silent (stopped, overloaded) is dropped after
             # connectionTimeout instead: that is no refusal.
