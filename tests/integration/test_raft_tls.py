@@ -208,6 +208,14 @@ async def test_a_revoked_control_plane_is_cut_off_within_two_seconds_and_cannot_
     await trio.sleep(1.0)
     assert all(links(m).get(victim) != "tls" for m in others)
     assert f"control/{victim}" not in leader.store.snapshot().machines
+    # Nor can it forward a write to the leader's admin API with its certificate.
+    async with httpx.AsyncClient(base_url=group.members[victim_i].admin_url, timeout=10,
+                                 verify=tls.client_context(group.files(0).ca),
+                                 headers={"authorization": f"Bearer {ADMIN}"}) as api:
+        refused = await api.post("/api/v1/models", json={"name": "through-the-revoked", "engine": "sim",
+                                                         "source": "sim://x"})
+    assert refused.status_code >= 400, refused.text
+    assert "through-the-revoked" not in leader.store.snapshot().models
 
 
 async def test_a_member_joins_a_group_that_requires_tls_with_a_token_for_the_control_role(

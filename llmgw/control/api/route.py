@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from cryptography import x509
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -33,6 +34,8 @@ from llmgw.domain.commands import CommandError
 from llmgw.domain.keys import hash_key
 from llmgw.errors import AdminError
 from llmgw.store import NotLeader, StoreUnavailable
+from llmgw.trust import ca
+from llmgw.trust.tls import peer_certificate
 
 log = logging.getLogger("llmgw.control.admin")
 
@@ -157,6 +160,22 @@ def caller_key(ctx: Context, headers: Any, role: Role) -> str:
     return key_hash
 
 
+def revoked_peer(ctx: Context) -> None:
+    """403 when the connection's client certificate (a machine's: a standby forwarding, an agent) is
+    revoked: its machine is refused whatever key the request carries (docs/security.md)."""
+    cert = peer_certificate()
+    if cert is None:
+        return
+    try:
+        serial = ca.serial_hex(x509.load_der_x509_certificate(cert))
+    except ValueError:
+        return
+    revoked = ctx.state().revoked.get(serial)
+    if revoked is not None:
+        raise AdminError(403, "revoked", f"the certificate this connection presented ({revoked.role} "
+                                         f"{revoked.name}, serial {serial}) is revoked")
+
+
 async def confirm_leading(ctx: Context) -> None:
     """Before the leader answers a read: a majority confirms it still leads (the store's ReadIndex
     round), so the answer misses no write acknowledged before the read arrived, whichever member
@@ -249,6 +268,7 @@ class Router:
             try:
                 if route.role == PUBLIC:
                     return await answer(path)
+                revoked_peer(ctx)
                 if not route.local and ctx.members is not None and not ctx.store.is_leader():
                     body = await request.get_data(as_text=False)
                     assert isinstance(body, bytes)
