@@ -241,7 +241,8 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
         if config.tls:
             trust = Trust(config.state_dir, store, config.clock, name=config.raft_addr,
                           hosts=certificate_hosts(config), ca_root=config.ca_root, timeouts=timeouts,
-                          group=lambda: [config.raft_addr, *store.status().get("partners", {})])
+                          group=lambda: [config.raft_addr, *store.status().get("partners", {})],
+                          links=lambda: dict(store.status().get("links", {})))
             log.info("waiting for the cluster's CA and this member's certificate")
             await trust.ready()
         hub = AgentHub(config.clock, timeouts)

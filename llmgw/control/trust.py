@@ -83,6 +83,8 @@ class Trust:
     timeouts: Timeouts = TIMEOUTS
     # The Raft group's members (addresses, this one's included), for `trust.raft_tls`; None: not asked.
     group: Callable[[], list[str]] | None = None
+    # This member's Raft link to each other one ("tls", "sealed", "down"): `RaftStore.status()["links"]`.
+    links: Callable[[], dict[str, str]] | None = None
     files: MachineFiles = field(init=False)
     _issued_at: float = field(default=0.0, init=False)
     _contexts: list[ssl.SSLContext] = field(default_factory=list, init=False)
@@ -261,10 +263,12 @@ class Trust:
         """On the leader: once every member of the group holds a control certificate, the group
         requires TLS between its members (`trust.raft_tls`)."""
         members = self.group() if self.group is not None else []
+        links = self.links() if self.links is not None else {}
         # Each holds its certificate and has announced itself (the last step of its start: its links then
-        # carry no start-up write when they are dialled again over TLS).
+        # carry no start-up write when they are dialled again over TLS), and speaks TLS with this leader
+        # (an older llmgw, in a rolling upgrade, speaks none: the group waits for its upgrade).
         if not members or any(machine_id("control", m) not in state.machines or m not in state.members
-                              for m in members):
+                              or (m != self.name and links.get(m) != "tls") for m in members):
             return
         try:
             await self.store.submit(trust_commands.raft_tls(sorted(members), self.clock()), through_leader=True)

@@ -60,9 +60,17 @@ def state_from_json(doc: Any) -> ClusterState:
 # --- writing: by value ------------------------------------------------------------------
 
 
+# Fields added after the first release, written only once they leave their default: a state that never
+# used them reads on every earlier member (which refuses an unknown field), as a rolling upgrade needs.
+# What sets one is used only once every member understands it (e.g. `trust.raft_tls`: control/trust.py).
+LATER_FIELDS = {(ClusterState, "raft_tls_since")}
+
+
 def _encode(value: Any, path: str) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _encode(getattr(value, f.name), f"{path}.{f.name}") for f in dataclasses.fields(value)}
+        kind = type(value)
+        return {f.name: _encode(getattr(value, f.name), f"{path}.{f.name}") for f in dataclasses.fields(value)
+                if (kind, f.name) not in LATER_FIELDS or getattr(value, f.name) != f.default}
     if isinstance(value, Mapping):
         out = {}
         for key, item in value.items():

@@ -235,6 +235,7 @@ class _BoundedConnection(TcpConnection):  # type: ignore[misc]
         self._sniffing = tls is not None and not self.outgoing  # an accepted one: TLS or not, by its first byte
         self._cipher = 0  # bytes at the head of the write buffer that are TLS records (the rest: frames to seal)
         self.spoke_tls = False  # this dial used TLS (its failures are TLS's to report, not the seal's)
+        self.tls_ok = False  # ... and its handshake finished, the peer's certificate accepted
         super().__init__(*args, **kwargs)
 
     def bound(self) -> int:
@@ -333,6 +334,7 @@ class _BoundedConnection(TcpConnection):  # type: ignore[misc]
             self._refuse("tls-peer", why)
             return False
         tls.done, tls.checked_at = True, time.monotonic()
+        self.tls_ok = True
         self._send_records()
         return True
 
@@ -422,7 +424,7 @@ class _BoundedConnection(TcpConnection):  # type: ignore[misc]
         return len(self._TcpConnection__writeBuffer) + early
 
     def connect(self, host: str, port: int) -> bool:
-        self.tls, self._cipher, self.spoke_tls = None, 0, False
+        self.tls, self._cipher, self.spoke_tls, self.tls_ok = None, 0, False, False
         return bool(super().connect(host, port))
 
     def disconnect(self) -> None:
@@ -554,12 +556,17 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
     read-only node (pysyncobj's, which llmgw never runs) is refused."""
 
     _server: Any  # pysyncobj's: its TcpServer, made into a `_Listener` here
+    _tls: RaftPeerTls | None = None  # (set in __init__; a default for a transport built bare, as a test does)
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *, refusals: RefusalLog,
                  abstain: Callable[[], bool] | None = None, tls: RaftPeerTls | None = None) -> None:
         # Before the base's __init__: it adds the peers (addNode) and the server.
         self._refusals = refusals
         self._tls = tls
+        # Peers whose last TLS dial never finished its handshake: until when they are dialled sealed-only,
+        # and the wait after the next failure (doubling up to `raft_tls_retry_s`: an older llmgw in a
+        # rolling upgrade answers no TLS; a new group's member may lack its certificate a moment longer).
+        self._no_tls: dict[str, tuple[float, float]] = {}
         self._keepalive_at = 0.0
         # True while this member must not vote (it started empty to rejoin, and has not caught up with a
         # leader yet): see `RaftStore`'s `abstain_until_synced`.
@@ -600,29 +607,43 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
                 conn.disconnect()  # silent: pysyncobj would close it on a send, and may never send on it
 
     def _sweep_tls(self, now: float) -> None:
-        """Connections whose peer's certificate is no longer accepted (revoked, expired) are dropped;
-        and, once the group requires TLS, the sealed-only ones a follower holds (the new group's first
-        links), whichever end dialled: the dialler dials again at once, over TLS. A follower closes them,
-        never the leader, and holds its election back for as long as an election timeout meanwhile: two
-        followers that cut their links to the leader together would otherwise elect another (seen)."""
+        """Connections whose peer's certificate is no longer accepted (revoked, expired) are dropped.
+        A sealed-only link (a new group's first ones, made before any member held a certificate) is
+        dialled again over TLS as soon as both ends can: the dialler drops it once it holds a certificate
+        and the peer's is recorded (unless the peer answered no TLS lately: an older llmgw), and redials
+        at once; once the group requires TLS, a follower drops the ends it did not dial too. A follower
+        that drops a link holds its election back for an election timeout meanwhile: two followers that
+        cut their links to the leader together would otherwise elect another (seen)."""
         assert self._tls is not None
         plain = self._tls.plain_refused()
-        switching = plain is not None and not self._syncObj._isLeader()
+        leading = self._syncObj._isLeader()
         closed = False
         for conn in {*self._accepted_conns, *self._connections.values()}:
-            if not isinstance(conn, _BoundedConnection) or conn.state == CONNECTION_STATE.DISCONNECTED:
+            if not isinstance(conn, _BoundedConnection) or conn.state != CONNECTION_STATE.CONNECTED:
                 continue
             if conn.tls is not None:
                 conn.recheck(now, TIMEOUTS.raft_peer_recheck_s)
-            elif switching and conn.state == CONNECTION_STATE.CONNECTED and not conn._sniffing:
-                if not closed:  # pysyncobj's own deadline, on its own clock: moved, not set
-                    self._syncObj._SyncObj__raftElectionDeadline += self._syncObj.conf.raftMaxTimeout
-                    closed = True
-                log.info("closed the sealed-only Raft connection with %s: the group requires TLS now; it is "
-                         "dialled again over TLS", conn.peer)
-                if conn.outgoing:  # dialled again at once, not after the retry interval of its first dial
-                    self._lastConnectAttempt.pop(self._connToNode(conn), None)
-                conn.disconnect()
+                continue
+            if conn._sniffing:
+                continue
+            if conn.outgoing:
+                if self._tls.client_context(conn.peer) is None or self._sealed_only(conn.peer, now):
+                    continue
+            elif plain is None or leading:
+                continue
+            if not leading and not closed:  # pysyncobj's own deadline, on its own clock: moved, not set
+                self._syncObj._SyncObj__raftElectionDeadline += self._syncObj.conf.raftMaxTimeout
+            closed = True
+            log.info("closed the sealed-only Raft connection with %s to dial it again over TLS", conn.peer)
+            if conn.outgoing:  # dialled again at once, not after the retry interval of its first dial
+                self._lastConnectAttempt.pop(self._connToNode(conn), None)
+            conn.disconnect()
+
+    def _sealed_only(self, peer: str, now: float) -> bool:
+        """Whether `peer` is dialled sealed-only now: it answered no TLS lately, and the group does not
+        require TLS yet."""
+        until = self._no_tls.get(peer)
+        return until is not None and now < until[0] and self._tls is not None and self._tls.plain_refused() is None
 
     def links(self) -> dict[str, str]:
         """Each peer's link, as this member holds it: "tls", "sealed" (no TLS) or "down"."""
@@ -738,6 +759,8 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
 
     def _onOutgoingConnected(self, conn: Any) -> None:
         context = self._tls.client_context(str(conn.peer)) if self._tls is not None else None
+        if context is not None and self._sealed_only(str(conn.peer), time.monotonic()):
+            context = None  # it answered no TLS lately: sealed-only, as the group still takes
         if context is not None and isinstance(conn, _BoundedConnection):
             conn.start_tls(context)  # its hello first; pysyncobj's key exchange waits for the handshake
             if conn.state == CONNECTION_STATE.DISCONNECTED:
@@ -748,6 +771,13 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
         super()._onOutgoingConnected(conn)
 
     def _onDisconnected(self, conn: Any) -> None:
+        if isinstance(conn, _BoundedConnection) and conn.outgoing and conn.spoke_tls:
+            if conn.tls_ok:
+                self._no_tls.pop(conn.peer, None)
+            elif self._tls is not None and self._tls.plain_refused() is None:
+                _, wait = self._no_tls.get(conn.peer, (0.0, TIMEOUTS.raft_tls_retry_s / 64))
+                self._no_tls[conn.peer] = (time.monotonic() + wait, min(2 * wait, TIMEOUTS.raft_tls_retry_s))
+                self._lastConnectAttempt.pop(self._connToNode(conn), None)  # sealed-only, at once
         check = getattr(conn, "encryptor", None)
         if isinstance(check, _SealCheck) and check.handshaking:
             check.handshaking = False
