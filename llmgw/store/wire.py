@@ -10,7 +10,7 @@ for that long, is closed; connections waiting for their handshake are limited pe
 all; and what a frame holds is decoded by `llmgw.store.unpickle`, never by `pickle.loads`.
 
 With a `RaftPeerTls` (control planes serving off loopback), members also speak TLS to each other
-with their control-plane certificates, under the seal (`_Tls`): an accepted connection is TLS or
+with their control-plane certificates, under the seal (`llmgw.store.peer_tls`): an accepted connection is TLS or
 sealed-only by its first byte, and sealed-only ones are refused once the group requires TLS.
 
 pysyncobj 0.3.17 is pinned: `_BoundedConnection` overrides two of its connection's name-mangled
@@ -24,7 +24,6 @@ import functools
 import ipaddress
 import logging
 import socket
-import ssl
 import struct
 import threading
 import time
@@ -38,6 +37,7 @@ from pysyncobj.transport import TCPTransport
 
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.store import unpickle
+from llmgw.store.peer_tls import TlsLayer, TlsState
 
 if TYPE_CHECKING:
     from llmgw.interfaces import RaftPeerTls
@@ -179,30 +179,10 @@ class _SealCheck:
         return self._fernet.encrypt_at_time(data, current_time)
 
 
-TLS_HANDSHAKE_RECORD = 0x16  # the first byte of a TLS client's first message
-_TLS_READ = 1 << 16
-
-
-class _Tls:
-    """One connection's TLS over memory buffers: pysyncobj's poller drives the socket as before, and
-    OpenSSL only turns bytes into bytes (an `SSLSocket` would raise want-read/want-write where
-    pysyncobj expects EAGAIN, and hide decrypted bytes from the poller)."""
-
-    __slots__ = ("obj", "incoming", "outgoing", "done", "early", "peer_der", "checked_at")
-
-    def __init__(self, context: ssl.SSLContext, *, server_side: bool) -> None:
-        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self.obj = context.wrap_bio(self.incoming, self.outgoing, server_side=server_side)
-        self.done = False  # the handshake finished and the peer's certificate was accepted
-        self.early = b""  # frames pysyncobj sent before the handshake finished (its key exchange)
-        self.peer_der: bytes | None = None
-        self.checked_at = 0.0
-
-
 Report = Callable[[str, str, str], None]  # (host, reason, message): a refusal, for the RefusalLog
 
 
-class _BoundedConnection(TcpConnection):  # type: ignore[misc]
+class _BoundedConnection(TlsLayer, TcpConnection):  # type: ignore[misc]
     """pysyncobj's connection, bounded. pysyncobj read a frame whole, whatever its length word said
     (up to 2 GiB), into `bytes` that each read copied whole (`buffer += incoming`): a stranger who
     announced 2 GiB and dripped bytes made every read cost what it had sent so far, on the one
@@ -230,7 +210,7 @@ class _BoundedConnection(TcpConnection):  # type: ignore[misc]
         self._sealed_bound = sealed_bound
         self._payload_limit = payload_limit
         self._policy = tls
-        self.tls: _Tls | None = None
+        self.tls: TlsState | None = None
         self.outgoing = kwargs.get("socket") is None
         self._sniffing = tls is not None and not self.outgoing  # an accepted one: TLS or not, by its first byte
         self._cipher = 0  # bytes at the head of the write buffer that are TLS records (the rest: frames to seal)
@@ -285,151 +265,6 @@ class _BoundedConnection(TcpConnection):  # type: ignore[misc]
             buf += incoming
         length = frame_length(buf)
         return not (length is not None and self._over_bound(length))
-
-    # -- TLS (with a RaftPeerTls) ----------------------------------------------------------------
-
-    def _first_bytes(self, data: bytes) -> bool:
-        """An accepted connection's first bytes: a TLS client's hello starts TLS here, anything else is
-        sealed-only, refused when the group requires TLS. False: refused."""
-        self._sniffing = False
-        assert self._policy is not None
-        if data[0] == TLS_HANDSHAKE_RECORD:
-            context = self._policy.server_context()
-            if context is None:  # a new group's member a moment before its certificate: the peer dials again
-                log.info("closed a Raft connection from %s: it speaks TLS, and this member has no certificate yet (a "
-                         "member gets its own once the group's CA exists, or joins with a token for the control "
-                         "role)", self.peer)
-                self.disconnect()
-                return False
-            self.tls = _Tls(context, server_side=True)
-            return True
-        why = self._policy.plain_refused()
-        if why is not None:
-            self._refuse("tls-plain", f"it does not speak TLS, and {why}")
-            return False
-        return True
-
-    def start_tls(self, context: ssl.SSLContext) -> None:
-        """This (dialled, just connected) connection speaks TLS: the client's hello goes first."""
-        self.tls = _Tls(context, server_side=False)
-        self.spoke_tls = True
-        self._handshake()
-
-    def _handshake(self) -> bool:
-        """One step of the handshake; True once it finished and the peer's certificate was accepted."""
-        tls = self.tls
-        assert tls is not None and self._policy is not None
-        try:
-            tls.obj.do_handshake()
-        except ssl.SSLWantReadError:
-            self._send_records()
-            return False
-        except ssl.SSLError as e:
-            self._send_records()  # the alert that says why, when OpenSSL made one
-            self._refuse("tls-handshake", f"its TLS handshake failed ({getattr(e, 'verify_message', None) or e.reason or e})")
-            return False
-        tls.peer_der = tls.obj.getpeercert(binary_form=True)
-        why = self._policy.check_peer(tls.peer_der, self.peer if self.outgoing else None)
-        if why is not None:
-            self._refuse("tls-peer", why)
-            return False
-        tls.done, tls.checked_at = True, time.monotonic()
-        self.tls_ok = True
-        self._send_records()
-        return True
-
-    def recheck(self, now: float, every_s: float) -> None:
-        """Drop this connection if its peer's certificate is no longer accepted (revoked, expired)."""
-        tls = self.tls
-        if tls is None or not tls.done or now - tls.checked_at < every_s or self._policy is None:
-            return
-        tls.checked_at = now
-        why = self._policy.check_peer(tls.peer_der, self.peer if self.outgoing else None)
-        if why is not None:
-            self._refuse("tls-peer", why)
-
-    def _tls_received(self, data: bytes, buf: bytearray) -> bool:
-        """TLS records in: the handshake's next step, or frames' bytes into `buf`. Drains what OpenSSL
-        decrypted (at most what came in), so nothing waits there unseen by the poller."""
-        tls = self.tls
-        assert tls is not None
-        tls.incoming.write(data)
-        if not tls.done and not self._handshake():
-            return bool(self.state != CONNECTION_STATE.DISCONNECTED)
-        while True:
-            try:
-                chunk = tls.obj.read(_TLS_READ)
-            except ssl.SSLWantReadError:
-                return True
-            except ssl.SSLZeroReturnError:
-                self.disconnect()
-                return False
-            except ssl.SSLError as e:
-                self._refuse("tls-handshake", f"its TLS records failed ({e.reason or e})")
-                return False
-            if not chunk:
-                self.disconnect()
-                return False
-            buf += chunk
-
-    def _send_records(self) -> None:
-        """Send what TLS has to say now (the handshake's records, and frames queued during it)."""
-        if self.state == CONNECTION_STATE.DISCONNECTED:
-            return
-        self._TcpConnection__trySendBuffer()
-        if self._TcpConnection__writeBuffer and self.state != CONNECTION_STATE.DISCONNECTED:
-            self._TcpConnection__poller.subscribe(
-                self.fileno(), self._TcpConnection__processConnection,
-                POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR)
-
-    def _seal_tail(self) -> None:
-        """Turn the frames pysyncobj appended to the write buffer into TLS records (once the handshake
-        finished; until then they wait in `early`, out of the buffer, so the poller is not asked to
-        write what cannot be sent yet)."""
-        tls = self.tls
-        assert tls is not None
-        buf = self._TcpConnection__writeBuffer
-        frames = tls.early + buf[self._cipher:]
-        tls.early = b""
-        if frames and tls.done:
-            tls.obj.write(frames)  # into a memory buffer: whole, never a want-write
-            frames = b""
-        tls.early = frames
-        records = tls.outgoing.read()
-        self._TcpConnection__writeBuffer = buf[:self._cipher] + records
-        self._cipher += len(records)
-
-    # pysyncobj's TcpConnection.__processSend, sending TLS records when the connection speaks TLS.
-    def _TcpConnection__processSend(self) -> bool:
-        if self.tls is None:
-            return bool(super()._TcpConnection__processSend())
-        self._seal_tail()
-        buf = self._TcpConnection__writeBuffer
-        if not buf:
-            return False
-        try:
-            sent = self._TcpConnection__socket.send(buf)
-        except OSError as e:
-            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
-                self.disconnect()
-            return False
-        if sent <= 0:
-            return False
-        self._TcpConnection__writeBuffer = buf[sent:]
-        self._cipher -= sent
-        return True
-
-    def getSendBufferSize(self) -> int:
-        early = len(self.tls.early) if self.tls is not None else 0
-        return len(self._TcpConnection__writeBuffer) + early
-
-    def connect(self, host: str, port: int) -> bool:
-        self.tls, self._cipher, self.spoke_tls, self.tls_ok = None, 0, False, False
-        return bool(super().connect(host, port))
-
-    def disconnect(self) -> None:
-        self.tls, self._cipher = None, 0
-        super().disconnect()
 
     # pysyncobj's TcpConnection.__processParseMessage: the seal, then a bounded inflate and our unpickler.
     def _TcpConnection__processParseMessage(self) -> Any:

@@ -41,8 +41,11 @@ Outcome = Literal["ok", "refused", "unknown"]
 _DIVERGED = "state machine may have diverged"  # pysyncobj's word for a follower that cut applied entries
 # A member's own writes, each one more revision than the clients': its announcement (sent again by a member
 # that restarted behind the group, whose copy of the state did not yet hold its record), and the record of
-# its certificate (a member whose certificate files a power loss took makes a new one).
-_OWN_WRITES = ("llmgw.control.members: announced to the group", "this control plane's certificate: serial")
+# its certificate (a member whose certificate files a power loss took makes a new one), and the leader's
+# record that the group requires TLS between its members (once, or once more by a leader that had not yet
+# applied another's).
+_OWN_WRITES = ("llmgw.control.members: announced to the group", "this control plane's certificate: serial",
+               "the group requires TLS between its members from now on")
 _NOTHING_DONE = frozenset({"no_leader", "not_leader", "leader_unreachable", "store_unavailable"})
 
 
