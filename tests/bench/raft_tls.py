@@ -11,16 +11,17 @@ certificates of a CA made here: every other group). Each run:
 - group commit: `--commands` commands with `--in-flight` at once (one Raft entry per scheduler pass);
   commands/s.
 
-Each row of the TLS run has its ratio to the sealed-only run's. Fsync is off (the disk would hide
-what the wire costs).
+Each wire runs `--rounds` times, alternating which goes first; the table has the medians, and each
+row its ratio to the sealed-only row. Fsync is off (the disk would hide what the wire costs).
 
-Run: `.venv/bin/python tests/bench/raft_tls.py [--writes 300] [--commands 2000] [--in-flight 256]`
-(about half a minute). Figures are from one run on this machine.
+Run: `.venv/bin/python tests/bench/raft_tls.py [--rounds 3] [--writes 300] [--commands 2000]
+[--in-flight 256]` (about a minute). Figures are from one run on this machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -109,9 +110,17 @@ def main() -> None:
     parser.add_argument("--writes", type=int, default=300)
     parser.add_argument("--commands", type=int, default=2000)
     parser.add_argument("--in-flight", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each wire, alternating; medians shown")
     args = parser.parse_args()
-    sealed = trio.run(run, False, args)
-    tls = trio.run(run, True, args)
+    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    for i in range(args.rounds):
+        for tls_on in ((False, True) if i % 2 == 0 else (True, False)):  # neither always runs first
+            runs[tls_on].append(trio.run(run, tls_on, args))
+
+    def median(of: list[dict[str, float]]) -> dict[str, float]:
+        return {k: statistics.median(r[k] for r in of) for k in of[0]}
+
+    sealed, tls = median(runs[False]), median(runs[True])
     rows = [["wire", "commit p50 (ms)", "p99 (ms)", "x p50", f"commands/s ({args.in_flight} in flight)", "x rate"]]
     for name, r in (("sealed only", sealed), ("TLS + seal", tls)):
         rows.append([name, f"{r['p50']:.2f}", f"{r['p99']:.2f}", f"{r['p50'] / sealed['p50']:.2f}",

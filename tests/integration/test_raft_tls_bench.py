@@ -14,7 +14,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "raft_tls.py"
 
 
 def test_the_bench_prints_both_wires() -> None:
-    done = subprocess.run([sys.executable, str(BENCH), "--writes", "20", "--commands", "100", "--in-flight", "16"],
+    done = subprocess.run([sys.executable, str(BENCH), "--writes", "20", "--commands", "100", "--in-flight", "16", "--rounds", "1"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
