@@ -110,6 +110,12 @@ class RaftPeerTls(Protocol):
         """Why a connection without TLS is refused now (the group requires TLS since ...), or None."""
         ...
 
+    def settled(self, peer: str) -> bool:
+        """Whether this member's start and `peer`'s are done (each announced itself): only then is a sealed
+        link between them dropped to be dialled again over TLS (a command handed to the leader over a
+        link that is down is lost, and a member's start hands it some)."""
+        ...
+
 
 class FloatingAddressError(Exception):
     """A floating address could not be claimed, released or checked; the message says why."""

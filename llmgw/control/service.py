@@ -218,7 +218,7 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
         files = MachineFiles.of(config.state_dir)
         if config.join_with is not None and config.join_via is not None:
             await ensure_credentials(files, [config.join_via], replace(config.join_with, hosts=certificate_hosts(config)))
-        peer_tls = RaftPeers(files, state=lambda: store.snapshot(), clock=config.clock)
+        peer_tls = RaftPeers(files, state=lambda: store.snapshot(), clock=config.clock, name=config.raft_addr)
     store = RaftStore(self_addr=config.raft_addr, peers=config.peers, state_dir=config.state_dir, timeouts=timeouts,
                       cluster_secret=config.cluster_secret, fsync=config.journal_fsync,
                       compaction_min_entries=config.journal_compact_after, abstain_until_synced=config.join,

@@ -290,6 +290,7 @@ class RaftPeers:
     files: MachineFiles
     state: Callable[[], ClusterState]
     clock: Callable[[], float]
+    name: str = ""  # this member's Raft address
     _made: tuple[object, ssl.SSLContext, ssl.SSLContext] | None = field(default=None, init=False)
 
     def _contexts(self) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
@@ -342,6 +343,10 @@ class RaftPeers:
         if name is not None and who.name != name:
             return f"its certificate is control plane {who.name}'s, not {name}'s"
         return None
+
+    def settled(self, peer: str) -> bool:
+        members = self.state().members
+        return self.name in members and peer in members
 
     def plain_refused(self) -> str | None:
         since = self.state().raft_tls_since

@@ -392,6 +392,7 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
 
     _server: Any  # pysyncobj's: its TcpServer, made into a `_Listener` here
     _tls: RaftPeerTls | None = None  # (set in __init__; a default for a transport built bare, as a test does)
+    _waiting_since: dict[int, float]
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *, refusals: RefusalLog,
                  abstain: Callable[[], bool] | None = None, tls: RaftPeerTls | None = None) -> None:
@@ -402,6 +403,7 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
         # and the wait after the next failure (doubling up to `raft_tls_retry_s`: an older llmgw in a
         # rolling upgrade answers no TLS; a new group's member may lack its certificate a moment longer).
         self._no_tls: dict[str, tuple[float, float]] = {}
+        self._waiting_since: dict[int, float] = {}  # commands handed to the leader, unanswered: since when
         self._keepalive_at = 0.0
         # True while this member must not vote (it started empty to rejoin, and has not caught up with a
         # leader yet): see `RaftStore`'s `abstain_until_synced`.
@@ -452,6 +454,13 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
         assert self._tls is not None
         plain = self._tls.plain_refused()
         leading = self._syncObj._isLeader()
+        # A command this member handed to the leader waits for its answer on a link: pysyncobj never sends
+        # it again, so a link dropped now would leave its submitter waiting for the next election (seen:
+        # a member's announcement at its start). The links are switched at a later sweep. pysyncobj keeps
+        # a lost one's entry until a leader changes: one waiting longer than a connection timeout is lost.
+        asked = getattr(self._syncObj, "_SyncObj__commandsWaitingReply", None) or {}
+        self._waiting_since = {k: self._waiting_since.get(k, now) for k in asked}
+        waiting = any(now - since < self._syncObj.conf.connectionTimeout for since in self._waiting_since.values())
         closed = False
         for conn in {*self._accepted_conns, *self._connections.values()}:
             if not isinstance(conn, _BoundedConnection) or conn.state != CONNECTION_STATE.CONNECTED:
@@ -459,10 +468,11 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
             if conn.tls is not None:
                 conn.recheck(now, TIMEOUTS.raft_peer_recheck_s)
                 continue
-            if conn._sniffing:
+            if conn._sniffing or waiting:
                 continue
             if conn.outgoing:
-                if self._tls.client_context(conn.peer) is None or self._sealed_only(conn.peer, now):
+                if (self._tls.client_context(conn.peer) is None or self._sealed_only(conn.peer, now)
+                        or not self._tls.settled(conn.peer)):
                     continue
             elif plain is None or leading:
                 continue
