@@ -173,6 +173,21 @@ class Cluster:
         for m in self.members[1:]:
             self.start_member(m)
         await self.wait_for("every member healthy and announced", self.all_healthy, timeout)
+        # A new group's members move to TLS between themselves a moment after (docs/security.md): its
+        # one write (`trust.raft_tls`) belongs to the start, not to what a test then does.
+        await self.wait_for("the group requiring TLS between its members", self.requires_tls, timeout)
+
+    async def requires_tls(self) -> bool:
+        """Whether every running member says the group requires TLS between its members."""
+        for m in self.members:
+            if m.running and not m.paused:
+                try:
+                    r = await self.get(m, "/api/v1/cluster/self")
+                except httpx.HTTPError:
+                    return False
+                if r.status_code != 200 or not r.json().get("raft_tls_since"):
+                    return False
+        return True
 
     def close(self) -> None:
         for m in self.members:
