@@ -124,8 +124,8 @@ class RaftStore:
         (a new one on a fresh state dir). Raft traffic is sealed with it.
         `fsync`: when the journal is flushed to the disk (docs/operations.md, "Durability");
         `compaction_min_entries`: a snapshot is taken past this many journal entries (or 300 s).
-        `abstain_until_synced`: this member grants no vote until it has caught up with a leader once
-        (`--join`, `--rejoin`). A member that lost its log (a damaged journal moved aside) may have
+        `abstain_until_synced`: this member grants no vote, and stands for none, until it has caught up
+        with a leader once (`--join`, `--rejoin`). A member that lost its log (a damaged journal moved aside) may have
         acknowledged entries it no longer holds; voting before it has them again, it could elect a
         candidate that lacks them too, and a committed write would be lost (the fault campaign, seed
         6101 round 103: a standby rejoined empty while the leader was cut off gave the deciding vote

@@ -31,6 +31,7 @@ import zlib
 from typing import TYPE_CHECKING, Any, Callable
 
 from cryptography.fernet import Fernet, InvalidToken
+from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.transport import TCPTransport
@@ -405,8 +406,8 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
         self._no_tls: dict[str, tuple[float, float]] = {}
         self._waiting_since: dict[int, float] = {}  # commands handed to the leader, unanswered: since when
         self._keepalive_at = 0.0
-        # True while this member must not vote (it started empty to rejoin, and has not caught up with a
-        # leader yet): see `RaftStore`'s `abstain_until_synced`.
+        # True while this member must neither vote nor stand (it started empty to rejoin, and has not caught
+        # up with a leader yet): see `RaftStore`'s `abstain_until_synced`.
         self._abstain = abstain
         self._swept_at = 0.0
         self._accepted_conns: set[_BoundedConnection] = set()  # this member's incoming connections, until closed
@@ -417,6 +418,8 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
 
     def _onTick(self) -> None:
         super()._onTick()
+        if self._abstain is not None and self._abstain():
+            self._hold_candidacy()
         now = time.monotonic()
         if now - self._keepalive_at >= self._syncObj.conf.connectionTimeout / 4:
             self._keepalive_at = now
@@ -427,6 +430,16 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
             self._sweep(now)
             if isinstance(self._server, _Listener):
                 self._server.resume(now)
+
+    def _hold_candidacy(self) -> None:
+        """An abstaining member stands for no election either: its log may lack what it acknowledged, and a
+        peer whose log is no longer than its own (one that missed those entries too) would vote for it
+        (seen: a standby rejoined empty was elected by the other standby, which had missed the leader's
+        first entries, and the write the rejoined one had acknowledged was lost). Its election deadline,
+        on pysyncobj's clock, is kept an election timeout ahead until it has caught up with a leader."""
+        obj = self._syncObj
+        obj._SyncObj__raftElectionDeadline = max(obj._SyncObj__raftElectionDeadline,
+                                                raft_clock() + obj.conf.raftMaxTimeout)
 
     def _sweep(self, now: float) -> None:
         timeout = self._syncObj.conf.connectionTimeout
