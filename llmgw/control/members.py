@@ -24,7 +24,7 @@ import httpx
 import trio
 
 from llmgw import __version__
-from llmgw.domain import commands, summary
+from llmgw.domain import commands, levels, summary
 from llmgw.domain.codec import state_hash
 from llmgw.domain.commands import CommandError
 from llmgw.domain.state import ClusterState
@@ -160,6 +160,10 @@ class Members:
             # the group requires TLS between its members (None: not yet; docs/security.md).
             "raft_links": dict(st.get("links") or {}),
             "raft_tls_since": state.raft_tls_since or None,
+            # The store level this member's release reads, and the one the group writes at (docs/operations.md,
+            # "Upgrade"): a command of a higher level than the group's is refused with `upgrade_pending`.
+            "store_level": levels.LEVEL,
+            "group_store_level": state.store_level,
             "floating": {"configured": False} if self.floating is None else {"configured": True,
                                                                                **self.floating.status()},
             **self._followers(bool(st.get("is_leader"))),
@@ -198,7 +202,8 @@ class Members:
             state = self.store.snapshot()
             mine = state.members.get(self.self_addr)
             url = self.admin_url
-            if url is not None and (mine is None or (mine.admin_url, mine.version) != (url, __version__)):
+            if url is not None and (mine is None or (mine.admin_url, mine.version, mine.level)
+                                    != (url, __version__, levels.LEVEL)):
                 try:
                     await self.group.submit(commands.announce_member(self.self_addr, url, __version__, self.clock()),
                                             through_leader=True)
@@ -216,6 +221,29 @@ class Members:
                 continue
             started()
             await self.store.wait_changed(state.revision)
+
+    async def raise_level_forever(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """On the leader: raise the group's store level (`cluster.level`) to the lowest level the members of
+        the Raft group announced, once that is above the group's; a member that has not announced one yet
+        counts as level 1 (llmgw.domain.levels). Looked at on every change, and every
+        `member_announce_retry_s` (a membership change is no change of the state)."""
+        task_status.started()
+        while True:
+            state = self.store.snapshot()
+            if self.store.is_leader():
+                announced = state.members
+                group = self.addresses(self.group.status())
+                target = levels.group_level(announced[m].level if m in announced else 1 for m in group)
+                if target > state.store_level:
+                    try:
+                        await self.group.submit(commands.raise_level(target, self.clock()))
+                    except (CommandError, StoreUnavailable, NotLeader, CommitUnknown) as e:
+                        log.warning("could not raise the group's store level to %d: %s (retrying)", target, e)
+                    else:
+                        log.info("every control plane reads store level %d (%s): the group writes at it from now on",
+                                 target, ", ".join(f"{m} {announced[m].version}" for m in group if m in announced))
+            with trio.move_on_after(self.timeouts.member_announce_retry_s):
+                await self.store.wait_changed(state.revision)
 
     # -- forwarding -------------------------------------------------------------------------
 

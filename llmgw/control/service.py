@@ -292,7 +292,9 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
             url = binds[0]
             log.info("admin API on %s", url)
             members.admin_url = config.admin_url or advertised_url(url, config.raft_addr)
+            await nursery.start(store.raise_when_halted)  # an entry of a newer release: this role stops, saying so
             await nursery.start(members.announce_forever)  # so the others can forward here
+            await nursery.start(members.raise_level_forever)
             task_status.started(ControlHandle(url, store, hub, reconciler, floating, gateways, notifier, ctx))
     finally:
         with trio.CancelScope(shield=True):

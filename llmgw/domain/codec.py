@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from llmgw.domain import levels
 from llmgw.domain.frozen import freeze
 from llmgw.domain.state import ClusterState
 
@@ -31,8 +32,13 @@ class CodecError(ValueError):
 
 
 def state_to_json(state: ClusterState) -> dict[str, Any]:
-    """A plain JSON document (dicts, lists, str, int, float, bool, None) holding every field."""
-    return {"format_version": FORMAT_VERSION, "state": _encode(state, "state")}
+    """A plain JSON document (dicts, lists, str, int, float, bool, None) holding every field; past store
+    level 1, the level its reader needs (`llmgw.domain.levels`), so an older member says what to run."""
+    doc = {"format_version": FORMAT_VERSION, "state": _encode(state, "state")}
+    if state.store_level > 1:
+        doc["needs_level"] = state.store_level
+        doc["needs_release"] = levels.release_of(state.store_level)
+    return doc
 
 
 def state_hash(state: ClusterState) -> str:
@@ -43,9 +49,12 @@ def state_hash(state: ClusterState) -> str:
 
 
 def state_from_json(doc: Any) -> ClusterState:
-    """The state in `doc`, or `CodecError` naming the first thing wrong (with its path)."""
+    """The state in `doc`, or `CodecError` naming the first thing wrong (with its path);
+    `levels.NewerThanThisRelease` for a state of a store level above this release's."""
     if not isinstance(doc, Mapping):
         raise CodecError("a state document is a JSON object")
+    levels.check_readable({"op": "(a snapshot)", **{k: doc.get(k) for k in ("needs_level", "needs_release")}},
+                          what="the snapshot")
     version = doc.get("format_version")
     if type(version) is not int or version < 1:
         raise CodecError(f"the state document has no valid format_version (found {version!r:.40})")
@@ -63,7 +72,7 @@ def state_from_json(doc: Any) -> ClusterState:
 # Fields added after the first release, written only once they leave their default: a state that never
 # used them reads on every earlier member (which refuses an unknown field), as a rolling upgrade needs.
 # What sets one is used only once every member understands it (e.g. `trust.raft_tls`: control/trust.py).
-LATER_FIELDS = {(ClusterState, "raft_tls_since")}
+LATER_FIELDS = {(ClusterState, "raft_tls_since"), (ClusterState, "store_level")}
 
 
 def _encode(value: Any, path: str) -> Any:

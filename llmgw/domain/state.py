@@ -168,6 +168,7 @@ class Member:
     admin_url: str
     version: str = ""
     announced_at: float = 0.0
+    level: int = 0  # the store level its release reads (`llmgw.domain.levels`); 0: announced none
 
 
 # The mappings whose values are frozen dataclasses; `settings` holds JSON values, frozen deeply.
@@ -215,6 +216,9 @@ class ClusterState:
     # When the group began to require TLS between its members (`trust.raft_tls`: every member held a
     # control certificate); 0: not yet, sealed-only connections are still taken. Never goes back.
     raft_tls_since: float = 0.0
+    # The store level the group writes at (`llmgw.domain.levels`; `cluster.level`, raised by the leader once
+    # every member announced at least it). Never goes back.
+    store_level: int = 1
 
     def __post_init__(self) -> None:
         # A read-only mapping is kept as is: `replace` passes the unchanged fields on, and

@@ -551,6 +551,7 @@ def member_rows(views: Sequence[Mapping[str, Any]], now: float) -> list[dict[str
             "raft_addr": v["id"],
             "admin_url": a.get("admin_url") or v.get("admin_url"),
             "version": a.get("version"),
+            "store_level": a.get("store_level"),  # what its release reads (llmgw.domain.levels)
             "role": a.get("role"),
             "state": state,
             "reason": reason,
@@ -584,6 +585,13 @@ def member_warnings(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     if n > 1 and n % 2 == 0:
         warnings.append(f"the group has {n} members: it survives no more failures than {n - 1} would; "
                         f"add or remove one (`llmgw ctl members`)")
+    versions = sorted({str(r["version"]) for r in rows if r.get("version")})
+    if len(versions) > 1:
+        older = [str(r.get("id")) for r in rows if r.get("version") and r.get("store_level") is not None
+                 and r["store_level"] < max(x.get("store_level") or 0 for x in rows)]
+        warnings.append(f"the control planes run {len(versions)} versions ({', '.join(versions)}): an upgrade is under "
+                        f"way" + (f"; what the newer release brought waits until {', '.join(older)} run it too"
+                                  if older else ""))
     leading = sorted(str(r.get("id")) for r in rows if r.get("role") == "leader")
     if len(leading) > 1:
         warnings.append(f"more than one member says it leads ({', '.join(leading)}): the older term steps down "

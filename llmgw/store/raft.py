@@ -23,7 +23,7 @@ from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjException, replicated
 
 from llmgw.interfaces import RaftPeerTls
 from llmgw import startup
-from llmgw.domain import commands
+from llmgw.domain import commands, levels
 from llmgw.domain.state import ClusterState, Outcome
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.store.batching import GroupCommit, apply_blob, failed_appends
@@ -89,6 +89,11 @@ class CommitUnknown(StoreUnavailable):
 
 class StoreNotReady(StoreUnavailable, startup.CannotStart):
     """The member found no leader, or did not apply its log, within the start deadline."""
+
+
+class NewerRelease(StoreUnavailable, startup.CannotStart):
+    """This member met an entry or snapshot written by a newer release (`levels.NewerThanThisRelease`):
+    it applies nothing from there on, and the role stops, saying which release to run."""
 
 
 class _Replicated(HandsOver, ConfirmsReads, CatchesUp):  # CatchesUp: KeepsMatchingEntries, and a catch-up that converges
@@ -158,6 +163,8 @@ class RaftStore:
         self._member_changes = MemberChanges()
         self.group = GroupCommit()  # submits in one scheduler pass go as one Raft entry (group commit)
         self._abstaining = abstain_until_synced
+        self.halted: str | None = None  # why this member stopped applying (a newer release's entry), if it did
+        self._halted = trio.Event()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -227,6 +234,8 @@ class RaftStore:
                     raise
                 raise (_bind_error(self.self_addr)
                        or startup.CannotStart(f"Raft cannot listen on {self.self_addr}")) from None
+            except levels.NewerThanThisRelease as e:  # its own snapshot, written by a newer release
+                raise NewerRelease(str(e)) from None
         self._ticker = threading.Thread(target=self._tick_forever, args=(self._obj,), name="llmgw-raft", daemon=True)
         self._ticker.start()
         log.info("raft member %s started (peers: %s)", self.self_addr, ", ".join(self.peers) or "none")
@@ -288,6 +297,9 @@ class RaftStore:
                     # command at the end of a tick and commits it at the start of the next one: run that
                     # next tick now, without waiting, instead of up to `tick` later.
                     obj.doTick(0.0)
+            except levels.NewerThanThisRelease as e:
+                self._halt(str(e))
+                return
             except JournalWriteError as e:  # already answered to the writer; Raft goes on, reads are served
                 if n := repeats.count(str(e)):
                     log.error("raft: %s (occurrence %d; retrying)", e.strerror, n)
@@ -296,6 +308,24 @@ class RaftStore:
                 if n := repeats.count(repr(e)):
                     log.exception("raft tick failed (occurrence %d; retrying)", n)
                 time.sleep(tick)
+
+    def _halt(self, why: str) -> None:
+        """In the Raft thread: stop applying (and ticking) at an entry this release cannot read. The entry
+        stays in the journal, unapplied: the release it names applies it at its start."""
+        self.halted = why
+        log.info("stopped applying the log: %s", why)  # the role ends with it, in one line (`raise_when_halted`)
+        token = self._token
+        if token is not None:
+            try:
+                token.run_sync_soon(self._halted.set)
+            except trio.RunFinishedError:
+                pass
+
+    async def raise_when_halted(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Raise `NewerRelease` once this member stopped applying: the role ends, with that one line."""
+        task_status.started()
+        await self._halted.wait()
+        raise NewerRelease(self.halted or "stopped applying")
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until this member has a leader and has applied the log it had at start.
@@ -306,6 +336,8 @@ class RaftStore:
         with startup.waiting_for(lambda: f"the Raft store did not become ready ({self.not_ready_reason()})"):
             with trio.move_on_after(timeout):
                 while self.not_ready_reason():
+                    if self.halted is not None:
+                        raise NewerRelease(self.halted)
                     await trio.sleep(self.timeouts.store_ready_poll_s)
                 return
         raise StoreNotReady(f"the Raft store did not become ready within {timeout:g} s "
@@ -325,6 +357,8 @@ class RaftStore:
     def not_ready_reason(self) -> str:
         """Why this member cannot serve yet, in words; "" once it has a leader and its log applied."""
         obj = self._obj
+        if self.halted is not None:
+            return self.halted
         if obj is None:
             return "the store is not running"
         if obj._getLeader() is None:

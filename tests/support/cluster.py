@@ -50,6 +50,7 @@ class Member:
     proc: subprocess.Popen[bytes] | None = None
     paused: bool = False
     starts: int = 0
+    code: Path | None = None  # the llmgw it runs: a tree holding the `llmgw` package (PYTHONPATH); None: this one
 
     @property
     def url(self) -> str:
@@ -73,13 +74,18 @@ class Member:
                 "--admin-addr", f"{self.host}:{self.admin_port}", *[a for p in peers for a in ("--peer", p)],
                 *ca_root_args(), *extra]
         env = {**os.environ, **(env or {})}
+        if self.code is not None:
+            env["PYTHONPATH"] = str(self.code)
         if self.failpoints is not None:
             env["LLMGW_FAILPOINTS"] = str(self.failpoints)
         with self.log.open("ab") as out:
-            out.write(f"=== start {self.starts + 1}: llmgw {' '.join(args)}\n".encode())
+            out.write(f"=== start {self.starts + 1}: llmgw {' '.join(args)}"
+                      f"{f' (the llmgw in {self.code})' if self.code is not None else ''}\n".encode())
             out.flush()
+            # In its tree: `python -m` puts the working directory before PYTHONPATH.
             self.proc = subprocess.Popen([*self.wrap, sys.executable, "-m", "llmgw", *args], stdout=out,
-                                         stderr=subprocess.STDOUT, env=env)
+                                         stderr=subprocess.STDOUT, env=env,
+                                         cwd=self.code if self.code is not None else None)
         self.paused = False
         self.starts += 1
 

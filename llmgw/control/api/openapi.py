@@ -162,7 +162,7 @@ def _member() -> Schema:
                  "state": _STR, "reason": _STR, "leader": _null(_STR), "term": _null(_INT),
                  "commit_index": _null(_INT), "applied_index": _null(_INT), "revision": _null(_INT),
                  "lag": _null(_INT), "last_contact": _null(_NUM), "last_contact_age_s": _null(_NUM),
-                 "state_hash": _null(_STR)}, ("id", "state"))
+                 "state_hash": _null(_STR), "store_level": _null(_INT)}, ("id", "state"))
 
 
 def _policy(*, stored: bool = False) -> Schema:
@@ -223,7 +223,8 @@ _ERRORS = {
     "404": "no such model, key, node, setting, member, request or guard policy, or a path that routes nowhere",
     "403": "a join token that cannot be used (`invalid_join_token`): unknown, used or expired",
     "409": "the cluster's state forbids it now (the message says what to do); `no_tls`: this control plane serves "
-           "plain HTTP on loopback and issues no certificates",
+           "plain HTTP on loopback and issues no certificates; `upgrade_pending`: a write of a newer release than "
+           "some control plane runs (the message names them)",
     "413": "a body over 1 MiB (`request_too_large`)",
     "422": "this Idempotency-Key was used for a different request (`idempotency_key_reused`)",
     "502": "the engine asked did not answer, or failed (`judge_failed`)",
@@ -254,13 +255,14 @@ _IDEMPOTENCY = {
 def _op(summary: str, ok: Schema, *, status: str = "200", also: dict[str, Schema] | None = None,
         errors: tuple[str, ...] = (), params: tuple[Schema, ...] = (), body: Schema | None = None,
         write: bool = False, body_required: bool = True, example: Any = None) -> Schema:
-    """One admin operation: the admin key, every route's 401 and 503, a write's Idempotency-Key (400, 422),
-    a body's 400 and 413, and the `errors` it has of its own."""
+    """One admin operation: the admin key, every route's 401 and 503, a write's Idempotency-Key (400, 422) and
+    its 409 `upgrade_pending` (a command of a store level the group does not write yet), a body's 400 and 413,
+    and the `errors` it has of its own."""
     codes = {"401", "503", *errors}
     if any(p.get("in") == "path" for p in params):
         codes.add("404")  # a path segment the router does not take (a newline, say) routes nowhere: not_found
     if write:
-        codes |= {"400", "422"}
+        codes |= {"400", "409", "422"}
     if body is not None:
         codes |= {"400", "413"}
     responses: Schema = {status: {"description": "done", **_json(ok)}, **(also or {})}
@@ -393,7 +395,8 @@ def _paths() -> Schema:
             {"removed": _STR, "members": _arr(_STR)}), errors=("404", "409"), params=(member,), write=True)},
         "/api/v1/cluster/self": {"get": _op("this member alone", _obj({
             "raft_addr": _STR, "role": _STR, "ready": _BOOL, "revision": _INT, "group": _arr(_STR), "pid": _INT,
-            "started_at": _NUM, "raft_links": {"type": "object", "additionalProperties": _STR}}), errors=("404",))},
+            "started_at": _NUM, "raft_links": {"type": "object", "additionalProperties": _STR},
+            "store_level": _INT, "group_store_level": _INT}), errors=("404",))},
         "/api/v1/cluster/self/restart": {"post": _op(
             "restart this member in place (a leader hands over first); answered by the member asked, never "
             "forwarded", _obj({"restarting": _STR, "pid": _INT}), errors=("409",), write=True)},

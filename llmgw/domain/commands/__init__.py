@@ -6,7 +6,8 @@ aggregate's module builds, checks and changes its own commands: models, placemen
 keys, guard, usage, members, settings, trust. `_OPS` below is the one table of them all: a new
 operation is a builder and a check and change in its aggregate's module, and a line here; the
 Raft method table never changes. An optional `cid` (idempotency id) makes a command apply at
-most once: see `apply_entry`.
+most once: see `apply_entry`. One brought after the first store level carries its level and
+applies only once the group's level reached it (`llmgw.domain.levels`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from llmgw.domain import levels
 from llmgw.domain.commands import guard, health, keys, members, models, placements, settings, trust, usage
 from llmgw.domain.commands.core import (
     CID_MAX_CHARS,
@@ -32,7 +34,7 @@ from llmgw.domain.commands.core import (
 from llmgw.domain.commands.guard import remove_policy, set_policy
 from llmgw.domain.commands.health import became_ready, start_failed
 from llmgw.domain.commands.keys import add_key, revoke_key
-from llmgw.domain.commands.members import announce_member, forget_member
+from llmgw.domain.commands.members import announce_member, forget_member, raise_level
 from llmgw.domain.commands.models import put_model, remove_model, retry_model
 from llmgw.domain.commands.placements import add_group, add_placement, remove_placement
 from llmgw.domain.commands.settings import put_setting
@@ -63,6 +65,7 @@ __all__ = [
     "make",
     "put_model",
     "put_setting",
+    "raise_level",
     "remove_model",
     "remove_placement",
     "remove_policy",
@@ -100,6 +103,7 @@ _OPS: dict[str, tuple[Check, Change]] = {
     "health.ready": (health.check, health.apply_ready),
     "member.announce": (members.check_announce, members.apply_announce),
     "member.forget": (members.check_raft_addr, members.apply_forget),
+    "cluster.level": (members.check_level, members.apply_level),
     "usage.add": (usage.check_add, usage.apply_add),
     "guard.set": (guard.check_set, guard.apply_set),
     "guard.remove": (guard.check_remove, guard.apply_remove),
@@ -130,7 +134,10 @@ def digest(command: dict[str, Any]) -> str:
 def check(command: dict[str, Any]) -> None:
     """The stateless checks: a known operation, a valid time and id, well-formed fields.
 
-    Raises CommandError. Needs no state, so it runs before a command enters the log."""
+    Raises CommandError; `levels.NewerThanThisRelease` for a command a newer release wrote (never a
+    refusal: an older member must not skip what the others apply). Needs no state, so it runs before a
+    command enters the log."""
+    levels.check_readable(command)
     op = command.get("op")
     entry = _OPS.get(op) if isinstance(op, str) else None
     if entry is None:
@@ -147,8 +154,12 @@ def check(command: dict[str, Any]) -> None:
 def apply(state: ClusterState, command: dict[str, Any]) -> tuple[ClusterState, Any]:
     """Apply one command. Raises CommandError (state unchanged) when it does not apply.
 
-    Ignores `cid`: what was already applied is `apply_entry`'s business."""
+    Ignores `cid`: what was already applied is `apply_entry`'s business. A command of a store level
+    above the group's is refused (`upgrade_pending`): some member may not read it."""
     check(command)
+    needs = levels.command_level(command)
+    if needs > state.store_level:
+        raise CommandError("upgrade_pending", members.upgrade_pending(state, command.get("op"), needs))
     return _change(state, command)
 
 
@@ -176,7 +187,8 @@ def replay(state: ClusterState, command: dict[str, Any]) -> Outcome | None:
 
 
 def apply_entry(state: ClusterState, entry: bytes | dict[str, Any]) -> tuple[ClusterState, Outcome]:
-    """Apply one committed log entry (a blob or a decoded command). Total: never raises.
+    """Apply one committed log entry (a blob or a decoded command). Total: never raises, but for
+    `levels.NewerThanThisRelease` (an entry a newer release wrote: this member must stop, not skip it).
 
     - a command whose `cid` was already applied changes nothing, revision included, and
       returns the recorded outcome;
@@ -205,8 +217,7 @@ def apply_entry(state: ClusterState, entry: bytes | dict[str, Any]) -> tuple[Clu
                 raise
             if recorded is not None:
                 return state, recorded
-        check(command)
-        new_state, result = _change(state, command)
+        new_state, result = apply(state, command)
         outcome = Outcome(new_state.revision, True, result, digest=fingerprint)
         return (_remember(new_state, cid, outcome) if cid else new_state), outcome
     except CommandError as e:

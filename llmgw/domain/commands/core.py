@@ -10,6 +10,7 @@ import json
 from types import MappingProxyType
 from typing import Any, Callable, TypeVar
 
+from llmgw.domain import levels
 from llmgw.domain.state import ClusterState
 
 _T = TypeVar("_T")
@@ -51,7 +52,8 @@ def loads(blob: bytes) -> dict[str, Any]:
 
 
 def make(op: str, at: float, **fields: Any) -> dict[str, Any]:
-    return {"v": VERSION, "op": op, "at": at, **fields}
+    """A command of `op`; one brought after store level 1 carries its level (`levels.stamped`)."""
+    return {"v": VERSION, "op": op, "at": at, **fields, **levels.stamped(op)}
 
 
 def with_cid(command: dict[str, Any], cid: str) -> dict[str, Any]:
