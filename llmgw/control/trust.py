@@ -254,9 +254,13 @@ class Trust:
                     await self.renew_own(state)
                 except (AdminError, commands.CommandError) as e:
                     log.warning("could not renew this control plane's certificate: %s", e.message)
+            recheck = self.timeouts.trust_recheck_s
             if not state.raft_tls_since and self.store.is_leader():
                 await self._require_raft_tls(state)
-            with trio.move_on_after(self.timeouts.trust_recheck_s):
+                # Its links move to TLS with no change of the state: looked at again soon (a group that
+                # waited `trust_recheck_s` here ran sealed-only for a minute after every start).
+                recheck = self.timeouts.raft_tls_switch_poll_s
+            with trio.move_on_after(recheck):
                 state = await self.store.wait_changed(state.revision)
 
     async def _require_raft_tls(self, state: ClusterState) -> None:

@@ -118,6 +118,7 @@ class Timeouts:
     raft_accept_pause_s: float = _t(0.1, "store", "the Raft port whose accept failed (no descriptor left: EMFILE) rests this long before it accepts again")
     raft_sweep_s: float = _t(0.1, "store", "a member checks its Raft connections this often for a handshake not finished within the connection timeout, or a silent one")
     raft_peer_recheck_s: float = _t(0.5, "store", "a member checks again this often that each TLS peer's certificate is still accepted (a revoked one is dropped within this, plus the revocation's commit)")
+    raft_tls_switch_poll_s: float = _t(0.5, "control", "until the group requires TLS between its members, the leader looks this often whether every link speaks it (links change with no change of the state)")
     raft_tls_retry_s: float = _t(60.0, "store", "a Raft peer that answered no TLS (an older llmgw, in a rolling upgrade) is dialled sealed-only, then with TLS again after a wait that doubles up to this long, until the group requires TLS")
     raft_refusal_log_s: float = _t(60.0, "store", "a refused Raft peer (wrong cluster secret, not in the group) is logged at most once per this long, per address")
     # --- the gateway ---------------------------------------------------------------------
