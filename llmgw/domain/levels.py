@@ -33,10 +33,12 @@ class NewerThanThisRelease(BaseException):
     A BaseException: nothing that records a refused command as a no-op (`except Exception`) may catch
     it; the store stops applying at that entry and the member refuses to go on (store/raft.py)."""
 
-    def __init__(self, what: str, level: int, release: str) -> None:
+    def __init__(self, what: str, level: int, release: str, *, said: str = "") -> None:
+        """`what` was written by a newer release, of store level `level` (first `release`); `said`: the
+        words for what happened instead ("the log moves the group to ...")."""
         needs = f"llmgw {release} or newer" if release else f"a llmgw of store level {level} or newer"
-        super().__init__(f"{what} was written by a newer llmgw (store level {level}); this one reads up to "
-                         f"store level {LEVEL}: run {needs}")
+        super().__init__(f"{said or f'{what} was written by a newer llmgw (store level {level})'}; this one "
+                         f"reads up to store level {LEVEL}: run {needs}")
         self.level = level
         self.release = release
 

@@ -81,7 +81,8 @@ def apply_level(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterS
     if behind:
         raise CommandError("upgrade_pending", upgrade_pending(s, "cluster.level", to))
     if to > levels.LEVEL:
-        raise levels.NewerThanThisRelease(f"the group's store level ({to}, raised)", to, str(c.get("release", "")))
+        raise levels.NewerThanThisRelease("", to, str(c.get("release", "")),
+                                          said=f"the log moves the group to store level {to}")
     return replace(s, store_level=to), {"level": to, "raised": True}
 
 
