@@ -78,8 +78,8 @@ async def test_a_drain_serves_kept_alive_and_busy_clients_and_the_next_server_ta
             assert (await fresh.ask("/fresh")).body == b"/fresh"
             for conn in (idle, busy, late, fresh):
                 await conn.stream.aclose()
-            adopted.close()
             nursery.cancel_scope.cancel()
+        adopted.close()
 
 
 async def test_a_drain_closes_a_connection_left_idle_only_once_no_pool_would_send_on_it() -> None:
