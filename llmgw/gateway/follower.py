@@ -164,6 +164,25 @@ class _Feeds:
 
     rlog: RequestLog
     judges: JudgeFailures
+    # Drained for a restart in place: the usage left is sent at once (not every `usage_report_s`), and the
+    # program runs again once the leader has acknowledged it all (`acked` is set, then replaced, per ack).
+    flushing: trio.Event = field(default_factory=trio.Event)
+    acked: trio.Event = field(default_factory=trio.Event)
+
+    def ack(self, boot: str, seq: int) -> None:
+        if self.rlog.rollups.acked(boot, seq):
+            self.acked.set()
+            self.acked = trio.Event()
+
+    async def flush(self, within_s: float) -> None:
+        """Until the leader has acknowledged every usage row of this program, or `within_s`."""
+        self.flushing.set()
+        with trio.move_on_after(within_s):
+            while self.rlog.rollups.unsent():
+                await self.acked.wait()
+        if self.rlog.rollups.unsent():
+            log.warning("restarting with %d usage row(s) the leader has not acknowledged in %g s: they are not "
+                        "counted", self.rlog.rollups.unsent(), within_s)
 
 
 async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -182,10 +201,11 @@ async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IG
         # It follows the leader as soon as its request log answers (the hello names where): a worker takes
         # clients only once it has a table, which the leader sends on that stream.
         listening = trio.Event()
+        feeds = _Feeds(rlog, judges)
 
         async def follow() -> None:
             await listening.wait()
-            await _follow(config, state, router, _Feeds(rlog, judges))
+            await _follow(config, state, router, feeds)
 
         nursery.start_soon(follow)
         # A worker shares its port: it takes clients once it has a table (not to answer its share of them 503
@@ -203,7 +223,10 @@ async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IG
                                     query_listen=config.query_listen, open_when=open_when,
                                     tls=config.server_tls, query_tls=config.query_tls, listening=listening,
                                     handover=config.handover, task_status=task_status)
-            nursery.cancel_scope.cancel()  # drained for a restart in place: the role ends, the program runs again
+            # Drained for a restart in place (its request log written): the usage goes to the leader, then the
+            # role ends and the program runs again.
+            await feeds.flush(config.timeouts.gateway_restart_usage_s)
+            nursery.cancel_scope.cancel()
 
         host, port = await nursery.start(run_app)
         nursery.start_soon(_warn_while_stale, config, state)
@@ -254,7 +277,7 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
     welcomed(str(first.get("leader", "?")), "" if old is None else f"the table held was {old:.1f} s old")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_report, ws, router, t, feeds.judges)
-        nursery.start_soon(_send_usage, ws, feeds.rlog, t)
+        nursery.start_soon(_send_usage, ws, feeds, t)
         if config.renewal is not None:
             nursery.start_soon(_renew, ws, config.renewal, t.gateway_heartbeat_s)
         while True:
@@ -278,7 +301,7 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
                 _restart_asked(config, str(message.get("reason") or "asked by control")[:200])
             elif kind == "usage_ack":
                 if isinstance(message.get("seq"), int):
-                    feeds.rlog.rollups.acked(str(message.get("boot")), message["seq"])
+                    feeds.ack(str(message.get("boot")), message["seq"])
             elif kind == "refused":
                 raise Refused.of(control, message)
             elif kind == "rejected":  # the leader could not read what this gateway sent; the stream goes on
@@ -354,18 +377,26 @@ async def _report(ws: WebSocketConnection, router: Router, t: Timeouts, judges: 
         await trio.sleep(t.gateway_demand_report_s)
 
 
-async def _send_usage(ws: WebSocketConnection, rlog: RequestLog, t: Timeouts) -> None:
+async def _send_usage(ws: WebSocketConnection, feeds: _Feeds, t: Timeouts) -> None:
     """The usage rollups, one batch at a time: the unacknowledged batch is sent again (same seq) on
-    each new stream and after `gateway_silence_s` without its `usage_ack`; the leader counts it once."""
+    each new stream and after `gateway_silence_s` without its `usage_ack`; the leader counts it once.
+    Flushing (drained for a restart in place), each batch goes as soon as the previous one is acknowledged."""
     sent: tuple[int, float] | None = None  # (seq, when) of the batch last sent on this stream
     while True:
-        await trio.sleep(t.usage_report_s)
-        batch = rlog.rollups.batch()
+        if not feeds.flushing.is_set():
+            with trio.move_on_after(t.usage_report_s):
+                await feeds.flushing.wait()
+        batch = feeds.rlog.rollups.batch()
         now = trio.current_time()
-        if batch is None or (sent is not None and sent[0] == batch["seq"] and now - sent[1] < t.gateway_silence_s):
-            continue
-        await ws.send_message(protocol.dumps({"type": "usage", **batch}))
-        sent = (batch["seq"], now)
+        if batch is not None and (sent is None or sent[0] != batch["seq"] or now - sent[1] >= t.gateway_silence_s):
+            await ws.send_message(protocol.dumps({"type": "usage", **batch}))
+            sent = (batch["seq"], now)
+        elif feeds.flushing.is_set():  # all of it sent: wait for its ack, or the time to send it again
+            if batch is None or sent is None:
+                await trio.sleep_forever()  # (nothing more comes: the request log was written last)
+                return
+            with trio.move_on_at(sent[1] + t.gateway_silence_s):
+                await feeds.acked.wait()
 
 
 async def _warn_while_stale(config: GatewayConfig, state: FollowedState) -> None:

@@ -1,8 +1,9 @@
 """A remote gateway restarted in place, in one trio run with a real control plane, an agent and a sim engine
 process, over real sockets: the operator's `POST /api/v1/gateways/NAME/restart` reaches the gateway over its
-stream, the gateway drains and hands its listening socket over (`Handover.fd`), a client that connects in
-between waits and is answered by the next gateway, which adopts that socket; the leader lists the new program
-(a new start, following again); the refusals name their reasons."""
+stream, the gateway drains, sends the usage it has not had counted, and hands its listening socket over
+(`Handover.fd`); a client that connects in between waits and is answered by the next gateway, which adopts
+that socket; the leader lists the new program (a new start, following again) and counts every request; the
+refusals name their reasons."""
 
 from __future__ import annotations
 
@@ -60,7 +61,10 @@ async def test_a_gateway_asked_to_restart_drains_and_its_socket_serves_the_next_
                                      timeout=60) as http, \
                 httpx.AsyncClient(base_url=admin_url, headers={"Authorization": f"Bearer {ADMIN}"}) as api:
 
+            sent = [0]  # chat requests through the gateway: each one counted in the usage, restart or not
+
             async def answers() -> bool:
+                sent[0] += 1
                 return (await http.post(CHAT, json=chat("before"))).status_code == 200
 
             async def listed() -> dict[str, dict[str, Any]]:
@@ -74,6 +78,8 @@ async def test_a_gateway_asked_to_restart_drains_and_its_socket_serves_the_next_
             before = (await listed())["gw-test"]
             assert before["restartable"] and before["connected"] and isinstance(before["started_at"], float)
 
+            for _ in range(3):  # just before: their usage is not sent yet (every usage_report_s)
+                assert await answers()
             asked = await api.post("/api/v1/gateways/gw-test/restart")
             assert asked.status_code == 200, asked.text
             assert asked.json()["restarting"] == "gw-test"
@@ -100,6 +106,12 @@ async def test_a_gateway_asked_to_restart_drains_and_its_socket_serves_the_next_
             await until(late_answered, 30)
             assert late[0].status_code == 200, late[0].text
             assert (await http.post(CHAT, json=chat("after"))).status_code == 200
+            sent[0] += 2
+
+            async def all_counted() -> bool:  # the first program's last usage went to the leader before its exec
+                totals = (await api.get("/api/v1/usage")).json()["totals"]
+                return bool(totals["requests"] == sent[0])
+            await until(all_counted, 30)
 
             async def following_again() -> bool:
                 g = (await listed()).get("gw-test")
