@@ -35,6 +35,7 @@ class RestartCluster:
     admin_url: str
     gateway_urls: dict[str, str]  # name -> http://127.0.0.1:PORT (the API under /v1)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    argv: dict[str, list[str]] = field(default_factory=dict)  # each process's `llmgw` arguments
 
     @property
     def env(self) -> dict[str, str]:
@@ -59,6 +60,26 @@ class RestartCluster:
         return subprocess.run([sys.executable, "-m", "llmgw", "restart"], capture_output=True, text=True,
                               env=self.env, timeout=900)
 
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.argv[name] = args
+        with (self.root / f"{name}.log").open("ab") as out:
+            self.procs[name] = subprocess.Popen([sys.executable, "-m", "llmgw", *args], stdout=out,
+                                                stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+    def stop_start(self, name: str) -> None:
+        """What restarting a gateway was before it could restart in place (`llmgw service restart gateway`):
+        SIGTERM, then the same command again; until it follows the leader again."""
+        def mine() -> dict[str, dict[str, Any]]:
+            return {n: g for n, g in self.gateways().items() if n == name or n.startswith(name + "-w")}
+
+        before = {n: g["started_at"] for n, g in mine().items()}
+        old = self.procs[name]
+        old.send_signal(signal.SIGTERM)
+        old.wait(60)
+        self.start(name, self.argv[name])
+        until(f"{name} follows the leader again", lambda: _alive(self) and (now := mine()).keys() == before.keys()
+              and all(g["connected"] and g["started_at"] != before[n] for n, g in now.items()), limit=120)
+
 
 @contextmanager
 def restart_cluster(root: Path, *, tokens_per_s: float = 400.0) -> Iterator[RestartCluster]:
@@ -69,11 +90,7 @@ def restart_cluster(root: Path, *, tokens_per_s: float = 400.0) -> Iterator[Rest
     cluster = RestartCluster(root, f"https://127.0.0.1:{admin_port}",
                              {name: f"http://127.0.0.1:{free_port()}" for name in GATEWAYS})
 
-    def start(name: str, args: list[str], env: dict[str, str] | None = None) -> None:
-        with (root / f"{name}.log").open("wb") as out:
-            cluster.procs[name] = subprocess.Popen([sys.executable, "-m", "llmgw", *args], stdout=out,
-                                                   stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-
+    start = cluster.start
     try:
         start("control", ["control", "--state-dir", str(root / "control"), "--raft-addr", f"127.0.0.1:{free_port()}",
                           "--admin-addr", f"127.0.0.1:{admin_port}", *ca_root_args()],
