@@ -525,10 +525,13 @@ def gateway(
                                                         log_level=log.log_level, tls_cert=tls_cert, tls_key=tls_key),
                 env=dict(os.environ)))
 
+        returned: list[bool] = []
+
         async def _until_done(role: Callable[..., Awaitable[object]], scope: trio.CancelScope, *,
                               task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             await role(task_status=task_status)
-            scope.cancel()  # it returned by itself (drained for a restart in place): so does what runs beside it
+            returned.append(True)  # by itself, drained for a restart in place (a stop signal cancels it instead)
+            scope.cancel()  # so does what runs beside it
 
         async def serve_naming_port(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             async with trio.open_nursery() as nursery:
@@ -543,7 +546,7 @@ def gateway(
                 task_status.started(handle)
 
         status = trio.run(serve_until_signal, serve_naming_port)
-    if handover is not None and handover.fd is not None:  # drained: out of the state dir's lock, run again
+    if handover is not None and handover.fd is not None and returned:  # drained: out of the state dir's lock
         os.set_inheritable(handover.fd, True)  # the one descriptor the next program keeps: /v1's listener
         os.environ[gateway_app.LISTEN_FD_ENV] = str(handover.fd)
         restart_in_place()
