@@ -477,6 +477,7 @@ def gateway(
     from llmgw import statedir
     from llmgw.cli import _ports
     from llmgw.cli._lifecycle import serve_until_signal
+    from llmgw.gateway import app as gateway_app
     from llmgw.gateway import workers as gateway_workers
     from llmgw.gateway.follower import GatewayConfig, serve
 
@@ -494,6 +495,9 @@ def gateway(
         raise SystemExit("error: give --state-dir: a gateway keeps its certificate there (STATE_DIR/tls)")
     name = name or socket.gethostname()
     timeouts = env_timeouts()
+    # A gateway that serves /v1 itself can restart in place; a parent of --workers serves nothing (its
+    # workers restart, each in turn).
+    handover = gateway_app.Handover(inherited=_inherited_listener()) if workers == 1 else None
     with statedir.acquire_or_exit(state_dir, "llmgw gateway") as lock:  # before anything in the dir is touched
         log.setup(state_dir / "logs" / "gateway.log")
         lock.warn_tightened()
@@ -505,7 +509,8 @@ def gateway(
         renewal.renews = worker_of is None or name.endswith("-w0")  # one process of the machine renews
         server_tls = _gateway_tls(host, tls_cert, tls_key, renewal)
         cfg = GatewayConfig(controls=control, tls=renewal.context, renewal=renewal, server_tls=server_tls,
-                            listen_host=host, listen_port=port, name=name, timeouts=timeouts, state_dir=state_dir)
+                            listen_host=host, listen_port=port, name=name, timeouts=timeouts, state_dir=state_dir,
+                            handover=handover)
         if tls_cert is not None:  # control planes ask the request log on a listener of the gateway's own certificate
             cfg.query_listen = (host, 0)
             cfg.query_tls = own_tls(renewal)
@@ -520,12 +525,20 @@ def gateway(
                                                         log_level=log.log_level, tls_cert=tls_cert, tls_key=tls_key),
                 env=dict(os.environ)))
 
+        returned: list[bool] = []
+
+        async def _until_done(role: Callable[..., Awaitable[object]], scope: trio.CancelScope, *,
+                              task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
+            await role(task_status=task_status)
+            returned.append(True)  # by itself, drained for a restart in place (a stop signal cancels it instead)
+            scope.cancel()  # so does what runs beside it
+
         async def serve_naming_port(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
             async with trio.open_nursery() as nursery:
                 with _ports.naming("gateway", host, port, "--listen"):
                     if workers > 1 and port != 0:  # bound without SO_REUSEPORT by another process?
                         _ports.check_free("gateway", host, port, "--listen")
-                    handle = await nursery.start(role)
+                    handle = await nursery.start(_until_done, role, nursery.cancel_scope)
                 if tls_cert is not None:
                     nursery.start_soon(_reload_on_hangup, server_tls, tls_cert, tls_key, handle)
                 pids = ",".join(str(w.pid) for w in getattr(handle, "workers", ()))  # --workers: which to watch
@@ -533,4 +546,22 @@ def gateway(
                 task_status.started(handle)
 
         status = trio.run(serve_until_signal, serve_naming_port)
+    if handover is not None and handover.fd is not None and returned:  # drained: out of the state dir's lock
+        os.set_inheritable(handover.fd, True)  # the one descriptor the next program keeps: /v1's listener
+        os.environ[gateway_app.LISTEN_FD_ENV] = str(handover.fd)
+        restart_in_place()
     sys.exit(status)
+
+
+def _inherited_listener() -> int | None:
+    """The /v1 listening socket a previous program of this process left open (a restart in place), by its
+    descriptor in LLMGW_GATEWAY_LISTEN_FD, taken out of the environment (no worker or engine sees it)."""
+    from llmgw.gateway.app import LISTEN_FD_ENV
+
+    raw = os.environ.pop(LISTEN_FD_ENV, None)
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        raise SystemExit(f"error: {LISTEN_FD_ENV}={raw!r}: not a descriptor (it is set by a gateway restarting "
+                         f"in place, for itself)")
+    return int(raw)

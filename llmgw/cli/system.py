@@ -47,15 +47,18 @@ def restart(*, url: Url = None, key: Key = None, state_dir: StateDir = Path(".ll
             io: IoParam = None) -> int:
     """Restart the cluster's processes in an order that keeps it serving: every connected agent, one at a
     time, in place (its engines keep serving and are adopted); then the control planes, standbys first and
-    the leader last (it hands leadership over before it stops). Each is back before the next is asked.
-    Gateways are not restarted by this command yet: `llmgw service restart gateway` on each machine."""
+    the leader last (it hands leadership over before it stops); then every gateway that follows the leader,
+    one at a time (a --workers machine one worker at a time), in place: it drains and the program that runs
+    next takes over its listening socket, so no client is refused. Each is back before the next is asked."""
     return _run(url, key, state_dir, as_json, io, _restart_all)
 
 
 def _restart_all(session: Session) -> int:
+    from llmgw.cli.ctl.gateways import connected_gateways, restart_one, wait_following
     from llmgw.cli.ctl.members import members_restart
     from llmgw.cli.ctl.nodes import nodes_restart
 
+    gateways, fixed = connected_gateways(session)  # now: after the control planes, each follows the new leader
     _, doc = session.request("GET", api_path("nodes"))
     nodes = [n for n in (doc.get("nodes") or []) if isinstance(n, dict) and n.get("state") == "connected"]
     session.note(f"restarting {len(nodes)} agent(s), one at a time")
@@ -67,7 +70,14 @@ def _restart_all(session: Session) -> int:
     session.note(f"restarting {len(ordered)} control plane(s): standbys first, the leader last")
     for r in ordered:
         members_restart(str(r["id"]), wait=True, session=session)
-    session.note("gateways were not restarted: `llmgw service restart gateway` on each gateway machine")
+    session.note(f"restarting {len(gateways)} gateway(s), one at a time: each drains, and the program that runs "
+                 f"next takes over its listening socket")
+    for name in gateways:
+        wait_following(session, name)
+        restart_one(session, name)
+    if fixed:
+        session.note(f"not restarted, they cannot restart in place (an older version, or inside another process): "
+                     f"{', '.join(fixed)}; `llmgw service restart gateway` on each machine")
     return EXIT_OK
 
 

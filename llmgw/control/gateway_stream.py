@@ -44,6 +44,13 @@ class GatewayLink:
     connected: bool = True
     outstanding: dict[str, int] = field(default_factory=dict)  # model -> requests in flight (its last word)
     query_url: str = ""  # where it answers queries of its request log (its hello)
+    # From its hello: whether it can restart in place (an older gateway, or one inside another process,
+    # cannot), its pid and when its program started (a restart in place keeps the pid, not the start).
+    restartable: bool = False
+    pid: int | None = None
+    started_at: float | None = None
+    # What the leader asks of it (`restart_gateway`), sent down its stream by `session`.
+    asks: trio.MemorySendChannel[str] | None = None
 
 
 @dataclass
@@ -154,6 +161,18 @@ class GatewayHub:
         log.info("gateway %s (%s) follows this leader", name, address)
         return link
 
+    def ask(self, name: str, message: Mapping[str, Any]) -> bool:
+        """Send `message` down a connected gateway's stream; False when it is not connected or its stream
+        does not take it now."""
+        link = self.links.get(name)
+        if link is None or not link.connected or link.asks is None:
+            return False
+        try:
+            link.asks.send_nowait(protocol.dumps(dict(message)))
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        return True
+
     def disconnect(self, link: GatewayLink) -> None:
         link.connected = False
         link.outstanding = {}
@@ -200,7 +219,8 @@ class GatewayHub:
     def gateways(self) -> list[dict[str, Any]]:
         """Every gateway this leader has seen: connected or not, with its last contact."""
         return [{"name": g.name, "address": g.address, "connected": g.connected,
-                 "connected_at": g.connected_at, "last_contact": g.last_contact, "query_url": g.query_url}
+                 "connected_at": g.connected_at, "last_contact": g.last_contact, "query_url": g.query_url,
+                 "restartable": g.restartable, "pid": g.pid, "started_at": g.started_at}
                 for _, g in sorted(self.links.items())]
 
 
@@ -261,11 +281,17 @@ async def session(ctx: Context, receive: Receive, send: Send, remote: str, *, ma
         return
     link = hub.connect(name, remote or "?")
     link.query_url = reachable_url(hello.get("query_url"), link.address)
+    link.restartable = hello.get("restartable") is True
+    link.pid = _number(hello.get("pid"), int)
+    link.started_at = _number(hello.get("started_at"), float)
+    asks, asked = trio.open_memory_channel[str](_ASKS_QUEUED)
+    link.asks = asks
     timeouts = hub.timeouts
     try:
         await send(protocol.dumps({"type": "welcome", "leader": hub.leader}))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_push, ctx, hub, send, nursery.cancel_scope)
+            nursery.start_soon(_pass_asks, asked, send)
             while True:
                 raw: str | bytes = ""
                 with trio.move_on_after(timeouts.gateway_silence_s) as quiet:
@@ -294,7 +320,23 @@ async def session(ctx: Context, receive: Receive, send: Send, remote: str, *, ma
                 # A "heartbeat" records only the contact: it keeps traffic on the stream, so a dead one shows.
             nursery.cancel_scope.cancel()
     finally:
+        asks.close()
         hub.disconnect(link)
+
+
+_ASKS_QUEUED = 4  # what the leader asks of one gateway (a restart) waits in a queue this long; beyond, refused
+
+
+async def _pass_asks(asked: trio.MemoryReceiveChannel[str], send: Send) -> None:
+    async for text in asked:
+        await send(text)
+
+
+def _number(value: Any, kind: type[int] | type[float]) -> Any:
+    """A number from a hello, or None (a missing or odd one is unknown, not 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return kind(value)
 
 
 def reachable_url(url: Any, address: str) -> str:

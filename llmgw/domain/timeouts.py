@@ -124,6 +124,9 @@ class Timeouts:
     # --- the gateway ---------------------------------------------------------------------
     gateway_keep_alive_s: float = _t(75.0, "gateway", "idle client connections stay open this long (longer than SDK pools keep them)")
     gateway_shutdown_grace_s: float = _t(5.0, "gateway", "on stop, requests in flight get this long to finish")
+    gateway_drain_idle_s: float = _t(6.0, "gateway", "restarting in place, a gateway closes a kept-alive connection once it has been idle this long (longer than the 5 s SDK pools such as httpx's and openai's keep one: no client sends on it any more); one that carries a request meanwhile is answered with `Connection: close`")
+    gateway_restart_usage_s: float = _t(5.0, "gateway", "restarting in place, once drained, a gateway waits at most this long for the leader to acknowledge the usage it has not counted yet (then it runs again, and what is left is not counted)")
+    gateway_restart_drain_s: float = _t(60.0, "gateway", "restarting in place, a gateway gives the requests in flight (streams included) this long to finish before the program runs again; new connections wait in the kernel's queue meanwhile")
     log_write_interval_s: float = _t(0.05, "gateway", "log lines are queued by the serving loop and written by a thread this often, in batches (every role)")
     gateway_open_wait_s: float = _t(10.0, "gateway", "`--workers`: a worker takes connections on the shared port once it has its table from control, or after this long without one (then it answers 503 gateway_not_synced until one comes)")
     gateway_gil_switch_s: float = _t(0.0005, "gateway", "a thread holding Python's GIL (the log and request-log writers) hands it back to the serving loop after at most this long (Python's default, 5 ms, was the p99 of the gateway's added latency)")
@@ -196,6 +199,7 @@ class Timeouts:
     service_restart_max_s: float = _t(60.0, "service", "the longest wait of the built-in supervisor before starting again a role that keeps exiting")
     service_stable_s: float = _t(30.0, "service", "a role that ran this long before it exited is started again after the first wait (its backoff starts over)")
     ctl_node_restart_s: float = _t(60.0, "ctl", "`llmgw ctl nodes restart` waits this long for the node's agent to be back on a new stream (`--no-wait`: not at all)")
+    ctl_gateway_restart_s: float = _t(120.0, "ctl", "`llmgw ctl gateways restart` waits this long for the gateway to follow the leader again, restarted (its drain included: gateway_restart_drain_s; `--no-wait`: not at all)")
     ctl_member_restart_s: float = _t(60.0, "ctl", "`llmgw ctl members restart` waits this long for the member to answer again, restarted and caught up (`--no-wait`: not at all)")
     ctl_poll_s: float = _t(0.2, "ctl", "`llmgw ctl` asks again this often while it waits for a change it asked for (an agent back after its restart)")
     ctl_request_s: float = _t(30.0, "ctl", "`llmgw ctl` waits this long for the admin API's answer")

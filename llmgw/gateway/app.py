@@ -45,12 +45,14 @@ from llmgw.net import url_host
 from llmgw.wire.asgi import (MAX_BODY_BYTES, RawApp, Receive, Scope, Send, cancel_on_disconnect, dumps, parse_object,
                              read_body, send_json)
 from llmgw.wire import logquery
-from llmgw.wire.front import BACKLOG, Front, listen_socket
+from llmgw.wire.front import BACKLOG, Front, adopt_socket, listen_socket
 from llmgw.wire.gate import listener_gate
 
 __all__ = [
     "GatewayApp",
     "GatewayDeps",
+    "Handover",
+    "LISTEN_FD_ENV",
     "make_app",
     "serve",
 ]
@@ -293,9 +295,25 @@ class GatewayApp(RawApp):
 # --- server -------------------------------------------------------------------------
 
 
+# The descriptor of the /v1 listening socket a gateway left open for the program that runs next in its process.
+LISTEN_FD_ENV = "LLMGW_GATEWAY_LISTEN_FD"
+
+
+@dataclass
+class Handover:
+    """A restart in place (the leader's `restart_gateway`): `asked` set starts the drain (llmgw/wire/front.py);
+    once drained, the /v1 listening socket is left open and its descriptor is `fd`, for the program that runs
+    next as this same process. `inherited`: the descriptor a previous program left so, adopted instead of a
+    new bind (connections queued meanwhile are served, none refused)."""
+
+    inherited: int | None = None
+    asked: trio.Event = field(default_factory=trio.Event)
+    fd: int | None = None
+
+
 async def _serve_then_stop(front: Front, sockets: list[Any], trigger: Callable[[], Awaitable[None]] | None,
-                           done: trio.CancelScope, *, task_status: trio.TaskStatus[None]) -> None:
-    await front.serve(sockets, shutdown_trigger=trigger, task_status=task_status)
+                           done: trio.CancelScope, hand_over: list[Any], *, task_status: trio.TaskStatus[None]) -> None:
+    await front.serve(sockets, shutdown_trigger=trigger, hand_over=hand_over, task_status=task_status)
     done.cancel()  # the server stopped (its trigger fired): so does the request log's writer, after a last write
 
 
@@ -311,6 +329,7 @@ async def serve(
     tls: ssl.SSLContext | None = None,
     query_tls: ssl.SSLContext | None | bool = True,
     listening: trio.Event | None = None,
+    handover: Handover | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway until cancelled (or `shutdown_trigger` returns: in-flight requests get a grace).
@@ -326,13 +345,25 @@ async def serve(
     cluster's CA); None: plain HTTP. `query_tls`: the `query_listen` listener's own (the gateway's own
     certificate, which control plans verify, when /v1 serves an operator's); True: as /v1.
     `listening`: set once the request log answers (its `query_url` known), before `open_when` is waited on.
+    `handover`: this gateway can restart in place (see `Handover`); its trigger is `handover.asked`.
     """
     role_var.set("gateway")  # this task's context: every request task inherits it
     app = make_app(deps)
     sockets = []
+    front: Front | None = None
+    if handover is not None:
+        shutdown_trigger = handover.asked.wait
     try:
-        sockets.append(await listen_socket(listen_host, listen_port, reuse_port=reuse_port,
-                                           listen=open_when is None))
+        if handover is not None and handover.inherited is not None:
+            try:
+                sockets.append(adopt_socket(handover.inherited))  # listening already: its queue is served
+                _log.info("took over the listening socket the previous program left (descriptor %d)",
+                          handover.inherited)
+            except ValueError as e:
+                _log.warning("%s=%d: %s; listening anew", LISTEN_FD_ENV, handover.inherited, e)
+        if not sockets:
+            sockets.append(await listen_socket(listen_host, listen_port, reuse_port=reuse_port,
+                                               listen=open_when is None))
         if query_listen is not None:
             sockets.append(await listen_socket(*query_listen))
         # How many client connections this process holds, from its open-files limit (llmgw/wire/gate.py).
@@ -345,7 +376,8 @@ async def serve(
             tls_of = [True] + [query_tls] * (len(sockets) - 1)
             await nursery.start(partial(_serve_then_stop, front,
                                         list(zip(sockets, tls_of))[0 if open_when is None else 1:],
-                                        shutdown_trigger, nursery.cancel_scope))
+                                        shutdown_trigger, nursery.cancel_scope,
+                                        sockets[:1] if handover is not None else []))
             host, port = sockets[0].getsockname()[:2]
             query_host, query_port = sockets[-1].getsockname()[:2]
             app.log.query_url = f"{query_scheme}://{url_host(query_host)}:{query_port}"
@@ -359,7 +391,8 @@ async def serve(
                     _log.warning("no table from control after %g s: taking connections anyway (answered 503 "
                                  "gateway_not_synced until one comes)", deps.timeouts.gateway_open_wait_s)
                 sockets[0].listen(BACKLOG)
-                front.add(sockets[0])
+                if not front.closing:  # (a restart asked before it ever opened: the next program accepts)
+                    front.add(sockets[0])
             _log.info("gateway listening on %s://%s:%d", scheme, url_host(host), port)
             # What is alive now (modules, the app, the table) lives as long as the process: out of the
             # collector's way, so a full collection scans what requests left behind, not every import
@@ -370,6 +403,9 @@ async def serve(
             sys.setswitchinterval(deps.timeouts.gateway_gil_switch_s)
             task_status.started((host, port))
     finally:
+        if handover is not None and front is not None and front.stopped and sockets:
+            # Drained for a restart in place: /v1's socket stays open, listening, for the next program.
+            handover.fd = sockets.pop(0).detach()
         for sock in sockets:
             sock.close()
         with trio.CancelScope(shield=True):

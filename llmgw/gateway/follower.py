@@ -10,8 +10,11 @@ serves from the last table it had and says how old it is (log and `GET /health`)
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 import socket
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -65,6 +68,11 @@ class GatewayConfig:
     reuse_port: bool = False
     query_listen: tuple[str, int] | None = None
     role: str = "gateway"  # how its log lines name it ("gateway-w1" for a worker)
+    # It can restart in place when the leader asks (`llmgw ctl gateways restart`): it drains, leaves its /v1
+    # listening socket open (`handover.fd`) and `llmgw gateway` runs itself again, which adopts it. None: it
+    # cannot (a gateway inside another process: a test's).
+    handover: gateway_app.Handover | None = None
+    started_at: float = field(default_factory=time.time)  # this program's start (a restart in place: a new one)
 
 
 @dataclass
@@ -88,6 +96,7 @@ class FollowedState:
         self._state: ClusterState | None = None
         self._confirmed_at: float | None = None  # trio time the leader last said the table is current
         self._changed = trio.Event()
+        self.routed = trio.Event()  # set by the first table that carries routes (a leader that knows them)
 
     # --- StateReader ----------------------------------------------------------------------
 
@@ -155,6 +164,25 @@ class _Feeds:
 
     rlog: RequestLog
     judges: JudgeFailures
+    # Drained for a restart in place: the usage left is sent at once (not every `usage_report_s`), and the
+    # program runs again once the leader has acknowledged it all (`acked` is set, then replaced, per ack).
+    flushing: trio.Event = field(default_factory=trio.Event)
+    acked: trio.Event = field(default_factory=trio.Event)
+
+    def ack(self, boot: str, seq: int) -> None:
+        if self.rlog.rollups.acked(boot, seq):
+            self.acked.set()
+            self.acked = trio.Event()
+
+    async def flush(self, within_s: float) -> None:
+        """Until the leader has acknowledged every usage row of this program, or `within_s`."""
+        self.flushing.set()
+        with trio.move_on_after(within_s):
+            while self.rlog.rollups.unsent():
+                await self.acked.wait()
+        if self.rlog.rollups.unsent():
+            log.warning("restarting with %d usage row(s) the leader has not acknowledged in %g s: they are not "
+                        "counted", self.rlog.rollups.unsent(), within_s)
 
 
 async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -173,18 +201,34 @@ async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IG
         # It follows the leader as soon as its request log answers (the hello names where): a worker takes
         # clients only once it has a table, which the leader sends on that stream.
         listening = trio.Event()
+        feeds = _Feeds(rlog, judges)
 
         async def follow() -> None:
             await listening.wait()
-            await _follow(config, state, router, _Feeds(rlog, judges))
+            await _follow(config, state, router, feeds)
 
         nursery.start_soon(follow)
-        host, port = await nursery.start(partial(gateway_app.serve, config.listen_host, config.listen_port, deps,
-                                                 reuse_port=config.reuse_port, query_listen=config.query_listen,
-                                                 # A worker shares its port: it takes clients once it has a table.
-                                                 open_when=partial(state.wait_changed, -1) if config.reuse_port
-                                                 else None, tls=config.server_tls, query_tls=config.query_tls,
-                                                 listening=listening))
+        # A worker shares its port: it takes clients once it has a table (not to answer its share of them 503
+        # gateway_not_synced while its siblings could serve them). A program restarted in place took over a
+        # listening socket whose queued clients wait: it takes them once it has routes too (not to hold them
+        # waiting for an activation while the leader it found has not heard from the agents yet).
+        open_when: Callable[[], Awaitable[object]] | None = None
+        if config.handover is not None and config.handover.inherited is not None:
+            open_when = state.routed.wait
+        elif config.reuse_port:
+            open_when = partial(state.wait_changed, -1)
+
+        async def run_app(*, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
+            await gateway_app.serve(config.listen_host, config.listen_port, deps, reuse_port=config.reuse_port,
+                                    query_listen=config.query_listen, open_when=open_when,
+                                    tls=config.server_tls, query_tls=config.query_tls, listening=listening,
+                                    handover=config.handover, task_status=task_status)
+            # Drained for a restart in place (its request log written): the usage goes to the leader, then the
+            # role ends and the program runs again.
+            await feeds.flush(config.timeouts.gateway_restart_usage_s)
+            nursery.cancel_scope.cancel()
+
+        host, port = await nursery.start(run_app)
         nursery.start_soon(_warn_while_stale, config, state)
         scheme = "https" if config.server_tls is not None else "http"
         task_status.started(GatewayHandle(f"{scheme}://{url_host(host)}:{port}", state, router, rlog))
@@ -220,7 +264,9 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
     t = config.timeouts
     await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.GATEWAY_PROTOCOL_VERSION,
                                           "gateway": config.name, "version": __version__,
-                                          "query_url": feeds.rlog.query_url}))  # where control asks its log
+                                          "query_url": feeds.rlog.query_url,  # where control asks its log
+                                          "restartable": config.handover is not None, "pid": os.getpid(),
+                                          "started_at": config.started_at}))
     first = await _receive(ws, control, t.gateway_silence_s)
     if first["type"] == "refused":
         raise Refused.of(control, first)
@@ -231,7 +277,7 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
     welcomed(str(first.get("leader", "?")), "" if old is None else f"the table held was {old:.1f} s old")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_report, ws, router, t, feeds.judges)
-        nursery.start_soon(_send_usage, ws, feeds.rlog, t)
+        nursery.start_soon(_send_usage, ws, feeds, t)
         if config.renewal is not None:
             nursery.start_soon(_renew, ws, config.renewal, t.gateway_heartbeat_s)
         while True:
@@ -245,20 +291,35 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
                 state.apply(table, now)
                 if table.routes is not None:  # None: that leader has not planned yet; keep the routes held
                     router.update_routes(table.routes)
+                    state.routed.set()
                 log.debug("table version %d (revision %d) from %s", table.version, table.state.revision, control)
             elif kind == "heartbeat":
                 state.confirm(now)
             elif kind == "certificate":
                 _renewed(config.renewal, message)
+            elif kind == "restart_gateway":
+                _restart_asked(config, str(message.get("reason") or "asked by control")[:200])
             elif kind == "usage_ack":
                 if isinstance(message.get("seq"), int):
-                    feeds.rlog.rollups.acked(str(message.get("boot")), message["seq"])
+                    feeds.ack(str(message.get("boot")), message["seq"])
             elif kind == "refused":
                 raise Refused.of(control, message)
             elif kind == "rejected":  # the leader could not read what this gateway sent; the stream goes on
                 log.warning("control %s rejected a message of this gateway: %s", control, str(message.get("reason"))[:500])
             else:
                 log.debug("ignoring message %r", kind)
+
+
+def _restart_asked(config: GatewayConfig, reason: str) -> None:
+    """The leader's `restart_gateway`: drain, then run again in place (the stream goes on while it drains:
+    requests on kept-alive connections are still routed)."""
+    if config.handover is None:
+        log.warning("asked to restart (%s), but this gateway runs inside another process: it cannot", reason)
+        return
+    if not config.handover.asked.is_set():
+        log.info("restarting in place, as control asked (%s): draining (no new connection is taken; they wait "
+                 "for the next program)", reason)
+        config.handover.asked.set()
 
 
 async def _renew(ws: WebSocketConnection, renewal: Renewal, every_s: float) -> None:
@@ -316,18 +377,26 @@ async def _report(ws: WebSocketConnection, router: Router, t: Timeouts, judges: 
         await trio.sleep(t.gateway_demand_report_s)
 
 
-async def _send_usage(ws: WebSocketConnection, rlog: RequestLog, t: Timeouts) -> None:
+async def _send_usage(ws: WebSocketConnection, feeds: _Feeds, t: Timeouts) -> None:
     """The usage rollups, one batch at a time: the unacknowledged batch is sent again (same seq) on
-    each new stream and after `gateway_silence_s` without its `usage_ack`; the leader counts it once."""
+    each new stream and after `gateway_silence_s` without its `usage_ack`; the leader counts it once.
+    Flushing (drained for a restart in place), each batch goes as soon as the previous one is acknowledged."""
     sent: tuple[int, float] | None = None  # (seq, when) of the batch last sent on this stream
     while True:
-        await trio.sleep(t.usage_report_s)
-        batch = rlog.rollups.batch()
+        if not feeds.flushing.is_set():
+            with trio.move_on_after(t.usage_report_s):
+                await feeds.flushing.wait()
+        batch = feeds.rlog.rollups.batch()
         now = trio.current_time()
-        if batch is None or (sent is not None and sent[0] == batch["seq"] and now - sent[1] < t.gateway_silence_s):
-            continue
-        await ws.send_message(protocol.dumps({"type": "usage", **batch}))
-        sent = (batch["seq"], now)
+        if batch is not None and (sent is None or sent[0] != batch["seq"] or now - sent[1] >= t.gateway_silence_s):
+            await ws.send_message(protocol.dumps({"type": "usage", **batch}))
+            sent = (batch["seq"], now)
+        elif feeds.flushing.is_set():  # all of it sent: wait for its ack, or the time to send it again
+            if batch is None or sent is None:
+                await trio.sleep_forever()  # (nothing more comes: the request log was written last)
+                return
+            with trio.move_on_at(sent[1] + t.gateway_silence_s):
+                await feeds.acked.wait()
 
 
 async def _warn_while_stale(config: GatewayConfig, state: FollowedState) -> None:

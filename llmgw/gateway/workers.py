@@ -258,7 +258,12 @@ async def serve_worker(config: GatewayConfig, parent_pid: int, *, task_status: A
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_parent, parent_pid, config.timeouts.gateway_worker_parent_poll_s,
                            nursery.cancel_scope)
-        handle: follower.GatewayHandle = await nursery.start(follower.serve, config)
+
+        async def run(*, task_status: trio.TaskStatus[follower.GatewayHandle]) -> None:
+            await follower.serve(config, task_status=task_status)
+            nursery.cancel_scope.cancel()  # drained for a restart in place: the watch ends too
+
+        handle: follower.GatewayHandle = await nursery.start(run)
         task_status.started(handle)
 
 

@@ -23,7 +23,7 @@ import logging
 import socket as stdlib_socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -36,7 +36,7 @@ from llmgw.wire.asgi import MAX_BODY_BYTES, Message, Receive, Scope, Send, dumps
 from llmgw.wire.gate import ConnectionGate, Slot, accept_loop
 from llmgw.wire.http1 import BODY, END, HEAD, LAST_CHUNK, BadRequest, Head, RequestReader, chunk, response_head
 
-__all__ = ["MAX_HEAD_BYTES", "Front", "listen_socket"]
+__all__ = ["MAX_HEAD_BYTES", "Front", "adopt_socket", "listen_socket"]
 
 _log = logging.getLogger("llmgw.front")
 
@@ -77,6 +77,22 @@ async def listen_socket(host: str, port: int, *, reuse_port: bool = False, liste
         sock.close()
         raise
     return sock
+
+
+def adopt_socket(fd: int) -> trio.socket.SocketType:
+    """The listening TCP socket a previous program of this process left open at descriptor `fd` (a restart
+    in place), taken over as it is: still listening, its queued connections kept. ValueError when `fd` is
+    not a listening TCP socket."""
+    try:
+        sock = stdlib_socket.socket(fileno=fd)
+    except OSError as e:
+        raise ValueError(f"descriptor {fd} is not a socket: {e}") from None
+    if sock.type != stdlib_socket.SOCK_STREAM or not sock.getsockopt(stdlib_socket.SOL_SOCKET,
+                                                                     stdlib_socket.SO_ACCEPTCONN):
+        sock.detach()  # not ours to close
+        raise ValueError(f"descriptor {fd} is not a listening TCP socket")
+    sock.set_inheritable(False)  # (an engine or worker started from here must not hold it)
+    return trio.socket.from_stdlib_socket(sock)
 
 
 class _Date:
@@ -208,6 +224,7 @@ class _Connection:
                     headers.append((b"transfer-encoding", b"chunked"))
             if self.front.closing or self.close_after:
                 headers.append((b"connection", b"close"))
+                self.close_after = True  # told: the client does not send on it again
             elif self.http10:
                 headers.append((b"connection", b"keep-alive"))
             headers.append((b"date", self.front.date()))
@@ -250,8 +267,12 @@ class _Connection:
                     return
                 first = False
                 await self._serve(app, request)
-                if self.gone or self.close_after or self.front.closing or not self.finished:
+                if self.gone or self.close_after or not self.finished:
                     return
+                if self.front.closing and not self.front.handing_over:
+                    return
+                # Handing over: this answer did not say `Connection: close` (its head went out before the
+                # drain began), so its client may send on it now; it waits as an idle one (see _next_request).
                 if not self._skip_body():
                     return  # the app left a body unread that is still on the wire: no next request here
         finally:
@@ -280,12 +301,15 @@ class _Connection:
                         return value  # type: ignore[return-value]
                     continue
                 if deadline is None and not self.reader.in_head:
-                    if self.front.closing:
+                    if self.front.closing and not self.front.handing_over:
                         return None
                     # Idle: the gate may close it to make room (its socket closed: ClosedResourceError).
                     wait = timeouts.gateway_first_request_s if first else timeouts.gateway_keep_alive_s
+                    if self.front.closing:  # handing over: closed once no client would send on it any more
+                        wait = min(wait, timeouts.gateway_drain_idle_s)
                     with trio.move_on_after(wait) as idle:
                         slot.scope = idle
+                        slot.idle_since = trio.current_time()
                         gate.rest(slot)
                         try:
                             data = bytes(await self.stream.receive_some(_READ))
@@ -371,7 +395,14 @@ class _Connection:
 
 class Front:
     """Serves one app on listening sockets. `serve` runs until cancelled or `shutdown_trigger` returns;
-    then it stops accepting, closes idle connections, and gives busy ones `gateway_shutdown_grace_s`."""
+    then it stops accepting, closes idle connections, and gives busy ones `gateway_shutdown_grace_s`.
+
+    Handing over (`serve(hand_over=...)`, a restart in place): those listening sockets stay open for the
+    program that runs next (connections that arrive meanwhile wait in the kernel's queue: closing a
+    listener would reset them), every answer from then on says `Connection: close`, and a kept-alive
+    connection is closed only once it has been idle `gateway_drain_idle_s` (a client that sent a request
+    on it meanwhile gets its answer; closing it at once would race that request); busy ones get
+    `gateway_restart_drain_s`."""
 
     def __init__(self, app: App, *, timeouts: Timeouts = TIMEOUTS, server_header: bytes = b"llmgw",
                  new_id: Callable[[], str] | None = None, gate: ConnectionGate | None = None,
@@ -384,6 +415,8 @@ class Front:
         self.timeouts = timeouts
         self.server_header = server_header
         self.closing = False
+        self.handing_over = False  # closing for a restart in place (see the class's docstring)
+        self.stopped = False  # the stop `shutdown_trigger` asked for ran to its end (not cut by a cancel)
         # Which connections it holds, which are idle (waiting for a request); None: no limits (the sim engine).
         self.gate = gate if gate is not None else ConnectionGate("gateway", log_every_s=timeouts.listener_limit_log_s)
         self.date = _Date()
@@ -399,8 +432,11 @@ class Front:
         sockets: list[trio.socket.SocketType] | list[tuple[trio.socket.SocketType, ssl.SSLContext | None | bool]],
         *,
         shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+        hand_over: Sequence[trio.socket.SocketType] = (),
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        """`hand_over`: when `shutdown_trigger` returns, these listening sockets are left open (not accepted
+        on any more) for the next program, and the stop is a patient drain (see the class's docstring)."""
         async with trio.open_nursery() as connections:
             accepting = trio.CancelScope()
 
@@ -419,17 +455,28 @@ class Front:
             if shutdown_trigger is None:
                 await trio.sleep_forever()
             await shutdown_trigger()
-            # Stop: no new connections, idle ones closed now, busy ones after their answer (or the grace).
+            # Stop: no new connections, idle ones closed now (handing over: once no client would send on them),
+            # busy ones after their answer (or the grace).
             self.closing = True
+            self.handing_over = bool(hand_over)
             accepting.cancel()
             for listener in self._listeners:
-                await listener.aclose()
+                if not any(listener.socket is kept for kept in hand_over):
+                    await listener.aclose()
             for slot in self.gate.idle_slots():
-                if slot.scope is not None:  # (one not yet waiting sees `closing` first)
+                if slot.scope is None:  # (one not yet waiting sees `closing` first)
+                    continue
+                if self.handing_over:  # closed once idle long enough that no client sends on it any more
+                    slot.scope.deadline = min(slot.scope.deadline, slot.idle_since + self.timeouts.gateway_drain_idle_s)
+                else:
                     slot.scope.cancel()
-            with trio.move_on_after(self.timeouts.gateway_shutdown_grace_s):
+            grace = self.timeouts.gateway_restart_drain_s if hand_over else self.timeouts.gateway_shutdown_grace_s
+            with trio.move_on_after(grace):
                 if self.connections:
                     await self._all_closed.wait()
+            self.stopped = True
+            if self.connections:
+                _log.warning("%d connection(s) still busy %g s after the stop began: cut", self.connections, grace)
             connections.cancel_scope.cancel()
 
     def request_id(self) -> list[tuple[bytes, bytes]]:

@@ -90,7 +90,7 @@ class Slot:
     """One admitted connection. `peer` is its (host, port); `scope` the cancel scope its server waits for
     a request in, if any (cancelled to close it where it has no socket: tests over memory streams)."""
 
-    __slots__ = ("address", "peer", "socket", "scope", "open", "idle")
+    __slots__ = ("address", "peer", "socket", "scope", "open", "idle", "idle_since")
 
     def __init__(self, address: _Address, peer: tuple[str, int] | None, sock: Any) -> None:
         self.address = address
@@ -99,6 +99,7 @@ class Slot:
         self.scope: trio.CancelScope | None = None
         self.open = True
         self.idle = False
+        self.idle_since = 0.0  # trio time its server began waiting for a request (while `scope` is set)
 
     def close(self) -> None:
         """Close now: the socket (its descriptor is free at once, a task reading it wakes), or the scope."""

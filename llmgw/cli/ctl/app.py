@@ -18,6 +18,7 @@ from llmgw.cli.ctl.session import Io, Session
 # The command groups: each names a module of this package whose `register(app)` adds
 # its commands (`ctl --help` sorts them). A new group is a new module and one line here.
 COMMAND_GROUPS = (
+    "gateways",
     "guard",
     "keys",
     "members",

@@ -288,6 +288,8 @@ def _paths() -> Schema:
     member = _path_param("member", {"type": "string", "minLength": 1}, "a member's Raft address, HOST:PORT")
     key_id = _path_param("key_id", {"type": "string", "pattern": "^key_[A-Za-z0-9]{1,64}$"}, "a key's public id")
     node = _path_param("name", {"type": "string", "minLength": 1}, "a node's name")
+    gateway = _path_param("name", {"type": "string", "minLength": 1},
+                          "a gateway's name, as `GET /api/v1/gateways` lists it")
     request_id = _path_param("request_id", {"type": "string", "pattern": "^req-[a-z0-9]{1,24}-[0-9a-f]{16}$"},
                              "a request id, as `x-request-id` gave it (it names its gateway)")
     unix = {"type": "number"}
@@ -360,6 +362,15 @@ def _paths() -> Schema:
             "ask a connected node's agent to restart in place (engines keep serving, adopted)",
             _obj({"restarting": _STR, "connected_at": _null(_NUM)}), errors=("404", "409", "503"), params=(node,),
             write=True)},
+        "/api/v1/gateways": {"get": _op("every gateway the leader has seen on its stream, connected or not", _obj({
+            "gateways": _arr(_obj({"name": _STR, "address": _STR, "connected": _BOOL, "connected_at": _NUM,
+                                   "last_contact": _NUM, "query_url": _STR, "restartable": _BOOL,
+                                   "pid": _null(_INT), "started_at": _null(_NUM)}))}))},
+        "/api/v1/gateways/{name}/restart": {"post": _op(
+            "ask a connected gateway to restart in place (it drains; its listening socket passes to the program "
+            "that runs next: no client refused)",
+            _obj({"restarting": _STR, "connected_at": _NUM, "started_at": _null(_NUM), "pid": _null(_INT)}),
+            errors=("404", "409", "503"), params=(gateway,), write=True)},
         "/api/v1/system/stop": {"post": _op("stop serving (`serving.stopped` = true)", switch, write=True)},
         "/api/v1/system/start": {"post": _op("serve again (`serving.stopped` = false)", switch, write=True)},
         "/api/v1/keys": {

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from llmgw.control.api import metrics, openapi
 from llmgw.control.api.route import ADMIN, PUBLIC, VIEWER, Call, Raw, Route
-from llmgw.control.ops import (guard, judges, keys, members, models, nodes, notify, plan, requests, settings, status,
-                               system, trust)
+from llmgw.control.ops import (gateways, guard, judges, keys, members, models, nodes, notify, plan, requests, settings,
+                               status, system, trust)
 
 
 async def _health(c: Call) -> dict[str, object]:
@@ -48,6 +48,9 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/v1/nodes", VIEWER, lambda c: nodes.list_nodes(c.ctx)),
     Route("DELETE", "/api/v1/nodes/<path:name>", ADMIN, lambda c: nodes.forget(c.ctx, c.path["name"])),
     Route("POST", "/api/v1/nodes/<path:name>/restart", ADMIN, lambda c: nodes.restart(c.ctx, c.path["name"])),
+    # Gateways (the leader's streams).
+    Route("GET", "/api/v1/gateways", VIEWER, lambda c: gateways.list_gateways(c.ctx)),
+    Route("POST", "/api/v1/gateways/<path:name>/restart", ADMIN, lambda c: gateways.restart(c.ctx, c.path["name"])),
     # The request log (fanned out to the gateways) and usage.
     Route("GET", "/api/v1/requests", VIEWER, lambda c: requests.list_page(c.ctx, c.args, c.authorization)),
     Route("GET", "/api/v1/requests/<path:request_id>", VIEWER,
