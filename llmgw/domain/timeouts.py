@@ -194,6 +194,13 @@ class Timeouts:
     service_restart_first_s: float = _t(1.0, "service", "the built-in supervisor waits this long before starting again a role that exited (doubles each time, up to service_restart_max_s)")
     service_restart_max_s: float = _t(60.0, "service", "the longest wait of the built-in supervisor before starting again a role that keeps exiting")
     service_stable_s: float = _t(30.0, "service", "a role that ran this long before it exited is started again after the first wait (its backoff starts over)")
+    # --- `llmgw server add` (docs/install.md, "From one machine to a fleet") -------------------
+    ssh_connect_s: float = _t(10.0, "server add", "`llmgw server add`: ssh's ConnectTimeout; a machine that has not answered the connection within this long is unreachable")
+    ssh_command_s: float = _t(60.0, "server add", "`llmgw server add`: one command run over ssh (the checks, the service's install and start) gives up after this long")
+    ssh_copy_s: float = _t(600.0, "server add", "`llmgw server add`: copying the zipapp over scp gives up after this long")
+    server_add_join_s: float = _t(180.0, "server add", "`llmgw server add` waits this long for the machine to have joined (an agent connected, a control plane added and caught up, a gateway following the leader), once its service started")
+    server_add_poll_s: float = _t(0.5, "server add", "`llmgw server add` asks the admin API again this often while it waits for the machine to join")
+    server_add_clock_skew_s: float = _t(2.0, "server add", "`llmgw server add` refuses a machine whose clock is surely further than this from the operator's machine's (beyond half the probe's round trip)")
     ctl_node_restart_s: float = _t(60.0, "ctl", "`llmgw ctl nodes restart` waits this long for the node's agent to be back on a new stream (`--no-wait`: not at all)")
     ctl_member_restart_s: float = _t(60.0, "ctl", "`llmgw ctl members restart` waits this long for the member to answer again, restarted and caught up (`--no-wait`: not at all)")
     ctl_poll_s: float = _t(0.2, "ctl", "`llmgw ctl` asks again this often while it waits for a change it asked for (an agent back after its restart)")
