@@ -148,6 +148,7 @@ class Sshd:
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
             "PubkeyAuthentication yes",
+            "Subsystem sftp internal-sftp",  # scp speaks SFTP (OpenSSH 9), as Debian's own config allows
             # shiv unpacks the zipapp here rather than in root's home
             f"SetEnv SHIV_ROOT={shiv_root}",
             "",
@@ -359,6 +360,8 @@ def test_a_port_taken_a_python_too_old_and_a_clock_ahead_are_all_said_and_nothin
     finally:
         holder.kill()
         holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
 
 
 def test_a_key_not_authorized_is_said_as_such(cluster: Cluster, remote: Remote, keys: Keys, sshd: Sshd, pyz: Path,
