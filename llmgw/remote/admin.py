@@ -1,5 +1,5 @@
 """The admin API as `llmgw server add` speaks to it (the operator's side, with the admin key, as `llmgw ctl`
-does): JSON in and out, an Idempotency-Key on each write, every answer that is not a 2xx an `ApiError`
+does): JSON in and out, an Idempotency-Key on each write, every answer that is not a 2xx an `AdminCallFailed`
 with the API's code and words."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 
-class ApiError(Exception):
+class AdminCallFailed(Exception):
     """The admin API refused (`status` and `code` from its answer) or was not reached (`status` 0)."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
@@ -53,17 +53,17 @@ class AdminApi:
         try:
             r = await self._client.request(method, path, content=content, headers=headers)
         except httpx.HTTPError as e:
-            raise ApiError(0, "unreachable", f"the admin API at {self.url} was not reached "
+            raise AdminCallFailed(0, "unreachable", f"the admin API at {self.url} was not reached "
                                              f"({str(e) or type(e).__name__})") from None
         try:
             doc = r.json()
         except ValueError:
-            raise ApiError(r.status_code, f"http_{r.status_code}", f"{self.url}{path} answered no JSON "
+            raise AdminCallFailed(r.status_code, f"http_{r.status_code}", f"{self.url}{path} answered no JSON "
                                                                    f"(is it the llmgw admin API?)") from None
         if 200 <= r.status_code < 300:
             return doc
         err = doc.get("error") if isinstance(doc, dict) else None
         if isinstance(err, dict):
-            raise ApiError(r.status_code, str(err.get("code") or f"http_{r.status_code}"),
+            raise AdminCallFailed(r.status_code, str(err.get("code") or f"http_{r.status_code}"),
                            str(err.get("message") or "(no message)"))
-        raise ApiError(r.status_code, f"http_{r.status_code}", f"{self.url}{path} answered status {r.status_code}")
+        raise AdminCallFailed(r.status_code, f"http_{r.status_code}", f"{self.url}{path} answered status {r.status_code}")

@@ -32,13 +32,13 @@ import trio
 from llmgw.domain.timeouts import Timeouts
 from llmgw.interfaces import RemoteShell
 from llmgw.remote import Ran, RemoteError
-from llmgw.remote.admin import AdminApi, ApiError
+from llmgw.remote.admin import AdminApi, AdminCallFailed
 from llmgw.remote.preflight import DISK_SPARE_BYTES, PROBE, Asked, Facts, Known, Problem, ProbeError, judge, \
     probe_input
+from llmgw.service.spec import SERVICE_ROLES
 
 Role = Literal["agent", "control", "gateway"]
 Status = Literal["ok", "problem", "fail", "wait", "note"]
-ROLES = ("agent", "control", "gateway")
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class AddRequest:
     def problems(self) -> list[str]:
         """What is wrong with the request itself (a usage error), before anyone is asked."""
         out = []
-        if self.role not in ROLES:
+        if self.role not in SERVICE_ROLES:
             out.append(f"--role {self.role!r}: give agent, control or gateway")
         if not self.dir.startswith("/"):
             out.append(f"--remote-dir {self.dir!r}: give an absolute path")
@@ -255,7 +255,7 @@ class ServerAdd:
     async def admin_call(self, step: str, method: str, path: str, body: Any = None) -> Any:
         try:
             return await (self.api.get(path) if method == "GET" else self.api.post(path, body))
-        except ApiError as e:
+        except AdminCallFailed as e:
             self.say(step, "fail", e.message, code=e.code)
             raise AddFailed(f"{method} {path}: {e}") from None
 
@@ -343,7 +343,7 @@ class ServerAdd:
                 await self.api.post("/api/v1/cluster/members", {"raft_addr": raft_addr})
                 self.say("member", "ok", f"{raft_addr} added to the Raft group (a membership change, committed)")
                 return
-            except ApiError as e:
+            except AdminCallFailed as e:
                 if e.code == "member_exists":
                     self.say("member", "ok", f"{raft_addr} is in the Raft group already")
                     return
@@ -389,7 +389,7 @@ class ServerAdd:
         while True:
             try:
                 missing = await self.joined(name)
-            except ApiError as e:
+            except AdminCallFailed as e:
                 missing = str(e)
             if missing is None:
                 break
