@@ -1,5 +1,5 @@
 """The console's Do menu (`/do`): serve a model (with `ctl plan`'s verdict first), retry a parked model,
-enable the judge, stop / start the system, guards on / off; and how to add a node or a control plane.
+enable the judge, stop / start the system, guards on / off; and how to add a machine (`llmgw server add`).
 
 Every action is two POSTs: the first shows what will happen and asks to confirm, the second does it
 through the admin API's own operations (`control/ops`: models, judges, system, settings) and shows the result,
@@ -219,22 +219,29 @@ def menu(session: Session, ctx: Context) -> str:
 
 
 def add_machines(control_url: str) -> str:
-    """How to add a node or a control plane: commands to run, since no form can install a machine yet."""
+    """How to add a node, a gateway or a control plane: `llmgw server add`, run where the admin key and an ssh key
+    to the new machine are (the console does not hold an ssh key to the fleet's machines)."""
     url = esc(control_url.rstrip("/"))
     return (
         '<section class="card" id="do-add" data-testid="do-add"><h2>Add a node or a control plane</h2>'
-        "<p>Not a form yet: adding a machine means installing llmgw on it and starting it there, which the console "
-        "cannot do until the operations work (installing over ssh, the floating address) lands. Run these:</p>"
-        f'<p>A node, on the new machine (it shows on <a href="/nodes">Nodes</a> once its agent connects):<br>'
-        f'<code data-testid="add-node-command">LLMGW_KEY=ADMIN_KEY llmgw agent --control {url} --state-dir '
-        f"/var/lib/llmgw/agent --engine-host THIS_MACHINES_ADDRESS [--storage /models:FABRIC:shared] "
-        f"[--fabric FABRIC]</code></p>"
-        "<p>A control plane: copy <code>STATE_DIR/cluster.secret</code> from a member to the new machine and start it "
-        'there with<br><code data-testid="add-control-command">llmgw control --join --state-dir /var/lib/llmgw/control '
-        "--raft-addr NEW_HOST:RAFT_PORT --admin-addr 0.0.0.0:ADMIN_PORT --cluster-secret-file cluster.secret "
-        "--peer RAFT_ADDR_OF_EACH_MEMBER [--floating-address ADDR/PREFIX --floating-interface IF]</code><br>"
-        'then add it to the group from here: <code data-testid="add-member-command">llmgw ctl members add '
-        "NEW_HOST:RAFT_PORT</code>. The Overview lists it with the leader and standbys.</p></section>")
+        "<p>From a machine that holds the admin key and an ssh key to the new machine, <code>llmgw server add</code> "
+        "checks the new machine first (ssh, Python 3.11, its ports, its clock, its disk, not in the cluster already) "
+        "and changes nothing when a check fails; then it copies the zipapp, installs and starts the role as a "
+        "service with a one-time join token, and waits until the machine has joined (docs/install.md, "
+        '"From one machine to a fleet"). The console does not run it itself: it holds no ssh key to your '
+        "machines.</p>"
+        f'<p>A node (it shows on <a href="/nodes">Nodes</a> once its agent connects with its own certificate):<br>'
+        f'<code data-testid="add-node-command">llmgw server add root@NEW_HOST --role agent --url {url} '
+        f"--name NODE_NAME [--storage /models:FABRIC:shared] [--fabric FABRIC]</code></p>"
+        f'<p>A gateway:<br><code data-testid="add-gateway-command">llmgw server add root@NEW_HOST --role gateway '
+        f"--url {url} --listen NEW_HOST:8080</code></p>"
+        "<p>A control plane (added to the Raft group and caught up before it returns; the Overview lists it with "
+        'the leader and standbys):<br><code data-testid="add-control-command">llmgw server add root@NEW_HOST '
+        f"--role control --url {url} --cluster-secret-file COPY_OF_cluster.secret "
+        "[--floating-address ADDR/PREFIX --floating-interface IF]</code></p>"
+        "<p>By hand, without ssh: <code>llmgw ctl nodes token create</code>, then start the role on the machine "
+        'with <code>--join-token</code>; a control plane then <code data-testid="add-member-command">llmgw ctl '
+        "members add NEW_HOST:RAFT_PORT</code> (docs/install.md).</p></section>")
 
 
 def judge_form(ctx: Context, csrf: str) -> str:
