@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import zipfile
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,14 +17,6 @@ from cyclopts import Parameter
 from llmgw.cli.ctl.errors import EXIT_API, EXIT_OK, EXIT_USAGE, UsageError
 
 server_app = cyclopts.App(name="server", help="Machines of the cluster, over ssh: `llmgw server add`.")
-
-
-def running_zipapp() -> Path | None:
-    """The zipapp this program runs from, if it runs as one."""
-    path = sys.argv[0]
-    if path and os.path.isfile(path) and zipfile.is_zipfile(path):
-        return Path(path).resolve()
-    return None
 
 
 @server_app.command
@@ -91,7 +82,7 @@ def add(
     from llmgw.cli.roles import env_timeouts
     from llmgw.remote import RemoteError
     from llmgw.remote.admin import AdminApi, verify_with
-    from llmgw.remote.server_add import AddFailed, AddRequest, Event, ServerAdd
+    from llmgw.remote.server_add import AddFailed, AddRequest, Event, ServerAdd, running_zipapp
     from llmgw.remote.ssh import SshShell, SshTarget, check_target
     from llmgw.store.secret import ENV as SECRET_ENV, SecretError, parse, read_file
 

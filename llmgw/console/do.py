@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from quart import request
 
-from llmgw.console import do_serve
+from llmgw.console import do_add, do_serve
 from llmgw.console.actions import ActionError, committer, new_token, run
 from llmgw.console.auth import console_route
 from llmgw.console.sessions import Session, csrf_field
@@ -214,22 +214,23 @@ def menu(session: Session, ctx: Context) -> str:
                f'are {"on" if on else "off"}.</p>' +
                _button("/do/guards", csrf, {"to": "off" if on else "on"},
                        "Turn the guards off…" if on else "Turn the guards on…", "guards-form") + "</section>")
-    out.append(add_machines(request.host_url))
+    out.append(add_machines(request.host_url, csrf))
     return '<div class="grid">' + "".join(out) + "</div>"
 
 
-def add_machines(control_url: str) -> str:
-    """How to add a node, a gateway or a control plane: `llmgw server add`, run where the admin key and an ssh key
-    to the new machine are (the console does not hold an ssh key to the fleet's machines)."""
+def add_machines(control_url: str, csrf: str) -> str:
+    """Add a node, a gateway or a control plane: `llmgw server add`'s operation run from here (this control
+    plane's ssh key and zipapp: `do_add.py`), or the command to run where the admin key and an ssh key are."""
     url = esc(control_url.rstrip("/"))
     return (
         '<section class="card" id="do-add" data-testid="do-add"><h2>Add a node or a control plane</h2>'
-        "<p>From a machine that holds the admin key and an ssh key to the new machine, <code>llmgw server add</code> "
-        "checks the new machine first (ssh, Python 3.11, its ports, its clock, its disk, not in the cluster already) "
-        "and changes nothing when a check fails; then it copies the zipapp, installs and starts the role as a "
-        "service with a one-time join token, and waits until the machine has joined (docs/install.md, "
-        '"From one machine to a fleet"). The console does not run it itself: it holds no ssh key to your '
-        "machines.</p>"
+        "<p>The machine is checked first (ssh, Python 3.11, its ports, its clock, its disk, not in the cluster "
+        "already) and nothing changes when a check fails; then the zipapp is copied, the role installed and started "
+        "as a service with a one-time join token, and the add waits until the machine has joined (docs/install.md, "
+        '"From one machine to a fleet"). From here, this control plane connects with its own ssh key (authorize it '
+        "on the machine) and installs the zipapp it runs from; a control plane gets this member's cluster secret.</p>"
+        + do_add.form_html(csrf) +
+        "<p>Or from a machine that holds the admin key and an ssh key to the new machine:</p>"
         f'<p>A node (it shows on <a href="/nodes">Nodes</a> once its agent connects with its own certificate):<br>'
         f'<code data-testid="add-node-command">llmgw server add root@NEW_HOST --role agent --url {url} '
         f"--name NODE_NAME [--storage /models:FABRIC:shared] [--fabric FABRIC]</code></p>"

@@ -20,8 +20,11 @@ On the remote machine: DIR/llmgw.pyz, DIR/ROLE/ (the state dir), DIR/services/ (
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
+import sys
 import time
+import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +145,14 @@ class AddRequest:
         if not self.zipapp.is_file():
             out.append(f"--zipapp {self.zipapp}: no such file")
         return out
+
+
+def running_zipapp() -> Path | None:
+    """The zipapp this program runs from, if it runs as one (what `server add` installs by default)."""
+    path = sys.argv[0]
+    if path and os.path.isfile(path) and zipfile.is_zipfile(path):
+        return Path(path).resolve()
+    return None
 
 
 def machine_name(req: AddRequest, facts: Facts) -> str:
