@@ -221,13 +221,14 @@ class Added:
 
 
 def server_add(cluster: Cluster, remote: Remote, keys: Keys, pyz: Path, role: str, dir: Path, *extra: str,
-               identity: Path | None = None) -> Added:
-    argv = [sys.executable, "-m", "llmgw", "server", "add", f"root@{remote.addr}", "--role", role, "--json",
+               identity: Path | None = None, as_json: bool = True) -> Added:
+    argv = [sys.executable, "-m", "llmgw", "server", "add", f"root@{remote.addr}", "--role", role,
+            *(["--json"] if as_json else []),
             "--zipapp", str(pyz), "--remote-dir", str(dir), "--identity", str(identity or keys.client),
             "--known-hosts", str(keys.known_hosts), "--url", cluster.members[0].url, "--key", ADMIN_KEY, *extra]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=dir.parent)
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    return Added(done.returncode, events, done.stderr)
+    return Added(done.returncode, events, done.stderr if as_json else done.stdout + done.stderr)
 
 
 def api(cluster: Cluster, path: str) -> Any:
@@ -382,6 +383,10 @@ def test_sshd_stopped_is_said_as_refused_and_nothing_changes(cluster: Cluster, r
         assert refused.code == 1, refused
         assert {e.get("code") for e in refused.events} >= {"ssh_refused"}, refused
         assert "nothing listens for ssh" in refused.stderr
+        said = server_add(cluster, remote, keys, pyz, "agent", tmp_path / "remote", "--name", "n", as_json=False)
+        assert said.code == 1 and said.events == []
+        assert said.stderr.startswith(f"ssh      FAILED: ssh to root@{remote.addr} was refused"), said
+        assert "error: " in said.stderr and "ssh_refused: " in said.stderr, said
         assert api(cluster, "/api/v1/trust/tokens") == tokens
         assert not (tmp_path / "remote").exists()
     finally:
