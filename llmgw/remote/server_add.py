@@ -284,7 +284,8 @@ class ServerAdd:
 
     async def copy(self) -> None:
         req = self.req
-        digest = hashlib.sha256(req.zipapp.read_bytes()).hexdigest()
+        with req.zipapp.open("rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
         await self.remote("copy", ["mkdir", "-p", "-m", "0700", req.dir])
         there = await self.remote("copy", ["sha256sum", req.pyz])
         if there.ok and there.stdout.split()[:1] == [digest.encode()]:
