@@ -316,7 +316,8 @@ class ServerAdd:
         if self.req.token_ttl_s is not None:
             body["ttl_s"] = self.req.token_ttl_s
         doc = await self.admin_call("token", "POST", "/api/v1/trust/tokens", body)
-        self.say("token", "ok", f"join token {doc.get('id')} for a {self.req.role} named {name}, usable once")
+        article = "an" if self.req.role == "agent" else "a"
+        self.say("token", "ok", f"join token {doc.get('id')} for {article} {self.req.role} named {name}, usable once")
         return dict(doc)
 
     async def put_secret(self) -> None:

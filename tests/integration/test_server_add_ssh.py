@@ -392,3 +392,31 @@ def test_sshd_stopped_is_said_as_refused_and_nothing_changes(cluster: Cluster, r
     finally:
         sshd.start()
 
+
+
+def test_no_python_there_is_said(cluster: Cluster, remote: Remote, keys: Keys, sshd: Sshd, pyz: Path,
+                                 tmp_path: Path) -> None:
+    missing = server_add(cluster, remote, keys, pyz, "agent", tmp_path / "remote", "--name", "n",
+                         "--remote-python", "/nonexistent/python3")
+    assert missing.code == 1 and set(missing.problems()) == {"no_python"}, missing
+    assert not (tmp_path / "remote").exists()
+
+
+def test_a_machine_that_does_not_join_in_time_says_its_service_status_and_log(
+        cluster: Cluster, remote: Remote, keys: Keys, sshd: Sshd, pyz: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its agent dials a control URL where nothing answers: it never joins; the add's wait (shortened through
+    LLMGW_TIMEOUTS, as for any process) ends with what the machine says of it."""
+    dir = tmp_path / "remote-lost"
+    nowhere = f"https://{remote.host_addr}:{free_port(remote.host_addr)}"
+    monkeypatch.setenv("LLMGW_TIMEOUTS", "server_add_join_s=6")
+    try:
+        lost = server_add(cluster, remote, keys, pyz, "agent", dir, "--name", "ssh-node-lost", "--control", nowhere)
+    finally:
+        stop_services(dir)
+    assert lost.code == 1, lost
+    steps = [(e["step"], e["status"]) for e in lost.events]
+    assert ("start", "ok") in steps and ("join", "fail") in steps, lost
+    said = lost.events[-2]["words"] if lost.events[-1]["step"] == "done" else lost.events[-1]["words"]
+    assert "had not joined within 6 s" in said and "service status: agent" in said, lost
+    assert nowhere.removeprefix("https://") in said or "error" in said, "the log's last lines say why"

@@ -231,3 +231,17 @@ def test_ssh_refused_is_one_problem_and_nothing_is_asked(tmp_path: Path) -> None
     trio.run(main)
     assert calls == [] and [e.to_doc()["code"] for e in events] == ["ssh_refused"]
     assert json.dumps(events[0].to_doc())
+
+
+def test_service_install_takes_the_environment_from_stdin_off_the_command_line(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from llmgw.cli.service import install
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("LLMGW_JOIN_TOKEN=llmgw-join-secret\n\n"))
+    assert install("agent", ["--state-dir", "/d"], dir=tmp_path, env=["A=1"], env_stdin=True) == 0
+    doc = json.loads((tmp_path / "agent.json").read_text())
+    assert doc["env"] == {"A": "1", "LLMGW_JOIN_TOKEN": "llmgw-join-secret"} and doc["args"] == ["--state-dir", "/d"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("not a pair\n"))
+    assert install("agent", [], dir=tmp_path, env_stdin=True) == 2
