@@ -36,6 +36,16 @@ def bind(host, port):
         return e.strerror or str(e)
     finally:
         s.close()
+def reach(host, port):
+    try:
+        socket.create_connection((host, port), asked["connect_s"]).close()
+        return ""
+    except (OSError, ValueError) as e:
+        return str(e) or type(e).__name__
+reached = []
+for what, host, port in asked.get("reach", []):
+    error = reach(host, port)
+    reached.append({"what": what, "host": host, "port": port, "free": not error, "error": error})
 ports = []
 for what, host, port in asked["ports"]:
     error = bind(host, port)
@@ -46,6 +56,7 @@ out = {
     "hostname": socket.gethostname(),
     "uid": os.getuid(),
     "ports": ports,
+    "reached": reached,
     "disk": free_space(asked["dir"]),
     "credentials": os.path.isfile(os.path.join(asked["state_dir"], "tls", "cert.pem")),
     "installed": os.path.isfile(os.path.join(asked["services_dir"], asked["role"] + ".json")),
@@ -79,6 +90,7 @@ class Facts:
     hostname: str
     uid: int
     ports: tuple[Port, ...]
+    reached: tuple[Port, ...]  # what it dialled: the control plane's admin API, a member's Raft (free: answered)
     disk_path: str
     disk_free: int
     credentials: bool  # STATE_DIR/tls/cert.pem: this machine already joined a cluster
@@ -98,6 +110,8 @@ class Facts:
                        hostname=str(doc["hostname"]), uid=int(doc["uid"]),
                        ports=tuple(Port(str(p["what"]), str(p["host"]), int(p["port"]), bool(p["free"]),
                                         str(p["error"])) for p in doc["ports"]),
+                       reached=tuple(Port(str(p["what"]), str(p["host"]), int(p["port"]), bool(p["free"]),
+                                          str(p["error"])) for p in doc.get("reached", [])),
                        disk_path=str(doc["disk"]["path"]), disk_free=int(doc["disk"]["free"]),
                        credentials=bool(doc["credentials"]), installed=bool(doc["installed"]),
                        systemd=bool(doc["systemd"]), unit=bool(doc["unit"]), time=float(doc["time"]))
@@ -105,9 +119,11 @@ class Facts:
             raise ProbeError(f"the probe's answer is not what it writes ({e}): {text.strip()[-300:]!r}") from None
 
 
-def probe_input(*, role: str, dir: str, state_dir: str, services_dir: str, ports: Sequence[tuple[str, str, int]]) -> str:
+def probe_input(*, role: str, dir: str, state_dir: str, services_dir: str, ports: Sequence[tuple[str, str, int]],
+                reach: Sequence[tuple[str, str, int]], connect_s: float) -> str:
+    """The probe's argument: what to look at there (`ports` to bind, `reach` to dial within `connect_s`)."""
     return json.dumps({"role": role, "dir": dir, "state_dir": state_dir, "services_dir": services_dir,
-                       "ports": [list(p) for p in ports]})
+                       "ports": [list(p) for p in ports], "reach": [list(r) for r in reach], "connect_s": connect_s})
 
 
 @dataclass(frozen=True)
@@ -187,6 +203,11 @@ def judge(facts: Facts, asked: Asked, known: Known, *, before: float, after: flo
         if not p.free:
             problems.append(Problem("port_taken", f"the {p.what} port {p.host}:{p.port} is taken there ({p.error}): "
                                                   f"stop what holds it, or choose another port"))
+    for r in facts.reached:
+        if not r.free:
+            problems.append(Problem("control_unreachable", f"it does not reach the {r.what} at {r.host}:{r.port} "
+                                                           f"({r.error}): a firewall, a route, or an address only "
+                                                           f"this machine knows (127.0.0.1?); give --control URL"))
     skew = skew_problem(facts.time, before, after, asked.skew_limit_s)
     if skew is not None:
         problems.append(skew)

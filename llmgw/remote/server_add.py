@@ -24,6 +24,7 @@ import os
 import shlex
 import sys
 import time
+import urllib.parse
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -155,6 +156,21 @@ def running_zipapp() -> Path | None:
     return None
 
 
+def dials(controls: list[str], peers: list[str]) -> list[tuple[str, str, int]]:
+    """What the machine must reach, as the probe dials it: each control URL's host and port (the admin API),
+    and a control plane each member's Raft address."""
+    out = []
+    for url in controls:
+        parts = urllib.parse.urlsplit(url)
+        if parts.hostname:
+            out.append(("admin API", parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)))
+    for addr in peers:
+        host, _, port = addr.rpartition(":")
+        if port.isdigit():
+            out.append(("Raft", host.strip("[]"), int(port)))
+    return out
+
+
 def machine_name(req: AddRequest, facts: Facts) -> str:
     """What the cluster will call the machine: a control plane by its Raft address, others by --name or
     the remote host name."""
@@ -201,9 +217,11 @@ class ServerAdd:
     async def run(self) -> dict[str, Any]:
         """Add the machine; what was done. Raises AddFailed with the reasons."""
         req = self.req
-        facts, before, after = await self.probe()
-        name = machine_name(req, facts)
         known, members = await self.cluster()
+        controls = list(req.controls) or self.member_urls(members) or [self.api.url]
+        peers = [str(r["id"]) for r in members.get("members") or [] if isinstance(r, Mapping) and r.get("id")]
+        facts, before, after = await self.probe(dials(controls, peers if req.role == "control" else []))
+        name = machine_name(req, facts)
         asked = Asked(req.role, name, req.dir, req.state_dir, req.zipapp.stat().st_size + DISK_SPARE_BYTES,
                       self.timeouts.server_add_clock_skew_s, req.ports())
         problems = judge(facts, asked, known, before=before, after=after)
@@ -216,11 +234,9 @@ class ServerAdd:
                                 f"{self.timeouts.server_add_clock_skew_s:g} s, {facts.disk_free // 2**20} MiB free, "
                                 f"not in the cluster as {name}")
         await self.copy()
-        controls = list(req.controls) or self.member_urls(members) or [self.api.url]
         token = await self.token(name)
         if req.role == "control":
             await self.put_secret()
-        peers = [str(r["id"]) for r in members.get("members") or [] if isinstance(r, Mapping) and r.get("id")]
         flags = role_flags(req, name, controls, peers, str(token.get("ca_hash") or ""))
         await self.install(flags, str(token["token"]))
         manager = req.manager if req.manager != "auto" else ("systemd" if facts.systemd and facts.unit else "builtin")
@@ -242,10 +258,10 @@ class ServerAdd:
     def llmgw(self, *args: str) -> list[str]:
         return [self.req.python, "-I", self.req.pyz, *args]
 
-    async def probe(self) -> tuple[Facts, float, float]:
+    async def probe(self, reach: list[tuple[str, str, int]]) -> tuple[Facts, float, float]:
         req = self.req
         given = probe_input(role=req.role, dir=req.dir, state_dir=req.state_dir, services_dir=req.services_dir,
-                            ports=req.ports())
+                            ports=req.ports(), reach=reach, connect_s=self.timeouts.agent_connect_s)
         before = self.clock()
         ran = await self.remote("ssh", [req.python, "-c", PROBE, given])
         after = self.clock()

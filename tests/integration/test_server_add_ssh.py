@@ -6,8 +6,9 @@ of its own under tmp_path; the zipapp is built once (build.py, shiv) and copied 
 
 Then: an agent joins with its own certificate; a second add of it refuses and changes nothing; a gateway
 follows the leader; a control plane is added to the Raft group and catches up; and the faults — sshd
-stopped (refused), a key not authorized, a port taken there, a Python too old and a clock 30 s ahead (a
-remote Python that says so: the world's edge), each reported before anything is changed.
+stopped (refused), a key not authorized, no Python there, a port taken there, a control URL the machine
+does not reach, a Python too old and a clock 30 s ahead (a remote Python that says so: the world's edge),
+each reported before anything is changed; and a machine that does not join in time, with what it says.
 
 Needs root (network namespaces, sshd) and sshd, ssh, ssh-keygen, ip: skipped with the reason otherwise.
 """
@@ -327,7 +328,7 @@ def test_a_control_plane_is_added_to_the_group_and_catches_up(cluster: Cluster, 
 # --- what stops it, said before anything changes ------------------------------------------------------
 
 
-def test_a_port_taken_a_python_too_old_and_a_clock_ahead_are_all_said_and_nothing_changes(
+def test_a_port_taken_a_python_too_old_a_clock_ahead_and_control_out_of_reach_are_all_said_and_nothing_changes(
         cluster: Cluster, remote: Remote, keys: Keys, sshd: Sshd, pyz: Path, tmp_path: Path) -> None:
     dir = tmp_path / "remote-faults"
     port = free_port()
@@ -349,13 +350,16 @@ def test_a_port_taken_a_python_too_old_and_a_clock_ahead_are_all_said_and_nothin
         assert set(taken.problems()) == {"port_taken"}, taken
         assert f"{remote.addr}:{port}" in taken.problems()["port_taken"]
 
+        # ... and told to dial the control plane at an address only this machine knows.
+        loopback = f"https://127.0.0.1:{cluster.members[0].admin_port}"
         everything = server_add(cluster, remote, keys, pyz, "gateway", dir, "--name", "ssh-gw-busy",
-                                "--listen", f"{remote.addr}:{port}", "--remote-python", str(old))
+                                "--listen", f"{remote.addr}:{port}", "--remote-python", str(old), "--control", loopback)
         assert everything.code == 1, everything
         problems = everything.problems()
-        assert set(problems) == {"port_taken", "python_too_old", "clock_skew"}, everything
+        assert set(problems) == {"port_taken", "python_too_old", "clock_skew", "control_unreachable"}, everything
         assert "3.9.18" in problems["python_too_old"] and "ahead" in problems["clock_skew"]
-        assert everything.events[-1]["status"] == "fail" and len(everything.events[-1]["problems"]) == 3
+        assert f"127.0.0.1:{cluster.members[0].admin_port}" in problems["control_unreachable"]
+        assert everything.events[-1]["status"] == "fail" and len(everything.events[-1]["problems"]) == 4
         assert not dir.exists(), "a refused add made its remote dir"
         assert not any(t.get("name") == "ssh-gw-busy" for t in api(cluster, "/api/v1/trust/tokens")["tokens"])
     finally:

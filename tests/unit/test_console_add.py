@@ -35,7 +35,7 @@ async def test_an_add_is_confirmed_then_checked_and_a_known_name_is_refused_with
     said = text_of(done.text, "action-result")
     assert "name_known" in said and "gpu-1" in said and "nothing was changed" in said
     steps = [(r[0], r[1]) for r in rows(done.text, "add-events")]
-    assert steps[:2] == [("ssh", "ok"), ("cluster", "ok")] and ("check", "problem") in steps
+    assert steps[:2] == [("cluster", "ok"), ("ssh", "ok")] and ("check", "problem") in steps
     assert len(shell.ran) == 1 and shell.ran[0][1] == "-c" and shell.copied == []
     assert world.store.snapshot().join_tokens == tokens
 

@@ -22,7 +22,7 @@ from hypothesis import given, strategies as st
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.remote.admin import AdminApi
 from llmgw.remote.preflight import PROBE, Asked, Facts, Known, Port, clock_skew, judge, probe_input, skew_problem
-from llmgw.remote.server_add import AddFailed, AddRequest, Event, ServerAdd, role_flags
+from llmgw.remote.server_add import AddFailed, AddRequest, Event, ServerAdd, dials, role_flags
 from llmgw.remote.ssh import SshShell, SshTarget, check_target, classify
 from llmgw.testing.remote import LocalShell
 
@@ -87,7 +87,7 @@ def test_the_clock_judge_never_refuses_clocks_within_the_limit_and_always_those_
 
 
 def facts(**changes: Any) -> Facts:
-    base: dict[str, Any] = dict(python=(3, 11, 2), executable="/usr/bin/python3", hostname="gpu-07", uid=0, ports=(),
+    base: dict[str, Any] = dict(python=(3, 11, 2), executable="/usr/bin/python3", hostname="gpu-07", uid=0, ports=(), reached=(),
                                 disk_path="/var", disk_free=10 * 2**30, credentials=False, installed=False,
                                 systemd=False, unit=False, time=1000.0)
     return Facts(**{**base, **changes})
@@ -138,15 +138,23 @@ def test_the_probe_run_here_says_what_it_finds(tmp_path: Path) -> None:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        given = probe_input(role="agent", dir=str(tmp_path / "not" / "yet"), state_dir=str(tmp_path / "agent"),
-                            services_dir=str(tmp_path / "services"), ports=[("gateway", "127.0.0.1", port)])
-        import subprocess
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            nobody = closed.getsockname()[1]  # bound, not listening: a connect is refused
+            given = probe_input(role="agent", dir=str(tmp_path / "not" / "yet"), state_dir=str(tmp_path / "agent"),
+                                services_dir=str(tmp_path / "services"), ports=[("gateway", "127.0.0.1", port)],
+                                reach=[("admin API", "127.0.0.1", port), ("Raft", "127.0.0.1", nobody)],
+                                connect_s=TIMEOUTS.agent_connect_s)
+            import subprocess
 
-        done = subprocess.run([sys.executable, "-c", PROBE, given], capture_output=True, text=True, timeout=60)
+            done = subprocess.run([sys.executable, "-c", PROBE, given], capture_output=True, text=True, timeout=60)
     found = Facts.parse(done.stdout)
     assert found.python[:2] == sys.version_info[:2] and found.credentials and not found.installed
     assert found.disk_path == str(tmp_path) and found.disk_free > 0
     assert [(p.port, p.free) for p in found.ports] == [(port, False)] and found.ports[0].error
+    assert [(r.what, r.free) for r in found.reached] == [("admin API", True), ("Raft", False)]
+    assert [p.code for p in judge(found, ASKED, Known(), before=found.time, after=found.time)] == [
+        "port_taken", "control_unreachable", "already_joined"]
 
 
 # --- the role's flags --------------------------------------------------------------------------------
@@ -211,11 +219,11 @@ def test_a_refused_add_asks_the_machine_only_its_probe_and_the_cluster_only_read
     trio.run(main)
     assert len(shell.ran) == 1 and shell.ran[0][:2] == [sys.executable, "-c"] and shell.copied == []
     assert {m for m, _ in calls} == {"GET"}
-    assert [(e.step, e.status) for e in events] == [("ssh", "ok"), ("cluster", "ok"), ("check", "problem")]
+    assert [(e.step, e.status) for e in events] == [("cluster", "ok"), ("ssh", "ok"), ("check", "problem")]
     assert not (tmp_path / "remote").exists()
 
 
-def test_ssh_refused_is_one_problem_and_nothing_is_asked(tmp_path: Path) -> None:
+def test_ssh_refused_is_one_problem_and_the_cluster_is_only_read(tmp_path: Path) -> None:
     pyz = tmp_path / "llmgw.pyz"
     pyz.write_bytes(b"PK")
     calls: list[tuple[str, str]] = []
@@ -229,7 +237,7 @@ def test_ssh_refused_is_one_problem_and_nothing_is_asked(tmp_path: Path) -> None
         assert [p.code for p in refused.value.problems] == ["ssh_refused"]
 
     trio.run(main)
-    assert calls == [] and [e.to_doc()["code"] for e in events] == ["ssh_refused"]
+    assert {m for m, _ in calls} == {"GET"} and [e.to_doc().get("code") for e in events] == [None, "ssh_refused"]
     assert json.dumps(events[0].to_doc())
 
 
@@ -245,3 +253,9 @@ def test_service_install_takes_the_environment_from_stdin_off_the_command_line(t
     assert doc["env"] == {"A": "1", "LLMGW_JOIN_TOKEN": "llmgw-join-secret"} and doc["args"] == ["--state-dir", "/d"]
     monkeypatch.setattr(sys, "stdin", io.StringIO("not a pair\n"))
     assert install("agent", [], dir=tmp_path, env_stdin=True) == 2
+
+
+def test_the_machine_must_reach_every_control_url_and_a_control_plane_every_members_raft() -> None:
+    assert dials(["https://10.0.0.1:8081", "https://cp.example", "http://[fd00::1]:9"], ["10.0.0.1:7000", "bad"]) == [
+        ("admin API", "10.0.0.1", 8081), ("admin API", "cp.example", 443), ("admin API", "fd00::1", 9),
+        ("Raft", "10.0.0.1", 7000)]
