@@ -42,6 +42,7 @@ from llmgw.remote.preflight import DISK_SPARE_BYTES, PROBE, Asked, Facts, Known,
 from llmgw.service.spec import SERVICE_ROLES
 
 Role = Literal["agent", "control", "gateway"]
+DEFAULT_DIR = "/var/lib/llmgw"
 Status = Literal["ok", "problem", "fail", "wait", "note"]
 
 
@@ -76,7 +77,7 @@ class AddRequest:
     host: str  # the machine's address as ssh reaches it (USER@HOST's HOST)
     zipapp: Path
     name: str | None = None  # an agent's node name or a gateway's name (default: the machine's host name)
-    dir: str = "/var/lib/llmgw"
+    dir: str = DEFAULT_DIR
     python: str = "python3"
     manager: Literal["auto", "builtin", "systemd"] = "auto"
     controls: tuple[str, ...] = ()  # the admin URLs the machine dials (default: every member's)
@@ -230,7 +231,8 @@ class ServerAdd:
         if problems:
             raise AddFailed(f"{len(problems)} problem(s) on {self.shell.target}; nothing was changed",
                             tuple(problems))
-        self.say("check", "ok", f"Python {'.'.join(map(str, facts.python))}, ports free, clock within "
+        self.say("check", "ok", f"Python {'.'.join(map(str, facts.python))}, {len(facts.ports)} port(s) free, "
+                                f"reaches the control plane, clock within "
                                 f"{self.timeouts.server_add_clock_skew_s:g} s, {facts.disk_free // 2**20} MiB free, "
                                 f"not in the cluster as {name}")
         await self.copy()
@@ -239,12 +241,28 @@ class ServerAdd:
             await self.put_secret()
         flags = role_flags(req, name, controls, peers, str(token.get("ca_hash") or ""))
         await self.install(flags, str(token["token"]))
-        manager = req.manager if req.manager != "auto" else ("systemd" if facts.systemd and facts.unit else "builtin")
+        manager = self.manager(facts)
         await self.start(manager)
         if req.role == "control":
             await self.add_member(name)
         await self.wait_joined(name, manager)
         return {"role": req.role, "name": name, "target": self.shell.target, "dir": req.dir, "manager": manager}
+
+    def manager(self, facts: Facts) -> str:
+        """Who runs the role there: as asked; on auto, systemd's unit where systemd runs and the unit is installed
+        (it reads the services of /var/lib/llmgw), else the built-in supervisor, saying why."""
+        req = self.req
+        if req.manager != "auto":
+            return req.manager
+        if facts.systemd and facts.unit and req.dir == DEFAULT_DIR:
+            return "systemd"
+        if facts.systemd:
+            unit = f"llmgw-{req.role}.service"
+            why = (f"{unit} is not installed" if not facts.unit else
+                   f"{unit} reads {DEFAULT_DIR}/services, not {req.services_dir}")
+            self.say("start", "note", f"systemd runs there but {why}: the built-in supervisor runs the role, which "
+                                      f"does not start again at boot (docs/install.md, Services; --manager)")
+        return "builtin"
 
     # -- the steps ----------------------------------------------------------------------------------
 

@@ -259,3 +259,19 @@ def test_the_machine_must_reach_every_control_url_and_a_control_plane_every_memb
     assert dials(["https://10.0.0.1:8081", "https://cp.example", "http://[fd00::1]:9"], ["10.0.0.1:7000", "bad"]) == [
         ("admin API", "10.0.0.1", 8081), ("admin API", "cp.example", 443), ("admin API", "fd00::1", 9),
         ("Raft", "10.0.0.1", 7000)]
+
+
+def test_auto_runs_the_role_under_systemd_only_where_its_unit_reads_the_services(tmp_path: Path) -> None:
+    events: list[Event] = []
+
+    def manager(dir: str, **found: Any) -> str:
+        req = AddRequest("agent", "h", tmp_path, dir=dir)
+        api = AdminApi("https://x", "k", verify=True, timeout_s=1)
+        return ServerAdd(req, LocalShell(), api, events.append, TIMEOUTS).manager(facts(**found))
+
+    assert manager("/var/lib/llmgw", systemd=True, unit=True) == "systemd"
+    assert manager("/var/lib/llmgw", systemd=False, unit=False) == "builtin" and events == []
+    assert manager("/var/lib/llmgw", systemd=True, unit=False) == "builtin"
+    assert "llmgw-agent.service is not installed" in events[-1].words
+    assert manager("/opt/llmgw", systemd=True, unit=True) == "builtin"
+    assert "reads /var/lib/llmgw/services, not /opt/llmgw/services" in events[-1].words
