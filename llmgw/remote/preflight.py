@@ -227,8 +227,12 @@ def already(facts: Facts, asked: Asked, known: Known) -> list[Problem]:
                                              f"this machine joined a cluster before; to add it again, remove it "
                                              f"first (`llmgw ctl nodes revoke`, then that state dir)"))
     elif facts.installed:
-        out.append(Problem("already_installed", f"the {asked.role} service is installed there already: `llmgw "
-                                                f"service status {asked.role}` on it says what it runs"))
+        services = f"{asked.dir}/services"
+        out.append(Problem("already_installed", f"the {asked.role} service is installed there already (an earlier add "
+                                                f"that did not finish?): `llmgw service status {asked.role} --dir "
+                                                f"{services}` there says what it runs; to add it afresh, `llmgw "
+                                                f"service stop {asked.role} --dir {services}` and remove "
+                                                f"{services}/{asked.role}.json"))
     where = {"agent": known.nodes, "gateway": known.gateways, "control": known.members}[asked.role]
     if asked.name in where:
         what = {"agent": "a node", "gateway": "a gateway", "control": "a control plane"}[asked.role]
