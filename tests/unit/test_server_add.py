@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from hypothesis import given, strategies as st
+from hypothesis import assume, given, strategies as st
 
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.remote.admin import AdminApi
@@ -109,6 +109,27 @@ def test_every_problem_is_said_at_once() -> None:
     words = " ".join(p.words for p in problems)
     for said in ("3.9.18", "0.0.0.0:8080", "Address already in use", "ahead", "1 MiB free", "gpu-07"):
         assert said in words, said
+
+
+@given(minor=st.integers(6, 13), taken=st.lists(st.booleans(), max_size=3), unreached=st.lists(st.booleans(), max_size=3),
+       ahead=st.floats(-60, 60), free_mib=st.integers(0, 4096), joined=st.booleans(), installed=st.booleans(),
+       known=st.booleans())
+def test_every_failing_check_is_one_problem_and_no_other(minor: int, taken: list[bool], unreached: list[bool],
+                                                         ahead: float, free_mib: int, joined: bool, installed: bool,
+                                                         known: bool) -> None:
+    assume(abs(abs(ahead) - 2.1) > 1e-6)  # the clock's own boundary (limit + half the round trip) has its own test
+    found = facts(python=(3, minor, 0), ports=tuple(Port("p", "h", 1000 + i, not t, "in use" if t else "")
+                                                  for i, t in enumerate(taken)),
+                  reached=tuple(Port("admin API", "c", 8081, not u, "refused" if u else "") for u in unreached),
+                  time=1000.0 + ahead, disk_free=free_mib * 2**20, credentials=joined, installed=installed)
+    asked = Asked("agent", "gpu-07", "/d", "/d/agent", 1024 * 2**20, 2.0)
+    codes = [p.code for p in judge(found, asked, Known(nodes=frozenset({"gpu-07"} if known else ())),
+                                   before=999.9, after=1000.1)]
+    expected = (["python_too_old"] * (minor < 11) + ["port_taken"] * sum(taken) +
+                ["control_unreachable"] * sum(unreached) + ["clock_skew"] * (abs(ahead) - 0.1 > 2.0) +
+                ["disk_space"] * (free_mib < 1024) + ["already_joined"] * joined +
+                ["already_installed"] * (installed and not joined) + ["name_known"] * known)
+    assert codes == expected
 
 
 def test_a_name_the_cluster_holds_a_certificate_for_or_a_member_is_known() -> None:
