@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System programs the tests use beyond Python: `ip` (iproute2), `ping` and `arping` (the floating
 # address's tests run them inside network namespaces), `promtool` (the alert rules), `chromium` (the
-# console's browser tests), `openssl` (what a TLS listener offers). Installs only what is missing, as root with apt-get (CI); elsewhere it says
+# console's browser tests), `openssl` (what a TLS listener offers), `sshd`/`ssh` (server add over ssh). Installs only what is missing, as root with apt-get (CI); elsewhere it says
 # what is missing and leaves the rest to the tests' own skips.
 set -euo pipefail
 
@@ -34,6 +34,10 @@ command -v arping >/dev/null || need+=(iputils-arping)
 command -v openssl >/dev/null || need+=(openssl)
 # Debian's chromium, for the console's browser tests (Playwright drives /usr/bin/chromium; no `playwright install`).
 [ -x /usr/bin/chromium ] || need+=(chromium)
+# Debian's openssh-server (and its client, ssh/scp/ssh-keygen): `llmgw server add` is tested against a real
+# sshd the test starts in a network namespace of its own (tests/integration/test_server_add_ssh.py).
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ssh >/dev/null || need+=(openssh-client)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
   echo "note: missing ${need[*]} (not root, or no apt-get): install them for the floating-address and browser tests" >&2

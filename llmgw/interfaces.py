@@ -12,7 +12,10 @@ from llmgw.domain.observed import ModelRoute, NodeInfo, ReplicaObs
 from llmgw.domain.state import ApiKey, ClusterState
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from llmgw.engines.base import Group
+    from llmgw.remote import Ran
     from llmgw.service.manager import ServiceStatus
 
 
@@ -233,3 +236,20 @@ class ServiceManager(Protocol):
 
     def restart(self, role: str) -> ServiceStatus:
         """Stop, then start: a new process of the role."""
+
+
+class RemoteShell(Protocol):
+    """`llmgw server add` → another machine: commands run there and a file copied there, over ssh
+    (`remote/ssh.py`, the system's ssh and scp). Raises `llmgw.remote.RemoteError` (its `kind`: refused,
+    auth, unreachable, host_key, timeout, ssh) when ssh itself fails; a command that ran and failed is a
+    `Ran` with its exit status, not an error."""
+
+    target: str  # USER@HOST, as the operator gave it
+
+    async def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout_s: float) -> Ran:
+        """Run `argv` there (each argument quoted for the remote shell), `stdin` fed to it."""
+        ...
+
+    async def put(self, local: Path, remote: str, *, timeout_s: float) -> None:
+        """Copy the file `local` to the path `remote` there."""
+        ...

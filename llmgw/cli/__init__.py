@@ -46,6 +46,11 @@ Make the first control plane of a new cluster on this machine, installed and sta
 
 State dir, cluster secret, the cluster CA and this machine's certificate, the first admin key (shown
 once, stored hashed); each step looks first, so running it again on a live cluster changes nothing.""")
+app.command("llmgw.cli.server:server_app", name="server", help="""\
+Machines of the cluster, over ssh: `llmgw server add USER@HOST --role agent|control|gateway`.
+
+Checks the machine first (ssh, Python, ports, clock, disk, not in the cluster already) and changes nothing
+when any check fails; then copies the zipapp, installs and starts the role, and waits until it has joined.""")
 app.command("llmgw.cli.service:service_app", name="service", help="""\
 This machine's roles as services: install what a role runs, then status, start, stop, restart.
 

@@ -50,12 +50,18 @@ def manager_for(dir: Path, which: str) -> ServiceManager:
 def install(role: Role, flags: Annotated[list[str] | None, Parameter(
         help="The role's own flags, after `--` (as `llmgw ROLE --help` lists them).")] = None, /, *, dir: Dir = None,
             env: Annotated[list[str] | None, Parameter(name="--env", help="NAME=VALUE for the role's environment "
-                                                                          "(again for more).")] = None) -> int:
+                                                                          "(again for more).")] = None,
+            env_stdin: Annotated[bool, Parameter(name="--env-stdin", negative="", help=(
+                "Read more NAME=VALUE lines for the role's environment from stdin (a join token stays off every "
+                "command line: `llmgw server add` gives it so)."))] = False) -> int:
     """Store what ROLE runs: its flags after `--` (`llmgw service install control -- --state-dir ...`).
     Replaces an earlier install; a running role takes it at its next (re)start."""
     where = services_dir(dir)
     pairs = {}
-    for item in env or []:
+    given = list(env or [])
+    if env_stdin:
+        given += [line for line in sys.stdin.read().splitlines() if line.strip()]
+    for item in given:
         name, sep, value = item.partition("=")
         if not sep:
             return _usage(f"--env {item!r}: give NAME=VALUE")

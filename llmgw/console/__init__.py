@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llmgw.console import auth, do, guardrails, models, nodes, overview, requestlog, sessions, settings_page, signin
+from llmgw.console import auth, do, do_add, guardrails, models, nodes, overview, requestlog, sessions, settings_page, signin
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -31,3 +31,4 @@ def register(app: QuartTrio, ctx: Context) -> None:
     models.register(app)  # /models, /models/NAME
     guardrails.register(app)  # /guardrails
     do.register(app)  # /do and its actions (POST /do/serve|retry|judge|system|guards)
+    do_add.register(app)  # POST /do/add: `llmgw server add` run by this control plane

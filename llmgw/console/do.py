@@ -1,5 +1,5 @@
 """The console's Do menu (`/do`): serve a model (with `ctl plan`'s verdict first), retry a parked model,
-enable the judge, stop / start the system, guards on / off; and how to add a node or a control plane.
+enable the judge, stop / start the system, guards on / off; and how to add a machine (`llmgw server add`).
 
 Every action is two POSTs: the first shows what will happen and asks to confirm, the second does it
 through the admin API's own operations (`control/ops`: models, judges, system, settings) and shows the result,
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from quart import request
 
-from llmgw.console import do_serve
+from llmgw.console import do_add, do_serve
 from llmgw.console.actions import ActionError, committer, new_token, run
 from llmgw.console.auth import console_route
 from llmgw.console.sessions import Session, csrf_field
@@ -214,27 +214,35 @@ def menu(session: Session, ctx: Context) -> str:
                f'are {"on" if on else "off"}.</p>' +
                _button("/do/guards", csrf, {"to": "off" if on else "on"},
                        "Turn the guards off…" if on else "Turn the guards on…", "guards-form") + "</section>")
-    out.append(add_machines(request.host_url))
+    out.append(add_machines(request.host_url, csrf))
     return '<div class="grid">' + "".join(out) + "</div>"
 
 
-def add_machines(control_url: str) -> str:
-    """How to add a node or a control plane: commands to run, since no form can install a machine yet."""
+def add_machines(control_url: str, csrf: str) -> str:
+    """Add a node, a gateway or a control plane: `llmgw server add`'s operation run from here (this control
+    plane's ssh key and zipapp: `do_add.py`), or the command to run where the admin key and an ssh key are."""
     url = esc(control_url.rstrip("/"))
     return (
         '<section class="card" id="do-add" data-testid="do-add"><h2>Add a node or a control plane</h2>'
-        "<p>Not a form yet: adding a machine means installing llmgw on it and starting it there, which the console "
-        "cannot do until the operations work (installing over ssh, the floating address) lands. Run these:</p>"
-        f'<p>A node, on the new machine (it shows on <a href="/nodes">Nodes</a> once its agent connects):<br>'
-        f'<code data-testid="add-node-command">LLMGW_KEY=ADMIN_KEY llmgw agent --control {url} --state-dir '
-        f"/var/lib/llmgw/agent --engine-host THIS_MACHINES_ADDRESS [--storage /models:FABRIC:shared] "
-        f"[--fabric FABRIC]</code></p>"
-        "<p>A control plane: copy <code>STATE_DIR/cluster.secret</code> from a member to the new machine and start it "
-        'there with<br><code data-testid="add-control-command">llmgw control --join --state-dir /var/lib/llmgw/control '
-        "--raft-addr NEW_HOST:RAFT_PORT --admin-addr 0.0.0.0:ADMIN_PORT --cluster-secret-file cluster.secret "
-        "--peer RAFT_ADDR_OF_EACH_MEMBER [--floating-address ADDR/PREFIX --floating-interface IF]</code><br>"
-        'then add it to the group from here: <code data-testid="add-member-command">llmgw ctl members add '
-        "NEW_HOST:RAFT_PORT</code>. The Overview lists it with the leader and standbys.</p></section>")
+        "<p>The machine is checked first (ssh, Python 3.11, its ports, its clock, its disk, not in the cluster "
+        "already) and nothing changes when a check fails; then the zipapp is copied, the role installed and started "
+        "as a service with a one-time join token, and the add waits until the machine has joined (docs/install.md, "
+        '"From one machine to a fleet"). From here, this control plane connects with its own ssh key (authorize it '
+        "on the machine) and installs the zipapp it runs from; a control plane gets this member's cluster secret.</p>"
+        + do_add.form_html(csrf) +
+        "<p>Or from a machine that holds the admin key and an ssh key to the new machine:</p>"
+        f'<p>A node (it shows on <a href="/nodes">Nodes</a> once its agent connects with its own certificate):<br>'
+        f'<code data-testid="add-node-command">llmgw server add root@NEW_HOST --role agent --url {url} '
+        f"--name NODE_NAME [--storage /models:FABRIC:shared] [--fabric FABRIC]</code></p>"
+        f'<p>A gateway:<br><code data-testid="add-gateway-command">llmgw server add root@NEW_HOST --role gateway '
+        f"--url {url} --listen NEW_HOST:8080</code></p>"
+        "<p>A control plane (added to the Raft group and caught up before it returns; the Overview lists it with "
+        'the leader and standbys):<br><code data-testid="add-control-command">llmgw server add root@NEW_HOST '
+        f"--role control --url {url} --cluster-secret-file COPY_OF_cluster.secret "
+        "[--floating-address ADDR/PREFIX --floating-interface IF]</code></p>"
+        "<p>By hand, without ssh: <code>llmgw ctl nodes token create</code>, then start the role on the machine "
+        'with <code>--join-token</code>; a control plane then <code data-testid="add-member-command">llmgw ctl '
+        "members add NEW_HOST:RAFT_PORT</code> (docs/install.md).</p></section>")
 
 
 def judge_form(ctx: Context, csrf: str) -> str:

@@ -60,7 +60,7 @@ class Reconnect:
 class Timeouts:
     # --- the agent's stream to the control plane ------------------------------------
     stream_heartbeat_s: float = _t(1.5, "agent", "on an agent's stream, each end (agent and leader) with nothing else to send sends a heartbeat this often; an end that heard nothing for 3 intervals (4.5 s: a vanished peer is noticed within 5 s) takes its peer for gone (the agent looks for the leader, the leader closes the stream and the node's grace period starts)")
-    agent_connect_s: float = _t(5.0, "agent", "one connect (TCP and handshake) of an agent to a control plane gives up after this long")
+    agent_connect_s: float = _t(5.0, "agent", "one connect (TCP and handshake) of an agent to a control plane gives up after this long (and `llmgw server add`'s check, from the new machine, that it reaches the control plane)")
     storage_rescan_s: float = _t(30.0, "agent", "an agent rescans its --storage directories this often (unchanged files are not read again) and reports its inventory again when they changed")
     agent_reconnect_min_s: float = _t(0.2, "agent", "first wait before an agent reconnects to control (doubles, with jitter)")
     agent_reconnect_max_s: float = _t(10.0, "agent", "longest wait between an agent's reconnection attempts")
@@ -198,6 +198,13 @@ class Timeouts:
     service_restart_first_s: float = _t(1.0, "service", "the built-in supervisor waits this long before starting again a role that exited (doubles each time, up to service_restart_max_s)")
     service_restart_max_s: float = _t(60.0, "service", "the longest wait of the built-in supervisor before starting again a role that keeps exiting")
     service_stable_s: float = _t(30.0, "service", "a role that ran this long before it exited is started again after the first wait (its backoff starts over)")
+    # --- `llmgw server add` (docs/install.md, "From one machine to a fleet") -------------------
+    ssh_connect_s: float = _t(10.0, "server add", "`llmgw server add`: ssh's ConnectTimeout; a machine that has not answered the connection within this long is unreachable")
+    ssh_command_s: float = _t(60.0, "server add", "`llmgw server add`: one command run over ssh (the checks, the service's install and start) gives up after this long")
+    ssh_copy_s: float = _t(600.0, "server add", "`llmgw server add`: copying the zipapp over scp gives up after this long")
+    server_add_join_s: float = _t(180.0, "server add", "`llmgw server add` waits this long for the machine to have joined (an agent connected, a control plane added and caught up, a gateway following the leader), once its service started")
+    server_add_poll_s: float = _t(0.5, "server add", "`llmgw server add` asks the admin API again this often while it waits for the machine to join")
+    server_add_clock_skew_s: float = _t(2.0, "server add", "`llmgw server add` refuses a machine whose clock is surely further than this from the operator's machine's (beyond half the probe's round trip)")
     ctl_node_restart_s: float = _t(60.0, "ctl", "`llmgw ctl nodes restart` waits this long for the node's agent to be back on a new stream (`--no-wait`: not at all)")
     ctl_gateway_restart_s: float = _t(120.0, "ctl", "`llmgw ctl gateways restart` waits this long for the gateway to follow the leader again, restarted (its drain included: gateway_restart_drain_s; `--no-wait`: not at all)")
     ctl_member_restart_s: float = _t(60.0, "ctl", "`llmgw ctl members restart` waits this long for the member to answer again, restarted and caught up (`--no-wait`: not at all)")

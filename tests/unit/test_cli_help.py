@@ -38,7 +38,7 @@ def test_the_command_list_says_what_each_command_does() -> None:
     rows = {m.group(1): m.group(2).strip(" │") for m in re.finditer(r"^│ (\w[\w-]*) +(.*)$", text, re.M)}
     registered = [name for name in app if name not in app.help_flags and name not in app.version_flags]
     assert set(registered) == {"up", "control", "agent", "gateway", "engine", "ctl", "doctor", "sim-fleet", "stop", "start",
-                               "status", "init", "service", "restart"}
+                               "status", "init", "service", "restart", "server"}
     for name in registered:
         assert rows.get(name), f"`llmgw --help` lists {name!r} without a description:\n{text}"
 

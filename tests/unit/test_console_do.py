@@ -177,9 +177,12 @@ async def test_the_menu_shows_how_to_add_a_node_or_a_control_plane() -> None:
     async with world.client() as c:
         await sign_in(c)
         menu = (await c.get("/do")).text
-    assert "llmgw agent --control http://cp.test --state-dir" in text_of(menu, "add-node-command")
+    assert "llmgw server add root@NEW_HOST --role agent --url http://cp.test" in text_of(menu, "add-node-command")
+    assert "--role gateway" in text_of(menu, "add-gateway-command")
+    control = text_of(menu, "add-control-command")
+    assert "--role control" in control and "--cluster-secret-file" in control and "--floating-address" in control
     assert "llmgw ctl members add NEW_HOST:RAFT_PORT" in text_of(menu, "add-member-command")
-    assert "until the operations work" in text_of(menu, "do-add")
+    assert "LLMGW_KEY" not in text_of(menu, "do-add"), "a machine never gets the admin key"
 
 
 async def test_the_retry_list_is_bounded_at_fleet_scale_and_points_to_the_rest() -> None:
