@@ -5,6 +5,7 @@ streamed, through both gateways, each request's outcome and latency recorded."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -110,7 +111,7 @@ def restart_cluster(root: Path, *, tokens_per_s: float = 400.0) -> Iterator[Rest
             until("the model taken", lambda: _alive(cluster) and api.post("/api/v1/models", json=model).status_code
                   in (200, 201, 409))
         for url in cluster.gateway_urls.values():
-            until(f"{url} answers a chat completion", lambda u=url: _alive(cluster) and _answers(u), limit=120)
+            until(f"{url} answers a chat completion", functools.partial(_alive_and_answers, cluster, url), limit=120)
         until("every gateway process follows the leader", lambda: _alive(cluster) and all(
             g["connected"] for g in cluster.gateways().values()) and len(cluster.gateways()) == 3)
         yield cluster
@@ -132,6 +133,10 @@ def _alive(cluster: RestartCluster) -> bool:
     dead = [name for name, p in cluster.procs.items() if p.poll() is not None]
     assert not dead, f"{', '.join(dead)} exited"
     return True
+
+
+def _alive_and_answers(cluster: RestartCluster, url: str) -> bool:
+    return _alive(cluster) and _answers(url)
 
 
 def _answers(url: str) -> bool:
