@@ -9,6 +9,7 @@ numbered by `version`; nothing it holds depends on a message it might have misse
 from __future__ import annotations
 
 import logging
+import re
 import math
 import time
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class GatewayLink:
     connected: bool = True
     outstanding: dict[str, int] = field(default_factory=dict)  # model -> requests in flight (its last word)
     query_url: str = ""  # where it answers queries of its request log (its hello)
+    # The sha256 of the release file it runs (its hello; None: not a zipapp, or a gateway older than ctl upgrade).
+    release_sha256: str | None = None
 
 
 @dataclass
@@ -200,7 +203,8 @@ class GatewayHub:
     def gateways(self) -> list[dict[str, Any]]:
         """Every gateway this leader has seen: connected or not, with its last contact."""
         return [{"name": g.name, "address": g.address, "connected": g.connected,
-                 "connected_at": g.connected_at, "last_contact": g.last_contact, "query_url": g.query_url}
+                 "connected_at": g.connected_at, "last_contact": g.last_contact, "query_url": g.query_url,
+                 "release_sha256": g.release_sha256}
                 for _, g in sorted(self.links.items())]
 
 
@@ -261,6 +265,8 @@ async def session(ctx: Context, receive: Receive, send: Send, remote: str, *, ma
         return
     link = hub.connect(name, remote or "?")
     link.query_url = reachable_url(hello.get("query_url"), link.address)
+    sha = hello.get("release_sha256")
+    link.release_sha256 = sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None
     timeouts = hub.timeouts
     try:
         await send(protocol.dumps({"type": "welcome", "leader": hub.leader}))

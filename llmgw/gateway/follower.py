@@ -20,7 +20,7 @@ from typing import Any
 import trio
 from trio_websocket import WebSocketConnection
 
-from llmgw import __version__
+from llmgw import __version__, release
 from llmgw.domain.state import ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError
@@ -220,7 +220,8 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
     t = config.timeouts
     await ws.send_message(protocol.dumps({"type": "hello", "protocol": protocol.GATEWAY_PROTOCOL_VERSION,
                                           "gateway": config.name, "version": __version__,
-                                          "query_url": feeds.rlog.query_url}))  # where control asks its log
+                                          "query_url": feeds.rlog.query_url,  # where control asks its log
+                                          "release_sha256": release.running().sha256}))
     first = await _receive(ws, control, t.gateway_silence_s)
     if first["type"] == "refused":
         raise Refused.of(control, first)
