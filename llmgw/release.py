@@ -104,7 +104,7 @@ def file_name(sha256: str) -> str:
 
 
 def stored(state_dir: Path, sha256: str) -> Path:
-    """Where a control plane keeps an uploaded release."""
+    """Where a control plane keeps an uploaded release (0700, as everything in a state dir is the owner's alone)."""
     return state_dir / STORE_DIR / f"{sha256}.pyz"
 
 
@@ -112,14 +112,16 @@ class Receiver:
     """A release being received in chunks (an upload, a fetch): written to a hidden file in `directory`,
     hashed as it comes, and renamed to `target` by `finish` only if its sha256 is the one expected."""
 
-    def __init__(self, directory: Path, target: Path, sha256: str, *, limit: int = MAX_RELEASE_BYTES) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, directory: Path, target: Path, sha256: str, *, limit: int = MAX_RELEASE_BYTES,
+                 mode: int = 0o755) -> None:
+        directory.mkdir(mode=0o700 if mode == 0o700 else 0o777, parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=".incoming-", suffix=".pyz", dir=directory)
         self._file = os.fdopen(fd, "wb")
         self.tmp = Path(name)
         self.target = target
         self.sha256 = sha256
         self.limit = limit
+        self.mode = mode  # 0755 beside the running file; 0700 in a state dir (the owner's alone)
         self.size = 0
         self._digest = hashlib.sha256()
 
@@ -145,7 +147,7 @@ class Receiver:
         if not zipfile.is_zipfile(self.tmp):
             self.tmp.unlink(missing_ok=True)
             raise ReleaseError("not_a_zipapp", "the file is not a zipapp (a zip archive, as `make zipapp` builds)")
-        os.chmod(self.tmp, 0o755)
+        os.chmod(self.tmp, self.mode)
         os.replace(self.tmp, self.target)
         fsync_dir(self.target.parent)
         return self.target

@@ -112,11 +112,12 @@ def test_standbys_then_the_leader_then_each_agent_all_on_the_new_hash(tmp_path: 
         "1/5 member m2", "2/5 member m3", "3/5 member m1", "4/5 node n1", "5/5 node n2"]
     assert "gateways: not upgraded" in r.out
 
-    # Again with the same file: every machine is skipped, said so, and none is asked anything.
+    # Again with the same file: every machine is skipped, said so, and none is asked anything (nor uploaded to).
+    cluster.uploads.clear()
     again = run(cluster, str(new))
     assert again.rc == 0, again.err
     assert cluster.asked == ["member m2", "member m3", "member m1", "node n1", "node n2"]
-    assert again.out.count("already runs") == 5
+    assert again.out.count("already runs") == 5 and cluster.uploads == {}
 
 
 def test_a_machine_is_judged_by_its_hash_never_its_version(tmp_path: Path) -> None:

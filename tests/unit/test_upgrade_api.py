@@ -55,6 +55,7 @@ async def test_an_upload_over_the_body_limit_is_kept_whole_by_its_hash_and_serve
         assert put.status_code == 200, put.text
         assert put.json()["sha256"] == sha and put.json()["size"] == len(data)
         assert (tmp_path / "releases" / f"{sha}.pyz").read_bytes() == data
+        assert (tmp_path / "releases" / f"{sha}.pyz").stat().st_mode & 0o077 == 0, "the owner's alone"
         got = await c.get(f"/api/v1/releases/{sha}")
         assert got.status_code == 200 and got.content == data
         assert got.headers["content-length"] == str(len(data))

@@ -95,7 +95,7 @@ def upgrade(file: Annotated[Path | None, Parameter(help="The release file (a zip
     steps = [*(plan["members"] if not rollback or members else []), *plan["gateways"], *plan["nodes"]]
     progress = Progress(session, len(steps))
     progress.event("start", sha256=sha, rollback=rollback, machines=[f"{s.kind} {s.name}" for s in steps])
-    if file is not None and sha is not None:
+    if file is not None and sha is not None and any(s.sha256 != sha for s in steps):
         progress.say(f"release {sha[:12]} ({file.name}): {len(steps)} machine(s) to check")
         for m in plan["members"]:
             if m.url is None:

@@ -47,7 +47,7 @@ async def upload(ctx: Context, sha256: str, chunks: AsyncIterator[bytes]) -> dic
     sha = _sha(sha256)
     store = _store(ctx)
     target = store / f"{sha}.pyz"
-    receiver = await trio.to_thread.run_sync(lambda: release.Receiver(store, target, sha))
+    receiver = await trio.to_thread.run_sync(lambda: release.Receiver(store, target, sha, mode=0o700))
     buffered: list[bytes] = []
     size = 0
     try:
