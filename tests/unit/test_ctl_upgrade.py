@@ -57,7 +57,8 @@ class FakeCluster:
         host, path, method = request.url.host.split(".")[0], request.url.path, request.method
         if path == "/api/v1/cluster/members":
             return httpx.Response(200, json={"members": [
-                {**self.self_doc(m), "admin_url": f"http://{m}.test", "state": "healthy"} for m in self.members]})
+                {**self.self_doc(m), "admin_url": f"http://{m}.test", "state": "healthy"} for m in self.members],
+                "gateways": [{"name": "gw-1", "connected": True, "release_sha256": OLD}]})
         if path == "/api/v1/cluster/self":
             if self.members[host].stays_away and self.members[host].started:
                 raise httpx.ConnectError("connection refused")
@@ -110,7 +111,7 @@ def test_standbys_then_the_leader_then_each_agent_all_on_the_new_hash(tmp_path: 
     lines = [line for line in r.out.splitlines() if line.startswith("[")]
     assert [line.split("] ")[1].split(":")[0] for line in lines] == [
         "1/5 member m2", "2/5 member m3", "3/5 member m1", "4/5 node n1", "5/5 node n2"]
-    assert "gateways: not upgraded" in r.out
+    assert "gateways: not upgraded" in r.out and f"(gw-1 runs {OLD[:12]})" in r.out
 
     # Again with the same file: every machine is skipped, said so, and none is asked anything (nor uploaded to).
     cluster.uploads.clear()

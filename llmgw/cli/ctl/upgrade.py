@@ -116,8 +116,10 @@ def upgrade(file: Annotated[Path | None, Parameter(help="The release file (a zip
                            f"it were left as they were") from None
         progress.step(step, "upgraded", words)
     if not plan["gateways"]:
+        behind = [f"{g.name} runs {(g.sha256 or 'no release file')[:12]}" for g in plan["gateways_seen"]
+                  if sha is None or g.sha256 != sha]
         progress.say("gateways: not upgraded by ctl upgrade yet; on each gateway machine install the file and run "
-                     "`llmgw service restart gateway`")
+                     "`llmgw service restart gateway`" + (f" ({'; '.join(behind)})" if behind else ""))
     progress.event("done", sha256=sha, seconds=round(time.monotonic() - progress.started, 1))
     if not session.as_json:
         progress.say(f"done in {time.monotonic() - progress.started:.0f} s")
@@ -161,7 +163,9 @@ def _plan(session: Session) -> dict[str, list[Step]]:
     _, doc = session.request("GET", api_path("nodes"))
     nodes = [Step("node", str(n.get("node")), sha256=_str(n.get("release_sha256")))
              for n in dig(doc, "nodes") or [] if isinstance(n, Mapping) and n.get("state") == "connected"]
-    return {"members": members, "gateways": _gateways(session), "nodes": nodes}
+    seen = [Step("gateway", str(g.get("name")), sha256=_str(g.get("release_sha256")))
+            for g in dig(table, "gateways") or [] if isinstance(g, Mapping) and g.get("connected")]
+    return {"members": members, "gateways": _gateways(session), "gateways_seen": seen, "nodes": nodes}
 
 
 def _str(value: Any) -> str | None:
