@@ -118,8 +118,11 @@ async def test_a_node_upgrade_is_sent_over_its_stream_only_for_a_release_held_he
     async with client(tmp_path, hub) as c:
         unknown = await c.post("/api/v1/nodes/n9/upgrade", json={"sha256": sha})
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "node_not_found"
-        bad = await c.post("/api/v1/nodes/n1/upgrade", json={"sha256": sha, "rollback": True})
-        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+        for body in ({"sha256": sha, "rollback": True}, {"rollback": 1}, {"rollback": False}, {}, [sha]):
+            bad = await c.post("/api/v1/nodes/n1/upgrade", json=body)
+            assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request", body
+        bad_sha = await c.post("/api/v1/nodes/n1/upgrade", json={"sha256": "x"})
+        assert bad_sha.status_code == 400 and bad_sha.json()["error"]["code"] == "invalid_sha256"
         not_here = await c.post("/api/v1/nodes/n1/upgrade", json={"sha256": sha})
         assert not_here.status_code == 404 and not_here.json()["error"]["code"] == "release_not_found"
         assert (await c.put(f"/api/v1/releases/{sha}", content=data)).status_code == 200

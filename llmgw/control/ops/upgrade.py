@@ -108,8 +108,9 @@ async def upgrade_node(ctx: Context, name: str, body: Any) -> dict[str, Any]:
         raise AdminError(404, "node_not_found", f"no node named {name!r} is known to the leader")
     if state != "connected":
         raise AdminError(409, "node_not_connected", f"node {name} is {state}: only a connected agent can be upgraded")
-    if not isinstance(body, dict) or set(body) - {"sha256", "rollback"} or \
-            body.get("rollback", False) not in (True, False) or bool(body.get("rollback")) == ("sha256" in body):
+    rollback = body.get("rollback", False) if isinstance(body, dict) else None
+    if not isinstance(body, dict) or set(body) - {"sha256", "rollback"} or not isinstance(rollback, bool) or \
+            rollback == ("sha256" in body):
         raise AdminError(400, "invalid_request", 'send either {"sha256": "<64 hex digits>"} or {"rollback": true}')
     message: dict[str, Any] = {"type": "upgrade_agent"}
     if body.get("rollback"):
