@@ -176,3 +176,12 @@ def test_what_is_not_a_release_is_refused_before_anything_is_asked(tmp_path: Pat
         r = run(cluster, *argv)
         assert r.rc == 2, (argv, r.err)
     assert cluster.asked == [] and cluster.uploads == {}
+
+
+def test_an_agent_that_runs_no_release_file_stops_the_run_before_it_is_asked(tmp_path: Path) -> None:
+    new = zipapp(tmp_path / "new.pyz", "new")
+    cluster = FakeCluster()
+    cluster.nodes["n1"].sha = None  # type: ignore[assignment]
+    r = run(cluster, str(new))
+    assert r.rc == 1 and "node n1: its agent runs no release file" in r.err, r.err
+    assert "node n1" not in cluster.asked and cluster.nodes["n2"].started == 0

@@ -214,6 +214,9 @@ def _node(session: Session, step: Step, sha: str | None, t: Timeouts) -> str:
     def connected() -> str | None:  # after a control plane's restart, its agents reconnect first
         found = _find_node(session, step.name, last)
         if found is not None and found.get("state") == "connected":
+            if found.get("release_sha256") is None:  # an agent run from the package, or older than ctl upgrade
+                raise CtlError(f"its agent runs no release file ctl upgrade can replace "
+                               f"({cell(found.get('release_reason'))}): upgrade it on its machine")
             return "connected"
         last[0] = f"state {cell(found.get('state') if found else None)}, waiting for it to connect"
         return None
