@@ -255,7 +255,7 @@ _IDEMPOTENCY = {
 
 def _op(summary: str, ok: Schema, *, status: str = "200", also: dict[str, Schema] | None = None,
         errors: tuple[str, ...] = (), params: tuple[Schema, ...] = (), body: Schema | None = None,
-        write: bool = False, body_required: bool = True, example: Any = None) -> Schema:
+        write: bool = False, body_required: bool = True, example: Any = None, binary: bool = False) -> Schema:
     """One admin operation: the admin key, every route's 401 and 503, a write's Idempotency-Key (400, 422) and
     its 409 `upgrade_pending` (a command of a store level the group does not write yet), a body's 400 and 413,
     and the `errors` it has of its own."""
@@ -266,7 +266,8 @@ def _op(summary: str, ok: Schema, *, status: str = "200", also: dict[str, Schema
         codes |= {"400", "409", "422"}
     if body is not None:
         codes |= {"400", "413"}
-    responses: Schema = {status: {"description": "done", **_json(ok)}, **(also or {})}
+    answer = {"content": {"application/octet-stream": {"schema": ok}}} if binary else _json(ok)
+    responses: Schema = {status: {"description": "done", **answer}, **(also or {})}
     for code in sorted(codes):
         responses[code] = {"$ref": f"#/components/responses/E{code}"}
     op: Schema = {"summary": summary, "responses": responses}
@@ -428,8 +429,9 @@ def _paths() -> Schema:
                            "required": True, "content": {"application/octet-stream": {"schema": {
                                "type": "string", "format": "binary"}}}}},
             "get": _op("a release file this member holds, by sha256: for the cluster's machines (mutual TLS: their "
-                       "certificate from the cluster's CA stands for the key) or an admin key", {"type": "string", "format": "binary"}, params=(sha256,),
-                       errors=("403",)),
+                       "certificate from the cluster's CA stands for the key) or an admin key",
+                       {"type": "string", "format": "binary"}, params=(sha256,), errors=("400", "403"),
+                       binary=True),
         },
         "/api/v1/agent/stream": {"get": {"summary": "the agents' stream (WebSocket; admin key)",
                                          "responses": websocket}},
