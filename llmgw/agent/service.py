@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable
 import httpx
 import trio
 
-from llmgw import __version__
+from llmgw import __version__, release
 from llmgw.agent.inventory import NvmlProbe
 from llmgw.agent.storage import StorageDir, StorageScanner
 from llmgw.agent.supervisor import Supervisor
@@ -70,6 +70,8 @@ class AgentConfig:
     # Set when control asked this agent to restart (`ctl nodes restart`): `serve` returns, engines left
     # running, and `llmgw agent` runs itself again (`restart_in_place`). The reason, as control gave it.
     restart_asked: list[str] = field(default_factory=list)
+    # Set with `restart_asked` by an upgrade (`ctl upgrade`): the release file `llmgw agent` runs next.
+    restart_into: list[Path] = field(default_factory=list)
 
 
 class _Link:
@@ -155,8 +157,10 @@ async def _session(receive: Receive, send: Send, control: str, config: AgentConf
     Raises `Refused`, `Silent` or `ProtocolError` (a bad opening) to `follow_leader`;
     never for a bad command once welcomed."""
     silence = config.timeouts.stream_silence_s
+    runs = release.running()
     await send(protocol.dumps({
         "type": "hello", "protocol": protocol.PROTOCOL_VERSION, "node": config.node, "version": __version__,
+        "release_sha256": runs.sha256, "release_reason": runs.reason,
     }))
     sent = link.inventory
     await send(protocol.dumps({"type": "inventory", "inventory": sent.to_doc()}))
@@ -183,10 +187,34 @@ async def _session(receive: Receive, send: Send, control: str, config: AgentConf
                     raise Refused(control, f"asked to restart ({message.reason}): this agent runs inside "
                                            f"another process, so it reconnects", None, None)
                 raise _RestartAsked(message.reason)
+            if isinstance(message, pa.UpgradeAgent):
+                nursery.start_soon(_upgrade, control, config, message, link)
+                continue
             if isinstance(message, pa.Certificate):
                 _renewed(config.renewal, message, link)
             elif message is not None:
                 _act(message, supervisor, link)
+
+
+async def _upgrade(control: str, config: AgentConfig, message: pa.UpgradeAgent, link: _Link) -> None:
+    """Control's `upgrade_agent` (`ctl upgrade`): the release fetched and written beside the running file, then the
+    agent ends its run as for `restart_agent` and `llmgw agent` runs that file (engines adopted); a refusal is
+    answered with `rejected` and the reason, and the agent goes on as it was."""
+    from llmgw.agent import upgrade
+
+    what = "the release it ran before" if message.rollback else f"release {str(message.sha256)[:12]}"
+    try:
+        if config.runner is not None or config.local_credential is not None:
+            raise release.ReleaseError("cannot_upgrade", "this agent runs inside another process (llmgw up, "
+                                                         "sim-fleet): upgrade that process instead")
+        path, sha = await upgrade.prepare(control, config.tls, config.state_dir, message.sha256, message.rollback,
+                                          config.timeouts.upgrade_transfer_s)
+    except release.ReleaseError as e:
+        log.warning("asked to upgrade to %s, refused: %s", what, e.message)
+        link.answer(pa.Rejected("upgrade_agent", f"{e.code}: {e.message}").to_doc())
+        return
+    config.restart_into.append(path)
+    raise _RestartAsked(f"upgrading to {path.name} (sha256 {sha[:12]}), as control asked")
 
 
 async def _renew(renewal: Renewal, link: _Link, every_s: float) -> None:

@@ -207,7 +207,7 @@ def control(
 
     import trio
 
-    from llmgw import console, statedir
+    from llmgw import console, release, statedir
     from llmgw.cli import _ports
     from llmgw.cli._lifecycle import serve_until_signal
     from llmgw import startup
@@ -232,6 +232,7 @@ def control(
     join_with = JoinRequest("control", raft_addr, token, ca_hash=ca_hash) if token else None
     with statedir.acquire_or_exit(state_dir, "llmgw control") as lock:  # before anything in the dir is touched
         log.setup(state_dir / "logs" / "control.log")
+        release.running()  # the file this process started from, hashed once (`ctl upgrade` judges by it)
         lock.warn_tightened()
         seed = Seed(admin_key=key, client_key=client_key) if key else None
         if seed is None and not join:
@@ -268,7 +269,7 @@ def control(
 
         status = trio.run(serve_until_signal, serve_naming_ports)
     if cfg.restart_asked:  # out of the state dir's lock: the program that runs next takes it again
-        restart_in_place()
+        restart_in_place(cfg.restart_into[-1] if cfg.restart_into else None)
     sys.exit(status)
 
 
@@ -322,7 +323,7 @@ def agent(
 
     import trio
 
-    from llmgw import statedir
+    from llmgw import release, statedir
     from llmgw.agent import AgentConfig, serve
     from llmgw.cli._lifecycle import serve_until_signal
 
@@ -333,6 +334,7 @@ def agent(
     node = node or socket.gethostname()
     with statedir.acquire_or_exit(state_dir, "llmgw agent") as lock:  # before anything in the dir is touched
         log.setup(state_dir / "logs" / "agent.log")
+        release.running()  # the file this process started from, hashed once (`ctl upgrade` judges by it)
         lock.warn_tightened()
         renewal = _machine_tls("agent", node, state_dir, control, key=key, join_token=join_token, ca_hash=ca_hash,
                                ca_file=ca_file, hosts=(engine_host, node))
@@ -341,20 +343,21 @@ def agent(
                           stop_engines_on_exit=stop_engines_on_exit)
         status = trio.run(serve_until_signal, serve, cfg)
     if cfg.restart_asked:  # out of the state dir's lock: the program that runs next takes it again
-        restart_in_place()
+        restart_in_place(cfg.restart_into[-1] if cfg.restart_into else None)
     sys.exit(status)
 
 
-def restart_in_place() -> None:
+def restart_in_place(into: Path | None = None) -> None:
     """Run this very program again as this same process (`ctl nodes restart`, `ctl members restart`): same
     pid (an agent's engines see their parent live on, and the agent that runs next adopts them), same flags
-    and environment."""
+    and environment. `into`: another release file to run instead, with the same flags (`ctl upgrade`)."""
     import logging
 
     from llmgw.engines.base import self_command
 
-    argv = [*self_command(), *sys.argv[1:]]
-    logging.getLogger("llmgw.lifecycle").info("restarting in place (pid %d, the same flags)", os.getpid())
+    argv = [*(self_command() if into is None else self_command(str(into))), *sys.argv[1:]]
+    logging.getLogger("llmgw.lifecycle").info("restarting in place (pid %d, the same flags%s)", os.getpid(),
+                                              f", into {into}" if into is not None else "")
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

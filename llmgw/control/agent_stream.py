@@ -40,9 +40,12 @@ async def session(receive: Receive, send: Send, hub: AgentHub, *, is_leader: Cal
         opened = await _opening(receive, send, is_leader, leader_info, machine)
     if opened is None:
         return
-    node, inventory = opened
+    hello, inventory = opened
+    node = hello.node
     send_channel, receive_channel = trio.open_memory_channel[dict[str, Any]](256)
     link = hub.connect(node, send_channel)
+    hub.releases[node] = (hello.release_sha256, hello.release_reason or ("" if hello.release_sha256 else
+                                                                         "not said (an agent older than ctl upgrade)"))
     try:
         hub.report_inventory(link, inventory)
         await send(protocol.dumps({"type": "welcome", "node": node, "leader": self_id}))
@@ -55,7 +58,7 @@ async def session(receive: Receive, send: Send, hub: AgentHub, *, is_leader: Cal
 
 
 async def _opening(receive: Receive, send: Send, is_leader: Callable[[], bool],
-                   leader_info: Callable[[], Mapping[str, Any]], machine: str | None) -> tuple[str, NodeInfo] | None:
+                   leader_info: Callable[[], Mapping[str, Any]], machine: str | None) -> tuple[pa.Hello, NodeInfo] | None:
     """The hello and the first inventory: the node's name and inventory, or None once refused."""
 
     async def refuse(reason: str, **extra: Any) -> None:
@@ -88,7 +91,7 @@ async def _opening(receive: Receive, send: Send, is_leader: Callable[[], bool],
     if not isinstance(first, pa.Inventory):
         await refuse("expected an inventory after the hello")
         return None
-    return hello.node, first.inventory
+    return hello, first.inventory
 
 
 async def _renewal(renew: Renew | None, node: str, csr: str) -> dict[str, Any]:
@@ -143,6 +146,8 @@ async def _inbound(receive: Receive, hub: AgentHub, link: AgentLink, renew: Rene
         elif isinstance(message, pa.Inventory):
             hub.report_inventory(link, message.inventory)
         elif isinstance(message, pa.Rejected):
+            if message.message_type == "upgrade_agent":
+                hub.upgrade_refused[node] = message.reason
             log.warning("node %s refused a %s message%s: %s", node, message.message_type,
                         f" for {message.replica_id}" if message.replica_id else "", message.reason)
         elif isinstance(message, pa.Hello):

@@ -16,6 +16,7 @@ import math
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from llmgw import __version__
@@ -100,8 +101,12 @@ class Context:
     # (`llmgw up`), no machine certificates.
     trust: Trust | None = None
 
-    # Restart this member in place (`POST /api/v1/cluster/self/restart`): given the reason; None: it cannot.
-    restart: Callable[[str], None] | None = None
+    # Restart this member in place (`POST /api/v1/cluster/self/restart`): given the reason, and the release file to
+    # run next (`ctl upgrade`; None: the same one); None: it cannot.
+    restart: Callable[[str, Path | None], None] | None = None
+    # This member's state dir: where the releases uploaded by `ctl upgrade` are kept (llmgw/release.py); None: none
+    # (a test's store without a directory).
+    state_dir: Path | None = None
 
     # Machines inside this very process (`llmgw up`'s own agent): a random credential each, held in memory
     # only, by its hash (`local_credential`). Never written, never sent off this host.

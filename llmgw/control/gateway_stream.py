@@ -9,6 +9,7 @@ numbered by `version`; nothing it holds depends on a message it might have misse
 from __future__ import annotations
 
 import logging
+import re
 import math
 import time
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ class GatewayLink:
     started_at: float | None = None
     # What the leader asks of it (`restart_gateway`), sent down its stream by `session`.
     asks: trio.MemorySendChannel[str] | None = None
+    # The sha256 of the release file it runs (its hello; None: not a zipapp, or a gateway older than ctl upgrade).
+    release_sha256: str | None = None
 
 
 @dataclass
@@ -220,7 +223,8 @@ class GatewayHub:
         """Every gateway this leader has seen: connected or not, with its last contact."""
         return [{"name": g.name, "address": g.address, "connected": g.connected,
                  "connected_at": g.connected_at, "last_contact": g.last_contact, "query_url": g.query_url,
-                 "restartable": g.restartable, "pid": g.pid, "started_at": g.started_at}
+                 "restartable": g.restartable, "pid": g.pid, "started_at": g.started_at,
+                 "release_sha256": g.release_sha256}
                 for _, g in sorted(self.links.items())]
 
 
@@ -286,6 +290,8 @@ async def session(ctx: Context, receive: Receive, send: Send, remote: str, *, ma
     link.started_at = _number(hello.get("started_at"), float)
     asks, asked = trio.open_memory_channel[str](_ASKS_QUEUED)
     link.asks = asks
+    sha = hello.get("release_sha256")
+    link.release_sha256 = sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) else None
     timeouts = hub.timeouts
     try:
         await send(protocol.dumps({"type": "welcome", "leader": hub.leader}))

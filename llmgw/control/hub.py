@@ -53,6 +53,10 @@ class AgentHub:
         self.evicted: dict[str, tuple[float, str]] = {}
         self.connected_at: dict[str, float] = {}  # node -> when its current (or last) stream opened
         self.last_contact: dict[str, float] = {}  # node -> when it last said anything (clock time)
+        # node -> the sha256 of the release file its agent runs (said in its hello), or None with why: `ctl upgrade`.
+        self.releases: dict[str, tuple[str | None, str]] = {}
+        # node -> why its agent refused the last upgrade asked of it (`rejected` upgrade_agent); cleared by the next ask.
+        self.upgrade_refused: dict[str, str] = {}
         self.judge_failures: dict[str, tuple[float, str]] = {}  # judge model -> (when, words): its last failure
         # Restarts (failed starts, crashes) per model: their times within `restart_window_s`, and a count
         # since this member started (metrics' counter); this leader's memory, like the rest.

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import httpx
 import trio
 
-from llmgw import __version__
+from llmgw import __version__, release
 from llmgw.domain import commands, levels, summary
 from llmgw.domain.codec import state_hash
 from llmgw.domain.commands import CommandError
@@ -145,6 +145,9 @@ class Members:
             "raft_addr": self.self_addr,
             "admin_url": self.admin_url,
             "version": __version__,
+            # The release file this member runs, by sha256 (None, with why: not a zipapp): `ctl upgrade` judges by it.
+            "release_sha256": release.running().sha256,
+            "release_reason": release.running().reason or None,
             "pid": os.getpid(),
             "started_at": _STARTED_AT,
             "role": "leader" if st.get("is_leader") else "standby",

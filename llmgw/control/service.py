@@ -123,20 +123,25 @@ class ControlConfig:
     # SIGTERM (a leader hands over first), and `llmgw control` runs itself again. None: it cannot (a
     # control plane inside `llmgw up` or a test's process).
     restart_asked: list[str] | None = None
+    # Set with `restart_asked` by an upgrade (`ctl upgrade`): the release file `llmgw control` runs next.
+    restart_into: list[Path] = field(default_factory=list)
     # `--join-token` (with `--join-via`, `--ca-hash`): a member joining a group that requires TLS between
     # its members gets its control certificate first, with a token for the control role.
     join_with: JoinRequest | None = None
     join_via: str | None = None
 
 
-def ask_restart(config: ControlConfig, reason: str) -> None:
+def ask_restart(config: ControlConfig, reason: str, into: Path | None = None) -> None:
     """Stop this member as SIGTERM does (the answer to the asking request still goes out within the admin
-    API's shutdown grace), then let `llmgw control` run itself again (`config.restart_asked`)."""
+    API's shutdown grace), then let `llmgw control` run itself again (`config.restart_asked`), from the
+    release file `into` when given (`ctl upgrade`)."""
     import os
     import signal
 
     assert config.restart_asked is not None
     config.restart_asked.append(reason)
+    if into is not None:
+        config.restart_into.append(into)
     log.info("restart asked (%s): stopping, then running again in place", reason)
 
     async def stop_soon() -> None:  # the answer to the asking request goes out first
@@ -269,7 +274,8 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
         ctx = Context(store=store, hub=hub, reconciler=reconciler, clock=config.clock, connections=gate.statistics,
                       self_id=config.raft_addr, store_status=members.status, members=members,
                       notifier=notifier, webhook_deliveries=notifier.deliveries, trust=trust,
-                      restart=(functools.partial(ask_restart, config) if config.restart_asked is not None else None))
+                      restart=(functools.partial(ask_restart, config) if config.restart_asked is not None else None),
+                      state_dir=config.state_dir)
         app = make_app(ctx, config.mounts)
         # graceful_s: agents' streams close at once, not drained.
         hc = hypercorn_config(config.admin_host, config.admin_port, logger="llmgw.control.server",

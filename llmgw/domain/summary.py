@@ -552,6 +552,7 @@ def member_rows(views: Sequence[Mapping[str, Any]], now: float) -> list[dict[str
             "admin_url": a.get("admin_url") or v.get("admin_url"),
             "version": a.get("version"),
             "store_level": a.get("store_level"),  # what its release reads (llmgw.domain.levels)
+            "release_sha256": a.get("release_sha256"),  # the file it runs (llmgw/release.py): `ctl upgrade`
             "role": a.get("role"),
             "state": state,
             "reason": reason,

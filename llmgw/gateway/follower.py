@@ -23,7 +23,7 @@ from typing import Any
 import trio
 from trio_websocket import WebSocketConnection
 
-from llmgw import __version__
+from llmgw import __version__, release
 from llmgw.domain.state import ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError
@@ -266,7 +266,8 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
                                           "gateway": config.name, "version": __version__,
                                           "query_url": feeds.rlog.query_url,  # where control asks its log
                                           "restartable": config.handover is not None, "pid": os.getpid(),
-                                          "started_at": config.started_at}))
+                                          "started_at": config.started_at,
+                                          "release_sha256": release.running().sha256}))
     first = await _receive(ws, control, t.gateway_silence_s)
     if first["type"] == "refused":
         raise Refused.of(control, first)

@@ -6,7 +6,7 @@ its type's schema and return the typed value, `Unknown` for a type this side doe
 
 Up: hello, inventory (again whenever it changes), replicas (the full list, on every change),
 renew (a certificate request, at two thirds of its certificate's life), heartbeat, rejected. Down:
-welcome, start_replica, stop_replica, certificate (the renewed one, with the trust bundle), refused
+welcome, start_replica, stop_replica, restart_agent, upgrade_agent, certificate (the renewed one, with the trust bundle), refused
 (not the leader, or stepped down), heartbeat, rejected. `rejected` answers a malformed message of a known type
 (`message_type`, `reason`, `replica_id` when one was readable); the stream goes on.
 """
@@ -25,6 +25,7 @@ from llmgw.wire.protocol import ProtocolError
 # would read specially. Anything else is refused before it reaches the supervisor.
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
 MAX_REASON_CHARS = 2000
+SHA256 = re.compile(r"[0-9a-f]{64}")  # a release file's hash (llmgw/release.py)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class Hello:
     protocol: int
     node: str
     version: str
+    # The sha256 of the release file the agent runs (llmgw/release.py), or None with why (`release_reason`):
+    # what `ctl upgrade` judges a node's release by. Optional: an older agent says neither.
+    release_sha256: str | None = None
+    release_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,16 @@ class RestartAgent:
 
 
 @dataclass(frozen=True)
+class UpgradeAgent:
+    """Control asks the agent to upgrade (`ctl upgrade`): fetch the release `sha256` from the control it is
+    connected to, write it beside the file it runs, and restart into it as `RestartAgent` does; or, with
+    `rollback`, restart into the file it ran before. A refusal comes back as `rejected` with the reason."""
+
+    sha256: str | None
+    rollback: bool
+
+
+@dataclass(frozen=True)
 class Refused:
     reason: str
     leader: str | None = None
@@ -128,8 +143,8 @@ class Refused:
 
 
 UpMessage = Union[Hello, Inventory, Replicas, Renew, Heartbeat, Rejected, Unknown]
-DownMessage = Union[Welcome, StartReplica, StopReplica, RestartAgent, Certificate, Refused, Heartbeat, Rejected,
-                    Unknown]
+DownMessage = Union[Welcome, StartReplica, StopReplica, RestartAgent, UpgradeAgent, Certificate, Refused, Heartbeat,
+                    Rejected, Unknown]
 PEM_MAX_CHARS = 20_000
 
 
@@ -141,7 +156,13 @@ def read_up(message: Mapping[str, Any], node: str) -> UpMessage:
         version = message.get("version", "")  # optional: said for `ctl nodes`, never relied on
         if not isinstance(version, str):
             raise ProtocolError(f"hello.version: must be a string, not {type(version).__name__}")
-        return Hello(_int(message, "protocol", kind), _id(message, "node", kind), version)
+        sha, why = message.get("release_sha256"), message.get("release_reason", "")
+        if sha is not None and not (isinstance(sha, str) and SHA256.fullmatch(sha)):
+            raise ProtocolError("hello.release_sha256: must be a file's sha256 (64 lowercase hex digits) or null")
+        if not isinstance(why, str):
+            raise ProtocolError(f"hello.release_reason: must be a string, not {type(why).__name__}")
+        return Hello(_int(message, "protocol", kind), _id(message, "node", kind), version, sha,
+                     why[:MAX_REASON_CHARS])
     if kind == "inventory":
         return Inventory(_inventory(message.get("inventory"), node))
     if kind == "replicas":
@@ -176,6 +197,13 @@ def read_down(message: Mapping[str, Any]) -> DownMessage:
         return Certificate(_pem(message, "certificate", kind), _pem(message, "ca", kind))
     if kind == "restart_agent":
         return RestartAgent(str(message.get("reason", ""))[:MAX_REASON_CHARS])
+    if kind == "upgrade_agent":
+        sha, rollback = message.get("sha256"), message.get("rollback", False)
+        if not isinstance(rollback, bool) or (sha is None) != rollback:
+            raise ProtocolError(f"{kind}: give either sha256 or rollback: true")
+        if sha is not None and not (isinstance(sha, str) and SHA256.fullmatch(sha)):
+            raise ProtocolError(f"{kind}.sha256: must be a file's sha256 (64 lowercase hex digits)")
+        return UpgradeAgent(sha, rollback)
     if kind == "refused":
         return Refused(str(message.get("reason", ""))[:MAX_REASON_CHARS], _opt_str(message.get("leader")),
                        _opt_str(message.get("leader_url")))

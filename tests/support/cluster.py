@@ -51,6 +51,10 @@ class Member:
     paused: bool = False
     starts: int = 0
     code: Path | None = None  # the llmgw it runs: a tree holding the `llmgw` package (PYTHONPATH); None: this one
+    # Or a release file (a zipapp) it runs, with `python` (a Python without our dependencies, as a machine has).
+    pyz: Path | None = None
+    python: str = sys.executable
+    env: dict[str, str] = field(default_factory=dict)  # more environment for each of its starts
 
     @property
     def url(self) -> str:
@@ -73,17 +77,19 @@ class Member:
         args = ["control", "--state-dir", str(self.state_dir), "--raft-addr", self.raft_addr,
                 "--admin-addr", f"{self.host}:{self.admin_port}", *[a for p in peers for a in ("--peer", p)],
                 *ca_root_args(), *extra]
-        env = {**os.environ, **(env or {})}
+        env = {**os.environ, **self.env, **(env or {})}
         if self.code is not None:
             env["PYTHONPATH"] = str(self.code)
         if self.failpoints is not None:
             env["LLMGW_FAILPOINTS"] = str(self.failpoints)
         with self.log.open("ab") as out:
             out.write(f"=== start {self.starts + 1}: llmgw {' '.join(args)}"
-                      f"{f' (the llmgw in {self.code})' if self.code is not None else ''}\n".encode())
+                      f"{f' (the llmgw in {self.code})' if self.code is not None else ''}"
+                      f"{f' (from {self.pyz})' if self.pyz is not None else ''}\n".encode())
             out.flush()
             # In its tree: `python -m` puts the working directory before PYTHONPATH.
-            self.proc = subprocess.Popen([*self.wrap, sys.executable, "-m", "llmgw", *args], stdout=out,
+            program = [self.python, str(self.pyz)] if self.pyz is not None else [sys.executable, "-m", "llmgw"]
+            self.proc = subprocess.Popen([*self.wrap, *program, *args], stdout=out,
                                          stderr=subprocess.STDOUT, env=env,
                                          cwd=self.code if self.code is not None else None)
         self.paused = False

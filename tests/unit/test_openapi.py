@@ -52,9 +52,12 @@ def test_the_document_is_the_route_table_and_says_who_may_call_each() -> None:
 
 def test_every_route_of_the_table_takes_the_key_its_method_needs() -> None:
     """Reads take a viewer key (the console's), writes an admin key; only the probes take none, and a
-    machine's join (its token is its credential) and the CA's public certificates (what it pins)."""
+    machine's join (its token is its credential) and the CA's public certificates (what it pins). A release file
+    is read by the cluster's machines with their certificate (or an admin key), never a viewer key."""
     for r in ROUTES:
-        if r.role != route.PUBLIC:
+        if r.role == route.MACHINE:
+            assert (r.method, r.rule) == ("GET", "/api/v1/releases/<sha256>")
+        elif r.role != route.PUBLIC:
             assert r.role == (route.ADMIN if r.writes else route.VIEWER), (r.method, r.rule)
     assert {r.rule for r in ROUTES if r.role == route.PUBLIC} == set(openapi.NO_KEY_PATHS)
 

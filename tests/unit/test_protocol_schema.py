@@ -132,3 +132,23 @@ def test_a_rejection_carries_a_readable_replica_id_only() -> None:
     assert pa.replica_id_of({}) is None
     assert pa.Rejected("start_replica", "why", "demo-r1").to_doc() == {
         "type": "rejected", "message_type": "start_replica", "reason": "why", "replica_id": "demo-r1"}
+
+
+def test_an_upgrade_and_the_release_a_hello_reports() -> None:
+    """`ctl upgrade`: control asks for a release by sha256 (or the one ran before); an agent's hello says which
+    file it runs, by sha256 (or none, with why)."""
+    sha = "ab" * 32
+    assert pa.read_down({"type": "upgrade_agent", "sha256": sha}) == pa.UpgradeAgent(sha, False)
+    assert pa.read_down({"type": "upgrade_agent", "rollback": True}) == pa.UpgradeAgent(None, True)
+    for bad in ({}, {"sha256": sha, "rollback": True}, {"rollback": False}, {"rollback": 1}, {"sha256": "AB" * 32},
+                {"sha256": "../x"}):
+        with pytest.raises(ProtocolError, match="upgrade_agent"):
+            pa.read_down({"type": "upgrade_agent", **bad})
+    hello = {"type": "hello", "protocol": 1, "node": "n", "version": "0.3"}
+    assert pa.read_up({**hello, "release_sha256": sha}, "") == pa.Hello(1, "n", "0.3", sha)
+    assert pa.read_up({**hello, "release_sha256": None, "release_reason": "not a zipapp"}, "") == \
+        pa.Hello(1, "n", "0.3", None, "not a zipapp")
+    for bad_hello, field in (({"release_sha256": "x"}, "hello.release_sha256"),
+                             ({"release_reason": 3}, "hello.release_reason")):
+        with pytest.raises(ProtocolError, match=field):
+            pa.read_up({**hello, **bad_hello}, "")

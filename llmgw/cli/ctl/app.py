@@ -30,6 +30,7 @@ COMMAND_GROUPS = (
     "settings",
     "status",
     "trust",  # after "nodes": it adds `nodes token|certs|revoke`
+    "upgrade",
 )
 
 _commands = cyclopts.App(name="ctl", help="The operator's command line over the admin API.")

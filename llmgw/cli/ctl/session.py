@@ -96,14 +96,7 @@ class Session:
         it is sent once more with the same key, which the API applies at most once; if that
         fails too, the error says plainly that the outcome is unknown."""
         target = self.target()
-        if self._client is None:
-            self._client = httpx.Client(
-                base_url=target.url,
-                verify=_verify(target.ca_file),
-                transport=self._io.transport,
-                timeout=TIMEOUTS.ctl_request_s,
-                headers={"Authorization": f"Bearer {target.key}", "Accept": "application/json"},
-            )
+        self._http()
         headers: dict[str, str] = {}
         content: bytes | None = None
         if send_body:
@@ -128,6 +121,38 @@ class Session:
                 f" writing again"
                 f" (Idempotency-Key {key})"
             ) from None
+
+    def _http(self) -> httpx.Client:
+        if self._client is None:
+            target = self.target()
+            self._client = httpx.Client(
+                base_url=target.url,
+                verify=_verify(target.ca_file),
+                transport=self._io.transport,
+                timeout=TIMEOUTS.ctl_request_s,
+                headers={"Authorization": f"Bearer {target.key}", "Accept": "application/json"},
+            )
+        return self._client
+
+    def upload(self, url: str, file: Path, timeout_s: float) -> Any:
+        """PUT a file's bytes, streamed, to `url` (a release to a member: `ctl upgrade`); the decoded 2xx answer,
+        else CtlError. Not retried: the upload names its content by hash, so asking again is the caller's call."""
+        client = self._http()
+
+        def chunks() -> Any:
+            with open(file, "rb") as f:
+                while data := f.read(1 << 20):
+                    yield data
+
+        try:
+            response = client.put(url, content=chunks(), timeout=timeout_s, headers={
+                "Content-Type": "application/octet-stream", "Content-Length": str(file.stat().st_size),
+                "Idempotency-Key": str(uuid.uuid4())})
+        except httpx.HTTPError as e:
+            raise CtlError(f"uploading {file} to {url} failed: {_why(e)}") from e
+        except OSError as e:
+            raise UsageError(f"cannot read {file}: {e.strerror or e}") from e
+        return _decode(response, url)
 
     def _send(self, method: str, path: str, content: bytes | None, headers: dict[str, str], *,
               retry: bool = False) -> tuple[int, Any]:

@@ -225,8 +225,9 @@ _ERRORS = {
     "409": "the cluster's state forbids it now (the message says what to do); `no_tls`: this control plane serves "
            "plain HTTP on loopback and issues no certificates; `upgrade_pending`: a write of a newer release than "
            "some control plane runs (the message names them)",
-    "413": "a body over 1 MiB (`request_too_large`)",
-    "422": "this Idempotency-Key was used for a different request (`idempotency_key_reused`)",
+    "413": "a body over 1 MiB (`request_too_large`); a release file over 1 GiB (`release_too_large`)",
+    "422": "this Idempotency-Key was used for a different request (`idempotency_key_reused`); a release file whose "
+           "sha256 is not the one named (`sha256_mismatch`)",
     "502": "the engine asked did not answer, or failed (`judge_failed`)",
     "503": "not committed, or not answered: `not_leader`, `no_leader`, `leader_unreachable`, `commit_unknown`,"
            " `store_unavailable`, `gateway_unavailable`",
@@ -254,7 +255,7 @@ _IDEMPOTENCY = {
 
 def _op(summary: str, ok: Schema, *, status: str = "200", also: dict[str, Schema] | None = None,
         errors: tuple[str, ...] = (), params: tuple[Schema, ...] = (), body: Schema | None = None,
-        write: bool = False, body_required: bool = True, example: Any = None) -> Schema:
+        write: bool = False, body_required: bool = True, example: Any = None, binary: bool = False) -> Schema:
     """One admin operation: the admin key, every route's 401 and 503, a write's Idempotency-Key (400, 422) and
     its 409 `upgrade_pending` (a command of a store level the group does not write yet), a body's 400 and 413,
     and the `errors` it has of its own."""
@@ -265,7 +266,8 @@ def _op(summary: str, ok: Schema, *, status: str = "200", also: dict[str, Schema
         codes |= {"400", "409", "422"}
     if body is not None:
         codes |= {"400", "413"}
-    responses: Schema = {status: {"description": "done", **_json(ok)}, **(also or {})}
+    answer = {"content": {"application/octet-stream": {"schema": ok}}} if binary else _json(ok)
+    responses: Schema = {status: {"description": "done", **answer}, **(also or {})}
     for code in sorted(codes):
         responses[code] = {"$ref": f"#/components/responses/E{code}"}
     op: Schema = {"summary": summary, "responses": responses}
@@ -282,8 +284,16 @@ def _op(summary: str, ok: Schema, *, status: str = "200", also: dict[str, Schema
 _DEMO = {"name": "demo", "engine": "sim", "source": "sim://demo", "mode": "on-demand"}
 
 
+_UPGRADE: Schema = {"oneOf": [
+    {"type": "object", "properties": {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+     "required": ["sha256"], "additionalProperties": False},
+    {"type": "object", "properties": {"rollback": {"const": True}}, "required": ["rollback"],
+     "additionalProperties": False}]}
+
+
 def _paths() -> Schema:
     name = _path_param("name", _MODEL_NAME, "a model's name")
+    sha256 = _path_param("sha256", {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "a release file's sha256")
     setting = _path_param("key", {"type": "string", "enum": sorted(SETTINGS)}, "a setting's key (the known ones)")
     member = _path_param("member", {"type": "string", "minLength": 1}, "a member's Raft address, HOST:PORT")
     key_id = _path_param("key_id", {"type": "string", "pattern": "^key_[A-Za-z0-9]{1,64}$"}, "a key's public id")
@@ -407,10 +417,33 @@ def _paths() -> Schema:
         "/api/v1/cluster/self": {"get": _op("this member alone", _obj({
             "raft_addr": _STR, "role": _STR, "ready": _BOOL, "revision": _INT, "group": _arr(_STR), "pid": _INT,
             "started_at": _NUM, "raft_links": {"type": "object", "additionalProperties": _STR},
-            "store_level": _INT, "group_store_level": _INT}), errors=("404",))},
+            "store_level": _INT, "group_store_level": _INT, "release_sha256": _null(_STR),
+            "release_reason": _null(_STR)}), errors=("404",))},
         "/api/v1/cluster/self/restart": {"post": _op(
             "restart this member in place (a leader hands over first); answered by the member asked, never "
             "forwarded", _obj({"restarting": _STR, "pid": _INT}), errors=("409",), write=True)},
+        "/api/v1/cluster/self/upgrade": {"post": _op(
+            "restart this member in place into a release uploaded to it (`sha256`), or into the file it ran before "
+            "(`rollback`); a leader hands over first; answered by the member asked, never forwarded",
+            _obj({"upgrading": _null(_STR), "pid": _INT, "from": _null(_STR), "to": _STR, "unchanged": _BOOL}),
+            errors=("404", "409"), body=_UPGRADE, write=True, example={"sha256": "0" * 64})},
+        "/api/v1/nodes/{name}/upgrade": {"post": _op(
+            "ask a connected node's agent to fetch a release from the leader and restart into it (`sha256`), or "
+            "into the file it ran before (`rollback`); its engines keep serving",
+            _obj({"upgrading": _STR, "connected_at": _null(_NUM), "to": _null(_STR), "rollback": _BOOL}),
+            errors=("404", "409", "503"), params=(node,), body=_UPGRADE, write=True, example={"rollback": True})},
+        "/api/v1/releases/{sha256}": {
+            "put": _op("upload a release file (a zipapp, up to 1 GiB) to this member, kept only if its sha256 is the "
+                       "path's (422 `sha256_mismatch`); answered by the member asked, never forwarded",
+                       _obj({"sha256": _STR, "size": _INT, "member": _STR, "path": _STR}), params=(sha256,),
+                       errors=("409", "413", "422"), write=True) | {"requestBody": {
+                           "required": True, "content": {"application/octet-stream": {"schema": {
+                               "type": "string", "format": "binary"}}}}},
+            "get": _op("a release file this member holds, by sha256: for the cluster's machines (mutual TLS: their "
+                       "certificate from the cluster's CA stands for the key) or an admin key",
+                       {"type": "string", "format": "binary"}, params=(sha256,), errors=("400", "403"),
+                       binary=True),
+        },
         "/api/v1/agent/stream": {"get": {"summary": "the agents' stream (WebSocket; admin key)",
                                          "responses": websocket}},
         "/api/v1/gateway/stream": {"get": {"summary": "the remote gateways' stream (WebSocket; admin key)",

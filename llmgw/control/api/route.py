@@ -17,10 +17,12 @@ import json
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+import trio
 from cryptography import x509
 from quart import Response, request
 from quart_trio import QuartTrio
@@ -35,6 +37,7 @@ from llmgw.domain.keys import hash_key
 from llmgw.errors import AdminError
 from llmgw.store import NotLeader, StoreUnavailable
 from llmgw.trust import ca
+from llmgw.trust.peer import PeerRefused, authorize
 from llmgw.trust.tls import peer_certificate
 
 log = logging.getLogger("llmgw.control.admin")
@@ -44,11 +47,13 @@ IDEMPOTENCY_KEY_MAX_CHARS = 200
 KEPT_REPLIES = 1024  # answers to keyed writes this member replays byte for byte
 WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 
-# Who may call a route: anyone (probes, scrapers, API tools), a viewer or admin key (reads), an admin key.
-Role = Literal["public", "viewer", "admin"]
+# Who may call a route: anyone (probes, scrapers, API tools), a viewer or admin key (reads), an admin key, or a
+# machine of the cluster by its certificate (mutual TLS; an admin key too).
+Role = Literal["public", "viewer", "admin", "machine"]
 PUBLIC: Role = "public"
 VIEWER: Role = "viewer"
 ADMIN: Role = "admin"
+MACHINE: Role = "machine"
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,15 @@ class Raw:
     status: int = 200
 
 
-Answer = dict[str, Any] | Raw
+@dataclass(frozen=True)
+class File:
+    """An answer that is a file on this member's disk, streamed as it is read."""
+
+    path: Path
+    content_type: str = "application/octet-stream"
+
+
+Answer = dict[str, Any] | Raw | File
 
 
 @dataclass
@@ -72,6 +85,7 @@ class Call:
     args: Mapping[str, str]
     authorization: str | None
     body: Any = None  # the parsed JSON body (routes with `body=True`)
+    chunks: AsyncIterator[bytes] | None = None  # the body as it arrives (routes with `stream=True`)
     commit: Callable[[dict[str, Any]], Awaitable[Any]] = field(default=lambda c: _no_write())
     note: Callable[[str], None] = field(default=lambda d: None)
 
@@ -94,6 +108,9 @@ class Route:
     op: Op
     body: bool = False
     local: bool = False
+    # The operation reads the body itself, as it arrives (`Call.chunks`), up to `STREAM_MAX_BYTES` (a release file:
+    # api/__init__.py lets such a route's requests past the app's 1 MiB limit).
+    stream: bool = False
 
     @property
     def writes(self) -> bool:
@@ -158,6 +175,39 @@ def caller_key(ctx: Context, headers: Any, role: Role) -> str:
     if found != "admin" and found != "viewer":
         raise AdminError(401, "unauthorized", "this key is not an admin key of this cluster")
     return key_hash
+
+
+def cluster_machine(ctx: Context) -> bool:
+    """Did this connection present a current certificate of a machine of this cluster (any role)? False when it
+    presented none (a person or script: its key decides); 401/403 when it presented one that is not valid."""
+    cert = peer_certificate()
+    if cert is None:
+        return False
+    refused: PeerRefused | None = None
+    for role in ("agent", "gateway", "control"):
+        try:
+            authorize(cert, ctx.state(), ctx.clock(), role=role)
+            return True
+        except PeerRefused as e:
+            if e.code != "forbidden":  # not a role mismatch: the certificate itself is refused
+                refused = e
+                break
+    raise AdminError(401 if refused is None or refused.code == "unauthorized" else 403,
+                     refused.code if refused is not None else "unauthorized",
+                     refused.message if refused is not None else "the certificate presented names no machine role")
+
+
+def _file_response(answer: File) -> Response:
+    size = answer.path.stat().st_size
+
+    async def body() -> AsyncIterator[bytes]:
+        async with await trio.open_file(answer.path, "rb") as f:
+            while data := await f.read(1 << 20):
+                yield data
+
+    response = Response(body(), content_type=answer.content_type)
+    response.headers["Content-Length"] = str(size)
+    return response
 
 
 def revoked_peer(ctx: Context) -> None:
@@ -258,7 +308,11 @@ class Router:
                         commit=self._commit, note=self._note)
             if route.body:
                 call.body = await body_json()
+            if route.stream:
+                call.chunks = aiter(request.body)
             done = await route.op(call)
+            if isinstance(done, File):
+                return _file_response(done)
             if isinstance(done, Raw):
                 return Response(done.body, status=done.status, content_type=done.content_type)
             return json_response(done, 201 if isinstance(done, Created) else 200)
@@ -278,7 +332,9 @@ class Router:
                     return response
                 if not route.writes and not route.local:
                     await confirm_leading(ctx)  # before the key check too: a key revoked is refused at once
-                key_hash = caller_key(ctx, request.headers, route.role)
+                if route.role == MACHINE and cluster_machine(ctx):
+                    return await answer(path)
+                key_hash = caller_key(ctx, request.headers, ADMIN if route.role == MACHINE else route.role)
                 if not route.writes:
                     return await answer(path)
                 key = idempotency_key(request.headers)

@@ -8,10 +8,13 @@ A new admin route is one line here, beside its operation.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+
 from llmgw.control.api import metrics, openapi
-from llmgw.control.api.route import ADMIN, PUBLIC, VIEWER, Call, Raw, Route
-from llmgw.control.ops import (gateways, guard, judges, keys, members, models, nodes, notify, plan, requests, settings,
-                               status, system, trust)
+from llmgw.control.api.route import ADMIN, MACHINE, PUBLIC, VIEWER, Call, File, Raw, Route
+from llmgw.control.ops import (gateways, guard, judges, keys, members, models, nodes, notify, plan, requests,
+                               settings, status, system, trust, upgrade)
 
 
 async def _health(c: Call) -> dict[str, object]:
@@ -20,6 +23,15 @@ async def _health(c: Call) -> dict[str, object]:
 
 async def _openapi(c: Call) -> Raw:
     return Raw(openapi.text(), "application/json")
+
+
+def _chunks(c: Call) -> AsyncIterator[bytes]:
+    assert c.chunks is not None
+    return c.chunks
+
+
+async def _file(found: Awaitable[Path]) -> File:
+    return File(await found)
 
 
 ROUTES: tuple[Route, ...] = (
@@ -48,6 +60,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/v1/nodes", VIEWER, lambda c: nodes.list_nodes(c.ctx)),
     Route("DELETE", "/api/v1/nodes/<path:name>", ADMIN, lambda c: nodes.forget(c.ctx, c.path["name"])),
     Route("POST", "/api/v1/nodes/<path:name>/restart", ADMIN, lambda c: nodes.restart(c.ctx, c.path["name"])),
+    Route("POST", "/api/v1/nodes/<path:name>/upgrade", ADMIN,
+          lambda c: upgrade.upgrade_node(c.ctx, c.path["name"], c.body), body=True),
     # Gateways (the leader's streams).
     Route("GET", "/api/v1/gateways", VIEWER, lambda c: gateways.list_gateways(c.ctx)),
     Route("POST", "/api/v1/gateways/<path:name>/restart", ADMIN, lambda c: gateways.restart(c.ctx, c.path["name"])),
@@ -90,6 +104,13 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/v1/cluster/members", VIEWER, lambda c: members.table(c.ctx, c.authorization), local=True),
     Route("GET", "/api/v1/cluster/self", VIEWER, lambda c: members.self_view(c.ctx), local=True),
     Route("POST", "/api/v1/cluster/self/restart", ADMIN, lambda c: members.restart_self(c.ctx), local=True),
+    Route("POST", "/api/v1/cluster/self/upgrade", ADMIN, lambda c: upgrade.upgrade_self(c.ctx, c.body), body=True,
+          local=True),
+    # Release files (`ctl upgrade`): uploaded to each member, fetched by the machines that follow it, by sha256.
+    Route("PUT", "/api/v1/releases/<sha256>", ADMIN, lambda c: upgrade.upload(c.ctx, c.path["sha256"], _chunks(c)),
+          local=True, stream=True),
+    Route("GET", "/api/v1/releases/<sha256>", MACHINE, lambda c: _file(upgrade.download(c.ctx, c.path["sha256"])),
+          local=True),
     Route("POST", "/api/v1/cluster/members", ADMIN, lambda c: members.add(c.ctx, c.note, c.body), body=True),
     Route("DELETE", "/api/v1/cluster/members/<path:member>", ADMIN,
           lambda c: members.remove(c.ctx, c.note, c.path["member"])),

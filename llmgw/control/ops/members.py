@@ -27,7 +27,7 @@ async def restart_self(ctx: Context) -> dict[str, Any]:
                                                 "test): restart that process instead")
     import os
 
-    ctx.restart("asked by an operator (ctl members restart)")
+    ctx.restart("asked by an operator (ctl members restart)", None)
     return {"restarting": ctx.self_id, "pid": os.getpid()}
 
 

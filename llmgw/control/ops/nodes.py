@@ -76,6 +76,10 @@ def node_docs(ctx: Context) -> list[dict[str, Any]]:
             "last_contact_age_s": age(hub.last_contact.get(name)),
             "replicas": None if reported is None else sorted(reported),
             "certificate": _certificate(state, name),
+            # The release file its agent runs, by sha256 (None, with why), and why it refused the last upgrade.
+            "release_sha256": hub.releases.get(name, (None, ""))[0] if name in hub.links else None,
+            "release_reason": (hub.releases.get(name, (None, ""))[1] or None) if name in hub.links else "not connected",
+            "upgrade_refused": hub.upgrade_refused.get(name),
         })
     return docs
 
