@@ -233,13 +233,30 @@ def target_of(ask: Any, now: Running) -> tuple[str, bool]:
 
 
 def prepare(state_dir: Path, now: Running, source: Path | None, sha256: str, rollback: bool) -> tuple[Path, str]:
-    """The file to run next and its sha256: a rollback's previous file, or `source` copied beside the running
-    one (already there: kept), with the switch recorded; blocking (run it in a thread)."""
+    """The file to run next and its sha256; blocking (run it in a thread).
+
+    The next release takes the path that runs now (the rollback's: the file this machine ran before): a
+    service (systemd's `llmgw-ROLE` unit, the built-in supervisor) starts that same path again after any
+    later restart, so the upgrade outlives it (run from `llmgw-<sha12>.pyz` instead, a service's next
+    restart went back to the old release). Both releases are kept beside it under their own names
+    (`file_name`): the one running now for `--rollback`, the next one as received. A machine that runs a
+    file of such a name runs the next one beside it instead (its own file is the rollback's copy)."""
     assert now.path is not None and now.sha256 is not None
+    kept = copy_in(now.path, now.sha256, now.path.parent / file_name(now.sha256))
     if rollback:
-        path, sha256 = previous(state_dir)
-    else:
-        assert source is not None
-        path = copy_in(source, sha256, now.path.parent / file_name(sha256)) if source != now.path else source
-    record_switch(state_dir, now, path, sha256)
-    return path, sha256
+        source, sha256 = previous(state_dir)
+    assert source is not None
+    beside = copy_in(source, sha256, now.path.parent / file_name(sha256))
+    target = beside if kept == now.path else now.path
+    record_switch(state_dir, Running(kept, now.sha256), target, sha256)
+    if target != beside:
+        receiver = Receiver(target.parent, target, sha256)  # atomic: a start at any moment finds one whole file
+        try:
+            with open(beside, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    receiver.write(chunk)
+        except OSError as e:
+            receiver.abort()
+            raise ReleaseError("release_not_found", f"cannot read the release {beside}: {e.strerror or e}") from None
+        receiver.finish()
+    return target, sha256

@@ -91,26 +91,43 @@ def test_what_an_upgrade_asks_is_checked() -> None:
     assert package.value.code == "not_a_zipapp" and "not a zipapp" in package.value.message
 
 
-def test_an_upgrade_writes_the_file_beside_the_running_one_and_a_rollback_goes_back(tmp_path: Path) -> None:
+def test_an_upgrade_takes_the_running_path_keeps_both_beside_it_and_a_rollback_goes_back(tmp_path: Path) -> None:
+    """The path a service starts holds the release running now, so a later restart by the service (systemd,
+    the supervisor) runs the upgrade, not the file installed first; both are kept under their own names."""
     bin_dir, state = tmp_path / "bin", tmp_path / "state"
     bin_dir.mkdir()
     state.mkdir()
     old = zipapp(bin_dir / "llmgw.pyz", "print('old')\n")
+    old_sha = sha(old)
     upload = zipapp(tmp_path / "upload.pyz", "print('new')\n")
-    now = Running(old, sha(old))
+    now = Running(old, old_sha)
     with pytest.raises(ReleaseError) as never:
         release.previous(state)
     assert never.value.code == "no_previous_release"
 
     path, new_sha = release.prepare(state, now, upload, sha(upload), False)
-    assert path == bin_dir / release.file_name(sha(upload)) and new_sha == sha(upload) and sha(path) == sha(upload)
-    assert old.exists() and sha(old) == now.sha256  # the previous file is kept
-    assert release.previous(state) == (old, now.sha256)
+    assert path == old and new_sha == sha(upload) and sha(path) == sha(upload)  # the service's path runs the new one
+    kept_old, kept_new = bin_dir / release.file_name(old_sha), bin_dir / release.file_name(new_sha)
+    assert sha(kept_old) == old_sha and sha(kept_new) == new_sha  # both kept beside it
+    assert release.previous(state) == (kept_old, old_sha)
 
-    # Running the new one, a rollback names the old one, and remembers the new one as the one ran before.
+    # Running the new one (from the same path), a rollback puts the old one back there, and remembers the new one.
     back, back_sha = release.prepare(state, Running(path, new_sha), None, "", True)
-    assert (back, back_sha) == (old, now.sha256)
-    assert release.previous(state) == (path, new_sha)
+    assert (back, back_sha) == (old, old_sha) and sha(old) == old_sha
+    assert release.previous(state) == (kept_new, new_sha)
+    assert sorted(p.name for p in bin_dir.iterdir()) == sorted(["llmgw.pyz", kept_old.name, kept_new.name])
+
+
+def test_a_machine_that_runs_a_kept_release_runs_the_next_one_beside_it(tmp_path: Path) -> None:
+    """Its own file is the rollback's copy: never overwritten."""
+    app = zipapp(tmp_path / "seed.pyz", "print('old')\n")
+    old = tmp_path / release.file_name(sha(app))
+    app.rename(old)
+    upload = zipapp(tmp_path / "upload.pyz", "print('new')\n")
+    (tmp_path / "state").mkdir()
+    path, new_sha = release.prepare(tmp_path / "state", Running(old, sha(old)), upload, sha(upload), False)
+    assert path == tmp_path / release.file_name(new_sha) and sha(old) != new_sha
+    assert release.previous(tmp_path / "state") == (old, sha(old))
 
 
 def test_a_previous_file_changed_since_is_no_rollback(tmp_path: Path) -> None:
