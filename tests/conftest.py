@@ -60,3 +60,12 @@ def _no_engine_outlives_the_suite(tmp_path_factory: pytest.TempPathFactory):  # 
         import warnings
 
         warnings.warn(f"engines left running by the suite were killed: {killed}", stacklevel=1)
+
+
+@pytest.fixture(scope="session")
+def runtime_zipapp(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """This tree's zipapp with the runtime dependencies only (what a machine runs), built once for the session:
+    `server add` copies it, `ctl upgrade` starts a cluster from it."""
+    from tests.support.releases import SOURCE, build_zipapp
+
+    return build_zipapp(SOURCE.parent, tmp_path_factory.mktemp("dist") / "llmgw.pyz")

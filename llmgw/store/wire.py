@@ -409,6 +409,9 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
         # True while this member must neither vote nor stand (it started empty to rejoin, and has not caught
         # up with a leader yet): see `RaftStore`'s `abstain_until_synced`.
         self._abstain = abstain
+        # Peers a membership change replayed from the leader's log would have dropped while this member catches
+        # up (see `dropNode`): kept until it has, then dropped if the group it reached lacks them.
+        self._kept: set[Any] = set()
         self._swept_at = 0.0
         self._accepted_conns: set[_BoundedConnection] = set()  # this member's incoming connections, until closed
         conf = syncObj.conf
@@ -420,6 +423,12 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
         super()._onTick()
         if self._abstain is not None and self._abstain():
             self._hold_candidacy()
+        elif self._kept:
+            group: set[Any] = getattr(self._syncObj, "_SyncObj__otherNodes", set())
+            for node in list(self._kept):
+                if node not in group:
+                    super().dropNode(node)
+            self._kept.clear()
         now = time.monotonic()
         if now - self._keepalive_at >= self._syncObj.conf.connectionTimeout / 4:
             self._keepalive_at = now
@@ -440,6 +449,19 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
         obj = self._syncObj
         obj._SyncObj__raftElectionDeadline = max(obj._SyncObj__raftElectionDeadline,
                                                 raft_clock() + obj.conf.raftMaxTimeout)
+
+    def dropNode(self, node: Any) -> None:
+        """A member that catches up after `--join`/`--rejoin` replays the leader's log from its start, and
+        pysyncobj applies each membership change in it as it appends it: a change that once removed the member
+        that leads now (removed and added again since) dropped the link to it, and every connection from it was
+        refused as from a stranger; the member never caught up (the fault campaign: a member-change round whose
+        rejoined member was sent the log from index 2). While it abstains, it keeps such a peer's link; the
+        change that adds it again (`addNode`, below) finds it there, and one the group it reaches lacks is dropped
+        once it has caught up (`_onTick`)."""
+        if self._abstain is not None and self._abstain() and node in self._nodes:
+            self._kept.add(node)
+            return
+        super().dropNode(node)
 
     def _sweep(self, now: float) -> None:
         timeout = self._syncObj.conf.connectionTimeout
@@ -571,6 +593,9 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
             conn.encryptor = _SealCheck(fernet, conn.peer, self._refused_incoming)
 
     def addNode(self, node: Any) -> None:
+        if node in self._kept:
+            self._kept.discard(node)  # a peer kept while catching up (`dropNode`): its link is there already
+            return
         super().addNode(node)
         if not self._shouldConnect(node):
             return

@@ -10,7 +10,8 @@ trial, from a settled group:
 
 then, from the fault: **elected**, the first moment a survivor names a new leader (polled every 10 ms),
 and **first commit**, the first acknowledged return of a write sent after the fault (what a client
-sees: failover). The writer sends a write every 20 ms, each on its own (many clients), so a try that
+sees: failover), and **shown**, from the election until the new leader's `/metrics` says
+`llmgw_control_leader 1` and its status (what `ctl status` prints) names it. The writer sends a write every 20 ms, each on its own (many clients), so a try that
 hangs on the cut leader does not hold back the next. The
 killed member is started again, the cut one healed after `--hold` s, and the next trial waits until
 the group is settled again. `heal` trials cut the leader off for `--heal-hold` s (10 s) under the same
@@ -51,6 +52,7 @@ class Times:
     elected: list[float] = field(default_factory=list)
     committed: list[float] = field(default_factory=list)
     settled: list[float] = field(default_factory=list)
+    shown: list[float] = field(default_factory=list)
 
 
 class Writer:
@@ -142,14 +144,30 @@ async def trial(cluster: Cluster, views: Views, fabric: Fabric, writer: Writer, 
     else:
         fabric.isolate(old.host, [m.host for m in survivors])
 
+    chosen: list[Member] = []
+
     async def elected() -> float | None:
         for m in survivors:
             named = await views.leader_of(m)
-            if named is not None and named != old.raft_addr:
+            if named is not None and named != old.raft_addr and (new := cluster.by_addr(named)) is not None:
+                chosen.append(new)
                 return time.monotonic() - t0
         return None
 
     times.elected.append(await cluster.wait_for("a new leader", elected, 30, poll=0.01))
+    elected_at = time.monotonic()
+
+    async def shown() -> bool:  # what an operator reads: the new leader's /metrics, and `ctl status` (its summary)
+        try:
+            metrics = await views.http.get(chosen[0].url + "/metrics", timeout=0.5)
+            status = await views.http.get(chosen[0].url + "/api/v1/status", timeout=0.5)
+        except httpx.HTTPError:
+            return False
+        return ("llmgw_control_leader 1.0" in metrics.text and status.status_code == 200
+                and status.json().get("cluster", {}).get("leader") == chosen[0].raft_addr)
+
+    await cluster.wait_for("the new leader in /metrics and the status", shown, 30, poll=0.01)
+    times.shown.append(time.monotonic() - elected_at)
     took = await cluster.wait_for("a write acknowledged after the fault", lambda: writer.first_after(t0), 30,
                                   poll=0.01)
     times.committed.append(took)
@@ -201,11 +219,12 @@ def table(results: list[Times]) -> list[list[str]]:
         return f"{statistics.median(values):.2f} / {pct(values, 0.99):.2f} / {max(values):.2f}"
 
     rows = [["fault", "trials", "elected p50 / p99 / max s", "first commit p50 / p99 / max s",
-             "caught up after heal p50 / p99 / max s"]]
+             "caught up after heal p50 / p99 / max s", "in /metrics and status after the election p50 / p99 / max s"]]
     names = {"sigkill": "SIGKILL of the leader", "partition": "the leader cut off",
              "heal": "the leader cut off, healed"}
     for t in results:
-        rows.append([names[t.kind], str(len(t.elected)), fig(t.elected), fig(t.committed), fig(t.settled)])
+        rows.append([names[t.kind], str(len(t.elected)), fig(t.elected), fig(t.committed), fig(t.settled),
+                     fig(t.shown)])
     return rows
 
 

@@ -31,36 +31,19 @@ import trio
 from tests.e2e.test_zipapp import bare_python
 from tests.support.cluster import Cluster
 from tests.support.processes import children_of, free_port, kill_engines_under, until
-from tests.support.releases import NEW_OP, newer_release
+from tests.support.releases import NEW_OP, build_zipapp, newer_tree
 from tests.support.trust import join_token
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).parents[2]
 ADMIN, CLIENT = "sk-upgrade-admin", "sk-upgrade-client"
-# What a source tree needs for build.py besides the package (pyproject names the readme).
-BUILD_FILES = ("pyproject.toml", "README.md", "build.py")
-
-
-def build(tree: Path, out: Path) -> Path:
-    done = subprocess.run([sys.executable, str(tree / "build.py"), "-o", str(out)], cwd=tree, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return out
-
-
 @pytest.fixture(scope="session")
-def zipapps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """This tree's zipapp and the next release's (version `+next`, one store level up, one new command type):
-    built once for the session, without llama.cpp."""
-    dist = tmp_path_factory.mktemp("releases")
-    old = build(ROOT, dist / "old.pyz")
+def zipapps(runtime_zipapp: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """This tree's zipapp (the session's) and the next release's (version `+next`, one store level up, one new
+    command type), each built once for the session, without llama.cpp."""
     tree = tmp_path_factory.mktemp("next-tree")
-    for name in BUILD_FILES:
-        shutil.copy2(ROOT / name, tree / name)
-    newer_release(tree)
-    new = build(tree, dist / "new.pyz")
-    return old, new
+    newer_tree(tree)
+    return runtime_zipapp, build_zipapp(tree, tmp_path_factory.mktemp("releases") / "new.pyz")
 
 
 def sha(path: Path) -> str:

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from tests.support.processes import alive, children_of, free_port
+from tests.support.releases import build_zipapp
 
 pytestmark = pytest.mark.slow
 
@@ -45,12 +46,8 @@ def bare_python() -> str:
 def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Built once for the module: with the llama.cpp engine and the SmolLM2 weights when
     this machine has them (~130 MB, ~20 s), else the runtime dependencies only."""
-    out = tmp_path_factory.mktemp("dist") / "llmgw.pyz"
     extra = ["--with-llamacpp"] if HAVE_LLAMACPP else []
-    build = subprocess.run([sys.executable, str(ROOT / "build.py"), "-o", str(out), *extra], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stdout + build.stderr
-    return out
+    return build_zipapp(ROOT, tmp_path_factory.mktemp("dist") / "llmgw.pyz", *extra)
 
 
 def distribution(name: str) -> str:

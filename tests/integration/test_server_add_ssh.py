@@ -38,7 +38,6 @@ from tests.support.cluster import ADMIN_KEY, Cluster
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).parents[2]
 PROGRAMS = ("/usr/sbin/sshd", "ssh", "scp", "ssh-keygen", "ip")
 
 
@@ -186,13 +185,9 @@ def sshd(remote: Remote, keys: Keys, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="module")
-def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The zipapp, built once for the module (runtime dependencies only: what a machine runs)."""
-    out = tmp_path_factory.mktemp("dist") / "llmgw.pyz"
-    build = subprocess.run([sys.executable, str(ROOT / "build.py"), "-o", str(out)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, build.stdout + build.stderr
-    return out
+def pyz(runtime_zipapp: Path) -> Path:
+    """The zipapp (runtime dependencies only: what a machine runs), built once for the session."""
+    return runtime_zipapp
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from trio_websocket import HandshakeError
 from llmgw.agent import AgentConfig
 from llmgw.agent import serve as agent_serve
 from llmgw.control.api.route import ADMIN as ADMIN_ROLE
-from llmgw.control.api.route import PUBLIC, Route
+from llmgw.control.api.route import MACHINE, PUBLIC, Route
 from llmgw.control.api.table import ROUTES
 from llmgw.control.service import ControlConfig, ControlHandle, Seed
 from llmgw.control.service import serve as control_serve
@@ -56,7 +56,7 @@ ADMIN = "sk-admin-trust-credentials"
 # Each path argument of the table's rules, filled with a plausible value (none of them exists: a write
 # with an admin key is answered 400/404/409, and changes nothing the other rows depend on).
 PATH_VALUES = {"name": "demo", "key": "serving.stopped", "request_id": "req_0123456789abcdef", "key_id": "key_0",
-               "token_id": "tok_0", "role": "agent", "member": "127.0.0.1:1"}
+               "token_id": "tok_0", "role": "agent", "member": "127.0.0.1:1", "sha256": "0" * 64}
 STREAMS = {protocol.STREAM_PATH: "agent", protocol.GATEWAY_STREAM_PATH: "gateway"}
 TLS = "tls"  # the TLS handshake refused the credential: no route was reached
 
@@ -196,8 +196,10 @@ def expected_http(route: Route, kind: str) -> set[str]:
         return {TLS} | ({"ok"} if route.role == PUBLIC else {"401"})
     if route.role == PUBLIC or kind == "admin key":
         return {"ok"}
+    if route.role == MACHINE and kind in ("agent cert", "gateway cert", "control cert"):
+        return {"ok"}  # a release file, fetched by the cluster's machines with their certificates (ctl upgrade)
     if kind == "viewer key":
-        return {"403"} if route.role == ADMIN_ROLE else {"ok"}
+        return {"403"} if route.role in (ADMIN_ROLE, MACHINE) else {"ok"}
     if kind == "revoked cert":
         return {"403"}  # its machine is refused whatever key comes with it (route.revoked_peer)
     return {"401"}  # a client key, any certificate alone, nothing
@@ -251,7 +253,8 @@ async def test_every_admin_route_answers_each_kind_of_credential_as_its_role_all
     # Every certificate alone is 401 on every route that wants a key: a machine never gets admin access; a
     # revoked one is 403 (it is refused even with a key: tests/integration/test_raft_tls.py).
     for kind in ("agent cert", "gateway cert", "control cert"):
-        assert {cells[kind, f"{r.method} {r.rule}"] for r in routes if r.role != PUBLIC} == {"401"}, table
+        assert {cells[kind, f"{r.method} {r.rule}"] for r in routes if r.role not in (PUBLIC, MACHINE)} == {"401"}, \
+            table
     assert {cells["revoked cert", f"{r.method} {r.rule}"] for r in routes if r.role != PUBLIC} == {"403"}, table
 
 

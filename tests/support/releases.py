@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from llmgw.domain import levels
 
 SOURCE = Path(llmgw.__file__).resolve().parent
 NEW_OP = "setting.set"
+# What a source tree needs for build.py besides the package (pyproject names the readme).
+BUILD_FILES = ("pyproject.toml", "README.md", "build.py")
 
 
 @dataclass(frozen=True)
@@ -60,3 +64,18 @@ def _patch(path: Path, pattern: str, replacement: str) -> None:
     new, count = re.subn(pattern, lambda _: replacement, text, flags=re.MULTILINE)
     assert count == 1, f"{path}: {pattern!r} found {count} times (the newer release's patch needs it once)"
     path.write_text(new)
+
+
+def build_zipapp(tree: Path, out: Path, *extra: str) -> Path:
+    """`build.py` of `tree` (this one: SOURCE's parent) into `out`, with `extra` flags (`--with-llamacpp`)."""
+    done = subprocess.run([sys.executable, str(tree / "build.py"), "-o", str(out), *extra], cwd=tree,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def newer_tree(dest: Path) -> Release:
+    """A source tree of the next release (`newer_release`) with what `build.py` needs beside the package."""
+    for name in BUILD_FILES:
+        shutil.copy2(SOURCE.parent / name, dest / name)
+    return newer_release(dest)
