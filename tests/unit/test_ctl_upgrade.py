@@ -208,3 +208,12 @@ def test_a_gateway_that_refuses_stops_the_run_before_the_agents(tmp_path: Path) 
     assert "gateway gw-1: it refused: fetch_failed" in r.err and "the 2 machine(s) after it were left" in r.err
     assert cluster.asked[-1] == "gateway gw-1" and {m.started for m in cluster.nodes.values()} == {0}
     assert cluster.gateways["gw-1"].sha == OLD
+
+
+def test_a_gateway_that_runs_no_release_file_stops_the_run_before_it_is_asked(tmp_path: Path) -> None:
+    new = zipapp(tmp_path / "new.pyz", "new")
+    cluster = FakeCluster()
+    cluster.gateways["gw-1"].sha = None  # type: ignore[assignment]
+    r = run(cluster, str(new))
+    assert r.rc == 1 and "gateway gw-1: it runs no release file" in r.err, r.err
+    assert "gateway gw-1" not in cluster.asked and {m.started for m in cluster.nodes.values()} == {0}
