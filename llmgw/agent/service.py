@@ -200,15 +200,15 @@ async def _upgrade(control: str, config: AgentConfig, message: pa.UpgradeAgent, 
     """Control's `upgrade_agent` (`ctl upgrade`): the release fetched and written beside the running file, then the
     agent ends its run as for `restart_agent` and `llmgw agent` runs that file (engines adopted); a refusal is
     answered with `rejected` and the reason, and the agent goes on as it was."""
-    from llmgw.agent import upgrade
+    from llmgw import release_fetch
 
     what = "the release it ran before" if message.rollback else f"release {str(message.sha256)[:12]}"
     try:
         if config.runner is not None or config.local_credential is not None:
             raise release.ReleaseError("cannot_upgrade", "this agent runs inside another process (llmgw up, "
                                                          "sim-fleet): upgrade that process instead")
-        path, sha = await upgrade.prepare(control, config.tls, config.state_dir, message.sha256, message.rollback,
-                                          config.timeouts.upgrade_transfer_s)
+        path, sha = await release_fetch.prepare(control, config.tls, config.state_dir, message.sha256,
+                                                message.rollback, config.timeouts.upgrade_transfer_s)
     except release.ReleaseError as e:
         log.warning("asked to upgrade to %s, refused: %s", what, e.message)
         link.answer(pa.Rejected("upgrade_agent", f"{e.code}: {e.message}").to_doc())

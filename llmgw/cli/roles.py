@@ -552,7 +552,7 @@ def gateway(
     if handover is not None and handover.fd is not None and returned:  # drained: out of the state dir's lock
         os.set_inheritable(handover.fd, True)  # the one descriptor the next program keeps: /v1's listener
         os.environ[gateway_app.LISTEN_FD_ENV] = str(handover.fd)
-        restart_in_place()
+        restart_in_place(cfg.restart_into[-1] if cfg.restart_into else None)  # `ctl upgrade`: into its file
     sys.exit(status)
 
 

@@ -50,10 +50,12 @@ class GatewayLink:
     restartable: bool = False
     pid: int | None = None
     started_at: float | None = None
-    # What the leader asks of it (`restart_gateway`), sent down its stream by `session`.
+    # What the leader asks of it (`restart_gateway`, `upgrade_gateway`), sent down its stream by `session`.
     asks: trio.MemorySendChannel[str] | None = None
     # The sha256 of the release file it runs (its hello; None: not a zipapp, or a gateway older than ctl upgrade).
     release_sha256: str | None = None
+    # Why it refused the last upgrade asked of it (its `rejected` upgrade_gateway); cleared by the next ask.
+    upgrade_refused: str | None = None
 
 
 @dataclass
@@ -224,7 +226,7 @@ class GatewayHub:
         return [{"name": g.name, "address": g.address, "connected": g.connected,
                  "connected_at": g.connected_at, "last_contact": g.last_contact, "query_url": g.query_url,
                  "restartable": g.restartable, "pid": g.pid, "started_at": g.started_at,
-                 "release_sha256": g.release_sha256}
+                 "release_sha256": g.release_sha256, "upgrade_refused": g.upgrade_refused}
                 for _, g in sorted(self.links.items())]
 
 
@@ -318,6 +320,9 @@ async def session(ctx: Context, receive: Receive, send: Send, remote: str, *, ma
                     nursery.start_soon(_commit_usage, ctx, link, send, message)
                 elif message["type"] == "renew":  # its certificate, at two thirds of its life
                     nursery.start_soon(_renew, ctx, send, machine, message)
+                elif message["type"] == "rejected" and message.get("message_type") == "upgrade_gateway":
+                    link.upgrade_refused = str(message.get("reason") or "no reason given")[:1000]
+                    log.warning("gateway %s refused to upgrade: %s", name, link.upgrade_refused)
                 elif message["type"] == "judge_failure":  # `ctl guard judge status` shows it
                     try:
                         ctx.hub.record_judge_failure(*protocol.read_judge_failure(message))
@@ -330,7 +335,8 @@ async def session(ctx: Context, receive: Receive, send: Send, remote: str, *, ma
         hub.disconnect(link)
 
 
-_ASKS_QUEUED = 4  # what the leader asks of one gateway (a restart) waits in a queue this long; beyond, refused
+# What the leader asks of one gateway (a restart, an upgrade) waits in a queue this long; beyond, refused.
+_ASKS_QUEUED = 4
 
 
 async def _pass_asks(asked: trio.MemoryReceiveChannel[str], send: Send) -> None:

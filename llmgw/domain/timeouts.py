@@ -208,8 +208,8 @@ class Timeouts:
     ctl_node_restart_s: float = _t(60.0, "ctl", "`llmgw ctl nodes restart` waits this long for the node's agent to be back on a new stream (`--no-wait`: not at all)")
     ctl_gateway_restart_s: float = _t(120.0, "ctl", "`llmgw ctl gateways restart` waits this long for the gateway to follow the leader again, restarted (its drain included: gateway_restart_drain_s; `--no-wait`: not at all)")
     ctl_member_restart_s: float = _t(60.0, "ctl", "`llmgw ctl members restart` waits this long for the member to answer again, restarted and caught up (`--no-wait`: not at all)")
-    upgrade_machine_s: float = _t(300.0, "ctl", "`llmgw ctl upgrade` gives each machine this long to answer, restart into the new release and be back (a member caught up, an agent connected with its replicas reported) before it stops the run, saying which machine and why")
-    upgrade_transfer_s: float = _t(300.0, "ctl", "`llmgw ctl upgrade` gives the upload of a release to each control plane this long, and an agent its fetch of the release from the control plane it follows")
+    upgrade_machine_s: float = _t(300.0, "ctl", "`llmgw ctl upgrade` gives each machine this long to answer, restart into the new release and be back (a member caught up, a gateway following the leader again, an agent connected with its replicas reported) before it stops the run, saying which machine and why")
+    upgrade_transfer_s: float = _t(300.0, "ctl", "`llmgw ctl upgrade` gives the upload of a release to each control plane this long, and an agent or a gateway its fetch of the release from the control plane it follows")
     ctl_poll_s: float = _t(0.2, "ctl", "`llmgw ctl` asks again this often while it waits for a change it asked for (an agent back after its restart)")
     ctl_request_s: float = _t(30.0, "ctl", "`llmgw ctl` waits this long for the admin API's answer")
 

@@ -73,6 +73,9 @@ class GatewayConfig:
     # cannot (a gateway inside another process: a test's).
     handover: gateway_app.Handover | None = None
     started_at: float = field(default_factory=time.time)  # this program's start (a restart in place: a new one)
+    # Set by an upgrade (the leader's `upgrade_gateway`, `ctl upgrade`) with `handover.asked`: the release file
+    # `llmgw gateway` runs next, in place.
+    restart_into: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -190,6 +193,9 @@ async def serve(config: GatewayConfig, *, task_status: Any = trio.TASK_STATUS_IG
     role_var.set(config.role)
     if not config.controls:
         raise ValueError("a gateway needs at least one control URL")
+    # The hash of the file this program started from, taken now (its hello says it; `ctl upgrade` judges by it):
+    # a sibling worker's upgrade may replace the file at this path while this program runs on.
+    await trio.to_thread.run_sync(release.running)
     state = FollowedState(config.controls)
     router = Router()
     rlog = RequestLog(config.state_dir / "requests" if config.state_dir is not None else None, config.name,
@@ -300,6 +306,8 @@ async def _session(ws: WebSocketConnection, control: str, config: GatewayConfig,
                 _renewed(config.renewal, message)
             elif kind == "restart_gateway":
                 _restart_asked(config, str(message.get("reason") or "asked by control")[:200])
+            elif kind == "upgrade_gateway":
+                nursery.start_soon(_upgrade, ws, control, config, message)
             elif kind == "usage_ack":
                 if isinstance(message.get("seq"), int):
                     feeds.ack(str(message.get("boot")), message["seq"])
@@ -321,6 +329,36 @@ def _restart_asked(config: GatewayConfig, reason: str) -> None:
         log.info("restarting in place, as control asked (%s): draining (no new connection is taken; they wait "
                  "for the next program)", reason)
         config.handover.asked.set()
+
+
+async def _upgrade(ws: WebSocketConnection, control: str, config: GatewayConfig, message: dict[str, Any]) -> None:
+    """The leader's `upgrade_gateway` (`ctl upgrade`): the release fetched from `control` over this gateway's own
+    connection and written in place of the running file (`release.prepare`), then a restart in place into it
+    (drained, the listening socket handed over). A refusal goes back as `rejected` with the reason (the leader
+    lists it as the gateway's `upgrade_refused`), and the gateway goes on as it was."""
+    from llmgw import release_fetch
+
+    rollback = message.get("rollback") is True
+    what = "the release it ran before" if rollback else f"release {str(message.get('sha256'))[:12]}"
+    try:
+        if config.handover is None:
+            raise release.ReleaseError("cannot_restart", "this gateway runs inside another process: upgrade that "
+                                                         "process instead")
+        if config.state_dir is None:
+            raise release.ReleaseError("cannot_upgrade", "this gateway has no state dir to record its releases in")
+        if config.handover.asked.is_set():
+            raise release.ReleaseError("restarting", "this gateway is already draining for a restart: ask again "
+                                                     "once it follows the leader again")
+        sha = None if rollback else release.checked_sha256(message.get("sha256"))
+        path, sha = await release_fetch.prepare(control, config.tls, config.state_dir, sha, rollback,
+                                                config.timeouts.upgrade_transfer_s)
+    except release.ReleaseError as e:
+        log.warning("asked to upgrade to %s, refused: %s", what, e.message)
+        await ws.send_message(protocol.dumps({"type": "rejected", "message_type": "upgrade_gateway",
+                                              "reason": f"{e.code}: {e.message}"}))
+        return
+    config.restart_into.append(path)
+    _restart_asked(config, f"upgrading to {path.name} (sha256 {sha[:12]}), as control asked")
 
 
 async def _renew(ws: WebSocketConnection, renewal: Renewal, every_s: float) -> None:

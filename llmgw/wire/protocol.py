@@ -6,10 +6,13 @@ stop_replica, refused. Each message is an object with a "type".
 
 The gateway ↔ control stream (a gateway follows the leader's table) is below
 `GATEWAY_STREAM_PATH`: up hello (with the URL its request log answers at, whether it can restart in
-place, its pid and its program's start time), demand, usage (a batch of rollups), judge_failure (a judge
-model did not answer a check), heartbeat; down welcome, table (the full table, on connect and on every
-change), usage_ack, heartbeat, refused, rejected (a message the leader could not read; the stream goes
-on), restart_gateway (an operator asked it to restart in place: `llmgw ctl gateways restart`).
+place, its pid, its program's start time and its release file's sha256), demand, usage (a batch of rollups),
+judge_failure (a judge model did not answer a check), rejected (`message_type` upgrade_gateway: why it refused
+an upgrade), heartbeat; down welcome, table (the full table, on connect and on every change), usage_ack,
+heartbeat, refused, rejected (a message the leader could not read; the stream goes on), restart_gateway (an
+operator asked it to restart in place: `llmgw ctl gateways restart`), upgrade_gateway (`{"sha256": S}` or
+`{"rollback": true}`: fetch release S from the leader and restart in place into it, or into the file it ran
+before: `llmgw ctl upgrade`).
 
 `loads` is the one door for both streams, both ways: whatever the peer sent, it returns an object
 with a "type" or raises `ProtocolError` (too large, nested deeper than `MAX_NESTING`, not JSON).

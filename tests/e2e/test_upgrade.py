@@ -1,10 +1,12 @@
 """`llmgw ctl upgrade`: a cluster of real processes run from a zipapp (three control planes, an agent with a sim
 engine, a remote gateway) upgraded to a second build that differs in version and in one new command type
 (`tests/support/releases.py`), under a client load through the gateway that sees no failed request; each
-machine then reports the new file's hash, the replica and its engine are the same, and the new command type is
-accepted once the group's store level rose. Then: an upload cut short changes nothing, the file already running
-skips every machine, `--rollback` returns the agent to the old file, and a machine that does not come back in its
-time stops the run with the reason, the rest left as they were."""
+machine then reports the new file's hash (the gateway restarted in place: the same pid, a new start), the replica
+and its engine are the same, and the new command type is accepted once the group's store level rose. Then: an
+upload cut short changes nothing, a gateway asked for a rollback it cannot do refuses with the reason and
+changes nothing, the file already running skips every machine, `--rollback` returns the gateway and the agent to
+the old file, and a machine that does not come back in its time stops the run with the reason, the rest left as
+they were."""
 
 from __future__ import annotations
 
@@ -160,6 +162,12 @@ def node(api: httpx.Client) -> dict[str, Any] | None:
     return next((n for n in api.get("/api/v1/nodes").json()["nodes"] if n["node"] == "worker-1"), None)
 
 
+def gateway(api: httpx.Client) -> dict[str, Any]:
+    found = [g for g in api.get("/api/v1/gateways").json()["gateways"] if g["name"] == "gw-1"]
+    assert len(found) == 1, found
+    return dict(found[0])
+
+
 def test_a_rolling_upgrade_to_a_new_zipapp_and_back(machines: Machines, zipapps: tuple[Path, Path]) -> None:
     old, new = zipapps
     old_sha, new_sha = sha(old), sha(new)
@@ -202,9 +210,22 @@ def test_a_rolling_upgrade_to_a_new_zipapp_and_back(machines: Machines, zipapps:
         # The file already running: every machine skipped, said so.
         same = machines.ctl("upgrade", str(old))
         assert same.returncode == 0, same.stdout + same.stderr
-        assert same.stdout.count("already runs") == 4, same.stdout
+        assert same.stdout.count("already runs") == 5, same.stdout
 
-        # The upgrade, under load through the gateway: standbys, the leader, then the agent.
+        # A gateway asked for what it cannot do: a release the leader does not hold (refused at once), a rollback
+        # with no release run before (refused by the gateway, with the reason): nothing changed.
+        gw_before = gateway(api)
+        assert gw_before["restartable"] and gw_before["pid"] == machines.procs["gateway"].pid, gw_before
+        r = api.post("/api/v1/gateways/gw-1/upgrade", json={"sha256": new_sha})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "release_not_found", r.text
+        r = api.post("/api/v1/gateways/gw-1/upgrade", json={"rollback": True})
+        assert r.status_code == 200, r.text
+        refused = until("the gateway refused", lambda: (g := gateway(api))["upgrade_refused"] and g, 60)
+        assert refused["upgrade_refused"].startswith("no_previous_release: "), refused
+        assert {k: refused[k] for k in ("connected", "started_at", "pid", "release_sha256")} == {
+            k: gw_before[k] for k in ("connected", "started_at", "pid", "release_sha256")}
+
+        # The upgrade, under load through the gateway: standbys, the leader, the gateway, then the agent.
         leader = trio.run(group.wait_for, "a leader", group.leader, 30.0)
         with Load(machines.gateway_url) as load:
             done = machines.ctl("--json", "upgrade", str(new))
@@ -212,10 +233,13 @@ def test_a_rolling_upgrade_to_a_new_zipapp_and_back(machines: Machines, zipapps:
         assert done.returncode == 0, done.stdout + done.stderr + machines.logs()
         events = [json.loads(line) for line in done.stdout.splitlines()]
         steps = [(e["kind"], e["machine"], e["outcome"]) for e in events if e["event"] == "machine"]
-        assert [k for k, _, _ in steps] == ["member", "member", "member", "node"], steps
+        assert [k for k, _, _ in steps] == ["member", "member", "member", "gateway", "node"], steps
         assert steps[2][1] == leader.raft_addr and {o for _, _, o in steps} == {"upgraded"}, steps
         assert load.failed == [] and load.answered > 0, (load.answered, load.failed[:5])
-        assert f"gw-1 runs {old_sha[:12]}" in done.stdout  # gateways: not upgraded by ctl upgrade yet
+        gw_after = gateway(api)
+        assert gw_after["release_sha256"] == new_sha and gw_after["connected"], gw_after
+        assert gw_after["pid"] == gw_before["pid"] == machines.procs["gateway"].pid, "exec'd in place"
+        assert gw_after["started_at"] != gw_before["started_at"] and gw_after["upgrade_refused"] is None
         assert {d["release_sha256"] for d in selves()} == {new_sha}
         assert all(d["version"].endswith("+next") for d in selves())
         assert {m.name: m.proc.pid for m in group.members if m.proc is not None} == pids, "each exec'd in place"
@@ -232,11 +256,15 @@ def test_a_rolling_upgrade_to_a_new_zipapp_and_back(machines: Machines, zipapps:
 
         # Again: every machine already runs it.
         again = machines.ctl("upgrade", str(new))
-        assert again.returncode == 0 and again.stdout.count("already runs") == 4, again.stdout + again.stderr
+        assert again.returncode == 0 and again.stdout.count("already runs") == 5, again.stdout + again.stderr
 
-        # Rollback of the agent: back to the old file, its engine still the same.
-        back = machines.ctl("upgrade", "--rollback")
+        # Rollback of the gateway and the agent: back to the old file, the agent's engine still the same.
+        with Load(machines.gateway_url) as load:
+            back = machines.ctl("upgrade", "--rollback")
         assert back.returncode == 0, back.stdout + back.stderr + machines.logs()
+        assert load.failed == [] and load.answered > 0, (load.answered, load.failed[:5])
+        gw_back = gateway(api)
+        assert gw_back["release_sha256"] == old_sha and gw_back["pid"] == machines.procs["gateway"].pid, gw_back
         rolled = node(api)
         assert rolled is not None and rolled["release_sha256"] == old_sha
         assert children_of(machines.procs["agent"].pid) == engines
@@ -251,7 +279,7 @@ def test_a_rolling_upgrade_to_a_new_zipapp_and_back(machines: Machines, zipapps:
         with Load(machines.gateway_url) as load:
             failed = machines.ctl("upgrade", str(bad), env={"LLMGW_TIMEOUTS": "upgrade_machine_s=20"})
         assert failed.returncode == 1, failed.stdout + failed.stderr
-        assert "not back within 20 s" in failed.stderr and "3 machine(s) after it were left" in failed.stderr
+        assert "not back within 20 s" in failed.stderr and "4 machine(s) after it were left" in failed.stderr
         assert load.failed == [] and load.answered > 0, (load.answered, load.failed[:5])
         assert sum(1 for m in group.members if m.running) == 2
         assert {d["release_sha256"] for d in selves_running(machines)} == {new_sha}

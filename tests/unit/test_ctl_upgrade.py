@@ -1,7 +1,8 @@
-"""`llmgw ctl upgrade` against a fake cluster (the admin API of three members and two agents, as
-`httpx.MockTransport`): the order (standbys, the leader, agents one at a time), judged by sha256 alone, each machine
-waited for, a machine already on the release skipped and said so, the first failure stopping the run with its
-reason and the rest untouched, progress as lines or JSON events, and the rollback."""
+"""`llmgw ctl upgrade` against a fake cluster (the admin API of three members, a gateway and two agents, as
+`httpx.MockTransport`): the order (standbys, the leader, the gateway, agents one at a time), judged by sha256
+alone, each machine waited for, a machine already on the release skipped and said so, the first failure (an
+agent's or a gateway's refusal too) stopping the run with its reason and the rest untouched, progress as lines or
+JSON events, and the rollback."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class FakeCluster:
 
     members: dict[str, Machine] = field(default_factory=lambda: {m: Machine(OLD) for m in ("m1", "m2", "m3")})
     nodes: dict[str, Machine] = field(default_factory=lambda: {n: Machine(OLD) for n in ("n1", "n2")})
+    gateways: dict[str, Machine] = field(default_factory=lambda: {"gw-1": Machine(OLD)})
     leader: str = "m1"
     uploads: dict[str, bytes] = field(default_factory=dict)
     asked: list[str] = field(default_factory=list)
@@ -58,7 +60,16 @@ class FakeCluster:
         if path == "/api/v1/cluster/members":
             return httpx.Response(200, json={"members": [
                 {**self.self_doc(m), "admin_url": f"http://{m}.test", "state": "healthy"} for m in self.members],
-                "gateways": [{"name": "gw-1", "connected": True, "release_sha256": OLD}]})
+                "gateways": [{"name": g, "connected": True, "release_sha256": m.sha}
+                             for g, m in self.gateways.items()]})
+        if path == "/api/v1/gateways":
+            return httpx.Response(200, json={"gateways": [
+                {"name": g, "connected": True, "restartable": True, "started_at": m.started, "pid": 7,
+                 "release_sha256": m.sha, "upgrade_refused": m.refuse if m.started else None}
+                for g, m in self.gateways.items()]})
+        if path.startswith("/api/v1/gateways/") and path.endswith("/upgrade"):
+            name = path.split("/")[4]
+            return self._upgrade(f"gateway {name}", self.gateways[name], json.loads(request.content))
         if path == "/api/v1/cluster/self":
             if self.members[host].stays_away and self.members[host].started:
                 raise httpx.ConnectError("connection refused")
@@ -87,7 +98,8 @@ class FakeCluster:
             machine.previous, machine.sha = before, str(to)
         if who.startswith("member") and who.endswith(self.leader) and machine.refuse is None:
             self.leader = "m2"  # the leader hands over first
-        return httpx.Response(200, json={"upgrading": who, "to": to, "from": before, "connected_at": machine.started - 1})
+        return httpx.Response(200, json={"upgrading": who, "to": to, "from": before,
+                                         "connected_at": machine.started - 1, "started_at": machine.started - 1})
 
 
 @pytest.fixture(autouse=True)
@@ -105,20 +117,20 @@ def test_standbys_then_the_leader_then_each_agent_all_on_the_new_hash(tmp_path: 
     cluster = FakeCluster()
     r = run(cluster, str(new))
     assert r.rc == 0, r.err
-    assert cluster.asked == ["member m2", "member m3", "member m1", "node n1", "node n2"]
+    assert cluster.asked == ["member m2", "member m3", "member m1", "gateway gw-1", "node n1", "node n2"]
     assert set(cluster.uploads) == {"m1", "m2", "m3"} and all(u == new.read_bytes() for u in cluster.uploads.values())
-    assert {m.sha for m in [*cluster.members.values(), *cluster.nodes.values()]} == {sha}
+    assert {m.sha for m in [*cluster.members.values(), *cluster.gateways.values(), *cluster.nodes.values()]} == {sha}
     lines = [line for line in r.out.splitlines() if line.startswith("[")]
     assert [line.split("] ")[1].split(":")[0] for line in lines] == [
-        "1/5 member m2", "2/5 member m3", "3/5 member m1", "4/5 node n1", "5/5 node n2"]
-    assert "gateways: not upgraded" in r.out and f"(gw-1 runs {OLD[:12]})" in r.out
+        "1/6 member m2", "2/6 member m3", "3/6 member m1", "4/6 gateway gw-1", "5/6 node n1", "6/6 node n2"]
+    assert "gateways: not upgraded" not in r.out
 
     # Again with the same file: every machine is skipped, said so, and none is asked anything (nor uploaded to).
     cluster.uploads.clear()
     again = run(cluster, str(new))
     assert again.rc == 0, again.err
-    assert cluster.asked == ["member m2", "member m3", "member m1", "node n1", "node n2"]
-    assert again.out.count("already runs") == 5 and cluster.uploads == {}
+    assert cluster.asked == ["member m2", "member m3", "member m1", "gateway gw-1", "node n1", "node n2"]
+    assert again.out.count("already runs") == 6 and cluster.uploads == {}
 
 
 def test_a_machine_is_judged_by_its_hash_never_its_version(tmp_path: Path) -> None:
@@ -164,8 +176,8 @@ def test_rollback_returns_the_agents_to_the_file_they_ran_before(tmp_path: Path)
     cluster.asked.clear()
     r = run(cluster, "--rollback")
     assert r.rc == 0, r.err
-    assert cluster.asked == ["node n1", "node n2"]  # control planes only with --members
-    assert {m.sha for m in cluster.nodes.values()} == {OLD}
+    assert cluster.asked == ["gateway gw-1", "node n1", "node n2"]  # control planes only with --members
+    assert {m.sha for m in [*cluster.gateways.values(), *cluster.nodes.values()]} == {OLD}
 
 
 def test_what_is_not_a_release_is_refused_before_anything_is_asked(tmp_path: Path) -> None:
@@ -185,3 +197,23 @@ def test_an_agent_that_runs_no_release_file_stops_the_run_before_it_is_asked(tmp
     r = run(cluster, str(new))
     assert r.rc == 1 and "node n1: its agent runs no release file" in r.err, r.err
     assert "node n1" not in cluster.asked and cluster.nodes["n2"].started == 0
+
+
+def test_a_gateway_that_refuses_stops_the_run_before_the_agents(tmp_path: Path) -> None:
+    new = zipapp(tmp_path / "new.pyz", "new")
+    cluster = FakeCluster()
+    cluster.gateways["gw-1"].refuse = "fetch_failed: the control plane answered 404"
+    r = run(cluster, str(new))
+    assert r.rc == 1
+    assert "gateway gw-1: it refused: fetch_failed" in r.err and "the 2 machine(s) after it were left" in r.err
+    assert cluster.asked[-1] == "gateway gw-1" and {m.started for m in cluster.nodes.values()} == {0}
+    assert cluster.gateways["gw-1"].sha == OLD
+
+
+def test_a_gateway_that_runs_no_release_file_stops_the_run_before_it_is_asked(tmp_path: Path) -> None:
+    new = zipapp(tmp_path / "new.pyz", "new")
+    cluster = FakeCluster()
+    cluster.gateways["gw-1"].sha = None  # type: ignore[assignment]
+    r = run(cluster, str(new))
+    assert r.rc == 1 and "gateway gw-1: it runs no release file" in r.err, r.err
+    assert "gateway gw-1" not in cluster.asked and {m.started for m in cluster.nodes.values()} == {0}

@@ -1,20 +1,23 @@
 """The admin API's release routes (`ctl upgrade`): a release uploaded to a member is kept only whole, by its
 sha256, past the 1 MiB body limit of every other route; served back to the cluster's machines by hash; and an
-upgrade asked of a member or a node is refused with a reason when it cannot be done."""
+upgrade asked of a member, a node or a gateway is refused with a reason when it cannot be done."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from llmgw.control.api import make_app
 from llmgw.control.context import Context
+from llmgw.control.gateway_stream import GatewayHub
 from llmgw.control.hub import AgentHub
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands
@@ -27,11 +30,14 @@ VIEWER = "sk-upgrade-viewer"
 
 
 def client(state_dir: Path | None, hub: AgentHub | None = None,
-           restart: Any = None) -> httpx.AsyncClient:
+           restart: Any = None, gateways: GatewayHub | None = None) -> httpx.AsyncClient:
     store, hub = MemoryStore(), hub or AgentHub()
     store.submit_nowait(commands.add_key(hash_key(ADMIN), "admin", "admin", 0.0))
     store.submit_nowait(commands.add_key(hash_key(VIEWER), "viewer", "viewer", 0.0))
-    app: Any = make_app(Context(store=store, hub=hub, reconciler=Reconciler(store, hub), clock=lambda: 0.0,
+    reconciler = Reconciler(store, hub)
+    if gateways is not None:
+        reconciler.sinks.append(gateways)
+    app: Any = make_app(Context(store=store, hub=hub, reconciler=reconciler, clock=lambda: 0.0,
                                 state_dir=state_dir, restart=restart))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://control.test",
                              headers={"Authorization": f"Bearer {ADMIN}"})
@@ -135,3 +141,61 @@ async def test_a_node_upgrade_is_sent_over_its_stream_only_for_a_release_held_he
     assert receive.receive_nowait() == {"type": "upgrade_agent", "sha256": sha}
     assert receive.receive_nowait() == {"type": "upgrade_agent", "rollback": True}
     assert "n1" not in hub.upgrade_refused  # a new ask clears the last refusal
+
+
+async def test_a_gateway_upgrade_is_sent_over_its_stream_only_when_it_can_be_done(tmp_path: Path) -> None:
+    """Refused with the reason, and nothing sent to the gateway: unknown, not connected, not restartable, not run
+    from a release file, a bad body, a release this leader does not hold. Then sent, the last refusal cleared."""
+    gateways = GatewayHub(MemoryStore(), "m1")
+    data = zipapp(1000)
+    sha = hashlib.sha256(data).hexdigest()
+
+    def follows(name: str, restartable: bool = True, release_sha256: str | None = "b" * 64,
+                connected: bool = True) -> trio.MemoryReceiveChannel[str]:
+        link = gateways.connect(name, "127.0.0.1")
+        link.restartable, link.release_sha256, link.started_at, link.pid = restartable, release_sha256, 5.0, 42
+        send, receive = trio.open_memory_channel[str](8)
+        link.asks = send
+        if not connected:
+            gateways.disconnect(link)
+        return receive
+
+    stream = follows("gw-1")
+    others = [follows("gw-gone", connected=False), follows("gw-fixed", restartable=False),
+              follows("gw-package", release_sha256=None)]
+    async with client(tmp_path, gateways=gateways) as c:
+        for name, status, code in (("gw-9", 404, "gateway_not_found"), ("gw-gone", 409, "gateway_not_connected"),
+                                   ("gw-fixed", 409, "cannot_restart"), ("gw-package", 409, "not_a_zipapp")):
+            r = await c.post(f"/api/v1/gateways/{name}/upgrade", json={"sha256": sha})
+            assert r.status_code == status and r.json()["error"]["code"] == code, (name, r.text)
+        for body in ({"sha256": sha, "rollback": True}, {"rollback": 1}, {"rollback": False}, {}, [sha]):
+            bad = await c.post("/api/v1/gateways/gw-1/upgrade", json=body)
+            assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request", body
+        bad_sha = await c.post("/api/v1/gateways/gw-1/upgrade", json={"sha256": "x"})
+        assert bad_sha.status_code == 400 and bad_sha.json()["error"]["code"] == "invalid_sha256"
+        not_here = await c.post("/api/v1/gateways/gw-1/upgrade", json={"sha256": sha})
+        assert not_here.status_code == 404 and not_here.json()["error"]["code"] == "release_not_found"
+        viewer = await c.post("/api/v1/gateways/gw-1/upgrade", json={"rollback": True},
+                              headers={"Authorization": f"Bearer {VIEWER}"})
+        assert viewer.status_code == 403, viewer.text
+        with pytest.raises(trio.WouldBlock):
+            stream.receive_nowait()  # none of those reached it
+        for other in others:
+            with pytest.raises(trio.WouldBlock):
+                other.receive_nowait()
+
+        assert (await c.put(f"/api/v1/releases/{sha}", content=data)).status_code == 200
+        gateways.links["gw-1"].upgrade_refused = "no_previous_release: an earlier refusal"
+        listed = (await c.get("/api/v1/gateways")).json()["gateways"]
+        assert [g["upgrade_refused"] for g in listed if g["name"] == "gw-1"] == ["no_previous_release: an earlier "
+                                                                                 "refusal"]
+        asked = await c.post("/api/v1/gateways/gw-1/upgrade", json={"sha256": sha})
+        assert asked.status_code == 200, asked.text
+        assert asked.json() | {"connected_at": None} == {
+            "upgrading": "gw-1", "connected_at": None, "started_at": 5.0, "pid": 42, "from": "b" * 64, "to": sha,
+            "rollback": False}
+        back = await c.post("/api/v1/gateways/gw-1/upgrade", json={"rollback": True})
+        assert back.status_code == 200 and back.json()["rollback"] is True and back.json()["to"] is None
+        assert gateways.links["gw-1"].upgrade_refused is None  # a new ask clears the last refusal
+    assert json.loads(stream.receive_nowait()) == {"type": "upgrade_gateway", "sha256": sha}
+    assert json.loads(stream.receive_nowait()) == {"type": "upgrade_gateway", "rollback": True}

@@ -75,7 +75,7 @@ class Progress:
 def upgrade(file: Annotated[Path | None, Parameter(help="The release file (a zipapp, `make zipapp`) to run "
                                                         "everywhere.")] = None, /, *,
             rollback: Annotated[bool, Parameter(negative="", help=(
-                "Instead of a file: return each agent (and gateway) to the release file it ran before, kept beside "
+                "Instead of a file: return each gateway and agent to the release file it ran before, kept beside "
                 "the one it runs now. Control planes only with --members too."))] = False,
             members: Annotated[bool, Parameter(negative="", help=(
                 "With --rollback: the control planes too (possible only while the group's store level has not "
@@ -115,11 +115,6 @@ def upgrade(file: Annotated[Path | None, Parameter(help="The release file (a zip
             raise CtlError(f"{step.kind} {step.name}: {e.message}. The run stopped here; the {left} machine(s) after "
                            f"it were left as they were") from None
         progress.step(step, "upgraded", words)
-    if not plan["gateways"]:
-        behind = [f"{g.name} runs {(g.sha256 or 'no release file')[:12]}" for g in plan["gateways_seen"]
-                  if sha is None or g.sha256 != sha]
-        progress.say("gateways: not upgraded by ctl upgrade yet; on each gateway machine install the file and run "
-                     "`llmgw service restart gateway`" + (f" ({'; '.join(behind)})" if behind else ""))
     progress.event("done", sha256=sha, seconds=round(time.monotonic() - progress.started, 1))
     if not session.as_json:
         progress.say(f"done in {time.monotonic() - progress.started:.0f} s")
@@ -150,7 +145,8 @@ def _sha_of(file: Path) -> str:
 
 
 def _plan(session: Session) -> dict[str, list[Step]]:
-    """The machines in the run's order: standbys, the leader; gateways; connected agents."""
+    """The machines in the run's order: standbys, the leader; connected gateways (each worker of a gateway run
+    with --workers is one: NAME-wI); connected agents."""
     _, table = session.request("GET", api_path("cluster", "members"))
     rows = [r for r in dig(table, "members") or [] if isinstance(r, Mapping)]
     missing = [str(r.get("id")) for r in rows if r.get("state") == "missing"]
@@ -163,9 +159,10 @@ def _plan(session: Session) -> dict[str, list[Step]]:
     _, doc = session.request("GET", api_path("nodes"))
     nodes = [Step("node", str(n.get("node")), sha256=_str(n.get("release_sha256")))
              for n in dig(doc, "nodes") or [] if isinstance(n, Mapping) and n.get("state") == "connected"]
-    seen = [Step("gateway", str(g.get("name")), sha256=_str(g.get("release_sha256")))
-            for g in dig(table, "gateways") or [] if isinstance(g, Mapping) and g.get("connected")]
-    return {"members": members, "gateways": _gateways(session), "gateways_seen": seen, "nodes": nodes}
+    _, listed = session.request("GET", api_path("gateways"))
+    gateways = [Step("gateway", str(g.get("name")), sha256=_str(g.get("release_sha256")))
+                for g in dig(listed, "gateways") or [] if isinstance(g, Mapping) and g.get("connected")]
+    return {"members": members, "gateways": gateways, "nodes": nodes}
 
 
 def _str(value: Any) -> str | None:
@@ -273,15 +270,61 @@ def _wait_for(t: Timeouts, back: Callable[[], str | None], last: Callable[[], st
                            f"(`llmgw service status` on its machine)")
 
 
-def _gateways(session: Session) -> list[Step]:
-    """The gateways of the run: none yet. A gateway cannot be asked to restart over its stream in this release
-    (the hook for it: a step kind "gateway" in `_MACHINES`); upgrade gateways on their machines."""
-    return []
-
-
 def _gateway(session: Session, step: Step, sha: str | None, t: Timeouts) -> str:
-    raise CtlError("a gateway cannot be upgraded over its stream yet: install the file on its machine and "
-                   "`llmgw service restart gateway`")
+    """A gateway (or one worker of a gateway run with --workers): asked over its stream to fetch the release from
+    the leader and restart in place into it (drained, its listening socket handed over: no client refused);
+    back once it follows the leader again from a new start, on the release."""
+    started = time.monotonic()
+    last = ["not connected yet"]
+
+    def connected() -> Mapping[str, Any] | None:  # after the leader's restart, its gateways follow the new one
+        found = _find_gateway(session, step.name, last)
+        if found is not None and found.get("connected"):
+            if found.get("release_sha256") is None:  # run from the package, or older than ctl upgrade
+                raise CtlError("it runs no release file ctl upgrade can replace: upgrade it on its machine")
+            if not found.get("restartable"):
+                raise CtlError("it cannot restart in place (an older version, or a gateway inside another "
+                               "process): upgrade it on its machine (`llmgw service restart gateway`)")
+            return found
+        last[0] = "not connected to the leader yet, waiting for it to follow"
+        return None
+
+    _wait_for(t, lambda: "connected" if connected() is not None else None, lambda: last[0])
+    _, asked = session.request("POST", api_path("gateways", step.name, "upgrade"),
+                               body={"sha256": sha} if sha else {"rollback": True}, send_body=True)
+    before = dig(asked, "started_at")
+    last[0] = "not back yet"
+
+    def back() -> str | None:
+        gw = _find_gateway(session, step.name, last)
+        if gw is None:
+            return None
+        if gw.get("upgrade_refused"):
+            raise CtlError(f"it refused: {gw.get('upgrade_refused')}")
+        runs = gw.get("release_sha256")
+        if not gw.get("connected") or gw.get("started_at") in (None, before):
+            last[0] = f"{'connected' if gw.get('connected') else 'not connected'}, not restarted yet"
+        elif (sha is not None and runs != sha) or (sha is None and runs == step.sha256):
+            last[0] = f"restarted, but runs {cell(runs)}"
+        else:
+            return (f"runs {str(runs)[:12]}, following again in {time.monotonic() - started:.1f} s "
+                    f"(pid {cell(gw.get('pid'))})")
+        return None
+
+    return _wait_for(t, back, lambda: last[0])
+
+
+def _find_gateway(session: Session, name: str, last: list[str]) -> Mapping[str, Any] | None:
+    """The gateway as the leader lists it; None (why in `last`) when unknown or the API does not answer now."""
+    try:
+        _, doc = session.request("GET", api_path("gateways"))
+    except CtlError as e:  # a leader changing hands: asked again
+        last[0] = e.message
+        return None
+    gw = next((g for g in dig(doc, "gateways") or [] if isinstance(g, Mapping) and g.get("name") == name), None)
+    if gw is None:
+        last[0] = "not listed by the leader (yet)"
+    return gw
 
 
 _MACHINES: dict[str, Callable[[Session, Step, str | None, Timeouts], str]] = {

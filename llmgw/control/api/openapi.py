@@ -375,12 +375,20 @@ def _paths() -> Schema:
         "/api/v1/gateways": {"get": _op("every gateway the leader has seen on its stream, connected or not", _obj({
             "gateways": _arr(_obj({"name": _STR, "address": _STR, "connected": _BOOL, "connected_at": _NUM,
                                    "last_contact": _NUM, "query_url": _STR, "restartable": _BOOL,
-                                   "pid": _null(_INT), "started_at": _null(_NUM)}))}))},
+                                   "pid": _null(_INT), "started_at": _null(_NUM), "release_sha256": _null(_STR),
+                                   "upgrade_refused": _null(_STR)}))}))},
         "/api/v1/gateways/{name}/restart": {"post": _op(
             "ask a connected gateway to restart in place (it drains; its listening socket passes to the program "
             "that runs next: no client refused)",
             _obj({"restarting": _STR, "connected_at": _NUM, "started_at": _null(_NUM), "pid": _null(_INT)}),
             errors=("404", "409", "503"), params=(gateway,), write=True)},
+        "/api/v1/gateways/{name}/upgrade": {"post": _op(
+            "ask a connected gateway to fetch a release from the leader and restart in place into it (`sha256`), "
+            "or into the file it ran before (`rollback`); it drains and hands its listening socket over, as for a "
+            "restart. Its refusal shows as its `upgrade_refused` in the list of gateways",
+            _obj({"upgrading": _STR, "connected_at": _NUM, "started_at": _null(_NUM), "pid": _null(_INT),
+                  "from": _null(_STR), "to": _null(_STR), "rollback": _BOOL}),
+            errors=("404", "409", "503"), params=(gateway,), body=_UPGRADE, write=True, example={"rollback": True})},
         "/api/v1/system/stop": {"post": _op("stop serving (`serving.stopped` = true)", switch, write=True)},
         "/api/v1/system/start": {"post": _op("serve again (`serving.stopped` = false)", switch, write=True)},
         "/api/v1/keys": {

@@ -65,6 +65,8 @@ ROUTES: tuple[Route, ...] = (
     # Gateways (the leader's streams).
     Route("GET", "/api/v1/gateways", VIEWER, lambda c: gateways.list_gateways(c.ctx)),
     Route("POST", "/api/v1/gateways/<path:name>/restart", ADMIN, lambda c: gateways.restart(c.ctx, c.path["name"])),
+    Route("POST", "/api/v1/gateways/<path:name>/upgrade", ADMIN,
+          lambda c: gateways.upgrade(c.ctx, c.path["name"], c.body), body=True),
     # The request log (fanned out to the gateways) and usage.
     Route("GET", "/api/v1/requests", VIEWER, lambda c: requests.list_page(c.ctx, c.args, c.authorization)),
     Route("GET", "/api/v1/requests/<path:request_id>", VIEWER,

@@ -1,8 +1,10 @@
-"""A machine's side of `ctl upgrade`: fetch a release by its sha256 from the control plane it follows (over
-its own mutually authenticated connection), write it beside the file it runs, and name the file to run next.
+"""A machine's side of `ctl upgrade` (an agent's `upgrade_agent`, a gateway's `upgrade_gateway`): fetch a release
+by its sha256 from the control plane it follows (over its own mutually authenticated connection), write it beside
+the file it runs, and name the file to run next.
 
-The restart itself is the caller's (the agent ends its run as for `restart_agent` and `llmgw agent` execs the
-file: same pid, same flags; its engines keep serving and are adopted)."""
+The restart itself is the caller's: the agent ends its run as for `restart_agent` and `llmgw agent` execs the
+file (same pid, same flags; its engines keep serving and are adopted); a gateway drains and `llmgw gateway` execs
+the file, its listening socket kept open for it (as for `restart_gateway`)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import trio
 
 from llmgw import release
 
-log = logging.getLogger("llmgw.agent")
+log = logging.getLogger("llmgw.release")
 
 
 async def prepare(control: str, tls: ssl.SSLContext | None, state_dir: Path, sha256: str | None, rollback: bool,
