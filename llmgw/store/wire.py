@@ -394,6 +394,7 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
     _server: Any  # pysyncobj's: its TcpServer, made into a `_Listener` here
     _tls: RaftPeerTls | None = None  # (set in __init__; a default for a transport built bare, as a test does)
     _waiting_since: dict[int, float]
+    _kept: frozenset[Any] = frozenset()  # (see `dropNode`; a default for a transport built bare, as a test does)
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any, *, refusals: RefusalLog,
                  abstain: Callable[[], bool] | None = None, tls: RaftPeerTls | None = None) -> None:
@@ -411,7 +412,7 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
         self._abstain = abstain
         # Peers a membership change replayed from the leader's log would have dropped while this member catches
         # up (see `dropNode`): kept until it has, then dropped if the group it reached lacks them.
-        self._kept: set[Any] = set()
+        self._kept = frozenset()
         self._swept_at = 0.0
         self._accepted_conns: set[_BoundedConnection] = set()  # this member's incoming connections, until closed
         conf = syncObj.conf
@@ -425,10 +426,10 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
             self._hold_candidacy()
         elif self._kept:
             group: set[Any] = getattr(self._syncObj, "_SyncObj__otherNodes", set())
-            for node in list(self._kept):
+            kept, self._kept = self._kept, frozenset()
+            for node in kept:
                 if node not in group:
                     super().dropNode(node)
-            self._kept.clear()
         now = time.monotonic()
         if now - self._keepalive_at >= self._syncObj.conf.connectionTimeout / 4:
             self._keepalive_at = now
@@ -459,7 +460,7 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
         change that adds it again (`addNode`, below) finds it there, and one the group it reaches lacks is dropped
         once it has caught up (`_onTick`)."""
         if self._abstain is not None and self._abstain() and node in self._nodes:
-            self._kept.add(node)
+            self._kept = self._kept | {node}
             return
         super().dropNode(node)
 
@@ -594,7 +595,7 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
 
     def addNode(self, node: Any) -> None:
         if node in self._kept:
-            self._kept.discard(node)  # a peer kept while catching up (`dropNode`): its link is there already
+            self._kept = self._kept - {node}  # a peer kept while catching up (`dropNode`): its link is there already
             return
         super().addNode(node)
         if not self._shouldConnect(node):
