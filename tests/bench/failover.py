@@ -144,27 +144,31 @@ async def trial(cluster: Cluster, views: Views, fabric: Fabric, writer: Writer, 
     else:
         fabric.isolate(old.host, [m.host for m in survivors])
 
-    chosen: list[Member] = []
-
     async def elected() -> float | None:
         for m in survivors:
             named = await views.leader_of(m)
-            if named is not None and named != old.raft_addr and (new := cluster.by_addr(named)) is not None:
-                chosen.append(new)
+            if named is not None and named != old.raft_addr:
                 return time.monotonic() - t0
         return None
 
     times.elected.append(await cluster.wait_for("a new leader", elected, 30, poll=0.01))
     elected_at = time.monotonic()
 
-    async def shown() -> bool:  # what an operator reads: the new leader's /metrics, and `ctl status` (its summary)
-        try:
-            metrics = await views.http.get(chosen[0].url + "/metrics", timeout=0.5)
-            status = await views.http.get(chosen[0].url + "/api/v1/status", timeout=0.5)
-        except httpx.HTTPError:
-            return False
-        return ("llmgw_control_leader 1.0" in metrics.text and status.status_code == 200
-                and status.json().get("cluster", {}).get("leader") == chosen[0].raft_addr)
+    async def shown() -> bool:
+        """What an operator reads: a survivor's /metrics says it leads, and its status (`ctl status`) names it
+        (whichever survivor leads by then: a first election may be followed by another)."""
+        for m in survivors:
+            try:
+                metrics = await views.http.get(m.url + "/metrics", timeout=0.5)
+                if "llmgw_control_leader 1.0" not in metrics.text:
+                    continue
+                # (the status asks every member, the lost one too: up to `member_probe_s` for its answer)
+                status = await views.http.get(m.url + "/api/v1/status", timeout=10)
+            except httpx.HTTPError:
+                continue
+            if status.status_code == 200 and status.json().get("cluster", {}).get("leader") == m.raft_addr:
+                return True
+        return False
 
     await cluster.wait_for("the new leader in /metrics and the status", shown, 30, poll=0.01)
     times.shown.append(time.monotonic() - elected_at)
