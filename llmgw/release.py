@@ -250,13 +250,5 @@ def prepare(state_dir: Path, now: Running, source: Path | None, sha256: str, rol
     target = beside if kept == now.path else now.path
     record_switch(state_dir, Running(kept, now.sha256), target, sha256)
     if target != beside:
-        receiver = Receiver(target.parent, target, sha256)  # atomic: a start at any moment finds one whole file
-        try:
-            with open(beside, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    receiver.write(chunk)
-        except OSError as e:
-            receiver.abort()
-            raise ReleaseError("release_not_found", f"cannot read the release {beside}: {e.strerror or e}") from None
-        receiver.finish()
+        copy_in(beside, sha256, target)  # atomic (`Receiver`): a start at any moment finds one whole file
     return target, sha256

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -36,12 +37,26 @@ async def prepare(control: str, tls: ssl.SSLContext | None, state_dir: Path, sha
     return await trio.to_thread.run_sync(release.prepare, state_dir, now, target, sha256, False)
 
 
+async def receive(receiver: release.Receiver, chunks: AsyncIterator[bytes]) -> Path:
+    """`chunks` (an upload, a fetch) written through `receiver` in a worker thread, about `release.CHUNK` at a
+    time, then checked and renamed into place (`Receiver.finish`); the caller aborts it on failure."""
+    buffered: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        buffered.append(chunk)
+        size += len(chunk)
+        if size >= release.CHUNK:
+            data, buffered, size = b"".join(buffered), [], 0
+            await trio.to_thread.run_sync(receiver.write, data)
+    if buffered:
+        await trio.to_thread.run_sync(receiver.write, b"".join(buffered))
+    return await trio.to_thread.run_sync(receiver.finish)
+
+
 async def fetch(control: str, tls: ssl.SSLContext | None, sha256: str, target: Path, timeout_s: float) -> Path:
     """GET /api/v1/releases/SHA256 from `control` into `target`, checked (`release.Receiver`)."""
     url = control.rstrip("/") + f"/api/v1/releases/{sha256}"
     receiver = await trio.to_thread.run_sync(lambda: release.Receiver(target.parent, target, sha256))
-    buffered: list[bytes] = []
-    size = 0
     try:
         with trio.fail_after(timeout_s):
             async with httpx.AsyncClient(verify=tls if tls is not None else True, timeout=timeout_s) as client:
@@ -50,15 +65,7 @@ async def fetch(control: str, tls: ssl.SSLContext | None, sha256: str, target: P
                         body = (await response.aread())[:500].decode(errors="replace")
                         raise release.ReleaseError("fetch_failed", f"the control plane at {control} answered "
                                                                    f"{response.status_code} for the release: {body}")
-                    async for chunk in response.aiter_bytes():
-                        buffered.append(chunk)
-                        size += len(chunk)
-                        if size >= release.CHUNK:
-                            data, buffered, size = b"".join(buffered), [], 0
-                            await trio.to_thread.run_sync(receiver.write, data)
-            if buffered:
-                await trio.to_thread.run_sync(receiver.write, b"".join(buffered))
-        path = await trio.to_thread.run_sync(receiver.finish)
+                    path = await receive(receiver, response.aiter_bytes())
     except (httpx.HTTPError, trio.TooSlowError, OSError) as e:
         receiver.abort()
         raise release.ReleaseError("fetch_failed", f"fetching the release from {control} failed: "

@@ -16,6 +16,7 @@ from typing import Any
 import trio
 
 from llmgw import release
+from llmgw.release_fetch import receive
 from llmgw.control.context import Context
 from llmgw.errors import AdminError
 
@@ -48,18 +49,8 @@ async def upload(ctx: Context, sha256: str, chunks: AsyncIterator[bytes]) -> dic
     store = _store(ctx)
     target = store / f"{sha}.pyz"
     receiver = await trio.to_thread.run_sync(lambda: release.Receiver(store, target, sha, mode=0o700))
-    buffered: list[bytes] = []
-    size = 0
     try:
-        async for chunk in chunks:
-            buffered.append(chunk)
-            size += len(chunk)
-            if size >= release.CHUNK:
-                data, buffered, size = b"".join(buffered), [], 0
-                await trio.to_thread.run_sync(receiver.write, data)
-        if buffered:
-            await trio.to_thread.run_sync(receiver.write, b"".join(buffered))
-        path = await trio.to_thread.run_sync(receiver.finish)
+        path = await receive(receiver, chunks)
     except release.ReleaseError as e:
         log.warning("a release upload was refused: %s", e.message)
         raise _error(e) from None
