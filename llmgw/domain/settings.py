@@ -135,6 +135,9 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
         SettingSpec("gateway.upstream_queue_per_replica", 1024, "requests that may wait, in each gateway, for a "
                     "connection to one replica at its limit; past that they get 503 overloaded at once",
                     _whole(1, 100_000)),
+        SettingSpec("gateway.breaker_failures", 5, "a replica that fails this many requests in a row (5xx answers, "
+                    "timeouts, broken connections) is taken out of rotation by each gateway's circuit breaker, "
+                    "probed again after breaker_open_s", _whole(1, 100_000)),
         SettingSpec("gateway.activation_queue_per_model", 256, "requests that may wait, in each gateway, for a "
                     "model with no ready replica (its activation); past that they get 503 overloaded at once",
                     _whole(1, 100_000)),

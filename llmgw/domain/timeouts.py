@@ -143,6 +143,7 @@ class Timeouts:
     upstream_first_byte_s: float = _t(300.0, "gateway", "an engine that has sent no answer this long after taking a request fails it (504 upstream_timeout); a non-streamed answer comes whole when its generation ends, so this bounds the longest one")
     upstream_chunk_s: float = _t(60.0, "gateway", "an engine silent this long in the middle of an answer fails it (504 before the status is sent, an error event in a stream after)")
     upstream_refused_probe_s: float = _t(2.0, "gateway", "a replica that refused a connection is out of rotation; after this long one request tries it again (moving to another replica if it still refuses)")
+    breaker_open_s: float = _t(5.0, "gateway", "a replica whose circuit breaker opened (gateway.breaker_failures failed requests in a row) gets no request this long; then one request probes it (closed again if it answers below 500)")
     upstream_idle_s: float = _t(4.0, "gateway", "idle upstream connections are closed after this long (before the engine closes them)")
     gateway_heartbeat_s: float = _t(1.0, "gateway", "a gateway and the leader each send a heartbeat on their quiet stream this often")
     gateway_silence_s: float = _t(4.0, "gateway", "a gateway stream with no message this long is taken for dead; each side closes it (4 heartbeats: a vanished peer is noticed within 5 s)")

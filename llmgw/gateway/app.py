@@ -233,13 +233,16 @@ class GatewayApp(RawApp):
         limits: Limits, hide_usage: bool = False, waits: ModelTimeouts = NO_OVERRIDES,
     ) -> None:
         """Send the body unchanged to the replica and relay its answer (streamed chunk for chunk, or whole)."""
-        # Once more on a dropped kept-alive connection; on another replica when this one refuses connections.
+        # Once more on a dropped kept-alive connection; on another replica when this one refuses connections
+        # or answers nothing (a non-streamed answer is read whole first: also when it breaks off).
         response, endpoint = await upstream.answer(self.pool, lease, endpoint, ex.model, path, raw, ex.request_id,
-                                                   limits, waits)  # the model's own upstream timeouts
+                                                   limits, waits, whole=not stream)  # the model's own timeouts
         ex.replica, ex.node = endpoint.replica_id, endpoint.node
         if ex.guard is not None and ex.guard.checks_response:
             response = await ex.guard.hold(response, stream)  # judged whole before the client gets any of it
         await relay(ex, response, endpoint, stream, send, hide_usage)
+        if ex.error in ("upstream_error", "upstream_timeout"):  # it broke off mid-stream: its breaker counts it
+            lease.failed(f"its answer broke off mid-stream ({ex.error})", limits.breaker_failures)
 
     # --- responses --------------------------------------------------------------
 

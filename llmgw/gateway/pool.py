@@ -63,11 +63,13 @@ class PoolStats:
 @dataclass(frozen=True)
 class Limits:
     """In each gateway: per replica, connections open at most and requests waiting at most beyond them;
-    per model, requests waiting at most for its activation (no replica ready)."""
+    per model, requests waiting at most for its activation (no replica ready); failed requests in a row that
+    open a replica's circuit breaker."""
 
     connections: int
     queue: int
     activation_queue: int = 256
+    breaker_failures: int = 5
 
 
 class LimitsReader:
@@ -84,7 +86,8 @@ class LimitsReader:
         if settings is not self._seen:
             self._limits = Limits(effective(settings, "gateway.upstream_connections_per_replica"),
                                   effective(settings, "gateway.upstream_queue_per_replica"),
-                                  effective(settings, "gateway.activation_queue_per_model"))
+                                  effective(settings, "gateway.activation_queue_per_model"),
+                                  effective(settings, "gateway.breaker_failures"))
             self._seen = settings
         return self._limits
 

@@ -4,6 +4,8 @@ Implements `EndpointSink` (control pushes routes in) and `DemandReport` (last-us
 and requests in flight out). A replica that refused a connection leaves the rotation (its fast failures
 would otherwise keep its count lowest and draw every request) until a probe reaches it: every
 `upstream_refused_probe_s` one request tries it again, or control's table gives it a new address.
+A replica that fails requests (5xx answers, timeouts, broken connections) `gateway.breaker_failures` times in
+a row is left out the same way by its circuit breaker (gateway/breaker.py) until a probe answers again.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import trio
 
 from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS
+from llmgw.gateway.breaker import Breaker, BreakerOpen
 
 _log = logging.getLogger("llmgw.gateway.router")
 
@@ -45,13 +48,14 @@ class _Slot:
     """One replica's live counters. Holders keep a reference, so a release after the
     replica vanished (or came back as a new slot) can never skew the current count."""
 
-    __slots__ = ("endpoint", "outstanding", "last_used", "probe_at")
+    __slots__ = ("endpoint", "outstanding", "last_used", "probe_at", "breaker")
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.outstanding = 0
         self.last_used: float | None = None
         self.probe_at: float | None = None  # out of rotation (it refused a connection) until a probe at this time
+        self.breaker = Breaker()  # out of rotation while open (it failed requests), but for its probes
 
 
 class Lease:
@@ -93,6 +97,34 @@ class Lease:
         self._slot = router._pick_nowait(self._model, exclude=slot) if move else None
         return self._slot.endpoint if self._slot is not None else None
 
+    def failed(self, reason: str, failures: int) -> None:
+        """The held replica failed the request (`reason`: a 5xx answer, a timeout, a broken connection): counted
+        by its circuit breaker, which opens at `failures` in a row."""
+        slot = self._slot
+        if slot is None:
+            return
+        router = self._router
+        if slot.breaker.failed(trio.current_time(), reason, failures, router.breaker_open_s):
+            _log.warning("replica %s of model %s failed %d requests in a row (last: %s): circuit breaker open, "
+                         "out of rotation", slot.endpoint.replica_id, self._model, slot.breaker.consecutive, reason)
+
+    def answered(self) -> None:
+        """The held replica answered (below 500): its breaker closes if it was open."""
+        slot = self._slot
+        if slot is not None and slot.breaker.succeeded():
+            _log.info("replica %s of model %s answers again: circuit breaker closed, back in rotation",
+                      slot.endpoint.replica_id, self._model)
+
+    def move(self) -> Endpoint | None:
+        """Hold another replica of the model in rotation instead of this one (the request is sent once more
+        there); None when there is none (this lease then holds nothing)."""
+        slot, self._slot = self._slot, None
+        if slot is None:
+            return None
+        slot.outstanding -= 1
+        self._slot = self._router._pick_nowait(self._model, exclude=slot)
+        return self._slot.endpoint if self._slot is not None else None
+
     def reached(self) -> None:
         """The held replica accepted a connection: back in rotation if it was out."""
         slot = self._slot
@@ -105,8 +137,10 @@ class Lease:
 class Router:
     """In-memory routing table of one gateway process; every method runs in the trio thread."""
 
-    def __init__(self, probe_s: float = TIMEOUTS.upstream_refused_probe_s) -> None:
+    def __init__(self, probe_s: float = TIMEOUTS.upstream_refused_probe_s,
+                 breaker_open_s: float = TIMEOUTS.breaker_open_s) -> None:
         self.probe_s = probe_s
+        self.breaker_open_s = breaker_open_s
         self._routes: dict[str, ModelRoute] = {}
         self._slots: dict[str, _Slot] = {}  # replica id -> slot
         self._by_model: dict[str, list[_Slot]] = {}
@@ -159,6 +193,10 @@ class Router:
             load[m] = load.get(m, 0) + n
         return load
 
+    def open_breakers(self) -> dict[str, BreakerOpen]:
+        """Replica id -> its open circuit breaker (why, since when); absent: closed."""
+        return {rid: state for rid, s in self._slots.items() if (state := s.breaker.state()) is not None}
+
     # --- the request path -----------------------------------------------------
 
     def route(self, model: str) -> ModelRoute | None:
@@ -186,9 +224,10 @@ class Router:
     def _pick_nowait(self, model: str, exclude: _Slot | None = None) -> _Slot | None:
         """Pick, count and timestamp in one synchronous step (trio's single thread is the lock).
 
-        Least outstanding among the replicas in rotation; one out of rotation whose probe is due counts as
-        in rotation (and its next probe moves on, so one request probes it, not a burst); with none in
-        rotation, the least outstanding of the others (its request fails fast or finds it back)."""
+        Least outstanding among the replicas in rotation; one out of rotation (refused a connection, or its
+        circuit breaker is open) whose probe is due counts as in rotation (and its next probe moves on, so one
+        request probes it, not a burst); with none in rotation, the least outstanding of the others (its
+        request fails fast or finds it back)."""
         slots = self._by_model.get(model)
         if not slots:
             return None
@@ -202,7 +241,7 @@ class Router:
             slot = slots[(start + i) % n]
             if slot is exclude:
                 continue
-            if slot.probe_at is not None and slot.probe_at > now:
+            if (slot.probe_at is not None and slot.probe_at > now) or not slot.breaker.admits(now):
                 if fallback is None or slot.outstanding < fallback.outstanding:
                     fallback = slot
             elif best is None or slot.outstanding < best.outstanding:
@@ -212,6 +251,7 @@ class Router:
             return None
         if best.probe_at is not None:
             best.probe_at = now + self.probe_s
+        best.breaker.probe(now, self.breaker_open_s)
         self._rotation[model] = start + 1
         best.outstanding += 1
         best.last_used = now

@@ -7,6 +7,10 @@ again is safe exactly then: the connection was reused (not opened for this reque
 no byte of an answer came back, and nothing has reached the client yet (`send` returns before the
 gateway relays anything). The retry opens a new connection in the same pool slot.
 
+`answer` goes further, across replicas: a request no byte of whose answer can have reached the client is
+sent once to another replica when its own refused the connection, broke it before the answer's head (a
+replica killed under load), or broke off an answer read whole; and it feeds each replica's circuit breaker.
+
 Timeouts (llmgw/domain/timeouts.py): `upstream_connect_s` per connect, `upstream_write_s` for the request,
 `upstream_first_byte_s` until the answer's head, `upstream_chunk_s` between two reads of its body; a model's
 definition may set its own connect, first-byte and chunk timeouts (`ModelDef.timeouts`), which win for its requests.
@@ -25,7 +29,7 @@ from llmgw.gateway.pool import ConnectFailed, Connection, Limits, Overloaded, Po
 from llmgw.gateway.router import Lease
 from llmgw.wire.http1 import BadRequest, request_bytes
 
-__all__ = ["Dropped", "Response", "UpstreamFailed", "UpstreamTimeout", "answer", "failure", "send"]
+__all__ = ["Dropped", "Response", "UpstreamFailed", "UpstreamTimeout", "Whole", "answer", "failure", "send"]
 
 _log = logging.getLogger("llmgw.gateway.upstream")
 _READ = 65536
@@ -184,10 +188,15 @@ async def _exchange(
 
 async def answer(
     pool: Pool, lease: Lease, endpoint: Endpoint, model: str, path: str, body: bytes, request_id: str, limits: Limits,
-    waits: ModelTimeouts = NO_OVERRIDES,
+    waits: ModelTimeouts = NO_OVERRIDES, whole: bool = False,
 ) -> tuple[Response, Endpoint]:
-    """The head of the answer of the replica `lease` holds, and that replica: when it refuses connections
-    it leaves the rotation and the request goes once to another one (nothing was sent). `waits`: the
+    """The head of the answer of the replica `lease` holds (`whole`: the whole answer, read before it is
+    returned), and that replica. Sent once more, to another replica of the model, when nothing can have
+    reached the client yet: the replica refused the connection (it leaves the rotation: nothing was sent),
+    the connection broke before the answer's head (the engine died or reset it: it answered nothing), or,
+    for a `whole` answer, its body broke off (nothing of it is relayed before its end). Never after a
+    timeout (a request that took that long is not worth doing twice). Each failure, and each 5xx answer,
+    counts toward the replica's circuit breaker (router.py); an answer below 500 closes it. `waits`: the
     model's own upstream timeouts (its definition's). Failures become the client's `OpenAIError`: 503
     `overloaded`, 502 `upstream_unavailable` or `upstream_error`, 504 `upstream_timeout`."""
     for last in (False, True):
@@ -205,11 +214,61 @@ async def answer(
                                   f"replica {endpoint.replica_id} of model {model!r} cannot be reached") from None
             endpoint = other
             continue
-        except UpstreamFailed as error:
+        except Dropped as error:  # before the answer's head: the engine answered nothing
+            lease.failed(f"the connection broke before the answer ({error})", limits.breaker_failures)
+            if not last and (other := lease.move()) is not None:
+                _log.warning("replica %s of model %s answered nothing (%s): sending the request to replica %s",
+                             endpoint.replica_id, model, error, other.replica_id)
+                endpoint = other
+                continue
+            raise failure(endpoint, model, error) from None
+        except UpstreamFailed as error:  # timed out, or not HTTP
+            lease.failed(str(error), limits.breaker_failures)
             raise failure(endpoint, model, error) from None
         lease.reached()
-        return response, endpoint
+        if response.status >= 500:
+            lease.failed(f"the engine answered HTTP {response.status}", limits.breaker_failures)
+        else:
+            lease.answered()
+        if not whole:
+            return response, endpoint
+        chunks: list[bytes] = []
+        try:
+            while (chunk := await response.next_chunk()) is not None:
+                chunks.append(chunk)
+        except UpstreamTimeout as error:
+            lease.failed(str(error), limits.breaker_failures)
+            raise failure(endpoint, model, error) from None
+        except UpstreamFailed as error:
+            lease.failed(str(error), limits.breaker_failures)
+            if not last and (other := lease.move()) is not None:
+                _log.warning("replica %s of model %s broke off its answer (%s): sending the request to replica %s",
+                             endpoint.replica_id, model, error, other.replica_id)
+                endpoint = other
+                continue
+            raise failure(endpoint, model, error) from None
+        finally:
+            response.close()
+        return Whole(response.status, response.headers, chunks), endpoint
     raise AssertionError("unreachable")  # the loop returns or raises
+
+
+class Whole(Response):
+    """An answer read to its end before anything of it is relayed (`answer(whole=True)`): its chunks replayed."""
+
+    __slots__ = ("_chunks",)
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], chunks: list[bytes]) -> None:
+        # No connection of its own: it went back to the pool when the answer was read.
+        self.status = status
+        self.headers = headers
+        self._chunks = chunks[::-1]
+
+    async def next_chunk(self) -> bytes | None:
+        return self._chunks.pop() if self._chunks else None
+
+    def close(self, keep: bool = False) -> None:
+        self._chunks = []
 
 
 def failure(endpoint: Endpoint, model: str, error: UpstreamFailed, mid_stream: bool = False) -> OpenAIError:
