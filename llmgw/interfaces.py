@@ -6,9 +6,9 @@ In one process they are plain calls; across machines an adapter carries them.
 from __future__ import annotations
 
 import ssl
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
-from llmgw.domain.observed import ModelRoute, NodeInfo, ReplicaObs
+from llmgw.domain.observed import BreakerSeen, ModelRoute, NodeInfo, ReplicaObs
 from llmgw.domain.state import ApiKey, ClusterState
 
 if TYPE_CHECKING:
@@ -39,6 +39,13 @@ class DemandReport(Protocol):
     def outstanding(self) -> Mapping[str, int]:
         """Model -> requests in flight to its replicas or waiting for one, now (absent: none)."""
         ...
+
+
+@runtime_checkable
+class BreakerReport(Protocol):
+    """Gateway → control, beside its demand: the replicas its circuit breakers keep out of rotation now."""
+
+    def open_breakers_seen(self) -> Sequence[BreakerSeen]: ...
 
 
 class StateReader(Protocol):

@@ -22,7 +22,7 @@ from llmgw.console.layout import UNKNOWN, bar, cell, esc, page, table
 from llmgw.domain import summary
 from llmgw.domain.memory import MemoryEstimate, WeightsIndex, estimate_for
 from llmgw.domain.model import ENGINES, ROLES, ModelDef
-from llmgw.domain.observed import ROUTE_STATES, Observed
+from llmgw.domain.observed import ROUTE_STATES, BreakerSeen, Observed
 from llmgw.domain.state import ClusterState, Placement
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def register(app: QuartTrio) -> None:
     @console_route(app, "/models/<path:name>")
     def model_page(session: Session, ctx: Context, name: str) -> str:
         body = render_model(ctx.state(), ctx.observed(), ctx.views(), name, ctx.clock(),
-                            session=session)
+                            session=session, breakers=ctx.breakers())
         return page(f"Model {name}", "Models", body, session=session)
 
 
@@ -209,7 +209,7 @@ def progress_html(a: Activation) -> str:
 
 
 def render_model(state: ClusterState, observed: Observed, views: Mapping[str, Any] | None, name: str, now: float,
-                 *, session: Session) -> str:
+                 *, session: Session, breakers: Sequence[BreakerSeen] = ()) -> str:
     m = state.models.get(name)
     if m is None:
         return (f'<p class="refusal" data-testid="model-missing">No model named {esc(name)} is defined. '
@@ -235,6 +235,13 @@ def render_model(state: ClusterState, observed: Observed, views: Mapping[str, An
                      [[x["replica_id"], x["node"], labels(list(x["gpus"])) or "CPU", x["state"], x["url"] or "",
                        x["error"] or ""] for x in status["replicas"]],
                      testid="model-replicas", empty="no replica placed"))
+    if mine := [b for b in breakers if b.model == name]:
+        out.append("<h2>Out of rotation</h2><p>A gateway's circuit breaker keeps these replicas out of its rotation "
+                   "after failed requests; one request probes each again after breaker_open_s.</p>")
+        out.append(table(["Replica", "Gateway", "Open for", "Why"],
+                         [[esc(b.replica_id), esc(b.gateway), f"{max(0.0, now - b.since):.0f} s"
+                           + (" (probing)" if b.half_open else ""), esc(b.reason)] for b in mine],
+                         testid="model-breakers"))
     out.append("<h2>Definition</h2>")
     out.append(table(["Field", "Value"], [[k, _plain(v)] for k, v in m.to_doc().items()], sortable=False,
                      testid="model-definition"))

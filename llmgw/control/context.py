@@ -28,11 +28,11 @@ from llmgw.domain.trust import hash_token
 from llmgw.trust.ca import Identity
 from llmgw.domain import summary
 from llmgw.domain.conditions import Condition, conditions
-from llmgw.domain.observed import Observed
+from llmgw.domain.observed import BreakerSeen, Observed
 from llmgw.domain.state import ClusterState
 from llmgw.domain.summary import Summary
 from llmgw.domain.timeouts import Timeouts
-from llmgw.interfaces import WritableStore
+from llmgw.interfaces import BreakerReport, WritableStore
 from llmgw.notify.notifier import Notifier
 from llmgw.wire.gate import GateStats
 
@@ -131,6 +131,13 @@ class Context:
         """The reconciler's model views of its last pass (None: it has not run in this term)."""
         plan = self.reconciler.last_plan
         return plan.views if plan else None
+
+    def breakers(self) -> list[BreakerSeen]:
+        """The replicas the gateways' circuit breakers keep out of rotation now (the one inside this process
+        and those following this leader), oldest first."""
+        seen = [b for report in self.reconciler.demand if isinstance(report, BreakerReport)
+                for b in report.open_breakers_seen()]
+        return sorted(seen, key=lambda b: (b.since, b.replica_id, b.gateway))
 
     @property
     def timeouts(self) -> Timeouts:

@@ -23,7 +23,7 @@ from llmgw.control.hub import AgentHub
 from llmgw.control.ops import trust
 from llmgw.control.reconciler import Reconciler, state_or_event
 from llmgw.domain.commands import CommandError, usage
-from llmgw.domain.observed import ModelRoute
+from llmgw.domain.observed import BreakerSeen, ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import StateReader
 from llmgw.errors import AdminError
@@ -56,6 +56,8 @@ class GatewayLink:
     release_sha256: str | None = None
     # Why it refused the last upgrade asked of it (its `rejected` upgrade_gateway); cleared by the next ask.
     upgrade_refused: str | None = None
+    # The replicas its circuit breakers keep out of rotation (its last word; none from an older gateway).
+    breakers: tuple[BreakerSeen, ...] = ()
 
 
 @dataclass
@@ -106,6 +108,10 @@ class GatewayHub:
     def take_activation_asks(self) -> Mapping[str, float]:
         asks, self._asks = self._asks, {}
         return asks
+
+    def open_breakers_seen(self) -> list[BreakerSeen]:
+        """BreakerReport: the open circuit breakers of every connected gateway."""
+        return [b for link in self.links.values() if link.connected for b in link.breakers]
 
     def outstanding(self) -> Mapping[str, int]:
         """Model -> requests in flight or waiting, summed over the connected gateways."""
@@ -181,6 +187,7 @@ class GatewayHub:
     def disconnect(self, link: GatewayLink) -> None:
         link.connected = False
         link.outstanding = {}
+        link.breakers = ()
         if self.links.get(link.name) is link:
             log.info("gateway %s disconnected", link.name)
 
@@ -201,6 +208,9 @@ class GatewayHub:
         if isinstance(load, dict):
             link.outstanding = {str(m): int(n) for m, n in load.items()
                                 if isinstance(n, int) and not isinstance(n, bool) and n > 0}
+        breakers = message.get("breakers")
+        if isinstance(breakers, dict):
+            link.breakers = tuple(_breakers(link.name, breakers, self.clock()))
         link.last_contact = self.clock()
         if asked:
             self.wake()  # a request waits for this activation: plan now, not on the next tick
@@ -237,6 +247,21 @@ def _ages(value: Any) -> list[tuple[str, float]]:
     for name, age in value.items():
         if isinstance(age, (int, float)) and not isinstance(age, bool) and math.isfinite(age):
             out.append((str(name), max(0.0, float(age))))
+    return out
+
+
+def _breakers(gateway: str, value: Mapping[str, Any], now: float) -> list[BreakerSeen]:
+    """A gateway's open breakers (replica id -> {"model", "reason", "open_s", "half_open"}); what is malformed
+    is passed over."""
+    out = []
+    for rid, doc in value.items():
+        if not isinstance(doc, dict):
+            continue
+        age = doc.get("open_s")
+        if not isinstance(age, (int, float)) or isinstance(age, bool) or not math.isfinite(age):
+            continue
+        out.append(BreakerSeen(str(doc.get("model", "")), str(rid), gateway, str(doc.get("reason", ""))[:500],
+                               now - max(0.0, float(age)), doc.get("half_open") is True))
     return out
 
 

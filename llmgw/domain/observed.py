@@ -208,3 +208,20 @@ class ModelRoute:
     state: str  # one of ROUTE_STATES
     endpoints: tuple[Endpoint, ...] = ()
     reason: str = ""  # words for the client when state is unplaceable/parked/stopped
+
+
+@dataclass(frozen=True)
+class BreakerSeen:
+    """A replica a gateway's circuit breaker keeps out of rotation (gateway/breaker.py), as control shows it:
+    which gateway (its name; "local" for the one inside a control plane), why, since when (unix time)."""
+
+    model: str
+    replica_id: str
+    gateway: str
+    reason: str
+    since: float
+    half_open: bool = False  # a probe is in flight
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"replica_id": self.replica_id, "gateway": self.gateway, "reason": self.reason,
+                "since": round(self.since, 3), "half_open": self.half_open}

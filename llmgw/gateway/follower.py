@@ -383,10 +383,12 @@ def _renewed(renewal: Renewal | None, message: dict[str, Any]) -> None:
 async def _report(ws: WebSocketConnection, router: Router, t: Timeouts, judges: JudgeFailures) -> None:
     """The router's demand, as ages (the leader's clock is not ours): the replicas used since the
     last report (all of them in the first), the models asked for, and, every time, the models
-    that have requests waiting (a new leader must learn of them too), and the requests in flight
-    per model when they changed (all of them in the first). A heartbeat when quiet."""
+    that have requests waiting (a new leader must learn of them too), the requests in flight
+    per model when they changed (all of them in the first), and its open circuit breakers when they
+    changed (`breakers`: a key an older leader passes over). A heartbeat when quiet."""
     sent: dict[str, float] = {}
     sent_load: dict[str, int] | None = None
+    sent_breakers: dict[str, tuple[object, object, object]] | None = None
     last_sent = trio.current_time()
     while True:
         now = trio.current_time()
@@ -396,7 +398,9 @@ async def _report(ws: WebSocketConnection, router: Router, t: Timeouts, judges: 
         for model in router.statistics().waiting:
             asks[model] = now
         load = router.outstanding()
-        if fresh or asks or load != sent_load:
+        breakers = router.breaker_report()
+        breakers_key = {rid: (b["model"], b["reason"], b["half_open"]) for rid, b in breakers.items()}
+        if fresh or asks or load != sent_load or breakers_key != sent_breakers:
             report: dict[str, object] = {
                 "type": "demand",
                 "last_used_age": {rid: round(now - u, 3) for rid, u in fresh.items()},
@@ -404,9 +408,12 @@ async def _report(ws: WebSocketConnection, router: Router, t: Timeouts, judges: 
             }
             if load != sent_load:
                 report["outstanding"] = load
+            if breakers_key != sent_breakers:
+                report["breakers"] = breakers
             await ws.send_message(protocol.dumps(report))
             sent.update(fresh)
             sent_load = load
+            sent_breakers = breakers_key
             last_sent = now
         elif now - last_sent >= t.gateway_heartbeat_s:
             await ws.send_message(protocol.dumps({"type": "heartbeat"}))

@@ -1,7 +1,7 @@
 """The gateway's routing table: least-outstanding pick among a model's ready endpoints in rotation.
 
-Implements `EndpointSink` (control pushes routes in) and `DemandReport` (last-used times, activation asks
-and requests in flight out). A replica that refused a connection leaves the rotation (its fast failures
+Implements `EndpointSink` (control pushes routes in), `DemandReport` (last-used times, activation asks
+and requests in flight out) and `BreakerReport` (its open circuit breakers out). A replica that refused a connection leaves the rotation (its fast failures
 would otherwise keep its count lowest and draw every request) until a probe reaches it: every
 `upstream_refused_probe_s` one request tries it again, or control's table gives it a new address.
 A replica that fails requests (5xx answers, timeouts, broken connections) `gateway.breaker_failures` times in
@@ -11,13 +11,14 @@ a row is left out the same way by its circuit breaker (gateway/breaker.py) until
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Mapping
 
 import trio
 
-from llmgw.domain.observed import Endpoint, ModelRoute
+from llmgw.domain.observed import BreakerSeen, Endpoint, ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway.breaker import Breaker, BreakerOpen
 
@@ -138,8 +139,9 @@ class Router:
     """In-memory routing table of one gateway process; every method runs in the trio thread."""
 
     def __init__(self, probe_s: float = TIMEOUTS.upstream_refused_probe_s,
-                 breaker_open_s: float = TIMEOUTS.breaker_open_s) -> None:
+                 breaker_open_s: float = TIMEOUTS.breaker_open_s, name: str = "local") -> None:
         self.probe_s = probe_s
+        self.name = name  # as control names this gateway where it shows its open breakers
         self.breaker_open_s = breaker_open_s
         self._routes: dict[str, ModelRoute] = {}
         self._slots: dict[str, _Slot] = {}  # replica id -> slot
@@ -196,6 +198,25 @@ class Router:
     def open_breakers(self) -> dict[str, BreakerOpen]:
         """Replica id -> its open circuit breaker (why, since when); absent: closed."""
         return {rid: state for rid, s in self._slots.items() if (state := s.breaker.state()) is not None}
+
+    # --- BreakerReport --------------------------------------------------------
+
+    def breaker_report(self) -> dict[str, dict[str, object]]:
+        """The open breakers as a remote gateway sends them up (ages: the leader's clock is not ours):
+        replica id -> {"model", "reason", "open_s", "half_open"}."""
+        now = trio.current_time()
+        return {rid: {"model": model, "reason": state.reason, "open_s": round(now - state.since, 3),
+                      "half_open": state.half_open}
+                for model, slots in self._by_model.items() for slot in slots
+                if (state := slot.breaker.state()) is not None for rid in (slot.endpoint.replica_id,)}
+
+    def open_breakers_seen(self) -> list[BreakerSeen]:
+        """The open breakers of this router as control shows them (the gateway inside a control plane)."""
+        wall, now = time.time(), trio.current_time()
+        return [BreakerSeen(model, slot.endpoint.replica_id, self.name, state.reason, wall - (now - state.since),
+                            state.half_open)
+                for model, slots in self._by_model.items() for slot in slots
+                if (state := slot.breaker.state()) is not None]
 
     # --- the request path -----------------------------------------------------
 

@@ -132,7 +132,9 @@ def _estimate() -> Schema:
 def _model() -> Schema:
     status = _obj({"desired": _null(_INT), "ready": _null(_INT), "starting": _null(_INT), "state": _STR,
                    "reason": _STR, "parked": _BOOL, "failures_in_row": _INT, "last_error": _STR,
-                   "replicas": _arr(_OBJ)})
+                   "replicas": _arr(_OBJ),
+                   "breakers": _arr(_obj({"replica_id": _STR, "gateway": _STR, "reason": _STR, "since": _NUM,
+                                          "half_open": _BOOL}))})
     return {"allOf": [_ref("StoredDefinition"), _obj({"status": status})]}
 
 

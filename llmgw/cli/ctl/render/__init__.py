@@ -5,6 +5,7 @@ Pure functions of the JSON; unknown is `-`, never 0."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -259,7 +260,21 @@ def render_model(model: Mapping[str, Any]) -> str:
         )
     else:
         out.append("none")
+    breakers = dig(status, "breakers")
+    if isinstance(breakers, list) and breakers:
+        # A gateway's circuit breaker keeps the replica out of its rotation (docs/operations.md).
+        out += ["", "OUT OF ROTATION (circuit breaker open)"]
+        now = time.time()
+        out.append(table(["REPLICA", "GATEWAY", "OPEN FOR", "REASON"],
+                         ([dig(b, "replica_id"), dig(b, "gateway"), _open_for(dig(b, "since"), now, dig(b, "half_open")),
+                           _short(dig(b, "reason"))] for b in breakers)))
     return "\n".join(out)
+
+
+def _open_for(since: Any, now: float, half_open: Any) -> str | None:
+    if isinstance(since, bool) or not isinstance(since, (int, float)):
+        return None
+    return f"{max(0.0, now - since):.0f} s" + (" (probing)" if half_open is True else "")
 
 
 def _memory(estimate: Any) -> str | None:
