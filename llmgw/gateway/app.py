@@ -106,6 +106,7 @@ class GatewayApp(RawApp):
         self.keys = deps.keys if deps.keys is not None else KeyCheck()
         self.guard = Guard(deps.router, self.pool, deps.timeouts, deps.guard_stats)
         self.metrics = gw_metrics.Exporter(deps.metrics, self.guard.stats, self.log)  # its own registry, not the global
+        self.metrics.breakers = lambda: [(str(b["model"]), rid) for rid, b in deps.router.breaker_report().items()]
 
     async def aclose(self) -> None:
         if self._owns_pool:

@@ -95,11 +95,13 @@ class GatewayCollector(Collector):
     """The gateway's families, read from counters when scraped (`Exporter` hands it a copy)."""
 
     def __init__(self, metrics: RequestMetrics | None, guard: GuardStats | None = None,
-                 requestlog: RequestLog | _Stats | None = None, connections: GateStats | None = None) -> None:
+                 requestlog: RequestLog | _Stats | None = None, connections: GateStats | None = None,
+                 breakers: list[tuple[str, str]] | None = None) -> None:
         self.metrics = metrics
         self.guard = guard
         self.requestlog = requestlog
         self.connections = connections
+        self.breakers = breakers  # (model, replica id) of each open circuit breaker
 
     def collect(self) -> Iterator[Metric]:
         yield gauge("llmgw_build_info", "This process's llmgw version and role (always 1).", ("version", "role"),
@@ -118,6 +120,10 @@ class GatewayCollector(Collector):
                         (), [((), float(st["queued"]))])
         if self.connections is not None:
             yield from connection_families(self.connections)
+        if self.breakers is not None:
+            yield gauge("llmgw_gateway_breaker_open", "Replicas this gateway's circuit breaker keeps out of rotation "
+                        "now (1 each; a closed one is absent).", ("model", "replica"),
+                        [((model, rid), 1.0) for model, rid in self.breakers])
 
     def _requests(self, m: RequestMetrics) -> Iterator[Metric]:
         requests = dict(m.requests)
@@ -153,11 +159,11 @@ def _guard(g: GuardStats) -> Iterator[Metric]:
 
 
 def registry_for(metrics: RequestMetrics | None, guard: GuardStats | None = None,
-                 requestlog: RequestLog | _Stats | None = None, connections: GateStats | None = None
-                 ) -> CollectorRegistry:
+                 requestlog: RequestLog | _Stats | None = None, connections: GateStats | None = None,
+                 breakers: list[tuple[str, str]] | None = None) -> CollectorRegistry:
     """A registry of the gateway's own (auto_describe off: describing would run a whole collect)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GatewayCollector(metrics, guard, requestlog, connections))
+    registry.register(GatewayCollector(metrics, guard, requestlog, connections, breakers))
     return registry
 
 
@@ -172,6 +178,7 @@ class Exporter:
         self.guard = guard
         self.requestlog = requestlog
         self.connections: Callable[[], GateStats] | None = None  # the listener's gate, set by whoever serves
+        self.breakers: Callable[[], list[tuple[str, str]]] | None = None  # the router's open breakers
 
     def frozen(self) -> CollectorRegistry:
         """A registry over a copy of the counters as they are now."""
@@ -187,7 +194,8 @@ class Exporter:
             guard = GuardStats(self.guard.judge_calls, self.guard.cache_hits, self.guard.refusals, self.guard.failures,
                                verdicts=dict(self.guard.verdicts))
         return registry_for(metrics, guard, _Stats(self.requestlog.statistics()) if self.requestlog else None,
-                            self.connections() if self.connections is not None else None)
+                            self.connections() if self.connections is not None else None,
+                            self.breakers() if self.breakers is not None else None)
 
     async def answer(self, send: Any) -> None:
         """The exposition, whole (no key: see docs/observability.md)."""

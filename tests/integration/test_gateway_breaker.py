@@ -73,6 +73,8 @@ async def test_a_replica_answering_500_is_out_of_rotation_until_a_probe_answers(
     opened = router.open_breakers()
     assert list(opened) == ["m-bad"]
     assert opened["m-bad"].reason == f"{FAILURES} consecutive failures; last: the engine answered HTTP 500"
+    gauge = 'llmgw_gateway_breaker_open{model="m",replica="m-bad"} 1.0'
+    assert gauge in (await http.get("/metrics")).text
 
     # Open: no client request reaches it.
     assert [await _ask(http, stream=i % 2 == 0) for i in range(20)] == [200] * 20
@@ -90,5 +92,6 @@ async def test_a_replica_answering_500_is_out_of_rotation_until_a_probe_answers(
     assert await _ask(http) == 200
     assert bad.requests == FAILURES + 2
     assert router.open_breakers() == {}
+    assert "llmgw_gateway_breaker_open{" not in (await http.get("/metrics")).text
     assert [await _ask(http) for _ in range(6)] == [200] * 6
     assert bad.requests == FAILURES + 2 + 3  # round robin again
