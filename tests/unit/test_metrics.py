@@ -244,7 +244,7 @@ def test_every_exported_family_is_in_the_docs_and_every_documented_one_is_export
             ("control", scrape_text(Scrape("n1:1", True, RAFT, fleet_doc(), {"down": 1}, found, {"delivered": 1},
                                            connections=gate_stats("admin")))),
             ("gateway", render(gw.registry_for(m, stats, gw._Stats({"dropped": 0, "write_errors": 0, "queued": 0}),
-                                               gate_stats("gateway"))).decode())):
+                                               gate_stats("gateway"), [("demo", "demo-r1")])).decode())):
         for family in text_string_to_metric_families(text):
             name = family.name + ("_total" if family.type == "counter" else "")
             labels = {k for s in family.samples for k in s.labels} - {"le"} if family.samples else None
