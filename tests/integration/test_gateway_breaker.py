@@ -22,6 +22,8 @@ from llmgw.gateway.app import GatewayDeps, serve
 from llmgw.gateway.router import Router
 from llmgw.testing import MemoryStore
 from llmgw.testing.flaky_engine import Engine, serving
+from llmgw.testing.scripted_engine import Reply, Request, ScriptedEngine
+from llmgw.testing.scripted_engine import serving as scripted
 
 KEY = "sk-test-client"
 FAILURES = 3
@@ -95,3 +97,53 @@ async def test_a_replica_answering_500_is_out_of_rotation_until_a_probe_answers(
     assert "llmgw_gateway_breaker_open{" not in (await http.get("/metrics")).text
     assert [await _ask(http) for _ in range(6)] == [200] * 6
     assert bad.requests == FAILURES + 2 + 3  # round robin again
+
+
+# --- a replica that answers nothing, or breaks off a whole answer: the request goes to another --------------
+
+
+@dataclass
+class Pair:
+    http: httpx.AsyncClient
+    router: Router
+    good: Endpoint
+
+
+async def _pair(nursery: trio.Nursery, bad_url: str) -> Pair:
+    store = MemoryStore()
+    store.submit_nowait(commands.put_model(ModelDef.from_doc({"name": "m", "engine": "sim", "source": "sim://m"}),
+                                           at=0.0))
+    store.submit_nowait(commands.add_key(hash_key(KEY), "test", "client", 0.0))
+    good = Endpoint("m-good", await nursery.start(partial(sim.serve, sim.SimOptions("127.0.0.1", 0, "m", "chat", 0))))
+    router = Router(breaker_open_s=OPEN_S)
+    router.update_routes({"m": ModelRoute("m", "chat", "ready", (Endpoint("m-bad", bad_url), good))})
+    host, port = await nursery.start(partial(serve, "127.0.0.1", 0, GatewayDeps(router=router, state=store)))
+    http = httpx.AsyncClient(base_url=f"http://{host}:{port}", headers={"authorization": f"Bearer {KEY}"})
+    return Pair(http, router, good)
+
+
+async def test_a_replica_that_closes_before_answering_passes_its_requests_on(
+        nursery: trio.Nursery, clock: trio.testing.MockClock) -> None:
+    dead = Engine(answer_none=True)  # every connection closed without a byte (a fresh one: no same-replica retry)
+    pair = await _pair(nursery, (await serving(nursery, dead)).rsplit("/v1", 1)[0])
+    async with pair.http:
+        statuses = [await _ask(pair.http, stream=i % 2 == 0) for i in range(8)]
+    assert statuses == [200] * 8  # streams too: nothing had reached the client
+    assert dead.requests == 5  # until its breaker opened (gateway.breaker_failures: 5 by default)
+    assert "the connection broke before the answer" in pair.router.open_breakers()["m-bad"].reason
+
+
+async def test_a_whole_answer_broken_off_is_asked_of_another_replica(
+        nursery: trio.Nursery, clock: trio.testing.MockClock) -> None:
+    async def cut(request: Request, reply: Reply) -> None:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 400\r\n\r\n"
+        await reply._stream.send_all(head + b'{"choices": [')  # then the connection closes: the body broke off
+
+    cutting = ScriptedEngine(cut)
+    pair = await _pair(nursery, await scripted(nursery, cutting))
+    async with pair.http:
+        answers = [await pair.http.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}]}) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert all(a.json()["choices"][0]["message"]["content"] for a in answers)
+    assert cutting.requests  # it was asked (and broke off) before the other replica answered
