@@ -6,7 +6,8 @@ stop_replica, refused. Each message is an object with a "type".
 
 The gateway ↔ control stream (a gateway follows the leader's table) is below
 `GATEWAY_STREAM_PATH`: up hello (with the URL its request log answers at, whether it can restart in
-place, its pid, its program's start time and its release file's sha256), demand, usage (a batch of rollups),
+place, its pid, its program's start time and its release file's sha256), demand (with, when they changed, its
+open circuit breakers under "breakers": a key an older leader passes over), usage (a batch of rollups),
 judge_failure (a judge model did not answer a check), rejected (`message_type` upgrade_gateway: why it refused
 an upgrade), heartbeat; down welcome, table (the full table, on connect and on every change), usage_ack,
 heartbeat, refused, rejected (a message the leader could not read; the stream goes on), restart_gateway (an
