@@ -1,9 +1,10 @@
 """The gateway's routing table: least-outstanding pick among a model's ready endpoints in rotation.
 
 Implements `EndpointSink` (control pushes routes in), `DemandReport` (last-used times, activation asks
-and requests in flight out) and `BreakerReport` (its open circuit breakers out). A replica that refused a connection leaves the rotation (its fast failures
-would otherwise keep its count lowest and draw every request) until a probe reaches it: every
-`upstream_refused_probe_s` one request tries it again, or control's table gives it a new address.
+and requests in flight out) and `BreakerReport` (its open circuit breakers out). A replica that refused a
+connection leaves the rotation (its fast failures would otherwise keep its count lowest and draw every
+request) until a probe reaches it: every `upstream_refused_probe_s` one request tries it again, or
+control's table gives it a new address.
 A replica that fails requests (5xx answers, timeouts, broken connections) `gateway.breaker_failures` times in
 a row is left out the same way by its circuit breaker (gateway/breaker.py) until a probe answers again.
 """
@@ -205,10 +206,14 @@ class Router:
         """The open breakers as a remote gateway sends them up (ages: the leader's clock is not ours):
         replica id -> {"model", "reason", "open_s", "half_open"}."""
         now = trio.current_time()
-        return {rid: {"model": model, "reason": state.reason, "open_s": round(now - state.since, 3),
-                      "half_open": state.half_open}
-                for model, slots in self._by_model.items() for slot in slots
-                if (state := slot.breaker.state()) is not None for rid in (slot.endpoint.replica_id,)}
+        report: dict[str, dict[str, object]] = {}
+        for model, slots in self._by_model.items():
+            for slot in slots:
+                if (state := slot.breaker.state()) is not None:
+                    report[slot.endpoint.replica_id] = {"model": model, "reason": state.reason,
+                                                        "open_s": round(now - state.since, 3),
+                                                        "half_open": state.half_open}
+        return report
 
     def open_breakers_seen(self) -> list[BreakerSeen]:
         """The open breakers of this router as control shows them (the gateway inside a control plane)."""

@@ -266,8 +266,9 @@ def render_model(model: Mapping[str, Any]) -> str:
         out += ["", "OUT OF ROTATION (circuit breaker open)"]
         now = time.time()
         out.append(table(["REPLICA", "GATEWAY", "OPEN FOR", "REASON"],
-                         ([dig(b, "replica_id"), dig(b, "gateway"), _open_for(dig(b, "since"), now, dig(b, "half_open")),
-                           _short(dig(b, "reason"))] for b in breakers)))
+                         ([dig(b, "replica_id"), dig(b, "gateway"),
+                           _open_for(dig(b, "since"), now, dig(b, "half_open")), _short(dig(b, "reason"))]
+                          for b in breakers)))
     return "\n".join(out)
 
 
