@@ -19,13 +19,15 @@ from llmgw.errors import AdminError
 log = logging.getLogger("llmgw.control.admin")
 
 
-def model_doc(name: str, state: ClusterState, observed: Observed, views: Any | None) -> dict[str, Any]:
-    """A model's definition and its status (`views`: the reconciler's; None, it has not run); 404 if none."""
+def model_doc(name: str, state: ClusterState, observed: Observed, views: Any | None,
+              now: float | None = None) -> dict[str, Any]:
+    """A model's definition and its status (`views`: the reconciler's; None, it has not run; `now`: the clock
+    its activation's ETA is read on); 404 if none."""
     m = state.models.get(name)
     if m is None:
         raise AdminError(404, "model_not_found", f"no model named {name!r}")
     view = views.get(name) if views else None
-    return {**m.to_doc(), "status": summary.model_status(state, observed, name, view)}
+    return {**m.to_doc(), "status": summary.model_status(state, observed, name, view, now)}
 
 
 def definition(doc: Any) -> ModelDef:
@@ -75,14 +77,14 @@ async def serve(ctx: Context, commit: Commit, doc: Any) -> dict[str, Any]:
     log.info("model %s %s", model.name, "created" if result["created"] else "replaced")
     # A retry answered from the recorded result may find the model removed since: its definition, then.
     state = ctx.state()
-    shown = model_doc(model.name, state, ctx.observed(), ctx.views()) if model.name in state.models else model.to_doc()
+    shown = model_doc(model.name, state, ctx.observed(), ctx.views(), ctx.clock()) if model.name in state.models else model.to_doc()
     return Created(model=shown) if result["created"] else {"model": shown}
 
 
 async def show(ctx: Context, name: str) -> dict[str, Any]:
     """A model with its status and the memory one replica needs, as placement counts it."""
     state, observed = ctx.state(), ctx.observed()
-    doc = model_doc(name, state, observed, ctx.views())
+    doc = model_doc(name, state, observed, ctx.views(), ctx.clock())
     return {"model": {**doc, "estimate": estimate_for(state.models[name], observed.nodes).to_doc()}}
 
 
