@@ -46,7 +46,8 @@ class OpenAIError(ApiError):
     """A `/v1` refusal in OpenAI's shape; `param` names the offending request field.
 
     `should_retry` becomes the `x-should-retry` header (None: no header, the client's
-    own rule); it defaults to False for the codes in `NOT_RETRYABLE`."""
+    own rule); it defaults to False for the codes in `NOT_RETRYABLE`. `extra`: members of the
+    body beside `error` (503 `model_activating` has its `activation`)."""
 
     def __init__(
         self,
@@ -57,9 +58,11 @@ class OpenAIError(ApiError):
         param: str | None = None,
         headers: Headers | None = None,
         should_retry: bool | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(status, code, message, headers=headers)
         self.param = param
+        self.extra = extra
         if should_retry is None and code in NOT_RETRYABLE:
             should_retry = False
         self.should_retry = should_retry
@@ -68,7 +71,8 @@ class OpenAIError(ApiError):
 
     def doc(self) -> dict[str, Any]:
         kind = openai_error_type(self.status)
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+        doc = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+        return {**doc, **self.extra} if self.extra else doc
 
 
 class AdminError(ApiError):

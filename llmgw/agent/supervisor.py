@@ -135,7 +135,8 @@ class Supervisor:
             if current.launch == launch:
                 return
             log.info("replica %s: asked to start from another launch: its engine is replaced", replica_id)
-        rep = _Replica(ReplicaObs(replica_id, model.name, self.node, "starting", since=time.time()), launch=launch,
+        rep = _Replica(ReplicaObs(replica_id, model.name, self.node, "starting", since=time.time(), phase="starting"),
+                       launch=launch,
                        log_path=self._records.log_path(replica_id))
         previous = self._replace(replica_id, rep)
         self._nursery.start_soon(self._run, rep, model, list(gpus), group, previous)
@@ -207,7 +208,16 @@ class Supervisor:
     def _set(self, rep: _Replica, state: str, **fields: Any) -> None:
         if self._replicas.get(rep.obs.replica_id) is not rep:
             return  # stopped meanwhile: forgotten, nothing to report
-        rep.obs = replace(rep.obs, state=state, since=time.time(), **fields)
+        phase = rep.obs.phase if state == "starting" else ""  # a phase is a starting replica's
+        rep.obs = replace(rep.obs, state=state, since=time.time(), phase=phase, **fields)
+        self._changed()
+
+    def _loading(self, rep: _Replica, weights_bytes: int | None) -> None:
+        """The engine is about to load its checkpoint (of this size on disk): the phase changes, not the
+        state, nor `since` (the start's ETA counts from the start)."""
+        if self._replicas.get(rep.obs.replica_id) is not rep or rep.obs.state != "starting":
+            return
+        rep.obs = replace(rep.obs, phase="loading", weights_bytes=weights_bytes)
         self._changed()
 
     def _fail(self, rep: _Replica, error: str) -> None:
@@ -219,7 +229,8 @@ class Supervisor:
         adopted = 0
         for record in self._records.load():
             rid = record.replica_id
-            rep = _Replica(ReplicaObs(rid, record.model, self.node, "starting", since=record.started),
+            # Its process runs: loading, if not ready (the checkpoint's size is unknown here).
+            rep = _Replica(ReplicaObs(rid, record.model, self.node, "starting", since=record.started, phase="loading"),
                            launch=record.launch, log_path=self._records.log_path(rid))
             self._replicas[rid] = rep
             if not same_process(record.pid, record.start_ticks):
@@ -231,7 +242,7 @@ class Supervisor:
                            + (f": {tail}" if tail else ""))
                 continue
             if record.ready_since:
-                rep.obs = replace(rep.obs, state="ready", url=record.url, since=record.ready_since)
+                rep.obs = replace(rep.obs, state="ready", url=record.url, since=record.ready_since, phase="")
             adopted += 1
             process = AdoptedProcess(record.pid, record.start_ticks, self._timeouts.engine_health_poll_s)
             self._nursery.start_soon(self._run_adopted, rep, process, record)
@@ -273,6 +284,7 @@ class Supervisor:
                 except EngineError as e:
                     self._fail(rep, e.message)
                     return
+                self._loading(rep, spec.weights_bytes)
                 url = f"http://{url_host(self.host)}:{spec.port or port}"
                 env = {**os.environ, **spec.env}
                 env.pop(PARENT_ENV, None)

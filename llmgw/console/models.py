@@ -205,6 +205,19 @@ def progress_html(a: Activation) -> str:
             f'data-window-s="{a.window_s:g}">{bar(min(a.elapsed_s, a.window_s), a.window_s, label=words)}</span>')
 
 
+def phase_html(status: Mapping[str, Any]) -> str:
+    """The activation's phase and estimate (`model_status`'s `activation`), with its window in force."""
+    doc = status.get("activation")
+    window = status.get("window_s")
+    window_words = f" (activation window {window:.0f} s)" if isinstance(window, (int, float)) else ""
+    if not isinstance(doc, Mapping):
+        return f'<span data-testid="activation-phase">not activating{esc(window_words)}</span>'
+    attrs = "".join(f' data-{k.replace("_", "-")}="{esc(str(doc[k]))}"' for k in ("phase", "bytes_total", "eta_s")
+                    if doc.get(k) is not None)
+    return (f'<span data-testid="activation-phase"{attrs}>{esc(str(doc.get("words", doc.get("phase", ""))))}'
+            f'{esc(window_words)}</span>')
+
+
 # --- one model --------------------------------------------------------------------------------------
 
 
@@ -215,10 +228,11 @@ def render_model(state: ClusterState, observed: Observed, views: Mapping[str, An
         return (f'<p class="refusal" data-testid="model-missing">No model named {esc(name)} is defined. '
                 f'<a href="/models">All models</a></p>')
     r = rows(state, views, only=name)[0]
-    status = summary.model_status(state, observed, name, views.get(name) if views is not None else None)
+    status = summary.model_status(state, observed, name, views.get(name) if views is not None else None, now)
     estimate = estimate_for(m, observed.nodes)
     facts = [("State", state_html(r, now)), ("Why", esc(r.reason) if r.reason else ""),
-             ("Ready / desired", counts(r)), ("Parked", "yes" if r.parked else "no"),
+             ("Ready / desired", counts(r)), ("Activation", phase_html(status)),
+             ("Parked", "yes" if r.parked else "no"),
              ("Failed starts in a row", cell(r.failures)),
              ("Last error", esc(r.last_error) if r.last_error else "none"),
              ("Memory (one replica)", f'{estimate_html(estimate)} <small>{esc(estimate.detail)}</small>')]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from llmgw.domain.activation import Progress
 from llmgw.domain.frozen import Doc
 
 REPLICA_STATES = ("starting", "ready", "failed", "stopped")
@@ -139,12 +140,17 @@ class ReplicaObs:
     url: str = ""  # base URL of the engine, e.g. http://127.0.0.1:40123
     error: str = ""
     since: float = 0.0
+    # While starting: "starting" (the agent prepares the engine) or "loading" (its process loads the
+    # checkpoint); "" from an agent that does not say (llmgw.domain.activation has the phases).
+    phase: str = ""
+    weights_bytes: int | None = None  # the checkpoint's size on disk, once the agent has resolved it
 
     @classmethod
     def from_doc(cls, d: Mapping[str, Any], node: str) -> ReplicaObs:
         state = str(d.get("state", ""))
         if state not in REPLICA_STATES:
             raise ValueError(f"unknown replica state {state!r}")
+        size = d.get("weights_bytes")
         return cls(
             replica_id=str(d["replica_id"]),
             model=str(d.get("model", "")),
@@ -153,6 +159,8 @@ class ReplicaObs:
             url=str(d.get("url", "")),
             error=str(d.get("error", ""))[:2000],
             since=float(d.get("since", 0.0)),
+            phase=str(d.get("phase", ""))[:32],
+            weights_bytes=size if type(size) is int and size >= 0 else None,
         )
 
     def to_doc(self) -> dict[str, Any]:
@@ -208,6 +216,11 @@ class ModelRoute:
     state: str  # one of ROUTE_STATES
     endpoints: tuple[Endpoint, ...] = ()
     reason: str = ""  # words for the client when state is unplaceable/parked/stopped
+    # How far its activation has come while it has no ready replica (None: nothing is starting or known).
+    activation: Progress | None = None
+    # The activation window in force when longer than the definition's (its checkpoint's size at the
+    # nominal load rate, llmgw.domain.activation.window_s); 0: the definition's own.
+    window_s: float = 0.0
 
 
 @dataclass(frozen=True)

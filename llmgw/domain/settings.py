@@ -141,6 +141,9 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
         SettingSpec("gateway.activation_queue_per_model", 256, "requests that may wait, in each gateway, for a "
                     "model with no ready replica (its activation); past that they get 503 overloaded at once",
                     _whole(1, 100_000)),
+        SettingSpec("activation.load_mib_per_s", 200, "the nominal rate (MiB/s) at which a starting replica loads its "
+                    "checkpoint: a start's ETA is its size at this rate plus activation_load_base_s, and a model's "
+                    "activation window is at least that long (docs/operations.md, \"Cold starts\")", _positive_number),
         SettingSpec("models.weights_dirs", [], "directories a model's source may name a local path in, beside the "
                     "storage dirs the agents report (--storage); a path anywhere else is refused when the model is "
                     "defined (docs/api.md)", _weights_dirs),

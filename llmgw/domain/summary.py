@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from llmgw.domain.activation import Progress
 from llmgw.domain.frozen import Doc
 from llmgw.domain import judges
 from llmgw.domain import summary_fleet as fleet
@@ -109,6 +110,9 @@ class ModelRow(Doc):
     last_error: str
     restarts: int  # restarts this leader counted within restart_window_s
     restart_storm: bool  # restarts at health.restart_storm_restarts or more
+    # While it starts: how far (`llmgw.domain.activation.Progress.to_doc` as of the summary's time), else None.
+    activation: Mapping[str, Any] | None = None
+    window_s: float | None = None  # the activation window in force (longer than the definition's for a big checkpoint)
 
 
 # --- the control planes -----------------------------------------------------------------------------------
@@ -347,7 +351,7 @@ def summarize(
     storm = int(effective(state.settings, "health.restart_storm_restarts"))
     # Restarts this leader counted within restart_window_s: a crash loop beside a ready replica shows.
     models = tuple(model_row(state, name, views.get(name), failed.get(name, 0),
-                             len(observed.restarts.get(name, ())), storm) for name in sorted(state.models))
+                             len(observed.restarts.get(name, ())), storm, now) for name in sorted(state.models))
     warnings = [w for m in models for w in _model_warnings(m)]
     stopped = bool(effective(state.settings, "serving.stopped"))
     if stopped:
@@ -398,11 +402,12 @@ def _model_warnings(m: ModelRow) -> list[str]:
     return out
 
 
-def model_row(state: ClusterState, name: str, view: Any | None, failed: int, restarts: int, storm: int) -> ModelRow:
+def model_row(state: ClusterState, name: str, view: Any | None, failed: int, restarts: int, storm: int,
+              now: float | None = None) -> ModelRow:
     """One model as the summary counts it, from the reconciler's view (never re-derived here):
     desired is what it should have now, so a parked model that should run reads `0/1 parked`.
     `failed`: its replicas whose agents report a failed start; `restarts`: counted within the
-    restart window, a storm at `storm` or more."""
+    restart window, a storm at `storm` or more; `now`: the clock the activation's ETA is read on."""
     m = state.models[name]
     health = state.model_health(name)
     return ModelRow(
@@ -422,7 +427,20 @@ def model_row(state: ClusterState, name: str, view: Any | None, failed: int, res
         last_error=getattr(view, "last_error", "") or health.last_error,
         restarts=restarts,
         restart_storm=restarts >= storm,
+        activation=activation_doc(view, now),
+        window_s=(getattr(view, "window_s", 0.0) or m.activation_window_s) if view else None,
     )
+
+
+def activation_doc(view: Any | None, now: float | None) -> dict[str, Any] | None:
+    """A starting model's progress for the API (`eta_s`, `elapsed_s` and `words` as of `now`, when given);
+    None when it is not starting or the view does not say."""
+    progress: Progress | None = getattr(view, "activation", None) if view else None
+    if progress is None:
+        return None
+    if now is None:
+        return progress.to_doc()
+    return {**progress.to_doc(now), "words": progress.words(now)}
 
 
 def node_rows(state: ClusterState, observed: Observed) -> tuple[NodeRow, ...]:
@@ -487,8 +505,10 @@ def _probe_warnings(rows: Iterable[NodeRow]) -> list[str]:
     return out
 
 
-def model_status(state: ClusterState, observed: Observed, name: str, view: Any | None) -> dict[str, Any]:
-    """A model's health as the API shows it; `view` is the reconciler's ModelView or None (unknown)."""
+def model_status(state: ClusterState, observed: Observed, name: str, view: Any | None,
+                 now: float | None = None) -> dict[str, Any]:
+    """A model's health as the API shows it; `view` is the reconciler's ModelView or None (unknown); `now`
+    the clock its activation's ETA is read on."""
     health = state.model_health(name)
     replicas = []
     for p in state.placements_of(name):
@@ -510,6 +530,8 @@ def model_status(state: ClusterState, observed: Observed, name: str, view: Any |
         "parked": health.parked,
         "failures_in_row": health.failures_in_row,
         "last_error": health.last_error,
+        "activation": activation_doc(view, now),
+        "window_s": (getattr(view, "window_s", 0.0) or state.models[name].activation_window_s) if view else None,
         "replicas": replicas,
     }
 

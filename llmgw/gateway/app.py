@@ -28,7 +28,8 @@ from llmgw.domain.settings import effective
 from llmgw.domain.state import ApiKey, ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError, describe
-from llmgw.gateway.checks import POST_PATHS, ROLES_FOR, allow, check_limits, check_request, model_doc, role_words
+from llmgw.gateway.checks import (POST_PATHS, ROLES_FOR, allow, check_limits, check_request, model_doc, role_words,
+                                  wait_budget)
 from llmgw.gateway import upstream
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
@@ -69,6 +70,14 @@ _UNLOGGED = ("/health", "/metrics", logquery.PATH)  # probes and control's queri
 
 def _no_endpoint_status(code: str) -> int:
     return 504 if code == "activation_timeout" else 503
+
+
+def _no_endpoint_error(e: NoEndpoint) -> OpenAIError:
+    """The refusal for `e`; `model_activating` has `Retry-After` and the activation's progress beside `error`."""
+    if e.activation is None:
+        return OpenAIError(_no_endpoint_status(e.code), e.code, e.message)
+    headers = [(b"retry-after", str(e.retry_after).encode())] if e.retry_after is not None else []
+    return OpenAIError(503, e.code, e.message, headers=headers, extra={"activation": e.activation.to_doc(e.now)})
 
 
 @dataclass
@@ -185,6 +194,7 @@ class GatewayApp(RawApp):
         if effective(snap.settings, "serving.stopped"):
             raise OpenAIError(503, "system_stopped", "the system is stopped: no model is served until an operator "
                                                      "resumes it (`llmgw start`)")
+        patience = wait_budget(scope["headers"])  # x-llmgw-wait: a bad value costs no body read
         raw = await read_body(scope, receive, ex, self.deps.max_body_bytes)
         body = parse_object(raw)
         name, stream = check_request(kind, body)
@@ -199,7 +209,7 @@ class GatewayApp(RawApp):
         ex.guard = self.guard.plan(snap, name, kind, body, ex)  # None (one lookup) when no policy applies
         if ex.guard is not None:
             await ex.guard.check_prompt()  # before the engine sees the request
-        deadline = trio.current_time() + model.activation_window_s
+        deadline = trio.current_time() + self.deps.router.window_s(name, model.activation_window_s)
         limits = self._limits(snap.settings)
         refusal: OpenAIError | None = None
         async with trio.open_nursery() as nursery:
@@ -207,13 +217,14 @@ class GatewayApp(RawApp):
             # or the upstream call (which frees the replica).
             nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope, ex)
             try:
-                lease = self.deps.router.acquire(name, deadline=deadline, max_waiting=limits.activation_queue)
+                lease = self.deps.router.acquire(name, deadline=deadline, max_waiting=limits.activation_queue,
+                                                 patience=patience)
                 async with lease as endpoint:
                     ex.replica, ex.node = endpoint.replica_id, endpoint.node
                     await self._exchange(ex, lease, endpoint, path, raw, stream, send, limits, hide_usage,
                                          model.timeouts)
             except NoEndpoint as no_endpoint:
-                refusal = OpenAIError(_no_endpoint_status(no_endpoint.code), no_endpoint.code, no_endpoint.message)
+                refusal = _no_endpoint_error(no_endpoint)
             except OpenAIError as error:
                 refusal = error  # raised below, outside the nursery, so it is not wrapped in a group
             nursery.cancel_scope.cancel()

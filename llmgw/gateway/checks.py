@@ -124,6 +124,32 @@ def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
+WAIT_HEADER = b"x-llmgw-wait"
+
+
+def wait_budget(headers: list[tuple[bytes, bytes]]) -> float | None:
+    """How long the client waits for a model with no ready replica, from `x-llmgw-wait`: None (absent, or
+    `true`: the model's activation window), 0 (`false`: not at all), or a number of seconds (capped by the
+    window where it is used). Anything else: 400 `invalid_wait`, before the body is read."""
+    for name, value in headers:
+        if name != WAIT_HEADER:
+            continue
+        text = value.decode("latin-1").strip().lower()
+        if text == "true":
+            return None
+        if text == "false":
+            return 0.0
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds >= 0) or text.startswith(("+", "-")) or "_" in text:
+            raise OpenAIError(400, "invalid_wait", f"x-llmgw-wait is true, false or a number of seconds (0 or more), "
+                                                   f"not {text[:40]!r}", param="x-llmgw-wait")
+        return seconds
+    return None
+
+
 def check_request(kind: str, body: dict[str, Any]) -> tuple[str, bool]:
     """The model name and whether to stream; raises on what an engine should never see."""
     name = body.get("model")

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Mapping
 
 import trio
 
+from llmgw.domain import activation
+from llmgw.domain.activation import Progress
 from llmgw.domain.observed import BreakerSeen, Endpoint, ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway.breaker import Breaker, BreakerOpen
@@ -31,12 +34,18 @@ _FAIL_CODES = {"parked": "model_parked", "unplaceable": "model_unplaceable", "st
 
 
 class NoEndpoint(Exception):
-    """No replica can take the request; `code` is the gateway error code (S14), `message` says why."""
+    """No replica can take the request; `code` is the gateway error code (S14), `message` says why.
+    `model_activating` (a client that does not wait that long) has the model's `activation`, as of `now`
+    (wall clock), and `retry_after` (whole seconds)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, activation: Progress | None = None, now: float = 0.0,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.activation = activation
+        self.now = now
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -63,17 +72,19 @@ class _Slot:
 class Lease:
     """An acquired endpoint; `async with router.acquire(...) as endpoint` releases it on exit."""
 
-    __slots__ = ("_router", "_model", "_deadline", "_slot", "_max_waiting")
+    __slots__ = ("_router", "_model", "_deadline", "_slot", "_max_waiting", "_patience")
 
-    def __init__(self, router: Router, model: str, deadline: float, max_waiting: int | None = None) -> None:
+    def __init__(self, router: Router, model: str, deadline: float, max_waiting: int | None = None,
+                 patience: float | None = None) -> None:
         self._router = router
         self._model = model
         self._deadline = deadline
         self._max_waiting = max_waiting
+        self._patience = patience
         self._slot: _Slot | None = None
 
     async def __aenter__(self) -> Endpoint:
-        self._slot = await self._router._wait_pick(self._model, self._deadline, self._max_waiting)
+        self._slot = await self._router._wait_pick(self._model, self._deadline, self._max_waiting, self._patience)
         # No checkpoint between the increment and here, so a cancellation cannot leak a count.
         return self._slot.endpoint
 
@@ -140,10 +151,14 @@ class Router:
     """In-memory routing table of one gateway process; every method runs in the trio thread."""
 
     def __init__(self, probe_s: float = TIMEOUTS.upstream_refused_probe_s,
-                 breaker_open_s: float = TIMEOUTS.breaker_open_s, name: str = "local") -> None:
+                 breaker_open_s: float = TIMEOUTS.breaker_open_s, name: str = "local",
+                 retry_after_s: float = TIMEOUTS.activation_retry_after_s,
+                 wall: Callable[[], float] = time.time) -> None:
         self.probe_s = probe_s
         self.name = name  # as control names this gateway where it shows its open breakers
         self.breaker_open_s = breaker_open_s
+        self.retry_after_s = retry_after_s  # told to a client that does not wait, when the ETA is unknown
+        self._wall = wall  # the clock of the activations' `since` (control's, in seconds since the epoch)
         self._routes: dict[str, ModelRoute] = {}
         self._slots: dict[str, _Slot] = {}  # replica id -> slot
         self._by_model: dict[str, list[_Slot]] = {}
@@ -228,16 +243,25 @@ class Router:
     def route(self, model: str) -> ModelRoute | None:
         return self._routes.get(model)
 
-    def acquire(self, model: str, *, deadline: float, max_waiting: int | None = None) -> Lease:
+    def acquire(self, model: str, *, deadline: float, max_waiting: int | None = None,
+                patience: float | None = None) -> Lease:
         """Hold the least-loaded ready endpoint of `model` for the `async with` block.
 
         With none ready, records an activation ask and waits for a route update
         until `deadline` (trio clock). Raises `NoEndpoint` at once for a parked or
         unplaceable model, when the route turns stopped while waiting (see
         `_wait_pick`), or when `max_waiting` requests already wait for the model
-        (`overloaded`), and `activation_timeout` at the deadline.
+        (`overloaded`), and `activation_timeout` at the deadline. `patience`: the
+        client waits at most this long (`x-llmgw-wait`): `model_activating` at once
+        when it is 0 or the activation's ETA is longer, or when it runs out first.
         """
-        return Lease(self, model, deadline, max_waiting)
+        return Lease(self, model, deadline, max_waiting, patience)
+
+    def window_s(self, model: str, own_s: float) -> float:
+        """The activation window in force: the definition's `own_s`, or the route's when longer (a large
+        checkpoint's, as control estimates it)."""
+        route = self._routes.get(model)
+        return own_s if route is None or route.window_s <= own_s else route.window_s
 
     def statistics(self) -> RouterStatistics:
         per_model = {m: sum(s.outstanding for s in slots) for m, slots in self._by_model.items()}
@@ -302,7 +326,18 @@ class Router:
             self._asks[model] = trio.current_time()
         raise NoEndpoint(code, _refusal_words(model, route))
 
-    async def _wait_pick(self, model: str, deadline: float, max_waiting: int | None = None) -> _Slot:
+    def _activating(self, model: str, why: str) -> NoEndpoint:
+        """`model_activating`: the model's progress (phase `placing` when its route says none), words and a
+        `Retry-After` from its ETA."""
+        route = self._routes.get(model)
+        progress = route.activation if route is not None and route.activation is not None else Progress("placing")
+        now = self._wall()
+        retry = activation.retry_after_s(progress, now, self.retry_after_s)
+        return NoEndpoint("model_activating", f"model {model!r} has no ready replica: {progress.words(now)}; {why}; "
+                                              f"retry after {retry} s", activation=progress, now=now, retry_after=retry)
+
+    async def _wait_pick(self, model: str, deadline: float, max_waiting: int | None = None,
+                         patience: float | None = None) -> _Slot:
         # The gateway refuses requests itself while `serving.stopped` is set, so a
         # request that finds a "stopped" route has outrun the control plane's push
         # after a start: it waits. A route that turns stopped under waiters fails them.
@@ -311,7 +346,18 @@ class Router:
         if slot is not None:
             return slot
         started = trio.current_time()
-        self._asks[model] = started
+        self._asks[model] = started  # also when the client does not wait: its ask starts the model
+        budgeted = False  # the client's patience ends the wait before the window does
+        if patience is not None:
+            progress = self._routes[model].activation if model in self._routes else None
+            eta = progress.eta_s(self._wall()) if progress is not None else None
+            if patience <= 0:
+                raise self._activating(model, "the request does not wait (x-llmgw-wait: false)")
+            if eta is not None and eta > patience:
+                raise self._activating(model, f"it will not be ready within the {patience:g} s the request waits "
+                                              f"(x-llmgw-wait)")
+            budgeted = started + patience < deadline
+            deadline = min(deadline, started + patience)
         waiting = self._waiting.get(model, 0)
         if max_waiting is not None and waiting >= max_waiting:  # each waiter holds a connection and its body
             raise NoEndpoint("overloaded", f"{waiting} requests already wait for model {model!r} to start "
@@ -326,6 +372,9 @@ class Router:
                     return slot
                 seen = self._route_state(model)
                 if trio.current_time() >= deadline:
+                    if budgeted:
+                        raise self._activating(model, f"not ready within the {patience:g} s the request waits "
+                                                      f"(x-llmgw-wait)")
                     state = seen or "unknown to this gateway"
                     waited = max(0.0, deadline - started)
                     raise NoEndpoint(

@@ -20,8 +20,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from llmgw.domain import commands
+from llmgw.domain import activation, commands
+from llmgw.domain.activation import Progress
 from llmgw.domain.health import avoided_nodes, retry_backoff, slot_wait
+from llmgw.domain.memory import WeightsIndex
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Endpoint, ModelRoute, NodeInfo, Observed, ReplicaObs
 from llmgw.domain.settings import effective
@@ -89,6 +91,8 @@ class ModelView:
     # while some replica is ready: "ready 1/3" says why the other two are missing.
     failures_in_row: int = 0
     last_error: str = ""
+    activation: Progress | None = None  # how far its activation has come, while it starts
+    window_s: float = 0.0  # its activation window in force (the definition's, or longer for its checkpoint)
 
 
 @dataclass(frozen=True)
@@ -285,9 +289,13 @@ def _views(
             serving.setdefault(p.model, []).append(p)
     views: dict[str, ModelView] = {}
     routes: dict[str, ModelRoute] = {}
+    rate = float(effective(state.settings, "activation.load_mib_per_s"))
+    weights = WeightsIndex.of(observed.nodes)
     for name, model in sorted(state.models.items()):
         mine = serving.get(name, [])
         obs: list[ReplicaObs] = [o for p in mine if (o := observed.replicas.get(p.replica_id)) is not None]
+        size = _checkpoint_bytes(model, obs, weights)
+        window = activation.window_s(model.activation_window_s, size, rate, timeouts.activation_load_base_s)
         ready = sorted((o for o in obs if o.state == "ready" and o.url), key=lambda o: o.replica_id)
         starting = sum(1 for p in mine if (o := observed.replicas.get(p.replica_id)) is None or o.state == "starting")
         health = state.model_health(name)
@@ -321,18 +329,54 @@ def _views(
             route_state, reason = "absent", "no replica is wanted yet (on-demand: a request starts one)"
         else:
             route_state, reason = "absent", "the model asks for 0 replicas (replicas.min = 0)"
+        # Its words are not in the reason: routes are pushed to every gateway when they change.
+        progress = _progress(mine, observed, size, rate, timeouts) if route_state == "starting" else None
         if route_state != "ready":
             route_reason = reason
         views[name] = ModelView(name, desired.get(name, 0), len(mine), len(ready), starting, route_state, reason,
-                                failures, error)
+                                failures, error, progress, window)
         routes[name] = ModelRoute(
             model=name,
             role=model.role,
             state=route_state,
             endpoints=tuple(Endpoint(o.replica_id, o.url, o.node) for o in ready) if not stopped else (),
             reason=route_reason,
+            activation=progress,
+            window_s=window if window > model.activation_window_s else 0.0,
         )
     return views, routes
+
+
+def _checkpoint_bytes(model: ModelDef, obs: list[ReplicaObs], weights: WeightsIndex) -> int | None:
+    """The model's checkpoint size: what its replicas' agents measured, else what storage reports say of its
+    source (the larger of the files' and the tensors' bytes); None when nobody knows."""
+    measured = [o.weights_bytes for o in obs if o.weights_bytes is not None]
+    if measured:
+        return max(measured)
+    if model.engine == "sim":
+        return None  # the simulator reads no weights, whatever its source names
+    sizes = [n for e in weights.entries(model.source) for k in ("size", "tensor_bytes")
+             if type(n := e.get(k)) is int and n > 0]
+    return max(sizes, default=None)
+
+
+def _progress(mine: list[Placement], observed: Observed, size: int | None, rate: float,
+              timeouts: Timeouts) -> Progress:
+    """The activation's progress, from its most advanced replica (`activation.best`); `placing` with none."""
+    def of(phase: str, since: float | None, total: int | None) -> Progress:
+        expected = activation.expected_s(total, rate, timeouts.activation_load_base_s)
+        return Progress(phase, since, bytes_total=total, expected_s=expected)
+
+    found = []
+    for p in mine:
+        o = observed.replicas.get(p.replica_id)
+        if o is None or (o.state == "starting" and p.node not in observed.nodes):
+            found.append(of("placing", p.placed_at, size))
+        elif o.state == "starting":
+            found.append(of(o.phase if o.phase in activation.PHASES else "starting", o.since, o.weights_bytes or size))
+    # Ties by phase go to the soonest ETA: a start's ETA depends only on its age, not on the clock read.
+    return activation.best(found, 0.0) or of("placing", None, size)
+
 
 # --- multi-node replicas (groups) -------------------------------------------------------
 

@@ -29,6 +29,7 @@ from types import MappingProxyType
 from collections.abc import Callable
 from typing import Any, Mapping, TypeVar
 
+from llmgw.domain.activation import Progress
 from llmgw.domain.frozen import freeze, thaw
 from llmgw.domain.guard import GuardPolicy
 from llmgw.domain.model import DefinitionError, ModelDef
@@ -94,9 +95,16 @@ GATEWAY_PROTOCOL_VERSION = 1
 
 
 def route_doc(route: ModelRoute) -> dict[str, Any]:
-    return {"model": route.model, "role": route.role, "state": route.state, "reason": route.reason,
-            "endpoints": [{"replica_id": e.replica_id, "url": e.url, "node": e.node}
-                          for e in route.endpoints]}
+    """A route on the wire; `activation` and `window_s` only when set (an older gateway reads no more than
+    it knows, and a route without them is the same bytes as before them)."""
+    doc: dict[str, Any] = {"model": route.model, "role": route.role, "state": route.state, "reason": route.reason,
+                           "endpoints": [{"replica_id": e.replica_id, "url": e.url, "node": e.node}
+                                         for e in route.endpoints]}
+    if route.activation is not None:
+        doc["activation"] = route.activation.to_doc()
+    if route.window_s:
+        doc["window_s"] = route.window_s
+    return doc
 
 
 def route_from_doc(doc: Mapping[str, Any]) -> ModelRoute:
@@ -104,7 +112,11 @@ def route_from_doc(doc: Mapping[str, Any]) -> ModelRoute:
     if state not in ROUTE_STATES:
         raise ProtocolError(f"unknown route state {state!r}")
     endpoints = tuple(Endpoint(str(e["replica_id"]), str(e["url"]), str(e.get("node", ""))) for e in doc.get("endpoints", ()))
-    return ModelRoute(str(doc["model"]), str(doc.get("role", "")), state, endpoints, str(doc.get("reason", "")))
+    progress = doc.get("activation")
+    window: Any = doc.get("window_s")
+    return ModelRoute(str(doc["model"]), str(doc.get("role", "")), state, endpoints, str(doc.get("reason", "")),
+                      activation=Progress.from_doc(progress) if isinstance(progress, Mapping) else None,
+                      window_s=float(window) if type(window) in (int, float) and 0 < window < 1e9 else 0.0)
 
 
 def table_message(version: int, leader: str, state: ClusterState,

@@ -129,12 +129,22 @@ def _estimate() -> Schema:
                  "per_device": _null(_NUM), "complete": _BOOL}, ("bytes", "source", "detail"))
 
 
+def _activation() -> Schema:
+    """A starting model's progress (llmgw/domain/activation.py; the gateway's 503 model_activating has it too)."""
+    return _obj({"phase": {"type": "string", "enum": ["placing", "fetching", "starting", "loading"]},
+                 "since": _null(_NUM), "bytes_done": _null(_INT), "bytes_total": _null(_INT),
+                 "expected_s": _null(_NUM), "eta_s": _null(_NUM), "elapsed_s": _null(_NUM), "words": _STR},
+                ("phase",))
+
+
 def _model() -> Schema:
     status = _obj({"desired": _null(_INT), "ready": _null(_INT), "starting": _null(_INT), "state": _STR,
                    "reason": _STR, "parked": _BOOL, "failures_in_row": _INT, "last_error": _STR,
-                   "replicas": _arr(_OBJ),
+                   "replicas": _arr(_OBJ), "activation": _null(_activation()), "window_s": _null(_NUM),
                    "breakers": _arr(_obj({"replica_id": _STR, "gateway": _STR, "reason": _STR, "since": _NUM,
-                                          "half_open": _BOOL}))})
+                                          "half_open": _BOOL}))},
+                  ("desired", "ready", "starting", "state", "reason", "parked", "failures_in_row", "last_error",
+                   "replicas"))
     return {"allOf": [_ref("StoredDefinition"), _obj({"status": status})]}
 
 

@@ -21,14 +21,15 @@ log = logging.getLogger("llmgw.control.admin")
 
 
 def model_doc(name: str, state: ClusterState, observed: Observed, views: Any | None,
-              breakers: Sequence[BreakerSeen] = ()) -> dict[str, Any]:
-    """A model's definition and its status (`views`: the reconciler's; None, it has not run; `breakers`: the
-    gateways' open circuit breakers, `Context.breakers`); 404 if none."""
+              now: float | None = None, breakers: Sequence[BreakerSeen] = ()) -> dict[str, Any]:
+    """A model's definition and its status (`views`: the reconciler's; None, it has not run; `now`: the clock
+    its activation's ETA is read on; `breakers`: the gateways' open circuit breakers, `Context.breakers`);
+    404 if none."""
     m = state.models.get(name)
     if m is None:
         raise AdminError(404, "model_not_found", f"no model named {name!r}")
     view = views.get(name) if views else None
-    status = summary.model_status(state, observed, name, view)
+    status = summary.model_status(state, observed, name, view, now)
     status["breakers"] = [b.to_doc() for b in breakers if b.model == name]
     return {**m.to_doc(), "status": status}
 
@@ -71,7 +72,7 @@ def admitted(ctx: Context, doc: Any) -> ModelDef:
 async def list_models(ctx: Context) -> dict[str, Any]:
     state, observed, views = ctx.state(), ctx.observed(), ctx.views()
     breakers = ctx.breakers()
-    return {"models": [model_doc(n, state, observed, views, breakers) for n in sorted(state.models)]}
+    return {"models": [model_doc(n, state, observed, views, ctx.clock(), breakers) for n in sorted(state.models)]}
 
 
 async def serve(ctx: Context, commit: Commit, doc: Any) -> dict[str, Any]:
@@ -81,15 +82,15 @@ async def serve(ctx: Context, commit: Commit, doc: Any) -> dict[str, Any]:
     log.info("model %s %s", model.name, "created" if result["created"] else "replaced")
     # A retry answered from the recorded result may find the model removed since: its definition, then.
     state = ctx.state()
-    shown = (model_doc(model.name, state, ctx.observed(), ctx.views(), ctx.breakers()) if model.name in state.models
-             else model.to_doc())
+    shown = (model_doc(model.name, state, ctx.observed(), ctx.views(), ctx.clock(), ctx.breakers())
+             if model.name in state.models else model.to_doc())
     return Created(model=shown) if result["created"] else {"model": shown}
 
 
 async def show(ctx: Context, name: str) -> dict[str, Any]:
     """A model with its status and the memory one replica needs, as placement counts it."""
     state, observed = ctx.state(), ctx.observed()
-    doc = model_doc(name, state, observed, ctx.views(), ctx.breakers())
+    doc = model_doc(name, state, observed, ctx.views(), ctx.clock(), ctx.breakers())
     return {"model": {**doc, "estimate": estimate_for(state.models[name], observed.nodes).to_doc()}}
 
 

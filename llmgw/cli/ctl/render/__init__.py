@@ -96,6 +96,20 @@ def _seconds(value: Any) -> str | None:
     return f"{cell(value)} s"
 
 
+def _activation(status: Any) -> str | None:
+    """A starting model's progress in words (`loading the 13.0 GiB checkpoint for 12 s, about 84 s left`)."""
+    words = dig(status, "activation", "words")
+    return words if isinstance(words, str) and words else None
+
+
+def _window(model: Mapping[str, Any], status: Any) -> str | None:
+    """The activation window in force, and why when a large checkpoint stretched the definition's."""
+    own, used = dig(model, "activation_window_s"), dig(status, "window_s")
+    if isinstance(used, (int, float)) and isinstance(own, (int, float)) and used > own:
+        return f"{used:.0f} s (the checkpoint's load estimate; the definition says {_seconds(own)})"
+    return _seconds(own)
+
+
 def _short(value: Any, width: int = REASON_WIDTH) -> Any:
     if isinstance(value, str) and len(value) > width:
         return value[: width - 1] + "…"
@@ -230,7 +244,7 @@ def render_model(model: Mapping[str, Any]) -> str:
         ("mode", dig(model, "mode")),
         ("replicas", _replicas(dig(model, "replicas"))),
         ("idle timeout", _seconds(dig(model, "idle_timeout_s"))),
-        ("activation window", _seconds(dig(model, "activation_window_s"))),
+        ("activation window", _window(model, status)),
         ("args", _args(dig(model, "args"))),
         ("profile", _profile(dig(model, "profile") or {}, dig(model, "engine"))),
         ("request limits", _limits(dig(model, "limits"))),
@@ -239,6 +253,7 @@ def render_model(model: Mapping[str, Any]) -> str:
         ("state", _state(status)),
         ("ready/desired", _ratio(dig(status, "ready"), dig(status, "desired"))),
         ("starting", _known_count(dig(status, "starting"))),
+        ("activation", _activation(status)),
         ("reason", dig(status, "reason")),
         ("parked", dig(status, "parked")),
         ("failures in a row", _known_count(dig(status, "failures_in_row"))),

@@ -12,6 +12,7 @@ from typing import Any
 
 from llmgw.cli.ctl.render import (
     NO_MODELS,
+    _activation,
     _ago,
     _floating_line,
     _gateways,
@@ -197,6 +198,7 @@ def _models(doc: Mapping[str, Any]) -> list[str]:
         out.append(table(["NAME", "ENGINE", "ROLE", "READY/DESIRED", "STATE", "REASON"],
                          ([dig(m, "name"), dig(m, "engine"), dig(m, "role"), _ratio(dig(m, "ready"), dig(m, "desired")),
                            _state(m), _short(_why(m))] for m in shown)))
+        out += [f"  {cell(dig(m, 'name'))}: {cell(words)}" for m in shown if (words := _activation(m))]
     if left:
         out.append(left)
     return out
