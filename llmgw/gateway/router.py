@@ -114,6 +114,7 @@ class Router:
         self._asks: dict[str, float] = {}
         self._waiting: dict[str, int] = {}
         self._changed = trio.Event()
+        self._turn = 0  # spreads a group alias's ties (`least_loaded`)
 
     # --- EndpointSink ---------------------------------------------------------
 
@@ -174,6 +175,23 @@ class Router:
         (`overloaded`), and `activation_timeout` at the deadline.
         """
         return Lease(self, model, deadline, max_waiting)
+
+    def least_loaded(self, models: tuple[str, ...]) -> list[str]:
+        """A group alias's models in the order to try them: those with a ready replica first, fewest requests
+        in flight per ready replica first (ties in turn), then the others as given. O(their replicas)."""
+        n = len(models)
+        self._turn += 1
+        turned = [models[(self._turn + i) % n] for i in range(n)]
+        ready: list[tuple[float, str]] = []
+        rest: list[str] = []
+        for model in turned:
+            slots = self._by_model.get(model)
+            if slots:
+                ready.append((sum(s.outstanding for s in slots) / len(slots), model))
+            else:
+                rest.append(model)
+        ready.sort(key=lambda load: load[0])  # stable: equal loads keep their turn
+        return [m for _, m in ready] + sorted(rest, key=models.index)
 
     def statistics(self) -> RouterStatistics:
         per_model = {m: sum(s.outstanding for s in slots) for m, slots in self._by_model.items()}

@@ -107,6 +107,9 @@ def _definition() -> Schema:
                          "memory_gib": {"type": "number", "minimum": 0}, "cpu": _BOOL}, (), closed=True),
         "limits": _obj({"max_tokens": _LIMIT, "max_n": _LIMIT}, (), closed=True),
         "timeouts": _obj({name: _WAIT for name in ("connect_s", "first_byte_s", "chunk_s")}, (), closed=True),
+        # Defined models of the same role, tried in order when this one refuses at once; and more public names.
+        "fallbacks": {**_arr(_MODEL_NAME), "maxItems": model.MAX_FALLBACKS, "uniqueItems": True},
+        "aliases": {**_arr(_MODEL_NAME), "maxItems": model.MAX_ALIASES, "uniqueItems": True},
     }, ("name", "engine", "source"), closed=True)
 
 
@@ -121,6 +124,7 @@ def _stored_definition() -> Schema:
                          "memory_gib": _NUM, "cpu": _BOOL}),
         "limits": _obj({"max_tokens": _null(_INT), "max_n": _null(_INT)}),
         "timeouts": _obj({name: _null(_NUM) for name in ("connect_s", "first_byte_s", "chunk_s")}),
+        "fallbacks": _arr(_STR), "aliases": _arr(_STR),  # absent when empty
     })
 
 
