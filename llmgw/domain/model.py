@@ -303,8 +303,8 @@ def catalog_problems(model: ModelDef, models: Mapping[str, ModelDef]) -> list[tu
         if other is None or name == model.name:
             found.append(("fallbacks", f"{name!r} is not a defined model"))
         elif other.role != model.role:
-            found.append(("fallbacks", f"{name!r} is a {other.role} model; a fallback of a {model.role} model must"
-                                       f" be one too"))
+            found.append(("fallbacks", f"{name!r} has role {other.role}; a fallback must have this model's role"
+                                       f" ({model.role})"))
     mine = set(model.aliases)
     for name, other in models.items():
         if name == model.name:
@@ -315,7 +315,7 @@ def catalog_problems(model: ModelDef, models: Mapping[str, ModelDef]) -> list[tu
             found.append(("name", f"{model.name!r} is an alias of model {name!r}"))
         shared = mine.intersection(other.aliases)
         if shared and other.role != model.role:
-            found.append(("aliases", f"{sorted(shared)[0]!r} is also an alias of the {other.role} model {name!r}; "
+            found.append(("aliases", f"{sorted(shared)[0]!r} is also an alias of model {name!r} (role {other.role}); "
                                      f"the models sharing an alias must have the same role"))
     return found
 
