@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw import catalog
+from llmgw.cli.ctl.requests import render_request, render_requests
 from llmgw.domain import commands
 from llmgw.domain.codec import state_from_json, state_to_json
 from llmgw.domain.commands import CommandError
@@ -204,3 +205,12 @@ async def test_least_loaded_puts_ready_and_idle_models_first_in_turn(autojump_cl
     assert firsts == {"g1", "g2"}  # ties in turn; the one with no replica never first
     async with router.acquire("g1", deadline=1.0):
         assert [router.least_loaded(("g1", "g2", "g3")) for _ in range(3)] == [["g2", "g1", "g3"]] * 3
+
+
+def test_ctl_requests_shows_the_model_that_served_when_another_did() -> None:
+    record = {"id": "req-gw1-0123456789abcdef", "time": 1.7e9, "gateway": "gw1", "key": "key_1", "model": "main",
+              "served_model": "backup", "endpoint": "/v1/chat/completions", "status": 200}
+    assert "served by:      backup" in render_request({"request": record})
+    rows = render_requests({"requests": [record, {**record, "served_model": "main"}, {**record, "served_model": ""},
+                                         {k: v for k, v in record.items() if k != "served_model"}]})
+    assert [line.split()[4] for line in rows.splitlines()[1:]] == ["main->backup", "main", "main", "main"]
