@@ -42,8 +42,13 @@ def candidates(models: Mapping[str, ModelDef], groups: Mapping[str, tuple[str, .
                scope: frozenset[str] | None, order: Order = _keep) -> list[ModelDef]:
     """The models that may serve a request for `name` by a key of `scope` (None: every model), in the order
     they are tried; empty when `name` is neither a model nor an alias this key may use."""
-    if name in models:
-        first: Sequence[str] = (name,) if scope is None or name in scope else ()
+    model = models.get(name)
+    if model is not None:
+        if scope is not None and name not in scope:
+            return []
+        if not model.fallbacks:
+            return [model]  # the common case: one lookup
+        first: Sequence[str] = (name,)
     else:
         group = groups.get(name, ())
         if scope is not None and name not in scope:

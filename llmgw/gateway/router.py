@@ -9,6 +9,8 @@ would otherwise keep its count lowest and draw every request) until a probe reac
 from __future__ import annotations
 
 import logging
+import math
+from operator import itemgetter
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Mapping
@@ -19,6 +21,7 @@ from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS
 
 _log = logging.getLogger("llmgw.gateway.router")
+_first = itemgetter(0)
 
 # Route states that refuse instead of letting a request wait: waiting would only
 # make clients retry forever (S4). "stopped" refuses only waiters (see `_wait_pick`).
@@ -177,21 +180,15 @@ class Router:
         return Lease(self, model, deadline, max_waiting)
 
     def least_loaded(self, models: tuple[str, ...]) -> list[str]:
-        """A group alias's models in the order to try them: those with a ready replica first, fewest requests
-        in flight per ready replica first (ties in turn), then the others as given. O(their replicas)."""
-        n = len(models)
-        self._turn += 1
-        turned = [models[(self._turn + i) % n] for i in range(n)]
-        ready: list[tuple[float, str]] = []
-        rest: list[str] = []
-        for model in turned:
+        """A group alias's models in the order to try them: fewest requests in flight per ready replica first,
+        those with no ready replica last; ties in turn (a rotating start). O(their replicas)."""
+        self._turn = turn = (self._turn + 1) % len(models)
+        loads = []
+        for model in models[turn:] + models[:turn]:
             slots = self._by_model.get(model)
-            if slots:
-                ready.append((sum(s.outstanding for s in slots) / len(slots), model))
-            else:
-                rest.append(model)
-        ready.sort(key=lambda load: load[0])  # stable: equal loads keep their turn
-        return [m for _, m in ready] + sorted(rest, key=models.index)
+            loads.append((sum(s.outstanding for s in slots) / len(slots) if slots else math.inf, model))
+        loads.sort(key=_first)  # stable: equal loads keep their turn
+        return [model for _, model in loads]
 
     def statistics(self) -> RouterStatistics:
         per_model = {m: sum(s.outstanding for s in slots) for m, slots in self._by_model.items()}
