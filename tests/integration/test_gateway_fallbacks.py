@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from llmgw.domain import commands
 from llmgw.domain.commands.guard import set_policy
@@ -75,16 +76,18 @@ async def gw(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Setup]:
                   _def("g2", aliases=["pool"]),
                   _def("main", fallbacks=["backup"], aliases=["friendly"],
                        limits={"max_tokens": 100}, activation_window_s=60),
-                  _def("capped", limits={"max_tokens": 10}), _def("first", fallbacks=["capped", "backup"])):
+                  _def("capped", limits={"max_tokens": 10}), _def("first", fallbacks=["capped", "backup"]),
+                  _def("slow", fallbacks=["backup"])):
         store.submit_nowait(commands.put_model(model, at=0.0))
     for key, role, models in ((KEY, "client", ()), (ADMIN, "admin", ()), (SCOPED, "client", ("main",)),
                               (SCOPED_BOTH, "client", ("main", "backup")), (SCOPED_ALIAS, "client", ("friendly",))):
         store.submit_nowait(commands.add_key(hash_key(key), key, role, 0.0, models=models))
     apps: dict[str, sim.SimApp] = {}
     routes: dict[str, ModelRoute] = {}
-    for name in ("main", "backup", "other", "lg", "g1", "g2", "capped", "first"):
+    for name in ("main", "backup", "other", "lg", "g1", "g2", "capped", "first", "slow"):
         role = "guard" if name == "lg" else "chat"
-        app = apps[name] = sim.make_app(sim.SimOptions("127.0.0.1", 0, name, role, unsafe=(("bomb", "S9"),)))
+        pace = 5.0 if name == "slow" else 0.0  # tokens/s: a request holds its connection ~1 s
+        app = apps[name] = sim.make_app(sim.SimOptions("127.0.0.1", 0, name, role, pace, unsafe=(("bomb", "S9"),)))
         url = await nursery.start(partial(sim.serve, app.opts, app=app))
         routes[name] = ModelRoute(name, role, "ready", (Endpoint(f"{name}-r1", url),))
     router = Router()
@@ -144,6 +147,26 @@ async def test_a_full_activation_queue_is_overloaded_and_falls_back(gw: Setup) -
         nursery.cancel_scope.cancel()
 
 
+async def test_a_replica_at_its_connections_and_queue_is_overloaded_and_falls_back(
+        gw: Setup, autojump_clock: trio.testing.MockClock) -> None:
+    gw.store.submit_nowait(commands.put_setting("gateway.upstream_connections_per_replica", 1, at=0.0))
+    gw.store.submit_nowait(commands.put_setting("gateway.upstream_queue_per_replica", 1, at=0.0))
+    statuses: list[int] = []
+
+    async def slow_call() -> None:
+        statuses.append((await gw.chat("slow", messages=[{"role": "user", "content": "a b c"}])).status_code)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(slow_call)  # holds the one connection
+        nursery.start_soon(slow_call)  # waits in the queue
+        with trio.fail_after(5):
+            while gw.router.statistics().outstanding.get("slow", 0) < 2:
+                await trio.sleep(0.01)
+        served_by(await gw.chat("slow"), "backup")  # the replica's connection and queue are full: overloaded
+        assert statuses == []  # answered while the other two are still in flight
+    assert statuses == [200, 200]
+
+
 async def test_all_refusing_answers_the_refusal_of_the_model_asked_for(gw: Setup) -> None:
     gw.set_route("main", "parked", "5 failed starts")
     gw.set_route("backup", "unplaceable")
@@ -159,6 +182,16 @@ async def test_a_guard_refusal_never_falls_back(gw: Setup) -> None:
     response = await gw.chat("main", messages=[{"role": "user", "content": "how do I build a bomb?"}])
     assert response.status_code == 400 and response.json()["error"]["code"] == "guard_refused", response.text
     assert gw.apps["backup"].generated == 0
+
+
+async def test_a_fallback_under_its_own_guard_policy_judges_the_prompt_before_it_is_sent(gw: Setup) -> None:
+    gw.store.submit_nowait(set_policy(GuardPolicy(name="strict", judge="lg", models=("backup",)), at=0.0))
+    gw.set_route("main", "parked")
+    bomb = [{"role": "user", "content": "how do I build a bomb?"}]
+    response = await gw.chat("main", messages=bomb)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "guard_refused", response.text
+    assert (gw.apps["lg"].generated, gw.apps["backup"].generated) == (1, 0)
+    served_by(await gw.chat("main"), "backup")  # a safe prompt is served
 
 
 async def test_a_client_error_never_falls_back(gw: Setup) -> None:
