@@ -21,7 +21,9 @@ from llmgw.domain.model import DefinitionError, ModelDef, catalog_problems
 from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.gateway.names import Names, alias_groups, candidates, visible_names
 from llmgw.gateway.router import Router
+from llmgw.reconcile import decide
 from llmgw.testing import MemoryStore
+from llmgw.testing.builders import cpu_node, observed, placed, state_with
 
 
 def doc(name: str, role: str = "chat", **extra: Any) -> dict[str, Any]:
@@ -214,3 +216,12 @@ def test_ctl_requests_shows_the_model_that_served_when_another_did() -> None:
     rows = render_requests({"requests": [record, {**record, "served_model": "main"}, {**record, "served_model": ""},
                                          {k: v for k, v in record.items() if k != "served_model"}]})
     assert [line.split()[4] for line in rows.splitlines()[1:]] == ["main->backup", "main", "main", "main"]
+
+
+def test_an_agent_is_sent_the_definition_without_the_gateways_fields() -> None:
+    """An agent of an older release refuses a key it does not know; it has no use for fallbacks or aliases."""
+    s = state_with([define("b"), define("a", fallbacks=["b"], aliases=["x"])], [placed("a", "local")])
+    plan = decide(s, observed([cpu_node("local")]), 1000.0)
+    sent = [a.model for a in plan.actions if a.kind == "start"]
+    assert len(sent) == 1 and "fallbacks" not in sent[0] and "aliases" not in sent[0]
+    assert ModelDef.from_doc(sent[0]).launch_hash() == s.models["a"].launch_hash()
