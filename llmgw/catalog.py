@@ -6,7 +6,7 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
-from llmgw.domain.model import DefinitionError, ModelDef
+from llmgw.domain.model import DefinitionError, ModelDef, catalog_problems
 
 
 class CatalogError(ValueError):
@@ -36,7 +36,29 @@ def parse(text: str, origin: str) -> list[ModelDef]:
             raise CatalogError(f"{origin}: models[{i}]: the name {model.name!r} is used twice")
         seen.add(model.name)
         models.append(model)
-    return models
+    return _fallbacks_first(models, origin)
+
+
+def _fallbacks_first(models: list[ModelDef], origin: str) -> list[ModelDef]:
+    """The catalog's models checked as a whole (fallbacks, aliases: `catalog_problems`), in an order in which
+    each is defined after its fallbacks (as the store takes them, one at a time), else in the file's order."""
+    every = {m.name: m for m in models}
+    for i, model in enumerate(models):
+        if problems := catalog_problems(model, every):
+            raise CatalogError(f"{origin}: models[{i}]: " + "; ".join(f"{f}: {m}" for f, m in problems))
+    ordered: list[ModelDef] = []
+    placed: set[str] = set()
+    rest = list(models)
+    while rest:
+        ready = [m for m in rest if placed.issuperset(m.fallbacks)]
+        if not ready:
+            names = ", ".join(m.name for m in rest)
+            raise CatalogError(f"{origin}: the fallbacks of {names} name each other: a model must be defined "
+                               f"before a model falls back on it (add the loop's last fallback later, by the admin API)")
+        ordered += ready
+        placed.update(m.name for m in ready)
+        rest = [m for m in rest if m.name not in placed]
+    return ordered
 
 
 def load(path: Path | None) -> list[ModelDef]:

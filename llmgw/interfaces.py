@@ -218,6 +218,7 @@ class RequestFacts(Protocol):
     request_id: str
     key: ApiKey | None  # the client key admitted; None: none was
     model: str  # "-": none
+    served: str  # the model that served `model` (itself, an alias's or a fallback); "": none did
     replica: str  # "-": none
     node: str
     error: str  # the error code answered, "" if none

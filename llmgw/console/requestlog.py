@@ -85,7 +85,7 @@ def render(doc: Mapping[str, Any], args: Mapping[str, str]) -> str:
                 esc(", ".join(f"{n}: {d}" for n, d in sorted(dropped.items()))) + "</div>")
     out += (f'<p data-testid="gateways-asked">gateways asked: {esc(", ".join(gateways.get("asked") or [])) or "none"}'
             f'; answered: {esc(", ".join(gateways.get("answered") or [])) or "none"}</p>')
-    rows = [[f'<code>{esc(r.get("id"))}</code>', _when(r.get("time")), esc(r.get("model") or "—"),
+    rows = [[f'<code>{esc(r.get("id"))}</code>', _when(r.get("time")), esc(_model(r)),
              esc(r.get("key") or "—"), cell(r.get("status")), esc(r.get("error") or ""),
              cell(r.get("latency_ms")), cell(r.get("tokens_in")), cell(r.get("tokens_out")),
              esc(r.get("guard_rule") or ""), esc(r.get("node") or ""), esc(r.get("gateway") or "")]
@@ -118,3 +118,9 @@ def register(app: QuartTrio) -> None:
         # The page a cursor points at changes as requests come: only the newest page updates live.
         return page("Requests", "Requests", body if not args.get("cursor") else
                     f'<div data-no-refresh>{body}</div>', session=session)
+
+
+def _model(r: Any) -> str:
+    """The name asked for, and the model that served it when another did (an alias's, a fallback)."""
+    asked, served = r.get("model") or "—", r.get("served_model")
+    return f"{asked} → {served}" if isinstance(served, str) and served and served != r.get("model") else asked

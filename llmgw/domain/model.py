@@ -20,6 +20,8 @@ ENGINES = ("sim", "llama.cpp", "vllm")
 ROLES = ("chat", "embedding", "guard")
 MODES = ("always", "on-demand")
 MAX_REPLICAS = 256
+MAX_FALLBACKS = 8  # models tried after this one, in order (each costs the client a refusal's time at most)
+MAX_ALIASES = 16  # public names beyond its own
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # used with fullmatch
 _SOURCE_SCHEMES = ("sim://", "mirror://", "hf://", "pkg://")
@@ -85,9 +87,13 @@ class ModelDef:
     profile: Profile = field(default_factory=Profile)
     limits: Limits = field(default_factory=Limits)
     timeouts: ModelTimeouts = NO_OVERRIDES
+    # Models that serve this one's requests, in order, when it refuses them at once (parked, unplaceable,
+    # overloaded); one level: a fallback's own fallbacks are not followed (docs/api.md, fallbacks and aliases).
+    fallbacks: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()  # more public names of this model; one on several models is a group
 
     def to_doc(self) -> dict[str, Any]:
-        return {
+        doc = {
             "name": self.name,
             "engine": self.engine,
             "role": self.role,
@@ -101,6 +107,12 @@ class ModelDef:
             "limits": self.limits.to_doc(),
             "timeouts": self.timeouts.to_doc(),
         }
+        # Written only when set: a definition without them reads on a member that predates them.
+        if self.fallbacks:
+            doc["fallbacks"] = list(self.fallbacks)
+        if self.aliases:
+            doc["aliases"] = list(self.aliases)
+        return doc
 
     def launch_hash(self) -> str:
         """What a running replica was started from: a change here replaces replicas
@@ -136,11 +148,13 @@ class ModelDef:
         profile = _profile(doc.get("profile", {}), p)
         limits = _limits(doc.get("limits", {}), p)
         timeouts = _timeouts(doc.get("timeouts", {}), p)
+        fallbacks = p.check(_names, doc, "fallbacks", MAX_FALLBACKS, name)
+        aliases = p.check(_names, doc, "aliases", MAX_ALIASES, name)
         p.raise_if_any()
         # No problem was found, so every check returned its value.
         assert name and engine and role and source and mode and replicas and idle and window and profile and limits
         assert timeouts is not None
-        assert args is not None
+        assert args is not None and fallbacks is not None and aliases is not None
         if engine == "sim" and not profile.cpu and not _asks_for_gpus(doc.get("profile", {})):
             # A sim model whose profile says nothing of GPUs runs on CPU (it needs none); one that
             # names gpus/tp/pp/nodes/classes or says `cpu = false` takes GPUs like a real engine.
@@ -159,6 +173,8 @@ class ModelDef:
             profile=profile,
             limits=limits,
             timeouts=timeouts,
+            fallbacks=fallbacks,
+            aliases=aliases,
         )
 
 
@@ -210,7 +226,7 @@ def _check_source_text(source: str) -> None:
 
 _KEYS = frozenset({
     "name", "engine", "role", "source", "mode", "replicas",
-    "idle_timeout_s", "activation_window_s", "args", "profile", "limits", "timeouts",
+    "idle_timeout_s", "activation_window_s", "args", "profile", "limits", "timeouts", "fallbacks", "aliases",
 })
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -257,6 +273,51 @@ def _name(doc: Mapping[str, Any]) -> str:
             "name", "use 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
         )
     return name
+
+
+def _names(doc: Mapping[str, Any], key: str, most: int, own: str | None) -> tuple[str, ...]:
+    """`fallbacks` or `aliases`: a list of distinct model names, not the definition's own `name`."""
+    value = doc.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise DefinitionError(key, "must be a list of model names")
+    if len(value) > most:
+        raise DefinitionError(key, f"names at most {most} models")
+    for item in value:
+        if not _NAME_RE.fullmatch(item):
+            raise DefinitionError(key, f"{item!r:.60} is not a model name")
+        if item == own:
+            raise DefinitionError(key, f"must not name the model itself ({own!r})")
+    if len(set(value)) < len(value):
+        raise DefinitionError(key, "names a model twice")
+    return tuple(value)
+
+
+def catalog_problems(model: ModelDef, models: Mapping[str, ModelDef]) -> list[tuple[str, str]]:
+    """What is wrong with `model` beside the other definitions `models` (by name; the model's own older
+    definition, if there, is passed over): each fallback must be a defined model of the same role; an
+    alias must not be a model's name, and an alias shared with other models (a group) must join models
+    of the same role; the model's name must not be another model's alias. Empty: nothing."""
+    found: list[tuple[str, str]] = []
+    for name in model.fallbacks:
+        other = models.get(name)
+        if other is None or name == model.name:
+            found.append(("fallbacks", f"{name!r} is not a defined model"))
+        elif other.role != model.role:
+            found.append(("fallbacks", f"{name!r} has role {other.role}; a fallback must have this model's role"
+                                       f" ({model.role})"))
+    mine = set(model.aliases)
+    for name, other in models.items():
+        if name == model.name:
+            continue
+        if name in mine:
+            found.append(("aliases", f"{name!r} is the name of a model"))
+        if model.name in other.aliases:
+            found.append(("name", f"{model.name!r} is an alias of model {name!r}"))
+        shared = mine.intersection(other.aliases)
+        if shared and other.role != model.role:
+            found.append(("aliases", f"{sorted(shared)[0]!r} is also an alias of model {name!r} (role {other.role}); "
+                                     f"the models sharing an alias must have the same role"))
+    return found
 
 
 def _source(doc: Mapping[str, Any], engine: str | None) -> str:

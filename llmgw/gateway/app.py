@@ -29,10 +29,11 @@ from llmgw.domain.state import ApiKey, ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError, describe
 from llmgw.gateway.checks import (POST_PATHS, ROLES_FOR, allow, check_limits, check_request, model_doc, role_words,
-                                  wait_budget)
+                                  wait_budget, within_limits)
 from llmgw.gateway import upstream
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
+from llmgw.gateway.names import Names, visible_names
 from llmgw.gateway.answers import asking_usage
 from llmgw.gateway.pool import Limits, LimitsReader, Pool, raise_fd_limit
 from llmgw.gateway.router import Lease, NoEndpoint, Router
@@ -66,6 +67,12 @@ _access = logging.getLogger("llmgw.gateway.access")
 DRAIN_FACTOR = 4
 
 _UNLOGGED = ("/health", "/metrics", logquery.PATH)  # probes and control's queries are not requests to log
+
+
+# Refusals after which the next model (a fallback, a group alias's next) is tried: the model asked for
+# cannot take the request now, and said so at once. Never a refusal of the request itself (a client's
+# error, the guard's), nor a failure once the engine had it.
+FALLBACK_CODES = frozenset({"model_parked", "model_unplaceable", "overloaded"})
 
 
 def _no_endpoint_status(code: str) -> int:
@@ -113,6 +120,7 @@ class GatewayApp(RawApp):
         self._drain_s = deps.timeouts.gateway_drain_body_s  # read once, not per refusal
         self.log = deps.requestlog or RequestLog(None, "local")
         self.keys = deps.keys if deps.keys is not None else KeyCheck()
+        self.names = Names()  # the catalog's aliases
         self.guard = Guard(deps.router, self.pool, deps.timeouts, deps.guard_stats)
         self.metrics = gw_metrics.Exporter(deps.metrics, self.guard.stats, self.log)  # its own registry, not the global
         self.metrics.breakers = lambda: [(str(b["model"]), rid) for rid, b in deps.router.breaker_report().items()]
@@ -201,42 +209,77 @@ class GatewayApp(RawApp):
         hide_usage = False
         if stream:  # every stream is counted: ask for its usage (kept from a client that did not ask)
             raw, hide_usage = asking_usage(body, raw)
-        model = self.keys.model(ex.key, snap, name)  # 404 alike for a missing model and one out of scope
-        ex.model = name  # only catalog names reach the log: they are validated, a client's are not
+        # The model, or an alias's models, then their fallbacks (gateway/names.py); 404 alike for a missing
+        # name and one out of scope.
+        tries = self.keys.models(ex.key, snap, name, self.names.groups(snap.models), self.deps.router.least_loaded)
+        model = tries[0]
+        ex.model = name  # only catalog names (and aliases) reach the log: they are validated, a client's are not
         if model.role not in ROLES_FOR[kind]:
             raise OpenAIError(400, "model_not_supported", role_words(name, model.role, path), param="model")
         check_limits(body, model.limits, name)  # the definition's max_tokens / max_n
-        ex.guard = self.guard.plan(snap, name, kind, body, ex)  # None (one lookup) when no policy applies
+        ex.guard = self.guard.plan(snap, model.name, kind, body, ex)  # None (one lookup) when no policy applies
         if ex.guard is not None:
             await ex.guard.check_prompt()  # before the engine sees the request
-        deadline = trio.current_time() + self.deps.router.window_s(name, model.activation_window_s)
         limits = self._limits(snap.settings)
         refusal: OpenAIError | None = None
         async with trio.open_nursery() as nursery:
             # A client that goes away cancels what its request waits on: an activation,
             # or the upstream call (which frees the replica).
             nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope, ex)
-            try:
-                lease = self.deps.router.acquire(name, deadline=deadline, max_waiting=limits.activation_queue,
-                                                 patience=patience)
-                async with lease as endpoint:
-                    ex.replica, ex.node = endpoint.replica_id, endpoint.node
-                    await self._exchange(ex, lease, endpoint, path, raw, stream, send, limits, hide_usage,
-                                         model.timeouts)
-            except NoEndpoint as no_endpoint:
-                refusal = _no_endpoint_error(no_endpoint)
-            except OpenAIError as error:
-                refusal = error  # raised below, outside the nursery, so it is not wrapped in a group
+            for i, model in enumerate(tries):
+                try:
+                    if i:  # a fallback (or a group's next model): only one that would take this request
+                        if model.role not in ROLES_FOR[kind] or not within_limits(body, model.limits):
+                            continue
+                        await self._replan_guard(snap, model.name, kind, body, ex)
+                    ex.served = model.name
+                    sent = raw if model.name == name else self._renamed(body, model.name, stream)
+                    window = self.deps.router.window_s(model.name, model.activation_window_s)
+                    deadline = trio.current_time() + window
+                    lease = self.deps.router.acquire(model.name, deadline=deadline,
+                                                     max_waiting=limits.activation_queue,
+                                                     patience=patience)
+                    async with lease as endpoint:
+                        ex.replica, ex.node = endpoint.replica_id, endpoint.node
+                        await self._exchange(ex, lease, endpoint, path, sent, stream, send, limits, hide_usage,
+                                             model.timeouts)
+                    refusal = None
+                    break
+                except NoEndpoint as no_endpoint:
+                    error = _no_endpoint_error(no_endpoint)
+                except OpenAIError as failed:
+                    error = failed  # raised below, outside the nursery, so it is not wrapped in a group
+                if error.code not in FALLBACK_CODES or ex.started:
+                    refusal = error  # a refusal of this request itself, or an answer under way: no other model
+                    break
+                ex.served = ""
+                refusal = refusal or error  # the model asked for refuses: its words, if no fallback serves
             nursery.cancel_scope.cancel()
         if refusal is not None:
             raise refusal
 
+    def _renamed(self, body: dict[str, Any], served: str, stream: bool) -> bytes:
+        """The body for another model than the one named (an alias's, a fallback): its `model` is the served
+        model's, as its engine knows itself (vLLM refuses another name)."""
+        body = {**body, "model": served}
+        return asking_usage(body, dumps(body))[0] if stream else dumps(body)
+
+    async def _replan_guard(self, snap: ClusterState, served: str, kind: str, body: dict[str, Any],
+                            ex: Progress) -> None:
+        """The guard checks of a fallback: the prompt judged again only under other policies than it was."""
+        checks = self.guard.plan(snap, served, kind, body, ex)
+        if checks is not None and (ex.guard is None or checks.policies != ex.guard.policies):
+            await checks.check_prompt()
+        ex.guard = checks
+
     # --- checks -----------------------------------------------------------------
 
     def _models(self, one: str, key: ApiKey, snap: ClusterState) -> dict[str, Any]:
+        groups = self.names.groups(snap.models)
         if one:
-            return model_doc(self.keys.model(key, snap, one).name)
-        return {"object": "list", "data": [model_doc(name) for name in self.keys.visible(key, snap.models)]}
+            self.keys.models(key, snap, one, groups, tuple)  # 404 unless a model or alias this key may use
+            return model_doc(one)
+        return {"object": "list", "data": [model_doc(name) for name in visible_names(snap.models, groups, key.scope)]}
 
     # --- the proxy --------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 
 import trio
@@ -23,6 +23,7 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.state import ApiKey, ClusterState
 from llmgw.errors import OpenAIError
 from llmgw.gateway.checks import bearer
+from llmgw.gateway.names import Order, candidates
 
 __all__ = ["KeyCheck"]
 
@@ -128,12 +129,27 @@ class KeyCheck:
         scope = key.scope
         model = snap.models.get(name) if scope is None or name in scope else None
         if model is None:
-            words = "does not exist" if scope is None else "does not exist or this key may not use it"
-            raise OpenAIError(404, "model_not_found", f"the model {name!r} {words}", param="model")
+            raise _not_found(name, scope)
         return model
 
     @staticmethod
+    def models(key: ApiKey, snap: ClusterState, name: str, groups: Mapping[str, tuple[str, ...]],
+               order: Order) -> list[ModelDef]:
+        """The models that may serve a request for `name` (a model or an alias) by this key, in the order
+        they are tried (gateway/names.py); refused as `model` refuses when there is none."""
+        found = candidates(snap.models, groups, name, key.scope, order)
+        if not found:
+            raise _not_found(name, key.scope)
+        return found
+
+    @staticmethod
     def visible(key: ApiKey, names: Iterable[str]) -> list[str]:
-        """The model names `GET /v1/models` lists to this key: its scope's, or all."""
+        """The model names `GET /v1/models` lists to this key: its scope's, or all (with the aliases it
+        may use: `names.visible_names`)."""
         scope = key.scope
         return sorted(names) if scope is None else sorted(n for n in names if n in scope)
+
+
+def _not_found(name: str, scope: frozenset[str] | None) -> OpenAIError:
+    words = "does not exist" if scope is None else "does not exist or this key may not use it"
+    return OpenAIError(404, "model_not_found", f"the model {name!r} {words}", param="model")

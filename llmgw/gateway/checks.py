@@ -211,6 +211,17 @@ def check_limits(body: dict[str, Any], limits: Limits, name: str) -> None:
         raise OpenAIError(400, "n_too_large", words, param="n")
 
 
+def within_limits(body: dict[str, Any], limits: Limits) -> bool:
+    """Whether `check_limits` lets the request through (a fallback that would refuse it is passed over)."""
+    if limits.max_tokens is None and limits.max_n is None:
+        return True
+    try:
+        check_limits(body, limits, "")
+    except OpenAIError:
+        return False
+    return True
+
+
 def _unknown(key: str, kind: str) -> OpenAIError:
     path = next(p for p, k in POST_PATHS.items() if k == kind)
     if key in ENGINE_PRIVATE:

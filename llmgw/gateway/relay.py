@@ -47,12 +47,13 @@ class Progress(Exchange):
     """One request's progress: what its log line reports and how far its answer got."""
 
     __slots__ = ("request_id", "model", "replica", "status", "started", "tokens_in", "tokens_out", "key",
-                 "node", "error", "ttft", "guard_rule", "guard")  # from `node`: for the request log
+                 "node", "error", "ttft", "guard_rule", "guard", "served")  # from `node`: for the request log
 
     def __init__(self, request_id: str) -> None:
         super().__init__()
         self.request_id = request_id
-        self.model = "-"
+        self.model = "-"  # the name asked for: a model or an alias
+        self.served = ""  # the model that serves it: the one asked for, an alias's, or a fallback ("": none yet)
         self.replica = "-"
         self.status = 0
         self.started = False
@@ -72,6 +73,7 @@ async def relay(ex: Progress, response: upstream.Response, endpoint: Endpoint, s
     told in the stream; `hide_usage`: the usage chunk the gateway asked for on the client's behalf is kept back."""
     try:
         headers = response_headers(response.headers, ex.request_id)
+        headers.append((b"x-llmgw-model", ex.served.encode()))  # which model served (an alias's, a fallback)
         if not stream or response.status >= 400:
             try:
                 body = await response.read()

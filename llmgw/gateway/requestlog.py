@@ -40,7 +40,7 @@ SEGMENT_RE = re.compile(r"seg-(\d{10})\.log\Z")
 # The fields, in the order every line has them: the query module finds `"key":...,` and
 # `"model":...,` and `"status":N,` as bytes, so their order and separators never change.
 FIELDS = ("id", "time", "key", "model", "status", "error", "replica", "node", "endpoint", "tokens_in",
-          "tokens_out", "latency_ms", "ttft_ms", "guard_rule", "gateway")
+          "tokens_out", "latency_ms", "ttft_ms", "guard_rule", "gateway", "served_model")
 
 
 @dataclass(slots=True)
@@ -62,6 +62,7 @@ class RequestRecord:
     ttft_ms: float | None = None  # time to the first streamed chunk (None: not streamed)
     guard_rule: str = ""  # the judges' verdicts, `judge: S6,Specialized Advice` ("": no policy applied)
     gateway: str = ""
+    served_model: str = ""  # the model that served `model` (an alias's, a fallback, or itself); "": none did
 
     def line(self) -> bytes:
         """`CRC32HEX JSON\\n`: the checksum makes a torn or damaged line skipped, not fatal."""
@@ -314,7 +315,7 @@ class RequestLog:
             status, ex.error or ("client_disconnected" if status == 499 else ""),
             "" if ex.replica == "-" else ex.replica, ex.node, path[:200], ex.tokens_in, ex.tokens_out,
             round((now - started) * 1000, 3), None if ex.ttft is None else round((ex.ttft - started) * 1000, 3),
-            ex.guard_rule, self.gateway))
+            ex.guard_rule, self.gateway, ex.served))
         return record
 
     # --- the writer -------------------------------------------------------------------------

@@ -12,8 +12,10 @@ a row is left out the same way by its circuit breaker (gateway/breaker.py) until
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
+from operator import itemgetter
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Mapping
@@ -27,6 +29,7 @@ from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway.breaker import Breaker, BreakerOpen
 
 _log = logging.getLogger("llmgw.gateway.router")
+_first = itemgetter(0)
 
 # Route states that refuse instead of letting a request wait: waiting would only
 # make clients retry forever (S4). "stopped" refuses only waiters (see `_wait_pick`).
@@ -166,6 +169,7 @@ class Router:
         self._asks: dict[str, float] = {}
         self._waiting: dict[str, int] = {}
         self._changed = trio.Event()
+        self._turn = 0  # spreads a group alias's ties (`least_loaded`)
 
     # --- EndpointSink ---------------------------------------------------------
 
@@ -262,6 +266,17 @@ class Router:
         checkpoint's, as control estimates it)."""
         route = self._routes.get(model)
         return own_s if route is None or route.window_s <= own_s else route.window_s
+
+    def least_loaded(self, models: tuple[str, ...]) -> list[str]:
+        """A group alias's models in the order to try them: fewest requests in flight per ready replica first,
+        those with no ready replica last; ties in turn (a rotating start). O(their replicas)."""
+        self._turn = turn = (self._turn + 1) % len(models)
+        loads = []
+        for model in models[turn:] + models[:turn]:
+            slots = self._by_model.get(model)
+            loads.append((sum(s.outstanding for s in slots) / len(slots) if slots else math.inf, model))
+        loads.sort(key=_first)  # stable: equal loads keep their turn
+        return [model for _, model in loads]
 
     def statistics(self) -> RouterStatistics:
         per_model = {m: sum(s.outstanding for s in slots) for m, slots in self._by_model.items()}

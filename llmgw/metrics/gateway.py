@@ -53,6 +53,7 @@ class RequestMetrics:
     def __init__(self) -> None:
         self.requests: dict[tuple[str, str, int], int] = {}  # (model, error code or "", status) -> requests
         self.models: dict[str, _PerModel] = {}
+        self.served: dict[tuple[str, str], int] = {}  # (name asked for, model that served it) when they differ
 
     def count(self, r: RequestRecord) -> None:
         key = (r.model, r.error, r.status)
@@ -77,6 +78,9 @@ class RequestMetrics:
             per.tokens_in += r.tokens_in
         if r.tokens_out:
             per.tokens_out += r.tokens_out
+        if r.served_model and r.served_model != r.model:  # an alias's model or a fallback served (catalog names)
+            pair = (r.model, r.served_model)
+            self.served[pair] = self.served.get(pair, 0) + 1
 
 
 def _histogram(name: str, doc: str, bounds: tuple[float, ...],
@@ -142,6 +146,10 @@ class GatewayCollector(Collector):
                       "direction (prompt or completion).", ("model", "direction"),
                       [((name, d), float(v)) for name, p in sorted(models.items())
                        for d, v in (("prompt", p.tokens_in), ("completion", p.tokens_out))])
+        yield counter("llmgw_gateway_served_by_other", "Requests served by another model than the one named: an "
+                      "alias's model, or a fallback of a model that refused at once (docs/api.md, fallbacks and "
+                      "aliases), by the name asked for and the model that served.", ("model", "served_model"),
+                      [((model, served), float(n)) for (model, served), n in sorted(dict(m.served).items())])
 
 
 def _guard(g: GuardStats) -> Iterator[Metric]:
@@ -186,6 +194,7 @@ class Exporter:
         if self.metrics is not None:
             metrics = RequestMetrics()
             metrics.requests = dict(self.metrics.requests)
+            metrics.served = dict(self.metrics.served)
             for name, per in list(self.metrics.models.items()):
                 metrics.models[name] = copy = _PerModel()
                 copy.latency, copy.latency_sum, copy.ttft = list(per.latency), per.latency_sum, list(per.ttft)

@@ -17,7 +17,7 @@ when there is room for both, else the old one makes room.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from llmgw.domain import activation, commands
@@ -216,8 +216,10 @@ def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeou
                 continue
             if p.group and p.rank == 0 and not all(_running(observed, m) for m in unit[1:]):
                 continue  # rank 0 serves once every member has joined: it starts after them
-            actions.append(AgentAction(p.node, "start", p.replica_id, state.models[p.model].to_doc(), p.gpus,
-                                       _group_doc(p, unit)))
+            # Without the gateway's own fields (fallbacks, aliases): an agent does not use them, and one of an
+            # older release refuses a definition with a key it does not know.
+            launch = replace(state.models[p.model], fallbacks=(), aliases=()).to_doc()
+            actions.append(AgentAction(p.node, "start", p.replica_id, launch, p.gpus, _group_doc(p, unit)))
     # Stops: every rank 0 (and lone replica) first, then the members, whose leader is gone by then.
     stops = [(rank_of(rid, state), rid, obs.node) for rid, obs in observed.replicas.items()
              if rid not in kept and obs.state != "stopped" and obs.node in observed.nodes]

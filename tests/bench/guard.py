@@ -68,6 +68,7 @@ class _Facts:  # a request's facts (interfaces.RequestFacts), as the app's excha
     tokens_out: int | None = None
     ttft: float | None = None
     guard_rule: str = ""
+    served: str = ""
 
 
 def _port() -> int:

@@ -78,6 +78,7 @@ class _Facts:
     tokens_out: int | None = 120
     ttft: float | None = None
     guard_rule: str = ""
+    served: str = ""
 
 
 def enqueue_us(calls: int) -> float:

@@ -126,6 +126,32 @@ async def test_bad_input_is_refused_and_changes_nothing(
     assert control.store.snapshot() is before
 
 
+async def test_fallbacks_and_aliases_are_checked_against_the_catalog_and_a_refusal_changes_nothing(
+        api: httpx.AsyncClient, control: ControlHandle) -> None:
+    def model(name: str, **extra: Any) -> dict[str, Any]:
+        return {"name": name, "engine": "sim", "source": f"sim://{name}", **extra}
+
+    before = control.store.snapshot()
+    for doc, words in [
+        (model("a", fallbacks=["nope"]), "fallbacks: 'nope' is not a defined model"),
+        (model("a", fallbacks=["a"]), "fallbacks: must not name the model itself ('a')"),
+        (model("a", aliases=["demo"]), "aliases: 'demo' is the name of a model"),
+        (model("a", role="embedding", fallbacks=["demo"], aliases=["demo", "x"]),
+         "fallbacks: 'demo' has role chat; a fallback must have this model's role (embedding); "
+         "aliases: 'demo' is the name of a model"),  # every problem at once
+    ]:
+        r = await api.post("/api/v1/models", json=doc)
+        assert r.status_code == 400 and error_of(r) == {"code": "invalid_model", "message": words}, r.text
+    assert control.store.snapshot() is before
+    r = await api.post("/api/v1/models", json=model("a", fallbacks=["demo"], aliases=["friendly"]))
+    assert r.status_code == 201, r.text
+    shown = (await api.get("/api/v1/models/a")).json()["model"]
+    assert (shown["fallbacks"], shown["aliases"]) == (["demo"], ["friendly"])
+    assert "fallbacks" not in (await api.get("/api/v1/models/demo")).json()["model"]
+    r = await api.post("/api/v1/models", json=model("friendly"))  # a model may not take an alias's name
+    assert r.status_code == 400 and "'friendly' is an alias of model 'a'" in error_of(r)["message"]
+
+
 # httpx abandons its request-body generator when the server answers before reading it all.
 @pytest.mark.filterwarnings("ignore:Async generator 'httpx._content.ByteStream.__aiter__':ResourceWarning")
 async def test_huge_body_is_refused(api: httpx.AsyncClient, control: ControlHandle) -> None:

@@ -169,6 +169,12 @@ def test_the_metrics_bench_runs() -> None:
         sys.setswitchinterval(switch)
 
 
+def test_the_names_bench_runs() -> None:
+    """tests/bench/names.py (what resolving a model name, an alias or a group costs a request) on a toy size."""
+    result = load_bench("names").measure(models=20, calls=50, rounds=1)
+    assert len(result) == 6 and all(v > 0 for v in result.values())
+
+
 def test_the_tls_bench_gateway_verifies_and_keeps_its_connection_alive(upstream: str, tmp_path: Path) -> None:
     """tests/bench/gateway_tls.py's TLS gateway (gateway.py's child with --tls, a throwaway CA): its certificate
     verifies for 127.0.0.1, its requests share one connection (one handshake), and the plain one still answers."""

@@ -264,7 +264,8 @@ async def test_the_settings_page_lists_every_setting_with_help_default_and_value
 async def test_the_requests_page_lists_records_with_guard_rule_and_names_the_gateways_that_did_not_answer() -> None:
     record = {"id": "req-gw1-0123456789abcdef", "time": NOW - 5, "key": "key_abc", "model": "chat", "status": 400,
               "error": "guard_refused", "latency_ms": 12.5, "tokens_in": 3, "tokens_out": None,
-              "guard_rule": "judge: S6,Specialized Advice", "node": "n1", "gateway": "gw1"}
+              "guard_rule": "judge: S6,Specialized Advice", "node": "n1", "gateway": "gw1",
+              "served_model": "chat-backup"}  # a fallback served it: shown beside the name asked for
     asked: list[str] = []
 
     async def fake_gateway(stream: trio.SocketStream) -> None:
@@ -293,7 +294,7 @@ async def test_the_requests_page_lists_records_with_guard_rule_and_names_the_gat
         nursery.cancel_scope.cancel()
     assert r.status_code == 200
     for fact in ("req-gw1-0123456789abcdef", "judge: S6,Specialized Advice", "guard_refused", 'data-testid='
-                 '"gateways-unavailable"', "gw2", "announced no address"):
+                 '"gateways-unavailable"', "gw2", "announced no address", "chat → chat-backup"):
         assert fact in r.text, fact
     assert "model=chat" in asked[0] and "status=4xx" in asked[0] and "since=1577836800" in asked[0]
     assert "until=1893456000" in asked[0] and "key=key_abc" in asked[0]  # every filter of the API

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from ctl_fakes import CATALOG, FakeApi, ctl
+from llmgw.cli.ctl.render import render_model
 from llmgw.domain.model import DefinitionError, ModelDef
 
 
@@ -196,6 +197,28 @@ def test_serve_flags_set_request_limits() -> None:
     assert ctl(argv, api).rc == 0
     assert api.bodies() == [{"name": "c", "engine": "sim", "source": "sim://c",
                              "limits": {"max_tokens": 512, "max_n": 2}}]
+
+
+def test_serve_flags_set_fallbacks_and_aliases_and_show_prints_them() -> None:
+    api = FakeApi().on("POST", "/api/v1/models", 201, json_body={"model": {"name": "c"}})
+    argv = ["model", "serve", "--name", "c", "--engine", "sim", "--source", "sim://c", "--fallback", "b",
+            "--fallback", "a", "--alias", "friendly"]
+    assert ctl(argv, api).rc == 0
+    assert api.bodies() == [{"name": "c", "engine": "sim", "source": "sim://c", "fallbacks": ["b", "a"],
+                             "aliases": ["friendly"]}]
+    shown = render_model({"name": "c", "fallbacks": ["b", "a"], "aliases": ["friendly"]})
+    assert "fallbacks:" in shown and "b, a" in shown and "friendly" in shown
+    assert "fallbacks" not in render_model({"name": "c"})  # left out when not set
+
+
+def test_serve_file_sends_each_model_after_the_fallbacks_it_defines(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[[models]]\nname = "a"\nengine = "sim"\nsource = "sim://a"\nfallbacks = ["b", "elsewhere"]\n'
+                    '[[models]]\nname = "b"\nengine = "sim"\nsource = "sim://b"\n'
+                    '[[models]]\nname = "c"\nengine = "sim"\nsource = "sim://c"\n')
+    api = FakeApi().on("POST", "/api/v1/models", 201, json_body={"model": {"name": "x"}})
+    assert ctl(["model", "serve", "--file", str(path)], api).rc == 0
+    assert [b["name"] for b in api.bodies()] == ["b", "c", "a"]  # "elsewhere": the catalog's, not the file's
 
 
 @pytest.mark.parametrize(

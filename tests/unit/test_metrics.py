@@ -164,6 +164,17 @@ def test_gateway_histograms_are_cumulative_with_sums_and_tokens() -> None:
     assert value(samples, "llmgw_gateway_tokens_total", model="demo", direction="completion") == 12.0
 
 
+def test_requests_served_by_another_model_are_counted_by_both_names() -> None:
+    m = gw.RequestMetrics()
+    for served in ("backup", "backup", "main", ""):  # a fallback twice; the model itself; none (refused)
+        m.count(RequestRecord("r", 0.0, "", "main", 200, served_model=served))
+    m.count(RequestRecord("r", 0.0, "", "friendly", 200, served_model="main"))  # an alias
+    samples = parse(render(gw.registry_for(m)).decode())
+    assert value(samples, "llmgw_gateway_served_by_other_total", model="main", served_model="backup") == 2.0
+    assert value(samples, "llmgw_gateway_served_by_other_total", model="friendly", served_model="main") == 1.0
+    assert value(samples, "llmgw_gateway_served_by_other_total", model="main", served_model="main") is None
+
+
 def test_guard_verdicts_by_hazard() -> None:
     stats = GuardStats()
     stats.counted("lg", Verdict(("S1", "S6")))

@@ -63,10 +63,32 @@ def definitions_from_file(path: Path) -> tuple[list[dict[str, Any]], bool]:
             raise UsageError(f"{path}: `models` must be [[models]] tables")
         if not models:
             raise UsageError(f"{path} has an empty models list")
-        return models, True
+        return fallbacks_first(models), True
     if "name" in doc:
         return [doc], False
     raise UsageError(f"{path} has no [[models]] tables and is not a model table (no `name = ...`)")
+
+
+def fallbacks_first(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The file's definitions in an order in which each comes after the fallbacks the file defines too (the API
+    refuses a fallback not yet defined); otherwise in the file's order. Fallbacks that name each other keep
+    it: the API names the one refused."""
+    names = {d.get("name") for d in docs}
+    ordered: list[dict[str, Any]] = []
+    placed: set[Any] = set()
+    rest = list(docs)
+    while rest:
+        ready = [d for d in rest if all(f in placed or f not in names for f in _names(d.get("fallbacks")))]
+        if not ready:
+            return ordered + rest
+        ordered += ready
+        placed.update(d.get("name") for d in ready)
+        rest = [d for d in rest if all(d is not r for r in ready)]
+    return ordered
+
+
+def _names(value: Any) -> list[Any]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def definition_from_flags(
@@ -80,6 +102,8 @@ def definition_from_flags(
     max_tokens: int | None = None,
     max_n: int | None = None,
     timeouts: dict[str, float | None] | None = None,
+    fallbacks: Sequence[str] | None = None,
+    aliases: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     missing = flags.missing()
     if missing:
@@ -106,6 +130,10 @@ def definition_from_flags(
     waits = {k: v for k, v in (timeouts or {}).items() if v is not None}
     if waits:
         doc["timeouts"] = waits  # e.g. {"first_byte_s": 30}; the rest stay the gateway's defaults
+    if fallbacks:
+        doc["fallbacks"] = list(fallbacks)  # checked by the API against the catalog
+    if aliases:
+        doc["aliases"] = list(aliases)
     return doc
 
 

@@ -50,6 +50,8 @@ def model_serve(
     first_byte_timeout: Annotated[float | None, Parameter(name="--first-byte-timeout")] = None,
     chunk_timeout: Annotated[float | None, Parameter(name="--chunk-timeout")] = None,
     arg: Annotated[list[str] | None, Parameter(name="--arg", allow_leading_hyphen=True, negative_iterable="")] = None,
+    fallback: Annotated[list[str] | None, Parameter(name="--fallback", negative_iterable="")] = None,
+    alias: Annotated[list[str] | None, Parameter(name="--alias", negative_iterable="")] = None,
     session: SessionParam,
 ) -> int:
     """Add a model, or replace the one of that name.
@@ -78,10 +80,16 @@ def model_serve(
         Seconds of silence allowed in the middle of an answer (default: upstream_chunk_s).
     arg
         An extra engine argument; repeat for more (--arg=--ctx-size --arg=4096).
+    fallback
+        A defined model of the same role that serves this one's requests when it refuses them at once (parked,
+        unplaceable, overloaded); repeat for more, tried in order.
+    alias
+        Another public name for this model; repeat for more. One alias on several models spreads its requests
+        over them.
     """
     timeouts = {"connect_s": connect_timeout, "first_byte_s": first_byte_timeout, "chunk_s": chunk_timeout}
     flags_given = bool(flags.given()) or cpu or any(
-        v is not None for v in (min_, max_, gpus, arg, max_tokens, max_n, *timeouts.values()))
+        v is not None for v in (min_, max_, gpus, arg, max_tokens, max_n, fallback, alias, *timeouts.values()))
     if file is not None:
         if flags_given:
             raise UsageError("model serve takes --file FILE or the model flags, not both")
@@ -89,7 +97,8 @@ def model_serve(
     else:
         catalog = False
         definitions = [definition_from_flags(flags, min_=min_, max_=max_, gpus=gpus, cpu=cpu, args=arg,
-                                             max_tokens=max_tokens, max_n=max_n, timeouts=timeouts)]
+                                             max_tokens=max_tokens, max_n=max_n, timeouts=timeouts,
+                                             fallbacks=fallback, aliases=alias)]
     answers: list[Any] = []
     failed = 0
     for definition in definitions:

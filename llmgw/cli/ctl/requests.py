@@ -133,7 +133,8 @@ def render_request(doc: Mapping[str, Any]) -> str:
     if not isinstance(r, Mapping):
         return "no record"
     rows = [("id", r.get("id")), ("time (UTC)", _time(r.get("time"))), ("gateway", r.get("gateway")),
-            ("key", r.get("key") or None), ("model", r.get("model") or None), ("endpoint", r.get("endpoint")),
+            ("key", r.get("key") or None), ("model", r.get("model") or None),
+            ("served by", r.get("served_model") or None), ("endpoint", r.get("endpoint")),
             ("replica", r.get("replica") or None), ("node", r.get("node") or None), ("status", r.get("status")),
             ("error", r.get("error") or None), ("tokens in", r.get("tokens_in")), ("tokens out", r.get("tokens_out")),
             ("latency ms", _ms(r.get("latency_ms"))), ("first token ms", _ms(r.get("ttft_ms"))),
@@ -153,13 +154,19 @@ def _gateway_lines(doc: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _model(r: Mapping[str, Any]) -> str | None:
+    """The name asked for, and the model that served it when another did (an alias's, a fallback)."""
+    asked, served = r.get("model") or None, r.get("served_model")
+    return f"{asked}->{served}" if asked and isinstance(served, str) and served and served != asked else asked
+
+
 def render_requests(doc: Mapping[str, Any]) -> str:
     records = dig(doc, "requests")
     out = []
     if isinstance(records, list) and records:
         out.append(table(["TIME (UTC)", "ID", "KEY", "MODEL", "STATUS", "ERROR", "IN", "OUT", "MS", "TTFT", "REPLICA",
                           "GUARD"],
-                         [[_time(r.get("time")), r.get("id"), r.get("key") or None, r.get("model") or None,
+                         [[_time(r.get("time")), r.get("id"), r.get("key") or None, _model(r),
                            r.get("status"), r.get("error") or None, r.get("tokens_in"), r.get("tokens_out"),
                            _ms(r.get("latency_ms")), _ms(r.get("ttft_ms")), r.get("replica") or None,
                            r.get("guard_rule") or None]  # the judges' verdict: `judge: S6,Specialized Advice`

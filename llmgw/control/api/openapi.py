@@ -107,12 +107,18 @@ def _definition() -> Schema:
                          "memory_gib": {"type": "number", "minimum": 0}, "cpu": _BOOL}, (), closed=True),
         "limits": _obj({"max_tokens": _LIMIT, "max_n": _LIMIT}, (), closed=True),
         "timeouts": _obj({name: _WAIT for name in ("connect_s", "first_byte_s", "chunk_s")}, (), closed=True),
+        # Defined models of the same role, tried in order when this one refuses at once; and more public names.
+        "fallbacks": {**_arr(_MODEL_NAME), "maxItems": model.MAX_FALLBACKS, "uniqueItems": True},
+        "aliases": {**_arr(_MODEL_NAME), "maxItems": model.MAX_ALIASES, "uniqueItems": True},
     }, ("name", "engine", "source"), closed=True)
 
 
 def _stored_definition() -> Schema:
-    """A definition as the API shows it: every field, defaults filled."""
+    """A definition as the API shows it: every field, defaults filled; but `fallbacks` and `aliases`, shown
+    only when set (a definition without them is the one an older member reads)."""
     size = _int(1, 64)
+    shown = ("name", "engine", "role", "source", "mode", "replicas", "idle_timeout_s", "activation_window_s", "args",
+             "profile", "limits", "timeouts")
     return _obj({
         "name": _STR, "engine": _STR, "role": _STR, "source": _STR, "mode": _STR,
         "replicas": _obj({"min": _INT, "max": _INT}), "idle_timeout_s": _NUM, "activation_window_s": _NUM,
@@ -121,7 +127,8 @@ def _stored_definition() -> Schema:
                          "memory_gib": _NUM, "cpu": _BOOL}),
         "limits": _obj({"max_tokens": _null(_INT), "max_n": _null(_INT)}),
         "timeouts": _obj({name: _null(_NUM) for name in ("connect_s", "first_byte_s", "chunk_s")}),
-    })
+        "fallbacks": _arr(_STR), "aliases": _arr(_STR),
+    }, shown)
 
 
 def _estimate() -> Schema:

@@ -69,7 +69,8 @@ async def create(ctx: Context, commit: Commit, doc: Any) -> dict[str, Any]:
     state = ctx.state()
     stored = state.keys.get(command["key_hash"])
     shown = key_doc(stored, ctx.clock()) if stored is not None else {"id": command["key_id"]}
-    unknown = [m for m in fields["models"] if m not in state.models]
+    aliases = {a for model in state.models.values() for a in model.aliases}  # a scope may name an alias too
+    unknown = [m for m in fields["models"] if m not in state.models and m not in aliases]
     log.info("key %s (%s, %s) created", command["key_id"], fields["role"], fields["name"])
     return Created({**shown, "key": secret, "warnings": [f"model {m!r} is not in the catalog (yet)" for m in unknown]})
 

@@ -10,7 +10,7 @@ from llmgw.control.context import Context
 from llmgw.control.ops import Commit, Created
 from llmgw.domain import commands, summary
 from llmgw.domain.memory import estimate_for
-from llmgw.domain.model import DefinitionError, ModelDef
+from llmgw.domain.model import DefinitionError, ModelDef, catalog_problems
 from llmgw.domain.observed import BreakerSeen, Observed
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState
@@ -51,7 +51,8 @@ def weights_dirs(ctx: Context) -> list[str]:
 
 def admitted(ctx: Context, doc: Any) -> ModelDef:
     """A definition the cluster may store: its own shape, then what its engine would refuse (args outside
-    its table, a source it cannot open or a local path outside the dirs allowed for weights); 400
+    its table, a source it cannot open or a local path outside the dirs allowed for weights), then its
+    fallbacks and aliases beside the other definitions (`catalog_problems`, checked again as it applies); 400
     `invalid_model` naming every problem of both at once."""
     problems: list[tuple[str, str]] = []
     model: ModelDef | None = None
@@ -64,6 +65,8 @@ def admitted(ctx: Context, doc: Any) -> ModelDef:
         problems += [(f, m) for f, m in definition_problems(doc.get("engine"), doc.get("source"),
                                                             doc.get("args", []), weights_dirs(ctx))
                      if f not in judged and "engine" not in judged]
+    if model is not None:
+        problems += catalog_problems(model, ctx.state().models)  # its fallbacks and aliases among the others
     if problems or model is None:
         raise AdminError(400, "invalid_model", "; ".join(f"{f}: {m}" for f, m in problems))
     return model

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from llmgw.domain.commands.core import CommandError, make, parsed, readonly, required
-from llmgw.domain.model import DefinitionError, ModelDef
+from llmgw.domain.model import DefinitionError, ModelDef, catalog_problems
 from llmgw.domain.state import ClusterState
 
 
@@ -39,6 +39,9 @@ def check_name(c: dict[str, Any]) -> None:
 
 def apply_put(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
     model = check_put(c)
+    # Fallbacks and aliases are judged against the catalog as it is when the definition applies.
+    if problems := catalog_problems(model, s.models):
+        raise CommandError("invalid_model", "; ".join(f"{f}: {m}" for f, m in problems))
     health = s.health.copy()
     old = s.models.get(model.name)
     if old is not None and old.launch_hash() != model.launch_hash():

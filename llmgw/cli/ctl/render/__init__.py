@@ -249,6 +249,9 @@ def render_model(model: Mapping[str, Any]) -> str:
         ("profile", _profile(dig(model, "profile") or {}, dig(model, "engine"))),
         ("request limits", _limits(dig(model, "limits"))),
         ("upstream timeouts", _timeouts(dig(model, "timeouts"))),
+        # Shown only when set (the API leaves them out otherwise): in the order the gateway tries them.
+        *[(label, ", ".join(map(str, names))) for label, key in (("fallbacks", "fallbacks"), ("aliases", "aliases"))
+          if isinstance(names := dig(model, key), list) and names],
         ("memory", _memory(dig(model, "estimate"))),
         ("state", _state(status)),
         ("ready/desired", _ratio(dig(status, "ready"), dig(status, "desired"))),
