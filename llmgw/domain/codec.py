@@ -77,6 +77,26 @@ LATER_FIELDS = {(ClusterState, "raft_tls_since"), (ClusterState, "store_level"),
                 (ModelDef, "aliases")}
 
 
+def uses_later_fields(value: Any) -> bool:
+    """Whether `value` (a definition, a key, anything stored) sets a field of `LATER_FIELDS`, at any depth:
+    what an earlier release cannot read, so the command that stores it needs the store level that brought
+    it (`levels.stamp`)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        kind = type(value)
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            if (kind, f.name) in LATER_FIELDS and item != f.default:
+                return True
+            if uses_later_fields(item):
+                return True
+        return False
+    if isinstance(value, Mapping):
+        return any(uses_later_fields(item) for item in value.values())
+    if isinstance(value, (tuple, list)):
+        return any(uses_later_fields(item) for item in value)
+    return False
+
+
 def _encode(value: Any, path: str) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         kind = type(value)

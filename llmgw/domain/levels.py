@@ -18,13 +18,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-LEVEL = 1
+LEVEL = 2
 
 # The first release at each level.
-RELEASES: Mapping[int, str] = {1: "0.1.0"}
+RELEASES: Mapping[int, str] = {1: "0.1.0", 2: "0.2.0"}
 
 # Operations brought after level 1, with the level that brought them; every other known one is level 1.
 OPS_SINCE: Mapping[str, int] = {}
+
+# Level 2 (0.2.0) brought no new operation but new fields of stored definitions (`codec.LATER_FIELDS` of a
+# model or a key: fallbacks, aliases, routing, priority...): a command that sets one needs level 2
+# (`stamp`), one that leaves them at their defaults is the level-1 command it always was.
+LATER_FIELDS_LEVEL = 2
 
 
 class NewerThanThisRelease(BaseException):
@@ -52,6 +57,13 @@ def stamped(op: str) -> dict[str, Any]:
     and the release that brought it (none for a level-1 command)."""
     level = op_level(op)
     return {} if level == 1 else {"needs_level": level, "needs_release": RELEASES.get(level, "")}
+
+
+def stamp(command: dict[str, Any], level: int) -> dict[str, Any]:
+    """`command` marked as one of store level `level` (unchanged for level 1), whatever its op."""
+    if level <= 1:
+        return command
+    return {**command, "needs_level": level, "needs_release": RELEASES.get(level, "")}
 
 
 def command_level(command: Mapping[str, Any]) -> int:

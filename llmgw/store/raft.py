@@ -512,7 +512,7 @@ class RaftStore:
             return commands.result_of(recorded)
         # A dry run on this member's state: what would be refused now is not logged. The state
         # may still move before the entry applies; then apply records the refusal instead.
-        commands.apply(state, wired)
+        await self._dry_run(state, wired, timeout)
         done = trio.Event()
         slot: list[Any] = []
         token = self._token
@@ -551,6 +551,24 @@ class RaftStore:
             raise StoreUnavailable(f"commit failed: {_fail_name(error)}")
         assert isinstance(result, Outcome)
         return commands.result_of(result)
+
+    async def _dry_run(self, state: ClusterState, wired: dict[str, Any], timeout: float) -> None:
+        """`commands.apply` on `state`, for its refusal. A command of a store level above the group's whose
+        every announced member reads it (a new group, or the last member just upgraded: the leader raises
+        the level within a moment, `Members.raise_level_forever`) waits up to `timeout` for that raise
+        instead of being refused with `upgrade_pending` at once."""
+        try:
+            commands.apply(state, wired)
+            return
+        except commands.CommandError as e:
+            needs = levels.command_level(wired)
+            if e.code != "upgrade_pending" or not state.members or any(
+                    m.level < needs for m in state.members.values()):
+                raise
+        with trio.move_on_after(timeout):
+            while state.store_level < needs:
+                state = await self.wait_changed(state.revision)
+        commands.apply(state, wired)
 
     # -- membership ----------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-from llmgw.domain import commands
+from llmgw.domain import commands, levels
 from llmgw.domain.state import ClusterState
 
 
@@ -23,7 +23,8 @@ class MemoryStore:
     """A single-process store: `submit` applies at once; `wait_changed` wakes waiters."""
 
     def __init__(self, state: ClusterState | None = None) -> None:
-        self._state = state or ClusterState()
+        # Its one member reads this release's store level: so does the group.
+        self._state = state or ClusterState(store_level=levels.LEVEL)
         self._changed = trio.Event()
         self.log: list[dict[str, Any]] = []
 

@@ -254,3 +254,38 @@ async def test_a_busy_raft_port_fails_the_start_with_the_address(tmp_path: Path)
             await store.start()
     assert str(e.value) == f"Raft cannot listen on {addr}: Address already in use"
     assert list(tmp_path.iterdir()) == [], "found before the journal is opened"
+
+
+async def test_a_newer_definition_waits_for_the_level_every_member_announced_not_refused(tmp_path: Path) -> None:
+    """A group starts at store level 1 and its leader raises it once every member announced this release's
+    level: a write of a field that level brought (a model's fallbacks), made in between, waits for the
+    raise instead of a 409 `upgrade_pending`. A member that has not announced this level keeps it refused."""
+    from llmgw.domain import levels
+
+    assert levels.LEVEL >= levels.LATER_FIELDS_LEVEL
+    newer = commands.put_model(ModelDef.from_doc({"name": "main", "engine": "sim", "source": "sim://main",
+                                                  "aliases": ["chat"]}), 1.0)
+    assert newer["needs_level"] == levels.LATER_FIELDS_LEVEL
+    port = free_port()
+    store = await open_store(tmp_path, port)
+    try:
+        assert store.snapshot().store_level == 1
+        await store.submit(commands.announce_member(f"127.0.0.1:{port}", "http://127.0.0.1:1", "old", 1.0,
+                                                    level=1))
+        with pytest.raises(CommandError) as refused:  # an older member announced: refused at once
+            await store.submit(newer)
+        assert refused.value.code == "upgrade_pending" and "main" not in store.snapshot().models
+        await store.submit(commands.announce_member(f"127.0.0.1:{port}", "http://127.0.0.1:1", "new", 2.0))
+        result: list[Any] = []
+
+        async def write() -> None:
+            result.append(await store.submit(newer))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not result, "it waits for the level"
+            await store.submit(commands.raise_level(levels.LEVEL, 3.0))  # what the leader's members task does
+        assert result == [{"created": True}] and store.snapshot().models["main"].aliases == ("chat",)
+    finally:
+        store.close()

@@ -113,6 +113,7 @@ def test_the_generated_states_are_not_trivial() -> None:
         (trust.revoke("gateway", "g1", 14.0), None),
         (trust.issue("control", "10.0.0.1:7000", "ef", 90.0, "a1", 15.0), None),
         (trust.raft_tls(["10.0.0.1:7000"], 16.0), None),
+        (commands.raise_level(levels.LEVEL, 17.0), None),  # its one announced member reads this release's level
     ])
     for f in dataclasses.fields(ClusterState):
         if f.name == "store_level" and levels.LEVEL == 1:

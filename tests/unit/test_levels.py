@@ -61,13 +61,13 @@ def test_the_group_level_rises_only_once_every_announced_member_reads_it() -> No
     with pytest.raises(commands.CommandError) as refused:
         commands.apply(state, commands.raise_level(NEXT, 2.0))
     assert refused.value.code == "upgrade_pending"
-    assert "10.0.0.2:7000 (v1)" in refused.value.message and "10.0.0.1" not in refused.value.message
+    assert f"10.0.0.2:7000 (v{levels.LEVEL})" in refused.value.message and "10.0.0.1" not in refused.value.message
     state, _ = commands.apply(state, announce("10.0.0.2:7000", NEXT))
     # Every member announced the next level; this member, of the level before, cannot follow the group there.
     with pytest.raises(levels.NewerThanThisRelease, match=f"store level {NEXT}"):
         commands.apply(state, commands.raise_level(NEXT, 3.0))
     assert commands.apply(state, commands.raise_level(levels.LEVEL, 3.0))[1] == {"level": levels.LEVEL,
-                                                                                 "raised": False}
+                                                                                 "raised": levels.LEVEL > 1}
 
 
 def test_an_announcement_logged_before_store_levels_counts_as_level_one() -> None:
@@ -116,3 +116,25 @@ def test_member_level_field_is_checked() -> None:
         members.check_announce({**announce("a:1", 1), "reads": -1})
     with pytest.raises(commands.CommandError):
         members.check_level({"to": 0})
+
+
+def test_a_definition_setting_a_field_of_level_two_needs_level_two_and_one_without_stays_level_one() -> None:
+    """0.2.0 brought fields, not operations (a model's fallbacks and aliases): a `model.put` that sets one
+    is of level 2, so a group with a 0.1.0 member refuses it before it is logged (`upgrade_pending`), and
+    a 0.1.0 member that still meets it stops (instead of refusing an unknown field as a no-op while the
+    others apply it: their states would differ). One that sets none is the level-1 command it was."""
+    from llmgw.domain.model import ModelDef
+
+    plain = ModelDef.from_doc({"name": "a", "engine": "sim", "source": "sim://a"})
+    newer_def = ModelDef.from_doc({"name": "b", "engine": "sim", "source": "sim://b", "fallbacks": ["a"]})
+    assert "needs_level" not in commands.put_model(plain, 1.0)
+    marked = commands.put_model(newer_def, 2.0)
+    assert marked["needs_level"] == levels.LATER_FIELDS_LEVEL == 2 and marked["needs_release"] == "0.2.0"
+    at_one = ClusterState()
+    state, _ = commands.apply(at_one, commands.put_model(plain, 1.0))
+    with pytest.raises(commands.CommandError) as refused:
+        commands.apply(state, marked)
+    assert refused.value.code == "upgrade_pending" and "b" not in state.models
+    state, _ = commands.apply(state, announce("10.0.0.1:7000", 2))
+    state, _ = commands.apply(state, commands.raise_level(2, 3.0))
+    assert commands.apply(state, marked)[0].models["b"].fallbacks == ("a",)
