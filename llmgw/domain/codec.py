@@ -19,6 +19,7 @@ from typing import Any
 
 from llmgw.domain import levels
 from llmgw.domain.frozen import freeze
+from llmgw.domain.model import ModelDef
 from llmgw.domain.state import ClusterState
 
 # Bump when a field changes meaning or shape. A field that is only added (with a default)
@@ -72,7 +73,7 @@ def state_from_json(doc: Any) -> ClusterState:
 # Fields added after the first release, written only once they leave their default: a state that never
 # used them reads on every earlier member (which refuses an unknown field), as a rolling upgrade needs.
 # What sets one is used only once every member understands it (e.g. `trust.raft_tls`: control/trust.py).
-LATER_FIELDS = {(ClusterState, "raft_tls_since"), (ClusterState, "store_level")}
+LATER_FIELDS = {(ClusterState, "raft_tls_since"), (ClusterState, "store_level"), (ModelDef, "routing")}
 
 
 def _encode(value: Any, path: str) -> Any:

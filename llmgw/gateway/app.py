@@ -32,6 +32,7 @@ from llmgw.gateway.checks import POST_PATHS, ROLES_FOR, allow, check_limits, che
 from llmgw.gateway import upstream
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
+from llmgw.gateway.affinity import affinity_key
 from llmgw.gateway.answers import asking_usage
 from llmgw.gateway.pool import Limits, LimitsReader, Pool, raise_fd_limit
 from llmgw.gateway.router import Lease, NoEndpoint, Router
@@ -200,13 +201,16 @@ class GatewayApp(RawApp):
             await ex.guard.check_prompt()  # before the engine sees the request
         deadline = trio.current_time() + model.activation_window_s
         limits = self._limits(snap.settings)
+        chars = model.affinity_chars()
+        affinity = affinity_key(kind, body, chars) if chars else None  # its replica, the same from any gateway
         refusal: OpenAIError | None = None
         async with trio.open_nursery() as nursery:
             # A client that goes away cancels what its request waits on: an activation,
             # or the upstream call (which frees the replica).
             nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope, ex)
             try:
-                lease = self.deps.router.acquire(name, deadline=deadline, max_waiting=limits.activation_queue)
+                lease = self.deps.router.acquire(name, deadline=deadline, max_waiting=limits.activation_queue,
+                                                 affinity=affinity, load_factor=limits.affinity_load_factor)
                 async with lease as endpoint:
                     ex.replica, ex.node = endpoint.replica_id, endpoint.node
                     await self._exchange(ex, lease, endpoint, path, raw, stream, send, limits, hide_usage,

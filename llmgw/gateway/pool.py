@@ -63,11 +63,12 @@ class PoolStats:
 @dataclass(frozen=True)
 class Limits:
     """In each gateway: per replica, connections open at most and requests waiting at most beyond them;
-    per model, requests waiting at most for its activation (no replica ready)."""
+    per model, requests waiting at most for its activation (no replica ready); prefix affinity's ε."""
 
     connections: int
     queue: int
     activation_queue: int = 256
+    affinity_load_factor: float = 0.25  # ε of prefix affinity's bounded load (gateway/affinity.py)
 
 
 class LimitsReader:
@@ -84,7 +85,8 @@ class LimitsReader:
         if settings is not self._seen:
             self._limits = Limits(effective(settings, "gateway.upstream_connections_per_replica"),
                                   effective(settings, "gateway.upstream_queue_per_replica"),
-                                  effective(settings, "gateway.activation_queue_per_model"))
+                                  effective(settings, "gateway.activation_queue_per_model"),
+                                  float(effective(settings, "gateway.affinity_load_factor")))
             self._seen = settings
         return self._limits
 

@@ -1,4 +1,5 @@
-"""The gateway's routing table: least-outstanding pick among a model's ready endpoints in rotation.
+"""The gateway's routing table: least-outstanding pick among a model's ready endpoints in rotation, or, for a
+request with an affinity key, the replica its key hashes to on the model's ring (bounded load: affinity.py).
 
 Implements `EndpointSink` (control pushes routes in) and `DemandReport` (last-used times, activation asks
 and requests in flight out). A replica that refused a connection leaves the rotation (its fast failures
@@ -17,6 +18,7 @@ import trio
 
 from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS
+from llmgw.gateway.affinity import DEFAULT_LOAD_FACTOR, Ring
 
 _log = logging.getLogger("llmgw.gateway.router")
 
@@ -57,17 +59,21 @@ class _Slot:
 class Lease:
     """An acquired endpoint; `async with router.acquire(...) as endpoint` releases it on exit."""
 
-    __slots__ = ("_router", "_model", "_deadline", "_slot", "_max_waiting")
+    __slots__ = ("_router", "_model", "_deadline", "_slot", "_max_waiting", "_affinity", "_load_factor")
 
-    def __init__(self, router: Router, model: str, deadline: float, max_waiting: int | None = None) -> None:
+    def __init__(self, router: Router, model: str, deadline: float, max_waiting: int | None = None,
+                 affinity: int | None = None, load_factor: float = DEFAULT_LOAD_FACTOR) -> None:
         self._router = router
         self._model = model
         self._deadline = deadline
         self._max_waiting = max_waiting
+        self._affinity = affinity
+        self._load_factor = load_factor
         self._slot: _Slot | None = None
 
     async def __aenter__(self) -> Endpoint:
-        self._slot = await self._router._wait_pick(self._model, self._deadline, self._max_waiting)
+        self._slot = await self._router._wait_pick(self._model, self._deadline, self._max_waiting, self._affinity,
+                                                   self._load_factor)
         # No checkpoint between the increment and here, so a cancellation cannot leak a count.
         return self._slot.endpoint
 
@@ -90,7 +96,7 @@ class Lease:
         slot.probe_at = trio.current_time() + router.probe_s
         _log.warning("replica %s of model %s refuses connections: out of rotation", slot.endpoint.replica_id,
                      self._model)
-        self._slot = router._pick_nowait(self._model, exclude=slot) if move else None
+        self._slot = router._pick_nowait(self._model, slot, self._affinity, self._load_factor) if move else None
         return self._slot.endpoint if self._slot is not None else None
 
     def reached(self) -> None:
@@ -114,6 +120,9 @@ class Router:
         self._asks: dict[str, float] = {}
         self._waiting: dict[str, int] = {}
         self._changed = trio.Event()
+        # Model -> its ring and the slots in the ring's id order; made at a model's first request with an
+        # affinity key, made again at a route update only when its set of replicas changed.
+        self._rings: dict[str, tuple[Ring, list[_Slot]]] = {}
 
     # --- EndpointSink ---------------------------------------------------------
 
@@ -138,6 +147,16 @@ class Router:
         self._slots = slots
         self._by_model = by_model
         self._rotation = {m: n for m, n in self._rotation.items() if m in by_model}
+        rings: dict[str, tuple[Ring, list[_Slot]]] = {}
+        for name, (ring, _) in self._rings.items():
+            model_slots = by_model.get(name)
+            if not model_slots:
+                continue
+            ids = sorted(s.endpoint.replica_id for s in model_slots)
+            if ring.ids != tuple(ids):
+                ring = Ring(ids)  # replicas joined or left
+            rings[name] = (ring, [slots[rid] for rid in ring.ids])
+        self._rings = rings
         changed, self._changed = self._changed, trio.Event()
         changed.set()
         _log.debug("routes: %d models, %d ready endpoints", len(by_model), len(slots))
@@ -164,8 +183,11 @@ class Router:
     def route(self, model: str) -> ModelRoute | None:
         return self._routes.get(model)
 
-    def acquire(self, model: str, *, deadline: float, max_waiting: int | None = None) -> Lease:
-        """Hold the least-loaded ready endpoint of `model` for the `async with` block.
+    def acquire(self, model: str, *, deadline: float, max_waiting: int | None = None, affinity: int | None = None,
+                load_factor: float = DEFAULT_LOAD_FACTOR) -> Lease:
+        """Hold the least-loaded ready endpoint of `model` for the `async with` block; with an `affinity` key
+        (affinity.affinity_key), the replica the key hashes to on the model's ring unless it holds more than
+        `load_factor` above the mean (then the next one clockwise that does not).
 
         With none ready, records an activation ask and waits for a route update
         until `deadline` (trio clock). Raises `NoEndpoint` at once for a parked or
@@ -173,7 +195,7 @@ class Router:
         `_wait_pick`), or when `max_waiting` requests already wait for the model
         (`overloaded`), and `activation_timeout` at the deadline.
         """
-        return Lease(self, model, deadline, max_waiting)
+        return Lease(self, model, deadline, max_waiting, affinity, load_factor)
 
     def statistics(self) -> RouterStatistics:
         per_model = {m: sum(s.outstanding for s in slots) for m, slots in self._by_model.items()}
@@ -183,17 +205,31 @@ class Router:
             waiting={m: n for m, n in self._waiting.items() if n},
         )
 
-    def _pick_nowait(self, model: str, exclude: _Slot | None = None) -> _Slot | None:
+    def _pick_nowait(self, model: str, exclude: _Slot | None = None, affinity: int | None = None,
+                     load_factor: float = DEFAULT_LOAD_FACTOR) -> _Slot | None:
         """Pick, count and timestamp in one synchronous step (trio's single thread is the lock).
 
-        Least outstanding among the replicas in rotation; one out of rotation whose probe is due counts as
-        in rotation (and its next probe moves on, so one request probes it, not a burst); with none in
-        rotation, the least outstanding of the others (its request fails fast or finds it back)."""
+        With an `affinity` key, the ring's pick among the replicas in rotation (`Ring.pick`). Else, or when
+        that finds none, least outstanding among the replicas in rotation; one out of rotation whose probe is
+        due counts as in rotation (and its next probe moves on, so one request probes it, not a burst); with
+        none in rotation, the least outstanding of the others (its request fails fast or finds it back)."""
         slots = self._by_model.get(model)
         if not slots:
             return None
         now = trio.current_time()
         n = len(slots)
+        if affinity is not None and n > 1:
+            ring = self._rings.get(model)
+            if ring is None:
+                made = Ring([s.endpoint.replica_id for s in slots])
+                ring = self._rings[model] = (made, [self._slots[rid] for rid in made.ids])
+            chosen = ring[0].pick(ring[1], affinity, load_factor, now, exclude)
+            if chosen is not None:
+                if chosen.probe_at is not None:
+                    chosen.probe_at = now + self.probe_s
+                chosen.outstanding += 1
+                chosen.last_used = now
+                return chosen
         start = self._rotation.get(model, 0) % n
         # Scanning from a rotating start spreads ties round-robin.
         best: _Slot | None = None
@@ -221,9 +257,10 @@ class Router:
         route = self._routes.get(model)
         return route.state if route is not None else None
 
-    def _pick_or_refuse(self, model: str, *, stopped_refuses: bool) -> _Slot | None:
+    def _pick_or_refuse(self, model: str, *, stopped_refuses: bool, affinity: int | None = None,
+                        load_factor: float = DEFAULT_LOAD_FACTOR) -> _Slot | None:
         """A counted slot; None when the model may still become ready; NoEndpoint when it will not."""
-        slot = self._pick_nowait(model)
+        slot = self._pick_nowait(model, None, affinity, load_factor)
         if slot is not None:
             return slot
         route = self._routes.get(model)
@@ -236,12 +273,13 @@ class Router:
             self._asks[model] = trio.current_time()
         raise NoEndpoint(code, _refusal_words(model, route))
 
-    async def _wait_pick(self, model: str, deadline: float, max_waiting: int | None = None) -> _Slot:
+    async def _wait_pick(self, model: str, deadline: float, max_waiting: int | None = None,
+                         affinity: int | None = None, load_factor: float = DEFAULT_LOAD_FACTOR) -> _Slot:
         # The gateway refuses requests itself while `serving.stopped` is set, so a
         # request that finds a "stopped" route has outrun the control plane's push
         # after a start: it waits. A route that turns stopped under waiters fails them.
         seen = self._route_state(model)
-        slot = self._pick_or_refuse(model, stopped_refuses=False)
+        slot = self._pick_or_refuse(model, stopped_refuses=False, affinity=affinity, load_factor=load_factor)
         if slot is not None:
             return slot
         started = trio.current_time()
@@ -255,7 +293,8 @@ class Router:
             while True:
                 with trio.move_on_at(deadline):
                     await self._changed.wait()
-                slot = self._pick_or_refuse(model, stopped_refuses=seen != "stopped")
+                slot = self._pick_or_refuse(model, stopped_refuses=seen != "stopped", affinity=affinity,
+                                            load_factor=load_factor)
                 if slot is not None:
                     return slot
                 seen = self._route_state(model)
