@@ -113,20 +113,10 @@ class Ring:
         i = bisect_left(self._points, key)
         return self.ids[self._owners[i if i < len(self._points) else 0]]
 
-    def pick(self, slots: Sequence[_S], key: int, load_factor: float, now: float,
-             exclude: object = None) -> _S | None:
-        """The first replica clockwise from `key`'s point that is in rotation (no `probe_at` in the future),
-        is not `exclude`, and stays within `load_bound` with this request; None when none is in rotation."""
-        total = 0
-        in_rotation = 0
-        for slot in slots:
-            if slot is exclude or (slot.probe_at is not None and slot.probe_at > now):
-                continue
-            in_rotation += 1
-            total += slot.outstanding
-        if not in_rotation:
-            return None
-        bound = load_bound(total, in_rotation, load_factor)
+    def pick(self, slots: Sequence[_S], key: int, bound: int, now: float, exclude: object = None) -> _S | None:
+        """The first replica clockwise from `key`'s point that is in rotation (no `probe_at` in the future), is
+        not `exclude`, and holds fewer than `bound` requests (`load_bound`); None when none does. `slots`: the
+        replicas' counters in `ids` order."""
         points, owners = self._points, self._owners
         size = len(points)
         start = bisect_left(points, key)
@@ -146,4 +136,4 @@ class Ring:
             left -= 1
             if not left:
                 break
-        return None  # (cannot happen: some replica in rotation holds at most the mean)
+        return None

@@ -18,7 +18,7 @@ import trio
 
 from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS
-from llmgw.gateway.affinity import DEFAULT_LOAD_FACTOR, Ring
+from llmgw.gateway.affinity import DEFAULT_LOAD_FACTOR, Ring, load_bound
 
 _log = logging.getLogger("llmgw.gateway.router")
 
@@ -47,13 +47,25 @@ class _Slot:
     """One replica's live counters. Holders keep a reference, so a release after the
     replica vanished (or came back as a new slot) can never skew the current count."""
 
-    __slots__ = ("endpoint", "outstanding", "last_used", "probe_at")
+    __slots__ = ("endpoint", "outstanding", "last_used", "probe_at", "model_load")
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.outstanding = 0
         self.last_used: float | None = None
         self.probe_at: float | None = None  # out of rotation (it refused a connection) until a probe at this time
+        # The requests in flight to the model's replicas, one cell its slots share (set at each route update):
+        # the mean bounded load compares with, without a sum over the replicas per pick.
+        self.model_load = [0]
+
+    def take(self, now: float) -> None:
+        self.outstanding += 1
+        self.model_load[0] += 1
+        self.last_used = now
+
+    def release(self) -> None:
+        self.outstanding -= 1
+        self.model_load[0] -= 1
 
 
 class Lease:
@@ -82,7 +94,7 @@ class Lease:
     ) -> None:
         slot, self._slot = self._slot, None
         if slot is not None:
-            slot.outstanding -= 1
+            slot.release()
 
     def refused(self, move: bool = True) -> Endpoint | None:
         """The held replica refused a connection (nothing was sent): take it out of rotation and, when
@@ -91,7 +103,7 @@ class Lease:
         slot, self._slot = self._slot, None
         if slot is None:
             return None
-        slot.outstanding -= 1
+        slot.release()
         router = self._router
         slot.probe_at = trio.current_time() + router.probe_s
         _log.warning("replica %s of model %s refuses connections: out of rotation", slot.endpoint.replica_id,
@@ -143,16 +155,19 @@ class Router:
                 slots[endpoint.replica_id] = slot
                 model_slots.append(slot)
             by_model[name] = model_slots
+            load = [sum(s.outstanding for s in model_slots)]
+            for slot in model_slots:
+                slot.model_load = load
         self._routes = dict(routes)
         self._slots = slots
         self._by_model = by_model
         self._rotation = {m: n for m, n in self._rotation.items() if m in by_model}
         rings: dict[str, tuple[Ring, list[_Slot]]] = {}
         for name, (ring, _) in self._rings.items():
-            model_slots = by_model.get(name)
-            if not model_slots:
+            current = by_model.get(name)
+            if not current:
                 continue
-            ids = sorted(s.endpoint.replica_id for s in model_slots)
+            ids = sorted(s.endpoint.replica_id for s in current)
             if ring.ids != tuple(ids):
                 ring = Ring(ids)  # replicas joined or left
             rings[name] = (ring, [slots[rid] for rid in ring.ids])
@@ -223,12 +238,14 @@ class Router:
             if ring is None:
                 made = Ring([s.endpoint.replica_id for s in slots])
                 ring = self._rings[model] = (made, [self._slots[rid] for rid in made.ids])
-            chosen = ring[0].pick(ring[1], affinity, load_factor, now, exclude)
+            # The mean over every replica of the model, those out of rotation too (they hold few: a bound a
+            # little tighter), so a pick costs no pass over the replicas.
+            chosen = ring[0].pick(ring[1], affinity, load_bound(slots[0].model_load[0], n, load_factor), now,
+                                  exclude)
             if chosen is not None:
                 if chosen.probe_at is not None:
                     chosen.probe_at = now + self.probe_s
-                chosen.outstanding += 1
-                chosen.last_used = now
+                chosen.take(now)
                 return chosen
         start = self._rotation.get(model, 0) % n
         # Scanning from a rotating start spreads ties round-robin.
@@ -249,8 +266,7 @@ class Router:
         if best.probe_at is not None:
             best.probe_at = now + self.probe_s
         self._rotation[model] = start + 1
-        best.outstanding += 1
-        best.last_used = now
+        best.take(now)
         return best
 
     def _route_state(self, model: str) -> str | None:

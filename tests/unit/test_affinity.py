@@ -181,7 +181,7 @@ def test_no_replica_passes_the_load_bound(n: int, load_factor: float, ops: list[
             only_picks = False
             continue
         total = sum(s.outstanding for s in slots)
-        chosen = ring.pick(slots, key, load_factor, 0.0)
+        chosen = ring.pick(slots, key, load_bound(total, n, load_factor), 0.0)
         assert chosen is not None
         chosen.outstanding += 1
         held.append(chosen)
