@@ -2,10 +2,11 @@
 (p50, p99) and throughput of a multi-turn chat workload over sim replicas that model a prefix cache, with a
 high and a ~1% shared-prefix rate; then what one routing decision costs at 64 replicas, affinity on and off.
 
-Run: `.venv/bin/python tests/bench/affinity.py [--requests 1500] [--replicas 4] [--clients 8] [--rounds 3]`.
+Run: `.venv/bin/python tests/bench/affinity.py [--requests 1500] [--replicas 4] [--clients 32] [--rounds 3]`.
 
 One process: the sim replicas listen on loopback (`--prefill-tokens-per-s`: a prompt is read at that speed
-past the blocks its replica's cache holds, llmgw/engines/sim/prefix.py); the gateway is the real app
+past the blocks its replica's cache holds, one prompt at a time per replica, llmgw/engines/sim/prefix.py,
+so a replica's prefill queue is its load; generation is not queued); the gateway is the real app
 (`make_app`, its router and upstream pool), driven in-process through ASGI by `--clients` closed-loop
 clients, each holding one conversation at a time. Time to first token is the time to the answer's head
 (the sim sends it once the prompt is read). Each scenario runs least outstanding (the model's
@@ -56,12 +57,15 @@ class Scenario:
     name: str
     turns: int  # a conversation's turns, for `multi_share` of conversations (the others have one)
     multi_share: float
-    shared_system: bool  # every conversation starts with the same system prompt
+    shared_system: bool  # every conversation starts with the same system prompt (else its own)
+    system_words: int
 
 
 SCENARIOS = (
-    Scenario("high", turns=8, multi_share=1.0, shared_system=True),
-    Scenario("~1%", turns=2, multi_share=0.01, shared_system=False),
+    # A long context of its own per conversation (a document, an agent's instructions), eight turns on it.
+    Scenario("high", turns=8, multi_share=1.0, shared_system=False, system_words=500),
+    # Nearly every request a one-off: 1% of conversations have a second turn.
+    Scenario("~1%", turns=2, multi_share=0.01, shared_system=False, system_words=250),
 )
 
 
@@ -73,10 +77,11 @@ def conversations(scenario: Scenario, count: int, seed: int) -> list[list[list[d
     """`count` conversations, each the message lists of its turns as a client sends them (a turn carries the
     conversation so far back, with the sim's answers)."""
     rng = random.Random(seed)
-    shared = _words(rng, 250)
+    shared = _words(rng, scenario.system_words)
     out = []
     for _ in range(count):
-        system = {"role": "system", "content": shared if scenario.shared_system else _words(rng, 250)}
+        system = {"role": "system",
+                  "content": shared if scenario.shared_system else _words(rng, scenario.system_words)}
         turns = scenario.turns if rng.random() < scenario.multi_share else 1
         messages = [system]
         conversation = []
@@ -242,10 +247,10 @@ def _options(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1500, help="requests per run (rounded to conversations)")
     parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--clients", type=int, default=8, help="closed-loop clients (one conversation each)")
+    parser.add_argument("--clients", type=int, default=32, help="closed-loop clients (one conversation each)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each routing per scenario (medians)")
     parser.add_argument("--prefill-tokens-per-s", type=float, default=5_000.0, help="the sims' prompt reading speed")
-    parser.add_argument("--tokens-per-s", type=float, default=1_000.0, help="the sims' generation speed")
+    parser.add_argument("--tokens-per-s", type=float, default=200.0, help="the sims' generation speed")
     parser.add_argument("--cache-blocks", type=int, default=1024, help="each sim's prefix cache, in 16-word blocks")
     parser.add_argument("--decisions", type=int, default=20_000, help="picks timed per routing at 64 replicas")
     return parser.parse_args(argv)

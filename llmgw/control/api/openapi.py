@@ -107,6 +107,9 @@ def _definition() -> Schema:
                          "memory_gib": {"type": "number", "minimum": 0}, "cpu": _BOOL}, (), closed=True),
         "limits": _obj({"max_tokens": _LIMIT, "max_n": _LIMIT}, (), closed=True),
         "timeouts": _obj({name: _WAIT for name in ("connect_s", "first_byte_s", "chunk_s")}, (), closed=True),
+        # null or absent: prefix for chat and guard models, off for embedding models.
+        "routing": _obj({"affinity": _null({"type": "string", "enum": list(model.AFFINITIES)}),
+                         "prefix_chars": _int(1, model.MAX_PREFIX_CHARS)}, (), closed=True),
     }, ("name", "engine", "source"), closed=True)
 
 
@@ -121,7 +124,9 @@ def _stored_definition() -> Schema:
                          "memory_gib": _NUM, "cpu": _BOOL}),
         "limits": _obj({"max_tokens": _null(_INT), "max_n": _null(_INT)}),
         "timeouts": _obj({name: _null(_NUM) for name in ("connect_s", "first_byte_s", "chunk_s")}),
-    })
+        "routing": _obj({"affinity": _null(_STR), "prefix_chars": _INT}),
+    }, ("name", "engine", "role", "source", "mode", "replicas", "idle_timeout_s", "activation_window_s", "args",
+        "profile", "limits", "timeouts"))  # `routing` only when set
 
 
 def _estimate() -> Schema:

@@ -101,6 +101,7 @@ class SimApp(RawApp):
         # With a prefill speed, each prompt takes time to read before the first token, less what it shares
         # with earlier prompts still in this replica's cache.
         self.prefix = PrefixCache(opts.prefix_cache_blocks) if opts.prefill_tokens_per_s > 0 else None
+        self._prefilling = trio.Lock()  # one prompt read at a time: a replica's compute, as prefill is on a GPU
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -161,7 +162,9 @@ class SimApp(RawApp):
             else:
                 read = [p.split() for p in prompts]
             uncached = sum(len(words) - self.prefix.admit(words) for words in read)
-            await trio.sleep(uncached / self.opts.prefill_tokens_per_s)  # before any byte: time to first token
+            if uncached:
+                async with self._prefilling:  # before any byte: the time to first token, queued behind others'
+                    await trio.sleep(uncached / self.opts.prefill_tokens_per_s)
         replies = [self._reply(text, limit) for text in prompts]
         completion_tokens = sum(len(r.tokens) for r in replies)
         usage = {

@@ -1,5 +1,6 @@
 """The simulator's prefix cache: which leading blocks of prompts a replica holds, so a prompt that starts as an
-earlier one did is prefilled only past what they share. Owns `PrefixCache`.
+earlier one did is prefilled only past what they share. Owns `PrefixCache`; the app (app.py) reads one prompt
+at a time at `--prefill-tokens-per-s`, as a GPU's compute does.
 
 Modelled on vLLM's automatic prefix caching: a prompt is cut into blocks of `BLOCK_WORDS` words (a word is the
 sim's token); each full block is known by a hash of itself and every block before it, so a hit is always a
