@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from hashlib import blake2b
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 __all__ = ["DEFAULT_LOAD_FACTOR", "POINTS_PER_REPLICA", "Ring", "affinity_key", "load_bound"]
 
@@ -87,17 +87,9 @@ def load_bound(total: int, replicas: int, load_factor: float) -> int:
     return max(1, math.ceil((1.0 + load_factor) * (total + 1) / replicas - 1e-9))
 
 
-class _Slot(Protocol):
-    outstanding: int
-    probe_at: float | None
-
-
-_S = TypeVar("_S", bound=_Slot)
-
-
 class Ring:
-    """The consistent-hash ring of a set of replica ids: `POINTS_PER_REPLICA` points each, from the id alone.
-    `ids` are sorted: `pick`'s `slots` are the replicas' counters in that order."""
+    """The consistent-hash ring of a set of replica ids: `POINTS_PER_REPLICA` points each, from the id alone
+    (`ids`: sorted, so the order a table lists them in does not matter)."""
 
     __slots__ = ("ids", "_points", "_owners")
 
@@ -113,27 +105,22 @@ class Ring:
         i = bisect_left(self._points, key)
         return self.ids[self._owners[i if i < len(self._points) else 0]]
 
-    def pick(self, slots: Sequence[_S], key: int, bound: int, now: float, exclude: object = None) -> _S | None:
-        """The first replica clockwise from `key`'s point that is in rotation (no `probe_at` in the future), is
-        not `exclude`, and holds fewer than `bound` requests (`load_bound`); None when none does. `slots`: the
-        replicas' counters in `ids` order."""
+    def walk(self, key: int) -> Iterator[int]:
+        """Each replica once, as its index in `ids`, clockwise from `key`'s point: its owner first, then the
+        replicas a request passes to when the ones before are full (bounded load) or out of rotation."""
         points, owners = self._points, self._owners
         size = len(points)
         start = bisect_left(points, key)
-        first = slots[owners[start if start < size else 0]]
-        if first.outstanding < bound and first is not exclude and (first.probe_at is None or first.probe_at <= now):
-            return first  # the usual case: the key's own replica
-        seen = bytearray(len(slots))
-        left = len(slots)
-        for step in range(size):
-            n = owners[(start + step) % size]
-            if seen[n]:
-                continue
-            seen[n] = 1
-            slot = slots[n]
-            if slot.outstanding < bound and slot is not exclude and (slot.probe_at is None or slot.probe_at <= now):
-                return slot
-            left -= 1
+        first = owners[start if start < size else 0]
+        yield first  # the usual case ends here: the walk below is for a spill
+        seen = bytearray(len(self.ids))
+        seen[first] = 1
+        left = len(self.ids) - 1
+        for step in range(1, size):
             if not left:
-                break
-        return None
+                return
+            n = owners[(start + step) % size]
+            if not seen[n]:
+                seen[n] = 1
+                left -= 1
+                yield n

@@ -240,13 +240,16 @@ class Router:
                 ring = self._rings[model] = (made, [self._slots[rid] for rid in made.ids])
             # The mean over every replica of the model, those out of rotation too (they hold few: a bound a
             # little tighter), so a pick costs no pass over the replicas.
-            chosen = ring[0].pick(ring[1], affinity, load_bound(slots[0].model_load[0], n, load_factor), now,
-                                  exclude)
-            if chosen is not None:
-                if chosen.probe_at is not None:
-                    chosen.probe_at = now + self.probe_s
-                chosen.take(now)
-                return chosen
+            bound = load_bound(slots[0].model_load[0], n, load_factor)
+            ring_slots = ring[1]
+            for i in ring[0].walk(affinity):
+                chosen = ring_slots[i]
+                if chosen.outstanding < bound and chosen is not exclude and (chosen.probe_at is None
+                                                                             or chosen.probe_at <= now):
+                    if chosen.probe_at is not None:
+                        chosen.probe_at = now + self.probe_s
+                    chosen.take(now)
+                    return chosen
         start = self._rotation.get(model, 0) % n
         # Scanning from a rotating start spreads ties round-robin.
         best: _Slot | None = None
