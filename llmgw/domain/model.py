@@ -71,6 +71,23 @@ class ModelTimeouts(Doc):
 
 NO_OVERRIDES = ModelTimeouts()  # every wait the gateway's default
 
+AFFINITIES = ("prefix", "off")
+PREFIX_CHARS = 4096  # the default bound of a request's leading text the affinity key hashes
+MAX_PREFIX_CHARS = 1 << 20
+
+
+@dataclass(frozen=True)
+class Routing(Doc):
+    """How the gateway picks among the model's replicas (llmgw/gateway/affinity.py). `affinity` "prefix":
+    requests whose leading text (the system prompt and the first turn, at most `prefix_chars` characters)
+    is the same go to the same replica, from every gateway, so its engine reuses the prompt's cache; "off":
+    the least loaded replica; None: "prefix" for chat and guard models, "off" for embedding models."""
+
+    affinity: str | None = None
+    prefix_chars: int = PREFIX_CHARS
+
+DEFAULT_ROUTING = Routing()
+
 
 @dataclass(frozen=True)
 class ModelDef:
@@ -91,8 +108,17 @@ class ModelDef:
     # overloaded); one level: a fallback's own fallbacks are not followed (docs/api.md, fallbacks and aliases).
     fallbacks: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()  # more public names of this model; one on several models is a group
+    routing: Routing = DEFAULT_ROUTING  # how gateways pick its replica: prefix affinity (gateway/affinity.py)
+
+    def affinity_chars(self) -> int:
+        """How many leading characters of a request the gateway's affinity key hashes; 0: affinity off."""
+        routing = self.routing
+        affinity = routing.affinity or ("off" if self.role == "embedding" else "prefix")
+        return routing.prefix_chars if affinity == "prefix" else 0
 
     def to_doc(self) -> dict[str, Any]:
+        # `routing` only when set: a gateway or member of a release before it reads the rest unchanged.
+        extra = {} if self.routing == DEFAULT_ROUTING else {"routing": self.routing.to_doc()}
         doc = {
             "name": self.name,
             "engine": self.engine,
@@ -108,6 +134,7 @@ class ModelDef:
             "timeouts": self.timeouts.to_doc(),
         }
         # Written only when set: a definition without them reads on a member that predates them.
+        doc.update(extra)
         if self.fallbacks:
             doc["fallbacks"] = list(self.fallbacks)
         if self.aliases:
@@ -150,10 +177,11 @@ class ModelDef:
         timeouts = _timeouts(doc.get("timeouts", {}), p)
         fallbacks = p.check(_names, doc, "fallbacks", MAX_FALLBACKS, name)
         aliases = p.check(_names, doc, "aliases", MAX_ALIASES, name)
+        routing = _routing(doc.get("routing", {}), p)
         p.raise_if_any()
         # No problem was found, so every check returned its value.
         assert name and engine and role and source and mode and replicas and idle and window and profile and limits
-        assert timeouts is not None
+        assert timeouts is not None and routing is not None
         assert args is not None and fallbacks is not None and aliases is not None
         if engine == "sim" and not profile.cpu and not _asks_for_gpus(doc.get("profile", {})):
             # A sim model whose profile says nothing of GPUs runs on CPU (it needs none); one that
@@ -175,6 +203,7 @@ class ModelDef:
             timeouts=timeouts,
             fallbacks=fallbacks,
             aliases=aliases,
+            routing=routing,
         )
 
 
@@ -227,6 +256,7 @@ def _check_source_text(source: str) -> None:
 _KEYS = frozenset({
     "name", "engine", "role", "source", "mode", "replicas",
     "idle_timeout_s", "activation_window_s", "args", "profile", "limits", "timeouts", "fallbacks", "aliases",
+    "routing",
 })
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -427,6 +457,24 @@ def _timeouts(doc: Any, p: _Problems) -> ModelTimeouts | None:
     if len(p.found) > before:
         return None
     return ModelTimeouts(**values) if any(v is not None for v in values.values()) else NO_OVERRIDES
+
+
+def _routing(doc: Any, p: _Problems) -> Routing | None:
+    """The model's routing (absent keys: the defaults), or None with the problems added to `p`."""
+    if not p.table(doc, "routing", ("affinity", "prefix_chars"), '{affinity = "prefix", prefix_chars = 4096}'):
+        return None
+    before = len(p.found)
+    affinity = None
+    if doc.get("affinity") is not None:
+        affinity = p.check(_choice, doc, "affinity", AFFINITIES)
+        if affinity is None:  # `_choice` names the bare key: say where it is
+            p.found[-1] = ("routing.affinity", f"must be one of {', '.join(AFFINITIES)} (or absent: prefix for "
+                                               "chat and guard models, off for embedding models)")
+    chars = p.check(_int, doc, "prefix_chars", PREFIX_CHARS, low=1, high=MAX_PREFIX_CHARS, prefix="routing.")
+    if len(p.found) > before or chars is None:
+        return None
+    routing = Routing(affinity=affinity, prefix_chars=chars)
+    return DEFAULT_ROUTING if routing == DEFAULT_ROUTING else routing
 
 
 def _timeout(doc: Mapping[str, Any], key: str) -> float:

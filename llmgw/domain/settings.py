@@ -66,6 +66,12 @@ def _webhooks(v: Any) -> str | None:
     return None
 
 
+def _load_factor(v: Any) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 100:
+        return "must be a number from 0 to 100"
+    return None
+
+
 def _positive_number(v: Any) -> str | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or not math.isfinite(v):
         return "must be a positive number"
@@ -144,6 +150,10 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
         SettingSpec("activation.load_mib_per_s", 200, "the nominal rate (MiB/s) at which a starting replica loads its "
                     "checkpoint: a start's ETA is its size at this rate plus activation_load_base_s, and a model's "
                     "activation window is at least that long (docs/operations.md, \"Cold starts\")", _positive_number),
+        SettingSpec("gateway.affinity_load_factor", 0.25, "prefix affinity's bounded load: a request passes "
+                    "over the replica its prefix hashes to when that replica would hold more than (1 + this) times "
+                    "the mean of the model's requests in flight (docs/performance.md, prefix affinity)",
+                    _load_factor),
         SettingSpec("models.weights_dirs", [], "directories a model's source may name a local path in, beside the "
                     "storage dirs the agents report (--storage); a path anywhere else is refused when the model is "
                     "defined (docs/api.md)", _weights_dirs),

@@ -24,6 +24,10 @@ ENGINE_ARGS: dict[str, dict[str, EngineArg]] = {
         "--startup-delay": EngineArg(float, "seconds to wait before listening (a slow model load)"),
         "--fail-start": EngineArg(bool, "exit with an error instead of serving (failure injection)"),
         "--embedding-dim": EngineArg(int, "length of the vectors an embedding model returns (default 16)"),
+        "--prefill-tokens-per-s": EngineArg(float, "prompt reading speed before the first token, past the prefix "
+                                                   "cache's hits; 0 (default) reads at once"),
+        "--prefix-cache-blocks": EngineArg(int, "blocks of 16 words the prefix cache keeps (default 4096), with "
+                                                "--prefill-tokens-per-s"),
     },
     "llama.cpp": {
         "--ctx-size": EngineArg(int, "context length (default 2048 on CPU; llama.cpp's choice with llama-server)"),

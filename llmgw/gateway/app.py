@@ -33,6 +33,7 @@ from llmgw.gateway.checks import (POST_PATHS, ROLES_FOR, allow, check_limits, ch
 from llmgw.gateway import upstream
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
+from llmgw.gateway.affinity import affinity_key
 from llmgw.gateway.names import Names, visible_names
 from llmgw.gateway.answers import asking_usage
 from llmgw.gateway.pool import Limits, LimitsReader, Pool, raise_fd_limit
@@ -236,9 +237,12 @@ class GatewayApp(RawApp):
                     sent = raw if model.name == name else self._renamed(body, model.name, stream)
                     window = self.deps.router.window_s(model.name, model.activation_window_s)
                     deadline = trio.current_time() + window
+                    chars = model.affinity_chars()
+                    # Its replica by the request's leading text, the same from any gateway (gateway/affinity.py).
+                    affinity = affinity_key(kind, body, chars) if chars else None
                     lease = self.deps.router.acquire(model.name, deadline=deadline,
-                                                     max_waiting=limits.activation_queue,
-                                                     patience=patience)
+                                                     max_waiting=limits.activation_queue, patience=patience,
+                                                     affinity=affinity, load_factor=limits.affinity_load_factor)
                     async with lease as endpoint:
                         ex.replica, ex.node = endpoint.replica_id, endpoint.node
                         await self._exchange(ex, lease, endpoint, path, sent, stream, send, limits, hide_usage,

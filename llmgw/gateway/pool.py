@@ -64,12 +64,13 @@ class PoolStats:
 class Limits:
     """In each gateway: per replica, connections open at most and requests waiting at most beyond them;
     per model, requests waiting at most for its activation (no replica ready); failed requests in a row that
-    open a replica's circuit breaker."""
+    open a replica's circuit breaker; prefix affinity's ε."""
 
     connections: int
     queue: int
     activation_queue: int = 256
     breaker_failures: int = 5
+    affinity_load_factor: float = 0.25  # ε of prefix affinity's bounded load (gateway/affinity.py)
 
 
 class LimitsReader:
@@ -87,7 +88,8 @@ class LimitsReader:
             self._limits = Limits(effective(settings, "gateway.upstream_connections_per_replica"),
                                   effective(settings, "gateway.upstream_queue_per_replica"),
                                   effective(settings, "gateway.activation_queue_per_model"),
-                                  effective(settings, "gateway.breaker_failures"))
+                                  effective(settings, "gateway.breaker_failures"),
+                                  float(effective(settings, "gateway.affinity_load_factor")))
             self._seen = settings
         return self._limits
 

@@ -1,4 +1,5 @@
-"""The gateway's routing table: least-outstanding pick among a model's ready endpoints in rotation.
+"""The gateway's routing table: least-outstanding pick among a model's ready endpoints in rotation, or, for a
+request with an affinity key, the replica its key hashes to on the model's ring (bounded load: affinity.py).
 
 Implements `EndpointSink` (control pushes routes in), `DemandReport` (last-used times, activation asks
 and requests in flight out) and `BreakerReport` (its open circuit breakers out). A replica that refused a
@@ -26,6 +27,7 @@ from llmgw.domain import activation
 from llmgw.domain.activation import Progress
 from llmgw.domain.observed import BreakerSeen, Endpoint, ModelRoute
 from llmgw.domain.timeouts import TIMEOUTS
+from llmgw.gateway.affinity import DEFAULT_LOAD_FACTOR, Ring, load_bound
 from llmgw.gateway.breaker import Breaker, BreakerOpen
 
 _log = logging.getLogger("llmgw.gateway.router")
@@ -62,7 +64,7 @@ class _Slot:
     """One replica's live counters. Holders keep a reference, so a release after the
     replica vanished (or came back as a new slot) can never skew the current count."""
 
-    __slots__ = ("endpoint", "outstanding", "last_used", "probe_at", "breaker")
+    __slots__ = ("endpoint", "outstanding", "last_used", "probe_at", "breaker", "model_load")
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
@@ -70,24 +72,40 @@ class _Slot:
         self.last_used: float | None = None
         self.probe_at: float | None = None  # out of rotation (it refused a connection) until a probe at this time
         self.breaker = Breaker()  # out of rotation while open (it failed requests), but for its probes
+        # The requests in flight to the model's replicas, one cell its slots share (set at each route update):
+        # the mean bounded load compares with, without a sum over the replicas per pick.
+        self.model_load = [0]
+
+    def take(self, now: float) -> None:
+        self.outstanding += 1
+        self.model_load[0] += 1
+        self.last_used = now
+
+    def release(self) -> None:
+        self.outstanding -= 1
+        self.model_load[0] -= 1
 
 
 class Lease:
     """An acquired endpoint; `async with router.acquire(...) as endpoint` releases it on exit."""
 
-    __slots__ = ("_router", "_model", "_deadline", "_slot", "_max_waiting", "_patience")
+    __slots__ = ("_router", "_model", "_deadline", "_slot", "_max_waiting", "_patience", "_affinity", "_load_factor")
 
     def __init__(self, router: Router, model: str, deadline: float, max_waiting: int | None = None,
-                 patience: float | None = None) -> None:
+                 patience: float | None = None, affinity: int | None = None,
+                 load_factor: float = DEFAULT_LOAD_FACTOR) -> None:
         self._router = router
         self._model = model
         self._deadline = deadline
         self._max_waiting = max_waiting
         self._patience = patience
+        self._affinity = affinity
+        self._load_factor = load_factor
         self._slot: _Slot | None = None
 
     async def __aenter__(self) -> Endpoint:
-        self._slot = await self._router._wait_pick(self._model, self._deadline, self._max_waiting, self._patience)
+        self._slot = await self._router._wait_pick(self._model, self._deadline, self._max_waiting, self._patience,
+                                                   self._affinity, self._load_factor)
         # No checkpoint between the increment and here, so a cancellation cannot leak a count.
         return self._slot.endpoint
 
@@ -96,7 +114,7 @@ class Lease:
     ) -> None:
         slot, self._slot = self._slot, None
         if slot is not None:
-            slot.outstanding -= 1
+            slot.release()
 
     def refused(self, move: bool = True) -> Endpoint | None:
         """The held replica refused a connection (nothing was sent): take it out of rotation and, when
@@ -105,12 +123,12 @@ class Lease:
         slot, self._slot = self._slot, None
         if slot is None:
             return None
-        slot.outstanding -= 1
+        slot.release()
         router = self._router
         slot.probe_at = trio.current_time() + router.probe_s
         _log.warning("replica %s of model %s refuses connections: out of rotation", slot.endpoint.replica_id,
                      self._model)
-        self._slot = router._pick_nowait(self._model, exclude=slot) if move else None
+        self._slot = router._pick_nowait(self._model, slot, self._affinity, self._load_factor) if move else None
         return self._slot.endpoint if self._slot is not None else None
 
     def failed(self, reason: str, failures: int) -> None:
@@ -137,8 +155,8 @@ class Lease:
         slot, self._slot = self._slot, None
         if slot is None:
             return None
-        slot.outstanding -= 1
-        self._slot = self._router._pick_nowait(self._model, exclude=slot)
+        slot.release()
+        self._slot = self._router._pick_nowait(self._model, slot, self._affinity, self._load_factor)
         return self._slot.endpoint if self._slot is not None else None
 
     def reached(self) -> None:
@@ -170,6 +188,9 @@ class Router:
         self._waiting: dict[str, int] = {}
         self._changed = trio.Event()
         self._turn = 0  # spreads a group alias's ties (`least_loaded`)
+        # Model -> its ring and the slots in the ring's id order; made at a model's first request with an
+        # affinity key, made again at a route update only when its set of replicas changed.
+        self._rings: dict[str, tuple[Ring, list[_Slot]]] = {}
 
     # --- EndpointSink ---------------------------------------------------------
 
@@ -190,10 +211,23 @@ class Router:
                 slots[endpoint.replica_id] = slot
                 model_slots.append(slot)
             by_model[name] = model_slots
+            load = [sum(s.outstanding for s in model_slots)]
+            for slot in model_slots:
+                slot.model_load = load
         self._routes = dict(routes)
         self._slots = slots
         self._by_model = by_model
         self._rotation = {m: n for m, n in self._rotation.items() if m in by_model}
+        rings: dict[str, tuple[Ring, list[_Slot]]] = {}
+        for name, (ring, _) in self._rings.items():
+            current = by_model.get(name)
+            if not current:
+                continue
+            ids = sorted(s.endpoint.replica_id for s in current)
+            if ring.ids != tuple(ids):
+                ring = Ring(ids)  # replicas joined or left
+            rings[name] = (ring, [slots[rid] for rid in ring.ids])
+        self._rings = rings
         changed, self._changed = self._changed, trio.Event()
         changed.set()
         _log.debug("routes: %d models, %d ready endpoints", len(by_model), len(slots))
@@ -248,8 +282,11 @@ class Router:
         return self._routes.get(model)
 
     def acquire(self, model: str, *, deadline: float, max_waiting: int | None = None,
-                patience: float | None = None) -> Lease:
-        """Hold the least-loaded ready endpoint of `model` for the `async with` block.
+                patience: float | None = None, affinity: int | None = None,
+                load_factor: float = DEFAULT_LOAD_FACTOR) -> Lease:
+        """Hold the least-loaded ready endpoint of `model` for the `async with` block; with an `affinity` key
+        (affinity.affinity_key), the replica the key hashes to on the model's ring unless it holds more than
+        `load_factor` above the mean (then the next one clockwise that does not).
 
         With none ready, records an activation ask and waits for a route update
         until `deadline` (trio clock). Raises `NoEndpoint` at once for a parked or
@@ -259,7 +296,7 @@ class Router:
         client waits at most this long (`x-llmgw-wait`): `model_activating` at once
         when it is 0 or the activation's ETA is longer, or when it runs out first.
         """
-        return Lease(self, model, deadline, max_waiting, patience)
+        return Lease(self, model, deadline, max_waiting, patience, affinity, load_factor)
 
     def window_s(self, model: str, own_s: float) -> float:
         """The activation window in force: the definition's `own_s`, or the route's when longer (a large
@@ -286,18 +323,38 @@ class Router:
             waiting={m: n for m, n in self._waiting.items() if n},
         )
 
-    def _pick_nowait(self, model: str, exclude: _Slot | None = None) -> _Slot | None:
+    def _pick_nowait(self, model: str, exclude: _Slot | None = None, affinity: int | None = None,
+                     load_factor: float = DEFAULT_LOAD_FACTOR) -> _Slot | None:
         """Pick, count and timestamp in one synchronous step (trio's single thread is the lock).
 
-        Least outstanding among the replicas in rotation; one out of rotation (refused a connection, or its
-        circuit breaker is open) whose probe is due counts as in rotation (and its next probe moves on, so one
-        request probes it, not a burst); with none in rotation, the least outstanding of the others (its
-        request fails fast or finds it back)."""
+        With an `affinity` key, the ring's pick among the replicas in rotation (`Ring.pick`). Else, or when
+        that finds none, least outstanding among the replicas in rotation; one out of rotation (refused a
+        connection, or its circuit breaker is open) whose probe is due counts as in rotation (and its next
+        probe moves on, so one request probes it, not a burst); with none in rotation, the least outstanding
+        of the others (its request fails fast or finds it back)."""
         slots = self._by_model.get(model)
         if not slots:
             return None
         now = trio.current_time()
         n = len(slots)
+        if affinity is not None and n > 1:
+            ring = self._rings.get(model)
+            if ring is None:
+                made = Ring([s.endpoint.replica_id for s in slots])
+                ring = self._rings[model] = (made, [self._slots[rid] for rid in made.ids])
+            # The mean over every replica of the model, those out of rotation too (they hold few: a bound a
+            # little tighter), so a pick costs no pass over the replicas.
+            bound = load_bound(slots[0].model_load[0], n, load_factor)
+            ring_slots = ring[1]
+            for i in ring[0].walk(affinity):
+                chosen = ring_slots[i]
+                if (chosen.outstanding < bound and chosen is not exclude
+                        and (chosen.probe_at is None or chosen.probe_at <= now) and chosen.breaker.admits(now)):
+                    if chosen.probe_at is not None:
+                        chosen.probe_at = now + self.probe_s
+                    chosen.breaker.probe(now, self.breaker_open_s)
+                    chosen.take(now)
+                    return chosen
         start = self._rotation.get(model, 0) % n
         # Scanning from a rotating start spreads ties round-robin.
         best: _Slot | None = None
@@ -318,17 +375,17 @@ class Router:
             best.probe_at = now + self.probe_s
         best.breaker.probe(now, self.breaker_open_s)
         self._rotation[model] = start + 1
-        best.outstanding += 1
-        best.last_used = now
+        best.take(now)
         return best
 
     def _route_state(self, model: str) -> str | None:
         route = self._routes.get(model)
         return route.state if route is not None else None
 
-    def _pick_or_refuse(self, model: str, *, stopped_refuses: bool) -> _Slot | None:
+    def _pick_or_refuse(self, model: str, *, stopped_refuses: bool, affinity: int | None = None,
+                        load_factor: float = DEFAULT_LOAD_FACTOR) -> _Slot | None:
         """A counted slot; None when the model may still become ready; NoEndpoint when it will not."""
-        slot = self._pick_nowait(model)
+        slot = self._pick_nowait(model, None, affinity, load_factor)
         if slot is not None:
             return slot
         route = self._routes.get(model)
@@ -352,12 +409,13 @@ class Router:
                                               f"retry after {retry} s", activation=progress, now=now, retry_after=retry)
 
     async def _wait_pick(self, model: str, deadline: float, max_waiting: int | None = None,
-                         patience: float | None = None) -> _Slot:
+                         patience: float | None = None, affinity: int | None = None,
+                         load_factor: float = DEFAULT_LOAD_FACTOR) -> _Slot:
         # The gateway refuses requests itself while `serving.stopped` is set, so a
         # request that finds a "stopped" route has outrun the control plane's push
         # after a start: it waits. A route that turns stopped under waiters fails them.
         seen = self._route_state(model)
-        slot = self._pick_or_refuse(model, stopped_refuses=False)
+        slot = self._pick_or_refuse(model, stopped_refuses=False, affinity=affinity, load_factor=load_factor)
         if slot is not None:
             return slot
         started = trio.current_time()
@@ -382,7 +440,8 @@ class Router:
             while True:
                 with trio.move_on_at(deadline):
                     await self._changed.wait()
-                slot = self._pick_or_refuse(model, stopped_refuses=seen != "stopped")
+                slot = self._pick_or_refuse(model, stopped_refuses=seen != "stopped", affinity=affinity,
+                                            load_factor=load_factor)
                 if slot is not None:
                     return slot
                 seen = self._route_state(model)

@@ -175,6 +175,19 @@ def test_the_names_bench_runs() -> None:
     assert len(result) == 6 and all(v > 0 for v in result.values())
 
 
+async def test_the_affinity_bench_runs() -> None:
+    """tests/bench/affinity.py (docs/performance.md, "Prefix affinity") on a toy size: both scenarios, both
+    routings, and the decision cost; no figure is judged here but that the prefix cache was asked."""
+    bench = load_bench("affinity")
+    opts = bench._options(["--requests", "24", "--clients", "4", "--replicas", "2", "--prefill-tokens-per-s", "1e6"])
+    rows = await bench.workloads(opts)
+    assert [(r[0], r[2]) for r in rows[1:]] == [(s.name, routing) for s in bench.SCENARIOS
+                                                for routing in ("least-outstanding", "affinity")]
+    assert float(rows[2][3].rstrip("%")) > 0  # the high scenario's affinity run hit the cache
+    cost = await bench.decision_cost(replicas=8, decisions=50)
+    assert set(cost) == {"off", "on", "key"} and all(v > 0 for v in cost.values())
+
+
 def test_the_tls_bench_gateway_verifies_and_keeps_its_connection_alive(upstream: str, tmp_path: Path) -> None:
     """tests/bench/gateway_tls.py's TLS gateway (gateway.py's child with --tls, a throwaway CA): its certificate
     verifies for 127.0.0.1, its requests share one connection (one handshake), and the plain one still answers."""

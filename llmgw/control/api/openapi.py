@@ -110,12 +110,15 @@ def _definition() -> Schema:
         # Defined models of the same role, tried in order when this one refuses at once; and more public names.
         "fallbacks": {**_arr(_MODEL_NAME), "maxItems": model.MAX_FALLBACKS, "uniqueItems": True},
         "aliases": {**_arr(_MODEL_NAME), "maxItems": model.MAX_ALIASES, "uniqueItems": True},
+        # null or absent: prefix for chat and guard models, off for embedding models.
+        "routing": _obj({"affinity": _null({"type": "string", "enum": list(model.AFFINITIES)}),
+                         "prefix_chars": _int(1, model.MAX_PREFIX_CHARS)}, (), closed=True),
     }, ("name", "engine", "source"), closed=True)
 
 
 def _stored_definition() -> Schema:
-    """A definition as the API shows it: every field, defaults filled; but `fallbacks` and `aliases`, shown
-    only when set (a definition without them is the one an older member reads)."""
+    """A definition as the API shows it: every field, defaults filled; but `fallbacks`, `aliases` and
+    `routing`, shown only when set (a definition without them is the one an older member reads)."""
     size = _int(1, 64)
     shown = ("name", "engine", "role", "source", "mode", "replicas", "idle_timeout_s", "activation_window_s", "args",
              "profile", "limits", "timeouts")
@@ -128,6 +131,7 @@ def _stored_definition() -> Schema:
         "limits": _obj({"max_tokens": _null(_INT), "max_n": _null(_INT)}),
         "timeouts": _obj({name: _null(_NUM) for name in ("connect_s", "first_byte_s", "chunk_s")}),
         "fallbacks": _arr(_STR), "aliases": _arr(_STR),
+        "routing": _obj({"affinity": _null(_STR), "prefix_chars": _INT}),
     }, shown)
 
 

@@ -24,6 +24,7 @@ import trio
 
 from llmgw.domain.model import ROLES
 from llmgw.engines.sim.group import GroupRole
+from llmgw.engines.sim.prefix import PrefixCache
 from llmgw.engines.sim.requests import (check_input, check_messages, check_optional, check_prompt, content_text,
                                         count_words, embed, focus_text, judged_text, max_tokens)
 from llmgw.errors import OpenAIError
@@ -58,6 +59,8 @@ class SimOptions:
     embedding_dim: int = 16
     group: GroupRole | None = None  # a member of a multi-node replica (`group.py`)
     unsafe: tuple[tuple[str, str], ...] = ()  # as a judge: (word, hazard code) pairs, `--unsafe WORD=S6`
+    prefill_tokens_per_s: float = 0.0  # prompt reading speed past what the prefix cache holds; 0: instant
+    prefix_cache_blocks: int = 4096  # the prefix cache's size (prefix.py), with prefill_tokens_per_s
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,10 @@ def make_app(opts: SimOptions) -> SimApp:
         raise ValueError(f"embedding_dim must be in 1..{_MAX_EMBEDDING_DIM}")
     if not opts.tokens_per_s >= 0:
         raise ValueError("tokens_per_s must be >= 0")
+    if not opts.prefill_tokens_per_s >= 0:
+        raise ValueError("prefill_tokens_per_s must be >= 0")
+    if opts.prefix_cache_blocks < 1:
+        raise ValueError("prefix_cache_blocks must be >= 1")
     return SimApp(opts)
 
 
@@ -91,6 +98,10 @@ class SimApp(RawApp):
         self._ids = itertools.count(1)
         self._unsafe = [(re.compile(rf"(?<!\w){re.escape(w)}(?!\w)", re.IGNORECASE), code) for w, code in opts.unsafe]
         self.generated = 0  # chat and completion requests answered (tests count a judge's calls)
+        # With a prefill speed, each prompt takes time to read before the first token, less what it shares
+        # with earlier prompts still in this replica's cache.
+        self.prefix = PrefixCache(opts.prefix_cache_blocks) if opts.prefill_tokens_per_s > 0 else None
+        self._prefilling = trio.Lock()  # one prompt read at a time: a replica's compute, as prefill is on a GPU
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -145,6 +156,15 @@ class SimApp(RawApp):
         if not isinstance(include_usage, bool):
             param = "stream_options.include_usage"
             raise OpenAIError(400, "invalid_type", f"{param} must be a boolean", param=param)
+        if self.prefix is not None:
+            if chat:
+                read = [[w for m in messages for w in (str(m["role"]), *content_text(m.get("content")).split())]]
+            else:
+                read = [p.split() for p in prompts]
+            uncached = sum(len(words) - self.prefix.admit(words) for words in read)
+            if uncached:
+                async with self._prefilling:  # before any byte: the time to first token, queued behind others'
+                    await trio.sleep(uncached / self.opts.prefill_tokens_per_s)
         replies = [self._reply(text, limit) for text in prompts]
         completion_tokens = sum(len(r.tokens) for r in replies)
         usage = {
