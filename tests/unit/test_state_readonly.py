@@ -3,6 +3,8 @@ this member's state diverge from the others'; it still pickles (pysyncobj's snap
 
 from __future__ import annotations
 
+import dataclasses
+
 import copyreg
 import io
 import json
@@ -128,7 +130,7 @@ def test_pickle_round_trip_keeps_everything_and_stays_read_only(protocol: int):
 
 
 def test_the_pickled_form_is_plain_dicts_so_files_from_before_still_load():
-    s = full_state()
+    s = dataclasses.replace(full_state(), store_level=1)  # files from before store levels: the first level
     plain = {
         "revision": s.revision, "next_replica": s.next_replica, "models": dict(s.models), "keys": dict(s.keys),
         "placements": dict(s.placements), "health": dict(s.health), "settings": thaw(s.settings),
