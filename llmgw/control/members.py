@@ -229,8 +229,12 @@ class Members:
         """On the leader: raise the group's store level (`cluster.level`) to the lowest level the members of
         the Raft group announced, once that is above the group's; a member that has not announced one yet
         counts as level 1 (llmgw.domain.levels). Looked at on every change, and every
-        `member_announce_retry_s` (a membership change is no change of the state)."""
-        task_status.started()
+        `member_announce_retry_s` (a membership change is no change of the state).
+
+        Started once a leader's first pass is over, as `announce_forever`: a new group (its one member
+        announced) is at this release's level before the role reports started, so it changes its state
+        no more by itself."""
+        unstarted = [task_status]
         while True:
             state = self.store.snapshot()
             if self.store.is_leader():
@@ -245,6 +249,8 @@ class Members:
                     else:
                         log.info("every control plane reads store level %d (%s): the group writes at it from now on",
                                  target, ", ".join(f"{m} {announced[m].version}" for m in group if m in announced))
+            if unstarted:
+                unstarted.pop().started()
             with trio.move_on_after(self.timeouts.member_announce_retry_s):
                 await self.store.wait_changed(state.revision)
 

@@ -45,8 +45,9 @@ class Setup:
 @pytest.fixture
 async def setup(nursery: trio.Nursery, clock: trio.testing.MockClock) -> AsyncIterator[Setup]:
     store = MemoryStore()
-    store.submit_nowait(commands.put_model(ModelDef.from_doc({"name": "m", "engine": "sim", "source": "sim://m"}),
-                                           at=0.0))
+    # Affinity off: the same prompt each time, spread by least-outstanding over both replicas.
+    model = ModelDef.from_doc({"name": "m", "engine": "sim", "source": "sim://m", "routing": {"affinity": "off"}})
+    store.submit_nowait(commands.put_model(model, at=0.0))
     store.submit_nowait(commands.add_key(hash_key(KEY), "test", "client", 0.0))
     store.submit_nowait(commands.put_setting("gateway.breaker_failures", FAILURES, at=0.0))
     bad = Engine(fail_with=500, drops=False)
@@ -111,8 +112,9 @@ class Pair:
 
 async def _pair(nursery: trio.Nursery, bad_url: str) -> Pair:
     store = MemoryStore()
-    store.submit_nowait(commands.put_model(ModelDef.from_doc({"name": "m", "engine": "sim", "source": "sim://m"}),
-                                           at=0.0))
+    # Affinity off: the same prompt each time, spread by least-outstanding over both replicas.
+    model = ModelDef.from_doc({"name": "m", "engine": "sim", "source": "sim://m", "routing": {"affinity": "off"}})
+    store.submit_nowait(commands.put_model(model, at=0.0))
     store.submit_nowait(commands.add_key(hash_key(KEY), "test", "client", 0.0))
     good = Endpoint("m-good", await nursery.start(partial(sim.serve, sim.SimOptions("127.0.0.1", 0, "m", "chat", 0))))
     router = Router(breaker_open_s=OPEN_S)
