@@ -19,7 +19,8 @@ from typing import Any
 
 from llmgw.domain import levels
 from llmgw.domain.frozen import freeze
-from llmgw.domain.state import ClusterState
+from llmgw.domain.model import Limits
+from llmgw.domain.state import ApiKey, ClusterState
 
 # Bump when a field changes meaning or shape. A field that is only added (with a default)
 # needs no bump: an older document lacks it and gets the default. A reader refuses a
@@ -72,7 +73,8 @@ def state_from_json(doc: Any) -> ClusterState:
 # Fields added after the first release, written only once they leave their default: a state that never
 # used them reads on every earlier member (which refuses an unknown field), as a rolling upgrade needs.
 # What sets one is used only once every member understands it (e.g. `trust.raft_tls`: control/trust.py).
-LATER_FIELDS = {(ClusterState, "raft_tls_since"), (ClusterState, "store_level")}
+LATER_FIELDS = {(ClusterState, "raft_tls_since"), (ClusterState, "store_level"), (ApiKey, "priority"),
+                (Limits, "concurrency_per_replica")}
 
 
 def _encode(value: Any, path: str) -> Any:

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from llmgw.domain.frozen import thaw
+from llmgw.domain.priority import CLASSES
 
 
 class SettingError(ValueError):
@@ -86,6 +87,18 @@ def _whole(low: int, high: int, words: str = "") -> Callable[[Any], str | None]:
 
 
 
+def _per_class(v: Any) -> str | None:
+    """{class: whole number from 1 to 100000} for some of the priority classes."""
+    if not isinstance(v, dict):
+        return f"must be an object of priority classes ({', '.join(CLASSES)}) to whole numbers"
+    for name, n in v.items():
+        if name not in CLASSES:
+            return f"{name!r} is not a priority class; known: {', '.join(CLASSES)}"
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 100_000:
+            return f"{name}: must be a whole number from 1 to 100000"
+    return None
+
+
 WEIGHTS_DIRS_MAX = 64
 
 
@@ -135,6 +148,10 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
         SettingSpec("gateway.upstream_queue_per_replica", 1024, "requests that may wait, in each gateway, for a "
                     "connection to one replica at its limit; past that they get 503 overloaded at once",
                     _whole(1, 100_000)),
+        SettingSpec("gateway.queue_per_class", {}, "requests of one priority class that may wait, in each gateway, "
+                    "for a slot of one replica at its limit, by class: {\"bulk\": 64, ...}; a class left out takes "
+                    "gateway.upstream_queue_per_replica; past it a request of that class gets 503 overloaded at once",
+                    _per_class),
         SettingSpec("gateway.activation_queue_per_model", 256, "requests that may wait, in each gateway, for a "
                     "model with no ready replica (its activation); past that they get 503 overloaded at once",
                     _whole(1, 100_000)),

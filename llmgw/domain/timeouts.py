@@ -144,6 +144,7 @@ class Timeouts:
     upstream_chunk_s: float = _t(60.0, "gateway", "an engine silent this long in the middle of an answer fails it (504 before the status is sent, an error event in a stream after)")
     upstream_refused_probe_s: float = _t(2.0, "gateway", "a replica that refused a connection is out of rotation; after this long one request tries it again (moving to another replica if it still refuses)")
     upstream_idle_s: float = _t(4.0, "gateway", "idle upstream connections are closed after this long (before the engine closes them)")
+    priority_promote_s: float = _t(10.0, "gateway", "a request waiting for a busy replica's slot moves up one priority class (bulk, default, interactive, system) each time it has waited this long in its class, so a lower class is slowed, never starved")
     gateway_heartbeat_s: float = _t(1.0, "gateway", "a gateway and the leader each send a heartbeat on their quiet stream this often")
     gateway_silence_s: float = _t(4.0, "gateway", "a gateway stream with no message this long is taken for dead; each side closes it (4 heartbeats: a vanished peer is noticed within 5 s)")
     gateway_demand_report_s: float = _t(0.25, "gateway", "a remote gateway sends its demand (activation asks, last use) to the leader at most this often")
