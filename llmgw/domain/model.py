@@ -350,8 +350,7 @@ MAX_SLOTS = 100_000  # as gateway.upstream_connections_per_replica
 
 def _limits(doc: Any, p: _Problems) -> Limits | None:
     """The request limits (null or absent: no limit), or None with the problems added to `p`."""
-    if not p.table(doc, "limits", ("max_tokens", "max_n", "concurrency_per_replica"),
-                   "{max_tokens = 4096, max_n = 4, concurrency_per_replica = 4}"):
+    if not p.table(doc, "limits", ("max_tokens", "max_n", "concurrency_per_replica"), "{max_tokens = 4096, max_n = 4}"):
         return None
     before = len(p.found)
     # None (JSON null, or absent) is "no limit": `to_doc` writes it so, and TOML leaves the key out.

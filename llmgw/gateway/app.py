@@ -33,7 +33,7 @@ from llmgw.gateway import upstream
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
 from llmgw.gateway.answers import asking_usage
-from llmgw.gateway.pool import Limits, LimitsReader, Pool, raise_fd_limit
+from llmgw.gateway.pool import Limits, LimitsReader, Pool, Ticket, raise_fd_limit
 from llmgw.gateway.router import Lease, NoEndpoint, Router
 from llmgw.gateway import requestlog_query
 from llmgw.gateway.relay import Progress, relay
@@ -106,6 +106,7 @@ class GatewayApp(RawApp):
         self.keys = deps.keys if deps.keys is not None else KeyCheck()
         self.guard = Guard(deps.router, self.pool, deps.timeouts, deps.guard_stats)
         self.metrics = gw_metrics.Exporter(deps.metrics, self.guard.stats, self.log)  # its own registry, not the global
+        self.metrics.queue_depth = lambda: self.pool.depth
 
     async def aclose(self) -> None:
         if self._owns_pool:
@@ -181,6 +182,7 @@ class GatewayApp(RawApp):
         allow(method, "POST")
         snap = self.deps.state.snapshot()
         ex.key = self.keys.admit(scope["headers"], snap)  # from the headers alone: before the body is read
+        ex.ticket = Ticket(ex.key.id, self.keys.priority(ex.key, scope["headers"]))  # 403 above the key's class
         if effective(snap.settings, "serving.stopped"):
             raise OpenAIError(503, "system_stopped", "the system is stopped: no model is served until an operator "
                                                      "resumes it (`llmgw start`)")
@@ -210,7 +212,7 @@ class GatewayApp(RawApp):
                 async with lease as endpoint:
                     ex.replica, ex.node = endpoint.replica_id, endpoint.node
                     await self._exchange(ex, lease, endpoint, path, raw, stream, send, limits, hide_usage,
-                                         model.timeouts)
+                                         model.timeouts, model.limits.concurrency_per_replica)
             except NoEndpoint as no_endpoint:
                 refusal = OpenAIError(_no_endpoint_status(no_endpoint.code), no_endpoint.code, no_endpoint.message)
             except OpenAIError as error:
@@ -230,12 +232,13 @@ class GatewayApp(RawApp):
 
     async def _exchange(
         self, ex: Progress, lease: Lease, endpoint: Endpoint, path: str, raw: bytes, stream: bool, send: Send,
-        limits: Limits, hide_usage: bool = False, waits: ModelTimeouts = NO_OVERRIDES,
+        limits: Limits, hide_usage: bool = False, waits: ModelTimeouts = NO_OVERRIDES, slots: int | None = None,
     ) -> None:
         """Send the body unchanged to the replica and relay its answer (streamed chunk for chunk, or whole)."""
         # Once more on a dropped kept-alive connection; on another replica when this one refuses connections.
+        # The model's own upstream timeouts and slots per replica; the request's turn by its class and key.
         response, endpoint = await upstream.answer(self.pool, lease, endpoint, ex.model, path, raw, ex.request_id,
-                                                   limits, waits)  # the model's own upstream timeouts
+                                                   limits, waits, ex.ticket, slots)
         ex.replica, ex.node = endpoint.replica_id, endpoint.node
         if ex.guard is not None and ex.guard.checks_response:
             response = await ex.guard.hold(response, stream)  # judged whole before the client gets any of it
