@@ -144,8 +144,11 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
         SettingSpec("scaling.evict_after_idle_s", 300, "an on-demand replica with nothing in flight and no request "
                     "for this long may be stopped to make room for a model that is asked for", _positive_number),
         SettingSpec("gateway.upstream_connections_per_replica", 256, "each gateway opens at most this many "
-                    "connections to one replica (requests in flight to it); more wait in its queue", _whole(1, 100_000)),
-        SettingSpec("gateway.upstream_queue_per_replica", 1024, "requests that may wait, in each gateway, for a "
+                    "connections to one replica (requests in flight to it) unless its model sets "
+                    "limits.concurrency_per_replica; more wait in its queue, by priority class and key",
+                    _whole(1, 100_000)),
+        SettingSpec("gateway.upstream_queue_per_replica", 1024, "requests of each priority class (unless "
+                    "gateway.queue_per_class sets it) that may wait, in each gateway, for a "
                     "connection to one replica at its limit; past that they get 503 overloaded at once",
                     _whole(1, 100_000)),
         SettingSpec("gateway.queue_per_class", {}, "requests of one priority class that may wait, in each gateway, "
