@@ -22,7 +22,7 @@ def test_a_request_shows_its_class_and_queue_time() -> None:
     assert "priority:       -" in render_request({"request": RECORD})  # written before classes
     head, row = render_requests({"requests": [{**RECORD, "priority": "interactive", "queue_ms": 0.0}]}).splitlines()[:2]
     assert head.split()[11:13] == ["QUEUE", "CLASS"]  # (after "TIME (UTC)", two words)
-    assert "0.0  interactive" in row
+    assert row.split()[11:13] == ["0.0", "interactive"]
 
 
 def test_the_request_list_has_a_guard_column() -> None:
