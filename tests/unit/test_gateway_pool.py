@@ -173,7 +173,8 @@ async def test_each_class_has_its_own_bound_and_a_refusal_names_the_class(pool: 
     async with trio.open_nursery() as nursery:
         url = await serve(nursery, engine)
         bounds = (4, 4, 4, 1)  # system, interactive, default, bulk
-        nursery.start_soon(partial(call, pool, url, limit=1, queue=bounds))
+        nursery.start_soon(partial(call, pool, url, limit=1, queue=bounds))  # holds the slot
+        await trio.testing.wait_all_tasks_blocked()  # (trio may start tasks in any order)
         nursery.start_soon(partial(call, pool, url, limit=1, queue=bounds, ticket=Ticket("A", RANK["bulk"])))
         await trio.testing.wait_all_tasks_blocked()
         with pytest.raises(Overloaded) as refused:
