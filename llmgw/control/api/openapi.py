@@ -121,7 +121,9 @@ def _stored_definition() -> Schema:
         "args": _arr(_STR),
         "profile": _obj({"gpus": size, "tp": size, "pp": size, "nodes": size, "classes": _arr(_STR),
                          "memory_gib": _NUM, "cpu": _BOOL}),
-        "limits": _obj({"max_tokens": _null(_INT), "max_n": _null(_INT), "concurrency_per_replica": _INT}),
+        # concurrency_per_replica: only when set (an older llmgw refuses the key).
+        "limits": _obj({"max_tokens": _null(_INT), "max_n": _null(_INT), "concurrency_per_replica": _INT},
+                       ("max_tokens", "max_n")),
         "timeouts": _obj({name: _null(_NUM) for name in ("connect_s", "first_byte_s", "chunk_s")}),
     })
 
