@@ -474,6 +474,7 @@ def test_effective_prefers_the_stored_value():
         ("placement.warn_interval_s", 30),
         ("placement.warn_interval_s", 0.5),
         ("health.park_after_failures", 3),
+        ("gateway.queue_per_class", {"bulk": 64, "system": 100000}),
     ],
 )
 def test_settings_accepted(key, value):
@@ -495,6 +496,10 @@ def test_settings_accepted(key, value):
         ("placement.warn_interval_s", "600"),
         ("placement.warn_interval_s", math.nan),
         ("health.park_after_failures", 0),
+        ("gateway.queue_per_class", {"urgent": 5}),
+        ("gateway.queue_per_class", {"bulk": 0}),
+        ("gateway.queue_per_class", {"bulk": True}),
+        ("gateway.queue_per_class", [64]),
         ("serving.stoped", True),
     ],
 )
