@@ -57,7 +57,8 @@ class Overloaded(Exception):
 @dataclass(slots=True)
 class Ticket:
     """Whose request asks for a connection and in which class (its rank in CLASSES); the pool writes how
-    long it waited for one (`waited`, seconds: 0 when one was free; below 0 while it has not asked)."""
+    long it waited for one (`waited`, seconds: 0 when one was free; below 0 while it has not asked; the sum
+    of its waits when it asked again, on another replica)."""
 
     key: str = ""
     rank: int = RANK[DEFAULT]
@@ -241,8 +242,8 @@ class Pool:
             ep = self._endpoints[key] = _Endpoint(key[0], key[1], self.stats, self.timeouts.priority_promote_s)
         stats = self.stats
         stats.acquires += 1
-        if ticket is not None:
-            ticket.waited = 0.0
+        if ticket is not None and ticket.waited < 0:
+            ticket.waited = 0.0  # (a second acquire, on another replica, adds its wait to the first's)
         ep.limit = limit
         ep.expire(now - self.timeouts.upstream_idle_s)
         if ep.idle:
@@ -276,7 +277,7 @@ class Pool:
                 self._hand_on(waiter.conn)
             raise
         finally:
-            ticket.waited = self._clock() - now
+            ticket.waited = max(ticket.waited, 0.0) + self._clock() - now
         assert waiter.conn is not None
         return waiter.conn
 
