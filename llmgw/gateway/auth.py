@@ -129,7 +129,7 @@ class KeyCheck:
         asked = None
         for name, value in headers:
             if name == HEADER:
-                asked = value.decode("latin-1").strip()
+                asked = value.decode("latin-1").strip().lower()
                 break
         if asked is None:
             return RANK.get(key.priority, RANK["default"])

@@ -175,6 +175,7 @@ def test_the_priority_header_lowers_or_keeps_the_class_never_raises_it() -> None
     key = check.admit(headers(), snap)
     rank = {name: i for i, name in enumerate(("system", "interactive", "default", "bulk"))}
     assert check.priority(key, headers()) == rank["interactive"]
+    assert check.priority(key, [(b"x-llmgw-priority", b" Bulk ")]) == rank["bulk"]
     for asked in ("interactive", "default", "bulk"):
         assert check.priority(key, [*headers(), (b"x-llmgw-priority", asked.encode())]) == rank[asked]
     with pytest.raises(OpenAIError) as e:
