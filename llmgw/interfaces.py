@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from llmgw.engines.base import Group
+    from llmgw.gateway.pool import Ticket
     from llmgw.remote import Ran
     from llmgw.service.manager import ServiceStatus
 
@@ -226,6 +227,7 @@ class RequestFacts(Protocol):
     tokens_out: int | None
     ttft: float | None  # trio time of the first streamed chunk; None: not streamed
     guard_rule: str  # the judges' verdicts (gateway/guard.py); "" when no policy applied
+    ticket: Ticket | None  # its priority class and wait for a replica's slot (gateway/pool.py); None: not admitted
 
 
 class ServiceManager(Protocol):

@@ -19,8 +19,8 @@ from typing import Any
 
 from llmgw.domain import levels
 from llmgw.domain.frozen import freeze
-from llmgw.domain.model import ModelDef
-from llmgw.domain.state import ClusterState
+from llmgw.domain.model import Limits, ModelDef
+from llmgw.domain.state import ApiKey, ClusterState
 
 # Bump when a field changes meaning or shape. A field that is only added (with a default)
 # needs no bump: an older document lacks it and gets the default. A reader refuses a
@@ -74,7 +74,7 @@ def state_from_json(doc: Any) -> ClusterState:
 # used them reads on every earlier member (which refuses an unknown field), as a rolling upgrade needs.
 # What sets one is used only once every member understands it (e.g. `trust.raft_tls`: control/trust.py).
 LATER_FIELDS = {(ClusterState, "raft_tls_since"), (ClusterState, "store_level"), (ModelDef, "fallbacks"),
-                (ModelDef, "aliases"), (ModelDef, "routing")}
+                (ModelDef, "aliases"), (ModelDef, "routing"), (ApiKey, "priority"), (Limits, "concurrency_per_replica")}
 
 
 def uses_later_fields(value: Any) -> bool:

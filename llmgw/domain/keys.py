@@ -16,6 +16,8 @@ import math
 import secrets
 from typing import Any
 
+from llmgw.domain.priority import DEFAULT, class_problem
+
 KEY_ROLES = ("admin", "client", "viewer")  # viewer: signs in to the console, sees, cannot act
 KEY_PREFIX = "sk-llmgw-"  # a client key; found by secret scanners, told apart from other vendors' keys
 ID_PREFIX = "key_"
@@ -71,7 +73,7 @@ def fields_problem(doc: dict[str, Any]) -> str | None:
 
     `role`, `name`; and for client keys only: `models` (a list of model names, empty = every
     model), `expires_at` (unix seconds or null), `requests_per_min`, `tokens_per_min` (null:
-    no limit). An admin or viewer key is never accepted on `/v1`, so a scope or limit on one means nothing."""
+    no limit), `priority` (a class of llmgw/domain/priority.py; absent: default). An admin or viewer key is never accepted on `/v1`, so a scope or limit on one means nothing."""
     role, name = doc.get("role"), doc.get("name")
     if role not in KEY_ROLES:
         return f"role must be one of {', '.join(KEY_ROLES)}, not {role!r:.40}"
@@ -91,9 +93,13 @@ def fields_problem(doc: dict[str, Any]) -> str | None:
         problem = _limit_problem(field, doc.get(field))
         if problem:
             return problem
+    priority = doc.get("priority", DEFAULT)
+    if class_problem(priority):
+        return class_problem(priority)
     if role in ("admin", "viewer"):
         given = [f for f in ("models", "expires_at", "requests_per_min", "tokens_per_min") if doc.get(f)]
+        given += ["priority"] if priority != DEFAULT else []
         if given:
-            return (f"{', '.join(given)}: only client keys take a scope, an expiry or limits (an {role} key is "
-                    "never accepted on /v1)")
+            return (f"{', '.join(given)}: only client keys take a scope, an expiry, limits or a priority (an {role} "
+                    "key is never accepted on /v1)")
     return None

@@ -51,10 +51,19 @@ class Profile(Doc):
 
 @dataclass(frozen=True)
 class Limits(Doc):
-    """What one request may ask of the model, checked by the gateway; None = no limit."""
+    """What one request may ask of the model, checked by the gateway; None = no limit. And how many requests
+    each gateway sends one replica at once (None: `gateway.upstream_connections_per_replica`): set to the
+    engine's parallel slots, the gateway queues the rest by priority class and key (gateway/fairqueue.py)."""
 
     max_tokens: int | None = None  # caps max_tokens and max_completion_tokens
     max_n: int | None = None  # caps n (choices per request)
+    concurrency_per_replica: int | None = None  # a later field: left out of its document while None
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = super().to_doc()
+        if self.concurrency_per_replica is None:  # an older llmgw refuses a key it does not know
+            del doc["concurrency_per_replica"]
+        return doc
 
 LONGEST_WAIT = 86400.0  # seconds, the most a definition may set (a bound on input, not a wait): a day is longer
 # than any generation; past it a typo (ms for s) is likelier than intent
@@ -427,21 +436,23 @@ def _profile(doc: Any, p: _Problems) -> Profile | None:
 
 
 MAX_LIMIT = 2**31 - 1  # beyond any engine's context or choice count; keeps the number an engine's int
+MAX_SLOTS = 100_000  # as gateway.upstream_connections_per_replica
 
 
 def _limits(doc: Any, p: _Problems) -> Limits | None:
     """The request limits (null or absent: no limit), or None with the problems added to `p`."""
-    if not p.table(doc, "limits", ("max_tokens", "max_n"), "{max_tokens = 4096, max_n = 4}"):
+    if not p.table(doc, "limits", ("max_tokens", "max_n", "concurrency_per_replica"), "{max_tokens = 4096, max_n = 4}"):
         return None
     before = len(p.found)
     # None (JSON null, or absent) is "no limit": `to_doc` writes it so, and TOML leaves the key out.
     values = {
-        key: None if doc.get(key) is None else p.check(_int, doc, key, 1, low=1, high=MAX_LIMIT, prefix="limits.")
-        for key in ("max_tokens", "max_n")
+        key: None if doc.get(key) is None else p.check(_int, doc, key, 1, low=1, high=high, prefix="limits.")
+        for key, high in (("max_tokens", MAX_LIMIT), ("max_n", MAX_LIMIT), ("concurrency_per_replica", MAX_SLOTS))
     }
     if len(p.found) > before:
         return None
-    return Limits(max_tokens=values["max_tokens"], max_n=values["max_n"])
+    return Limits(max_tokens=values["max_tokens"], max_n=values["max_n"],
+                  concurrency_per_replica=values["concurrency_per_replica"])
 
 
 _TIMEOUT_KEYS = ("connect_s", "first_byte_s", "chunk_s")

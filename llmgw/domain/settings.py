@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from llmgw.domain.frozen import thaw
+from llmgw.domain.priority import CLASSES
 
 
 class SettingError(ValueError):
@@ -92,6 +93,18 @@ def _whole(low: int, high: int, words: str = "") -> Callable[[Any], str | None]:
 
 
 
+def _per_class(v: Any) -> str | None:
+    """{class: whole number from 1 to 100000} for some of the priority classes."""
+    if not isinstance(v, dict):
+        return f"must be an object of priority classes ({', '.join(CLASSES)}) to whole numbers"
+    for name, n in v.items():
+        if name not in CLASSES:
+            return f"{name!r} is not a priority class; known: {', '.join(CLASSES)}"
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 100_000:
+            return f"{name}: must be a whole number from 1 to 100000"
+    return None
+
+
 WEIGHTS_DIRS_MAX = 64
 
 
@@ -137,13 +150,20 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
         SettingSpec("scaling.evict_after_idle_s", 300, "an on-demand replica with nothing in flight and no request "
                     "for this long may be stopped to make room for a model that is asked for", _positive_number),
         SettingSpec("gateway.upstream_connections_per_replica", 256, "each gateway opens at most this many "
-                    "connections to one replica (requests in flight to it); more wait in its queue", _whole(1, 100_000)),
-        SettingSpec("gateway.upstream_queue_per_replica", 1024, "requests that may wait, in each gateway, for a "
+                    "connections to one replica (requests in flight to it) unless its model sets "
+                    "limits.concurrency_per_replica; more wait in its queue, by priority class and key",
+                    _whole(1, 100_000)),
+        SettingSpec("gateway.upstream_queue_per_replica", 1024, "requests of each priority class (unless "
+                    "gateway.queue_per_class sets it) that may wait, in each gateway, for a "
                     "connection to one replica at its limit; past that they get 503 overloaded at once",
                     _whole(1, 100_000)),
         SettingSpec("gateway.breaker_failures", 5, "a replica that fails this many requests in a row (5xx answers, "
                     "timeouts, broken connections) is taken out of rotation by each gateway's circuit breaker, "
                     "probed again after breaker_open_s", _whole(1, 100_000)),
+        SettingSpec("gateway.queue_per_class", {}, "requests of one priority class that may wait, in each gateway, "
+                    "for a slot of one replica at its limit, by class: {\"bulk\": 64, ...}; a class left out takes "
+                    "gateway.upstream_queue_per_replica; past it a request of that class gets 503 overloaded at once",
+                    _per_class),
         SettingSpec("gateway.activation_queue_per_model", 256, "requests that may wait, in each gateway, for a "
                     "model with no ready replica (its activation); past that they get 503 overloaded at once",
                     _whole(1, 100_000)),

@@ -36,6 +36,7 @@ class ApiKey:
     expires_at: float | None = None  # unix time; None = never
     requests_per_min: int | None = None  # None = no limit
     tokens_per_min: int | None = None
+    priority: str = "default"  # its requests' class when a replica's slots are full (llmgw/domain/priority.py)
 
     @property
     def id(self) -> str:

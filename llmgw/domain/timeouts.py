@@ -146,6 +146,7 @@ class Timeouts:
     upstream_refused_probe_s: float = _t(2.0, "gateway", "a replica that refused a connection is out of rotation; after this long one request tries it again (moving to another replica if it still refuses)")
     breaker_open_s: float = _t(5.0, "gateway", "a replica whose circuit breaker opened (gateway.breaker_failures failed requests in a row) gets no request this long; then one request probes it (closed again if it answers below 500)")
     upstream_idle_s: float = _t(4.0, "gateway", "idle upstream connections are closed after this long (before the engine closes them)")
+    priority_promote_s: float = _t(10.0, "gateway", "a request waiting for a busy replica's slot moves up one priority class (bulk, default, interactive, system) each time it has waited this long in its class, so a lower class is slowed, never starved")
     gateway_heartbeat_s: float = _t(1.0, "gateway", "a gateway and the leader each send a heartbeat on their quiet stream this often")
     gateway_silence_s: float = _t(4.0, "gateway", "a gateway stream with no message this long is taken for dead; each side closes it (4 heartbeats: a vanished peer is noticed within 5 s)")
     activation_retry_after_s: float = _t(5.0, "gateway", "a request that does not wait for a starting model (`x-llmgw-wait`) is answered 503 model_activating with `Retry-After` its ETA, or this when there is none")

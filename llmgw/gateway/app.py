@@ -36,7 +36,7 @@ from llmgw.gateway.guard import Guard, GuardStats
 from llmgw.gateway.affinity import affinity_key
 from llmgw.gateway.names import Names, visible_names
 from llmgw.gateway.answers import asking_usage
-from llmgw.gateway.pool import Limits, LimitsReader, Pool, raise_fd_limit
+from llmgw.gateway.pool import Limits, LimitsReader, Pool, Ticket, raise_fd_limit
 from llmgw.gateway.router import Lease, NoEndpoint, Router
 from llmgw.gateway import requestlog_query
 from llmgw.gateway.relay import Progress, relay
@@ -125,6 +125,7 @@ class GatewayApp(RawApp):
         self.guard = Guard(deps.router, self.pool, deps.timeouts, deps.guard_stats)
         self.metrics = gw_metrics.Exporter(deps.metrics, self.guard.stats, self.log)  # its own registry, not the global
         self.metrics.breakers = lambda: [(str(b["model"]), rid) for rid, b in deps.router.breaker_report().items()]
+        self.metrics.queue_depth = lambda: self.pool.depth
 
     async def aclose(self) -> None:
         if self._owns_pool:
@@ -200,6 +201,7 @@ class GatewayApp(RawApp):
         allow(method, "POST")
         snap = self.deps.state.snapshot()
         ex.key = self.keys.admit(scope["headers"], snap)  # from the headers alone: before the body is read
+        ex.ticket = Ticket(ex.key.id, self.keys.priority(ex.key, scope["headers"]))  # 403 above the key's class
         if effective(snap.settings, "serving.stopped"):
             raise OpenAIError(503, "system_stopped", "the system is stopped: no model is served until an operator "
                                                      "resumes it (`llmgw start`)")
@@ -246,7 +248,7 @@ class GatewayApp(RawApp):
                     async with lease as endpoint:
                         ex.replica, ex.node = endpoint.replica_id, endpoint.node
                         await self._exchange(ex, lease, endpoint, path, sent, stream, send, limits, hide_usage,
-                                             model.timeouts)
+                                             model.timeouts, model.limits.concurrency_per_replica)
                     refusal = None
                     break
                 except NoEndpoint as no_endpoint:
@@ -289,13 +291,14 @@ class GatewayApp(RawApp):
 
     async def _exchange(
         self, ex: Progress, lease: Lease, endpoint: Endpoint, path: str, raw: bytes, stream: bool, send: Send,
-        limits: Limits, hide_usage: bool = False, waits: ModelTimeouts = NO_OVERRIDES,
+        limits: Limits, hide_usage: bool = False, waits: ModelTimeouts = NO_OVERRIDES, slots: int | None = None,
     ) -> None:
         """Send the body unchanged to the replica and relay its answer (streamed chunk for chunk, or whole)."""
         # Once more on a dropped kept-alive connection; on another replica when this one refuses connections
         # or answers nothing (a non-streamed answer is read whole first: also when it breaks off).
+        # The model's own upstream timeouts and slots per replica; the request's turn by its class and key.
         response, endpoint = await upstream.answer(self.pool, lease, endpoint, ex.model, path, raw, ex.request_id,
-                                                   limits, waits, whole=not stream)  # the model's own timeouts
+                                                   limits, waits, whole=not stream, ticket=ex.ticket, slots=slots)
         ex.replica, ex.node = endpoint.replica_id, endpoint.node
         if ex.guard is not None and ex.guard.checks_response:
             response = await ex.guard.hold(response, stream)  # judged whole before the client gets any of it

@@ -20,6 +20,7 @@ import trio
 
 from llmgw.domain.keys import hash_key
 from llmgw.domain.model import ModelDef
+from llmgw.domain.priority import HEADER, RANK, requested
 from llmgw.domain.state import ApiKey, ClusterState
 from llmgw.errors import OpenAIError
 from llmgw.gateway.checks import bearer
@@ -121,6 +122,24 @@ class KeyCheck:
         else:
             bucket.refill(tpm, now)
         bucket.level -= (tokens_in or 0) + (tokens_out or 0)
+
+    @staticmethod
+    def priority(key: ApiKey, headers: list[tuple[bytes, bytes]]) -> int:
+        """The request's priority class (its rank): the key's, or the lower one its `x-llmgw-priority` header
+        asks for; 403 `priority_not_allowed` for a higher one, 400 `invalid_priority` for an unknown one."""
+        asked = None
+        for name, value in headers:
+            if name == HEADER:
+                asked = value.decode("latin-1").strip().lower()
+                break
+        if asked is None:
+            return RANK.get(key.priority, RANK["default"])
+        try:
+            return RANK[requested(key.priority, asked)]
+        except PermissionError as refused:
+            raise OpenAIError(403, "priority_not_allowed", str(refused), should_retry=False) from None
+        except ValueError as unknown:
+            raise OpenAIError(400, "invalid_priority", str(unknown)) from None
 
     @staticmethod
     def model(key: ApiKey, snap: ClusterState, name: str) -> ModelDef:

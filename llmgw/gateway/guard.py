@@ -22,11 +22,12 @@ from typing import Any
 import trio
 
 from llmgw.domain.guard import GuardPolicy, enabled, policies_for
+from llmgw.domain.priority import RANK
 from llmgw.domain.state import ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError
 from llmgw.gateway import upstream
-from llmgw.gateway.pool import LimitsReader, Pool
+from llmgw.gateway.pool import LimitsReader, Pool, Ticket
 from llmgw.gateway.router import NoEndpoint, Router
 from llmgw.guard.cache import VerdictCache, cache_key
 from llmgw.guard.prompt import AGENT, USER, JudgeFailure, Turn, Verdict, build, judge_request, parse, rule
@@ -37,6 +38,7 @@ __all__ = ["COLD_FACTOR", "Checks", "Guard", "GuardStats", "HeldResponse"]
 
 _log = logging.getLogger("llmgw.gateway.guard")
 
+SYSTEM = RANK["system"]  # a judge's turn at a busy replica: the platform's own calls come first
 COLD_FACTOR = 3.0  # a judge replica's first answer may take this many times the policy's budget
 _ANSWERED_MAX = 4096  # replicas remembered as warm; past it the set starts again (a few first calls widened)
 _RULE_SEP = " | "
@@ -145,7 +147,8 @@ class Guard:
                         cold = True
                         budget.deadline = started + budget_s * COLD_FACTOR
                     response, endpoint = await upstream.answer(self.pool, lease, endpoint, judge, "/v1/completions",
-                                                               body, request_id, limits)
+                                                               body, request_id, limits,
+                                                               ticket=Ticket("", SYSTEM))  # the gateway's own call
                     try:
                         if response.status >= 400:
                             raise JudgeFailure(f"judge {judge!r} answered HTTP {response.status}")

@@ -7,8 +7,11 @@ through httpx costs ~0.8 ms of CPU against ~0.3 ms for bare h11, less with httpt
 pops the most recently released connection (O(1)), a release pushes it back (O(1)), and the counters in
 `PoolStats` say so (`examined` per acquire: at most one connection, plus each expired one dropped once).
 
-Over the limit a request waits, first come first served, in its endpoint's queue; past the queue's bound
-it is refused at once (`Overloaded`, the gateway's 503 `overloaded`), never left to a client's timeout.
+Over the limit (a replica's slots: its model's `limits.concurrency_per_replica`, else the setting) a request
+waits in its endpoint's fair queue (gateway/fairqueue.py): by priority class, and within a class by turns
+across keys, each step O(1) (`promoted` counts the moves up a class: at most three per request). Past its
+class's bound it is refused at once (`Overloaded`, the gateway's 503 `overloaded`), never left to a client's
+timeout. A request that holds a connection keeps it to its end: nothing is preempted.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import Any
 
 import trio
 
+from llmgw.domain.priority import CLASSES, DEFAULT, RANK
 from llmgw.domain.settings import effective
+from llmgw.gateway.fairqueue import Entry, FairQueue, Full
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.net import url_host
 from llmgw.wire.gate import raise_fd_limit
@@ -34,13 +39,30 @@ __all__ = [
     "Overloaded",
     "Pool",
     "PoolStats",
+    "Ticket",
     "raise_fd_limit",
     "split_url",
 ]
 
 
 class Overloaded(Exception):
-    """The endpoint's connections are all busy and its queue is full: refuse now (503 `overloaded`)."""
+    """The endpoint's connections are all busy and its queue is full for the request's class: refuse now
+    (503 `overloaded`); `priority` names the class."""
+
+    def __init__(self, message: str, priority: str = DEFAULT) -> None:
+        super().__init__(message)
+        self.priority = priority
+
+
+@dataclass(slots=True)
+class Ticket:
+    """Whose request asks for a connection and in which class (its rank in CLASSES); the pool writes how
+    long it waited for one (`waited`, seconds: 0 when one was free; below 0 while it has not asked; the sum
+    of its waits when it asked again, on another replica)."""
+
+    key: str = ""
+    rank: int = RANK[DEFAULT]
+    waited: float = -1.0
 
 
 class ConnectFailed(Exception):
@@ -58,19 +80,26 @@ class PoolStats:
     reused: int = 0
     queued: int = 0  # acquires that waited for a connection
     overloaded: int = 0  # acquires refused with the queue full
+    promoted: int = 0  # waiting requests moved up a class (fairqueue.py: at most three per request)
 
 
 @dataclass(frozen=True)
 class Limits:
-    """In each gateway: per replica, connections open at most and requests waiting at most beyond them;
-    per model, requests waiting at most for its activation (no replica ready); failed requests in a row that
-    open a replica's circuit breaker; prefix affinity's ε."""
+    """In each gateway: per replica, connections open at most and requests waiting at most beyond them
+    (`class_queue`: per priority class, highest first; () = `queue` for each); per model, requests waiting
+    at most for its activation (no replica ready); failed requests in a row that open a replica's circuit
+    breaker; prefix affinity's ε."""
 
     connections: int
     queue: int
     activation_queue: int = 256
     breaker_failures: int = 5
     affinity_load_factor: float = 0.25  # ε of prefix affinity's bounded load (gateway/affinity.py)
+    class_queue: tuple[int, ...] = ()
+
+    @property
+    def queues(self) -> tuple[int, ...]:
+        return self.class_queue or (self.queue,) * len(CLASSES)
 
 
 class LimitsReader:
@@ -85,11 +114,13 @@ class LimitsReader:
 
     def __call__(self, settings: Mapping[str, Any]) -> Limits:
         if settings is not self._seen:
-            self._limits = Limits(effective(settings, "gateway.upstream_connections_per_replica"),
-                                  effective(settings, "gateway.upstream_queue_per_replica"),
+            queue = effective(settings, "gateway.upstream_queue_per_replica")
+            per_class = effective(settings, "gateway.queue_per_class")
+            self._limits = Limits(effective(settings, "gateway.upstream_connections_per_replica"), queue,
                                   effective(settings, "gateway.activation_queue_per_model"),
                                   effective(settings, "gateway.breaker_failures"),
-                                  float(effective(settings, "gateway.affinity_load_factor")))
+                                  float(effective(settings, "gateway.affinity_load_factor")),
+                                  tuple(int(per_class.get(name, queue)) for name in CLASSES))
             self._seen = settings
         return self._limits
 
@@ -141,29 +172,31 @@ class Connection:
 
 
 class _Waiter:
-    __slots__ = ("event", "conn", "gone")
+    __slots__ = ("event", "conn")
 
     def __init__(self) -> None:
         self.event = trio.Event()
         self.conn: Connection | None = None  # handed over by a release
-        self.gone = False  # cancelled while waiting: a release skips it
 
 
 class _Endpoint:
     """One engine endpoint: idle connections (oldest left, newest right), the count open, the waiters."""
 
-    __slots__ = ("host", "port", "host_header", "idle", "open", "limit", "waiters", "waiting", "stats")
+    __slots__ = ("host", "port", "host_header", "idle", "open", "limit", "waiters", "stats")
 
-    def __init__(self, host: str, port: int, stats: PoolStats) -> None:
+    def __init__(self, host: str, port: int, stats: PoolStats, promote_s: float) -> None:
         self.host = host
         self.port = port
         self.host_header = f"{url_host(host)}:{port}".encode()
         self.idle: deque[Connection] = deque()
         self.open = 0  # slots handed out or idle: what the limit counts
         self.limit = 1  # as the last acquire gave it (a lowered setting closes connections as they come back)
-        self.waiters: deque[_Waiter] = deque()
-        self.waiting = 0  # live waiters (cancelled ones may still sit in `waiters` until a release skips them)
+        self.waiters: FairQueue[_Waiter] = FairQueue(promote_s, (1,) * len(CLASSES))  # bounds: as the last acquire
         self.stats = stats
+
+    @property
+    def waiting(self) -> int:
+        return len(self.waiters)
 
     def expire(self, oldest_allowed: float) -> None:
         """Drop idle connections released before `oldest_allowed` (they are at the left: O(dropped))."""
@@ -178,8 +211,9 @@ class _Endpoint:
 class Pool:
     """Every upstream connection of one gateway process. Runs in the trio thread (no locks needed).
 
-    `acquire(url, limit, queue)` -> a `Connection` (connected, or not yet: `stream` None); `release(conn,
-    keep)` gives it back, kept alive for the next request when `keep`, else closed (its slot freed).
+    `acquire(url, limit, queue, ticket)` -> a `Connection` (connected, or not yet: `stream` None);
+    `release(conn, keep)` gives it back, kept alive for the next request when `keep`, else closed (its slot
+    freed). `depth[rank]`: requests of each class waiting now, over every endpoint.
     """
 
     def __init__(self, timeouts: Timeouts = TIMEOUTS, clock: Callable[[], float] = trio.current_time) -> None:
@@ -188,6 +222,7 @@ class Pool:
         self._clock = clock
         self._endpoints: dict[tuple[str, int], _Endpoint] = {}
         self._next_sweep = 0.0
+        self.depth = [0] * len(CLASSES)
 
     def in_use(self, base_url: str) -> int:
         """Connections of this endpoint held by requests now (not idle); 0 for an endpoint never used."""
@@ -198,18 +233,22 @@ class Pool:
         ep = self._endpoints.get(split_url(base_url))
         return 0 if ep is None else ep.waiting
 
-    async def acquire(self, base_url: str, limit: int, queue: int) -> Connection:
+    async def acquire(self, base_url: str, limit: int, queue: int | tuple[int, ...],
+                      ticket: Ticket | None = None) -> Connection:
         """A connection to the endpoint: the newest idle one, else a new slot while fewer than `limit` are
-        open, else a turn in the endpoint's queue (at most `queue` waiting). Raises Overloaded past that."""
+        open, else a turn in the endpoint's fair queue in the ticket's class and key (at most `queue` of
+        that class waiting: one bound per class, or one for all). Raises Overloaded past that."""
         now = self._clock()
         if now >= self._next_sweep:
             self._sweep(now)
         key = split_url(base_url)
         ep = self._endpoints.get(key)
         if ep is None:
-            ep = self._endpoints[key] = _Endpoint(key[0], key[1], self.stats)
+            ep = self._endpoints[key] = _Endpoint(key[0], key[1], self.stats, self.timeouts.priority_promote_s)
         stats = self.stats
         stats.acquires += 1
+        if ticket is not None and ticket.waited < 0:
+            ticket.waited = 0.0  # (a second acquire, on another replica, adds its wait to the first's)
         ep.limit = limit
         ep.expire(now - self.timeouts.upstream_idle_s)
         if ep.idle:
@@ -220,22 +259,30 @@ class Pool:
         if ep.open < limit:
             ep.open += 1
             return Connection(ep)
-        if ep.waiting >= queue:
-            stats.overloaded += 1
-            raise Overloaded(f"{limit} connections to {ep.host}:{ep.port} busy and {ep.waiting} requests waiting")
-        stats.queued += 1
+        if ticket is None:
+            ticket = Ticket()
+        waiters = ep.waiters
+        waiters.bounds = (queue,) * len(CLASSES) if isinstance(queue, int) else queue
         waiter = _Waiter()
-        ep.waiters.append(waiter)
-        ep.waiting += 1
+        try:
+            entry = waiters.push(waiter, ticket.key, ticket.rank, now)
+        except Full as full:
+            stats.overloaded += 1
+            name = CLASSES[full.rank]
+            raise Overloaded(f"{limit} slots busy and {full.bound} requests of class {name} waiting", name) from None
+        stats.queued += 1
+        self.depth[ticket.rank] += 1
         try:
             await waiter.event.wait()
         except BaseException:
             if waiter.conn is None:
-                waiter.gone = True
-                ep.waiting -= 1
+                waiters.remove(entry)
+                self.depth[ticket.rank] -= 1
             else:  # handed a connection just as it was cancelled: pass it on
                 self._hand_on(waiter.conn)
             raise
+        finally:
+            ticket.waited = max(ticket.waited, 0.0) + self._clock() - now
         assert waiter.conn is not None
         return waiter.conn
 
@@ -256,15 +303,17 @@ class Pool:
             conn.drop_stream()
             ep.open -= 1
             return
-        while ep.waiters:
-            waiter = ep.waiters.popleft()
-            if waiter.gone:
-                continue
-            ep.waiting -= 1
+        waiters = ep.waiters
+        if len(waiters):
+            promoted = waiters.promotions
+            entry: Entry[_Waiter] | None = waiters.pop(self._clock())
+            assert entry is not None
+            self.stats.promoted += waiters.promotions - promoted
+            self.depth[entry.asked] -= 1
             if conn.stream is None:
                 conn = Connection(ep)  # a fresh slot: the waiter connects it
-            waiter.conn = conn
-            waiter.event.set()
+            entry.item.conn = conn
+            entry.item.event.set()
             return
         if conn.stream is None:
             ep.open -= 1

@@ -17,6 +17,7 @@ from llmgw.errors import OpenAIError
 from llmgw.gateway import upstream
 from llmgw.gateway.answers import HiddenUsage, StreamUsage, engine_error, usage_of
 from llmgw.gateway.guard import Checks
+from llmgw.gateway.pool import Ticket
 from llmgw.wire.asgi import Exchange, Send, dumps
 
 __all__ = ["Progress", "relay", "response_headers"]
@@ -47,7 +48,7 @@ class Progress(Exchange):
     """One request's progress: what its log line reports and how far its answer got."""
 
     __slots__ = ("request_id", "model", "replica", "status", "started", "tokens_in", "tokens_out", "key",
-                 "node", "error", "ttft", "guard_rule", "guard", "served")  # from `node`: for the request log
+                 "node", "error", "ttft", "guard_rule", "guard", "served", "ticket")  # from `node`: for the request log
 
     def __init__(self, request_id: str) -> None:
         super().__init__()
@@ -65,6 +66,7 @@ class Progress(Exchange):
         self.key: ApiKey | None = None  # the client key admitted (auth.py); None until then
         self.guard_rule = ""  # the judges' verdicts (gateway/guard.py); "" when no policy applied
         self.guard: Checks | None = None  # this request's guard checks; None: none apply
+        self.ticket: Ticket | None = None  # its key and priority class, and its wait for a slot (pool.py)
 
 
 async def relay(ex: Progress, response: upstream.Response, endpoint: Endpoint, stream: bool, send: Send,

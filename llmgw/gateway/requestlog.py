@@ -25,6 +25,7 @@ from typing import Any
 import trio
 
 from llmgw.domain.commands import CommandError, usage
+from llmgw.domain.priority import CLASSES
 from llmgw.domain.settings import SETTINGS
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import RequestFacts
@@ -40,7 +41,7 @@ SEGMENT_RE = re.compile(r"seg-(\d{10})\.log\Z")
 # The fields, in the order every line has them: the query module finds `"key":...,` and
 # `"model":...,` and `"status":N,` as bytes, so their order and separators never change.
 FIELDS = ("id", "time", "key", "model", "status", "error", "replica", "node", "endpoint", "tokens_in",
-          "tokens_out", "latency_ms", "ttft_ms", "guard_rule", "gateway", "served_model")
+          "tokens_out", "latency_ms", "ttft_ms", "guard_rule", "gateway", "served_model", "priority", "queue_ms")
 
 
 @dataclass(slots=True)
@@ -63,6 +64,8 @@ class RequestRecord:
     guard_rule: str = ""  # the judges' verdicts, `judge: S6,Specialized Advice` ("": no policy applied)
     gateway: str = ""
     served_model: str = ""  # the model that served `model` (an alias's, a fallback, or itself); "": none did
+    priority: str = ""  # the request's priority class (llmgw/domain/priority.py); "" when no key was admitted
+    queue_ms: float | None = None  # its wait for a slot of its replica (0: none); None: it never asked for one
 
     def line(self) -> bytes:
         """`CRC32HEX JSON\\n`: the checksum makes a torn or damaged line skipped, not fatal."""
@@ -310,12 +313,14 @@ class RequestLog:
         """Record a finished request from what the app knows of it (`started`: trio time, `wall`: unix);
         the record is returned for the metrics' counters (llmgw/metrics/gateway.py)."""
         now = trio.current_time()
+        ticket = ex.ticket
         self.record(record := RequestRecord(
             ex.request_id, wall, ex.key.id if ex.key is not None else "", "" if ex.model == "-" else ex.model,
             status, ex.error or ("client_disconnected" if status == 499 else ""),
             "" if ex.replica == "-" else ex.replica, ex.node, path[:200], ex.tokens_in, ex.tokens_out,
             round((now - started) * 1000, 3), None if ex.ttft is None else round((ex.ttft - started) * 1000, 3),
-            ex.guard_rule, self.gateway, ex.served))
+            ex.guard_rule, self.gateway, ex.served, "" if ticket is None else CLASSES[ticket.rank],
+            None if ticket is None or ticket.waited < 0 else round(ticket.waited * 1000, 3)))
         return record
 
     # --- the writer -------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import trio
 from llmgw.domain.model import NO_OVERRIDES, ModelTimeouts
 from llmgw.domain.observed import Endpoint
 from llmgw.errors import OpenAIError
-from llmgw.gateway.pool import ConnectFailed, Connection, Limits, Overloaded, Pool
+from llmgw.gateway.pool import ConnectFailed, Connection, Limits, Overloaded, Pool, Ticket
 from llmgw.gateway.router import Lease
 from llmgw.wire.http1 import BadRequest, request_bytes
 
@@ -118,19 +118,20 @@ class Response:
 
 
 async def send(
-    pool: Pool, base_url: str, path: str, body: bytes, request_id: str, *, limit: int, queue: int,
-    waits: ModelTimeouts = NO_OVERRIDES,
+    pool: Pool, base_url: str, path: str, body: bytes, request_id: str, *, limit: int, queue: int | tuple[int, ...],
+    waits: ModelTimeouts = NO_OVERRIDES, ticket: Ticket | None = None,
 ) -> Response:
     """POST `body` to `base_url + path` over a pooled connection and return the answer's head (the body
     is the caller's to read, then `close()`). Once more on a fresh connection when a reused one was
-    dropped before answering. `waits`: the model's own timeouts, each None taking the pool's.
+    dropped before answering. `waits`: the model's own timeouts, each None taking the pool's; `ticket`: the
+    request's key and priority class, for its turn when every connection is busy (pool.py).
     Raises Overloaded, ConnectFailed (pool.py), or UpstreamFailed."""
     # An endpoint URL may carry a path (one server for many replicas, as `llmgw sim-fleet` runs):
     # the connection is the host's, the request goes under that path.
     prefix = base_url.split("://", 1)[-1].partition("/")[2].rstrip("/")
     path = f"/{prefix}{path}" if prefix else path
     connect_s = pool.timeouts.upstream_connect_s if waits.connect_s is None else waits.connect_s
-    conn = await pool.acquire(base_url, limit, queue)
+    conn = await pool.acquire(base_url, limit, queue, ticket)
     try:
         if conn.stream is None:
             await conn.connect(connect_s)
@@ -188,7 +189,8 @@ async def _exchange(
 
 async def answer(
     pool: Pool, lease: Lease, endpoint: Endpoint, model: str, path: str, body: bytes, request_id: str, limits: Limits,
-    waits: ModelTimeouts = NO_OVERRIDES, whole: bool = False,
+    waits: ModelTimeouts = NO_OVERRIDES, whole: bool = False, ticket: Ticket | None = None,
+    slots: int | None = None,
 ) -> tuple[Response, Endpoint]:
     """The head of the answer of the replica `lease` holds (`whole`: the whole answer, read before it is
     returned), and that replica. Sent once more, to another replica of the model, when nothing can have
@@ -197,15 +199,19 @@ async def answer(
     for a `whole` answer, its body broke off (nothing of it is relayed before its end). Never after a
     timeout (a request that took that long is not worth doing twice). Each failure, and each 5xx answer,
     counts toward the replica's circuit breaker (router.py); an answer below 500 closes it. `waits`: the
-    model's own upstream timeouts (its definition's). Failures become the client's `OpenAIError`: 503
-    `overloaded`, 502 `upstream_unavailable` or `upstream_error`, 504 `upstream_timeout`."""
+    model's own upstream timeouts (its definition's); `slots`: its `limits.concurrency_per_replica` (None:
+    `limits.connections`); `ticket`: the request's key and class (its turn when the replica's slots are
+    busy: pool.py). Failures become the client's `OpenAIError`: 503 `overloaded`, 502
+    `upstream_unavailable` or `upstream_error`, 504 `upstream_timeout`."""
+    limit = limits.connections if slots is None else slots
     for last in (False, True):
         try:
-            response = await send(pool, endpoint.url, path, body, request_id, limit=limits.connections,
-                                  queue=limits.queue, waits=waits)
+            response = await send(pool, endpoint.url, path, body, request_id, limit=limit,
+                                  queue=limits.queues, waits=waits, ticket=ticket)
         except Overloaded as error:
             raise OpenAIError(503, "overloaded", f"replica {endpoint.replica_id} of model {model!r} is at its limit "
-                                                 f"({error}); retry later") from None
+                                                 f"for priority class {error.priority} ({error}: "
+                                                 "gateway.queue_per_class); retry later") from None
         except ConnectFailed as error:
             _log.warning("replica %s of model %s cannot be reached: %s", endpoint.replica_id, model, error)
             other = lease.refused(move=not last)

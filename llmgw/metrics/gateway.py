@@ -1,5 +1,6 @@
 """The gateway's metrics: requests by model, error code and status, latency and time-to-first-token
-histograms, tokens; the guard's verdicts by hazard; the request log's drops. Served at the gateway's GET /metrics.
+histograms, tokens; requests waiting for a replica's slot and their waits, by priority class; the guard's
+verdicts by hazard; the request log's drops. Served at the gateway's GET /metrics.
 
 The request path pays one `RequestMetrics.count(record)`: a few dict and list updates on plain ints, no
 lock (one trio thread owns them) and no prometheus-client object. `GatewayCollector` turns them into
@@ -9,7 +10,7 @@ families only when Prometheus scrapes (tests/bench/metrics.py measures both).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import trio
@@ -18,6 +19,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llmgw import __version__
+from llmgw.domain.priority import CLASSES
 from llmgw.gateway.guard import GuardStats
 from llmgw.gateway.requestlog import RequestLog, RequestRecord
 from llmgw.metrics.connections import connection_families
@@ -27,6 +29,8 @@ from llmgw.wire.gate import GateStats
 # Seconds. A chat answer runs from milliseconds (a refusal) to minutes (a long generation).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# A wait for a replica's slot: none at all (most), a few answers' time, or a promotion's (priority_promote_s).
+WAIT_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # (model, code, status) rows kept; past it a new code is counted as "other" (an engine's own error codes
 # are not ours to bound). Models are catalog names and statuses HTTP's, so this is only a safety net.
 MAX_REQUEST_ROWS = 4096
@@ -54,6 +58,8 @@ class RequestMetrics:
         self.requests: dict[tuple[str, str, int], int] = {}  # (model, error code or "", status) -> requests
         self.models: dict[str, _PerModel] = {}
         self.served: dict[tuple[str, str], int] = {}  # (name asked for, model that served it) when they differ
+        self.waits: dict[str, list[int]] = {}  # priority class -> counts per WAIT_BUCKETS (+Inf last)
+        self.wait_sums: dict[str, float] = {}
 
     def count(self, r: RequestRecord) -> None:
         key = (r.model, r.error, r.status)
@@ -81,11 +87,19 @@ class RequestMetrics:
         if r.served_model and r.served_model != r.model:  # an alias's model or a fallback served (catalog names)
             pair = (r.model, r.served_model)
             self.served[pair] = self.served.get(pair, 0) + 1
+        if r.queue_ms is not None and r.priority:
+            waits = self.waits.get(r.priority)
+            if waits is None:
+                waits = self.waits[r.priority] = [0] * (len(WAIT_BUCKETS) + 1)
+                self.wait_sums[r.priority] = 0.0
+            seconds = r.queue_ms / 1000
+            waits[bisect_left(WAIT_BUCKETS, seconds)] += 1
+            self.wait_sums[r.priority] += seconds
 
 
 def _histogram(name: str, doc: str, bounds: tuple[float, ...],
-               rows: list[tuple[str, list[int], float]]) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, doc, labels=["model"])
+               rows: list[tuple[str, list[int], float]], label: str = "model") -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=[label])
     for model, counts, total in rows:
         cumulative, buckets = 0, []
         for bound, n in zip((*bounds, float("inf")), counts):
@@ -100,18 +114,23 @@ class GatewayCollector(Collector):
 
     def __init__(self, metrics: RequestMetrics | None, guard: GuardStats | None = None,
                  requestlog: RequestLog | _Stats | None = None, connections: GateStats | None = None,
-                 breakers: list[tuple[str, str]] | None = None) -> None:
+                 breakers: list[tuple[str, str]] | None = None, queue_depth: Sequence[int] | None = None) -> None:
         self.metrics = metrics
         self.guard = guard
         self.requestlog = requestlog
         self.connections = connections
         self.breakers = breakers  # (model, replica id) of each open circuit breaker
+        self.queue_depth = queue_depth
 
     def collect(self) -> Iterator[Metric]:
         yield gauge("llmgw_build_info", "This process's llmgw version and role (always 1).", ("version", "role"),
                     [((__version__, "gateway"), 1.0)])
         if self.metrics is not None:
             yield from self._requests(self.metrics)
+        if self.queue_depth is not None:
+            yield gauge("llmgw_gateway_queue_waiting", "Requests waiting for a slot of a busy replica (its model's "
+                        "limits.concurrency_per_replica), by the priority class they asked for.", ("class",),
+                        [((name,), float(n)) for name, n in zip(CLASSES, self.queue_depth)])
         if self.guard is not None:
             yield from _guard(self.guard)
         if self.requestlog is not None:
@@ -150,6 +169,10 @@ class GatewayCollector(Collector):
                       "alias's model, or a fallback of a model that refused at once (docs/api.md, fallbacks and "
                       "aliases), by the name asked for and the model that served.", ("model", "served_model"),
                       [((model, served), float(n)) for (model, served), n in sorted(dict(m.served).items())])
+        yield _histogram("llmgw_gateway_queue_wait_seconds", "Time a request waited for a slot of its replica "
+                         "(0 when one was free), by priority class.", WAIT_BUCKETS,
+                         [(name, list(m.waits[name]), m.wait_sums[name]) for name in CLASSES if name in m.waits],
+                         label="class")
 
 
 def _guard(g: GuardStats) -> Iterator[Metric]:
@@ -168,10 +191,11 @@ def _guard(g: GuardStats) -> Iterator[Metric]:
 
 def registry_for(metrics: RequestMetrics | None, guard: GuardStats | None = None,
                  requestlog: RequestLog | _Stats | None = None, connections: GateStats | None = None,
-                 breakers: list[tuple[str, str]] | None = None) -> CollectorRegistry:
+                 breakers: list[tuple[str, str]] | None = None,
+                 queue_depth: Sequence[int] | None = None) -> CollectorRegistry:
     """A registry of the gateway's own (auto_describe off: describing would run a whole collect)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GatewayCollector(metrics, guard, requestlog, connections, breakers))
+    registry.register(GatewayCollector(metrics, guard, requestlog, connections, breakers, queue_depth))
     return registry
 
 
@@ -187,6 +211,7 @@ class Exporter:
         self.requestlog = requestlog
         self.connections: Callable[[], GateStats] | None = None  # the listener's gate, set by whoever serves
         self.breakers: Callable[[], list[tuple[str, str]]] | None = None  # the router's open breakers
+        self.queue_depth: Callable[[], Sequence[int]] | None = None  # the pool's waiting by class (the app sets it)
 
     def frozen(self) -> CollectorRegistry:
         """A registry over a copy of the counters as they are now."""
@@ -199,12 +224,15 @@ class Exporter:
                 metrics.models[name] = copy = _PerModel()
                 copy.latency, copy.latency_sum, copy.ttft = list(per.latency), per.latency_sum, list(per.ttft)
                 copy.ttft_sum, copy.tokens_in, copy.tokens_out = per.ttft_sum, per.tokens_in, per.tokens_out
+            metrics.waits = {name: list(counts) for name, counts in list(self.metrics.waits.items())}
+            metrics.wait_sums = dict(self.metrics.wait_sums)
         if self.guard is not None:
             guard = GuardStats(self.guard.judge_calls, self.guard.cache_hits, self.guard.refusals, self.guard.failures,
                                verdicts=dict(self.guard.verdicts))
         return registry_for(metrics, guard, _Stats(self.requestlog.statistics()) if self.requestlog else None,
                             self.connections() if self.connections is not None else None,
-                            self.breakers() if self.breakers is not None else None)
+                            self.breakers() if self.breakers is not None else None,
+                            list(self.queue_depth()) if self.queue_depth is not None else None)
 
     async def answer(self, send: Any) -> None:
         """The exposition, whole (no key: see docs/observability.md)."""

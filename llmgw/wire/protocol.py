@@ -33,6 +33,7 @@ from llmgw.domain.activation import Progress
 from llmgw.domain.frozen import freeze, thaw
 from llmgw.domain.guard import GuardPolicy
 from llmgw.domain.model import DefinitionError, ModelDef
+from llmgw.domain.priority import DEFAULT, class_problem
 from llmgw.domain.observed import ROUTE_STATES, Endpoint, ModelRoute
 from llmgw.domain.state import ApiKey, ClusterState
 
@@ -137,9 +138,10 @@ def table_message(version: int, leader: str, state: ClusterState,
 
 
 def key_doc(k: ApiKey) -> dict[str, Any]:
-    """A key as a gateway needs it: hash, id, role, scope, expiry, limits (never the key)."""
+    """A key as a gateway needs it: hash, id, role, scope, expiry, limits, priority (never the key)."""
     return {"hash": k.key_hash, "id": k.id, "name": k.name, "role": k.role, "models": list(k.models),
-            "expires_at": k.expires_at, "requests_per_min": k.requests_per_min, "tokens_per_min": k.tokens_per_min}
+            "expires_at": k.expires_at, "requests_per_min": k.requests_per_min, "tokens_per_min": k.tokens_per_min,
+            "priority": k.priority}
 
 
 def key_from_doc(k: Mapping[str, Any]) -> ApiKey:
@@ -150,7 +152,13 @@ def key_from_doc(k: Mapping[str, Any]) -> ApiKey:
 
     return ApiKey(str(k["hash"]), str(k.get("name", "")), str(k["role"]), 0.0, key_id=str(k.get("id", "")),
                   models=tuple(str(m) for m in k.get("models") or ()), expires_at=number("expires_at", float),
-                  requests_per_min=number("requests_per_min", int), tokens_per_min=number("tokens_per_min", int))
+                  requests_per_min=number("requests_per_min", int), tokens_per_min=number("tokens_per_min", int),
+                  priority=_priority(k.get("priority")))
+
+
+def _priority(value: Any) -> str:
+    """A key's class as the leader sent it; absent (an older leader) or unknown here (a newer one's): default."""
+    return value if isinstance(value, str) and class_problem(value) is None else DEFAULT
 
 
 def judge_failure_message(model: str, words: str) -> dict[str, Any]:

@@ -197,6 +197,9 @@ def test_serve_flags_set_request_limits() -> None:
     assert ctl(argv, api).rc == 0
     assert api.bodies() == [{"name": "c", "engine": "sim", "source": "sim://c",
                              "limits": {"max_tokens": 512, "max_n": 2}}]
+    assert ctl([*argv[:8], "--slots", "4"], api).rc == 0
+    assert api.bodies()[-1] == {"name": "c", "engine": "sim", "source": "sim://c",
+                                "limits": {"concurrency_per_replica": 4}}
 
 
 def test_serve_flags_set_fallbacks_and_aliases_and_show_prints_them() -> None:

@@ -1,4 +1,5 @@
-"""`ctl request` and `ctl requests` show each request's guard verdict (`guard_rule`), `-` when none applied."""
+"""`ctl request` and `ctl requests` show each request's guard verdict (`guard_rule`), `-` when none applied, and
+its priority class and wait for a slot (`priority`, `queue_ms`; `-` in a record written before them)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,15 @@ def test_one_request_shows_its_guard_rule() -> None:
     shown = render_request({"request": RECORD})
     assert "guard rule:     judge: S6,Specialized Advice" in shown
     assert "guard rule:     -" in render_request({"request": {**RECORD, "guard_rule": ""}})
+
+
+def test_a_request_shows_its_class_and_queue_time() -> None:
+    shown = render_request({"request": {**RECORD, "priority": "bulk", "queue_ms": 812.25}})
+    assert "priority:       bulk" in shown and "queue ms:       812.2" in shown
+    assert "priority:       -" in render_request({"request": RECORD})  # written before classes
+    head, row = render_requests({"requests": [{**RECORD, "priority": "interactive", "queue_ms": 0.0}]}).splitlines()[:2]
+    assert head.split()[11:13] == ["QUEUE", "CLASS"]  # (after "TIME (UTC)", two words)
+    assert row.split()[11:13] == ["0.0", "interactive"]
 
 
 def test_the_request_list_has_a_guard_column() -> None:

@@ -309,6 +309,16 @@ def test_limits_default_to_none_and_are_read():
     assert ModelDef.from_doc({**SIM, "limits": {"max_tokens": None, "max_n": 2}}).limits == Limits(None, 2)
 
 
+def test_slots_per_replica_are_read_and_left_out_of_the_document_while_unset():
+    """`limits.concurrency_per_replica`: a later field, so a definition that does not set it has the document
+    (and the stored state) an older llmgw reads."""
+    m = ModelDef.from_doc({**SIM, "limits": {"concurrency_per_replica": 4}})
+    assert m.limits == Limits(concurrency_per_replica=4)
+    assert m.to_doc()["limits"] == {"max_tokens": None, "max_n": None, "concurrency_per_replica": 4}
+    assert ModelDef.from_doc(m.to_doc()) == m
+    assert "concurrency_per_replica" not in ModelDef.from_doc(SIM).to_doc()["limits"]
+
+
 @pytest.mark.parametrize(
     ("limits", "problems"),
     [
@@ -319,7 +329,7 @@ def test_limits_default_to_none_and_are_read():
         ({"max_tokens": True}, [("limits.max_tokens", "must be an integer")]),
         ({"max_tokens": 2**40}, [("limits.max_tokens", "must be between 1 and 2147483647")]),
         ({"max_tokens": "8"}, [("limits.max_tokens", "must be an integer")]),
-        ({"max_token": 8, "max_n": 0}, [("limits.max_token", "unknown key; known: max_tokens, max_n"),
+        ({"max_token": 8, "max_n": 0}, [("limits.max_token", "unknown key; known: max_tokens, max_n, concurrency_per_replica"),
                                         ("limits.max_n", "must be between 1 and 2147483647")]),
     ],
 )
@@ -464,6 +474,7 @@ def test_effective_prefers_the_stored_value():
         ("placement.warn_interval_s", 30),
         ("placement.warn_interval_s", 0.5),
         ("health.park_after_failures", 3),
+        ("gateway.queue_per_class", {"bulk": 64, "system": 100000}),
     ],
 )
 def test_settings_accepted(key, value):
@@ -485,6 +496,10 @@ def test_settings_accepted(key, value):
         ("placement.warn_interval_s", "600"),
         ("placement.warn_interval_s", math.nan),
         ("health.park_after_failures", 0),
+        ("gateway.queue_per_class", {"urgent": 5}),
+        ("gateway.queue_per_class", {"bulk": 0}),
+        ("gateway.queue_per_class", {"bulk": True}),
+        ("gateway.queue_per_class", [64]),
         ("serving.stoped", True),
     ],
 )

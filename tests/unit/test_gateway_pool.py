@@ -14,7 +14,8 @@ import trio
 import trio.testing
 
 from llmgw.domain.timeouts import TIMEOUTS
-from llmgw.gateway.pool import Overloaded, Pool, raise_fd_limit
+from llmgw.domain.priority import RANK
+from llmgw.gateway.pool import Overloaded, Pool, Ticket, raise_fd_limit
 from llmgw.gateway.upstream import UpstreamTimeout, send
 from llmgw.testing.scripted_engine import read_request
 
@@ -73,8 +74,9 @@ async def serve(nursery: trio.Nursery, engine: Engine) -> str:
     return f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
 
 
-async def call(pool: Pool, url: str, limit: int = 10_000, queue: int = 10_000) -> bytes:
-    response = await send(pool, url, PATH, b"{}", "req-1", limit=limit, queue=queue)
+async def call(pool: Pool, url: str, limit: int = 10_000, queue: int | tuple[int, ...] = 10_000,
+               ticket: Ticket | None = None) -> bytes:
+    response = await send(pool, url, PATH, b"{}", "req-1", limit=limit, queue=queue, ticket=ticket)
     try:
         return await response.read()
     finally:
@@ -132,6 +134,58 @@ async def test_over_the_limit_requests_queue_and_past_the_queue_are_refused_at_o
         nursery.cancel_scope.cancel()
 
 
+async def test_a_busy_replica_serves_the_higher_class_first_then_keys_by_turns(pool: Pool) -> None:
+    """One slot, held; a bulk key floods, then a default key and an interactive key each send one: the
+    interactive one goes first, the default one next, then the flood; each waiter's wait is on its ticket."""
+    engine = Engine(hold=1000)
+    async with trio.open_nursery() as nursery:
+        url = await serve(nursery, engine)
+        order: list[str] = []
+        tickets: dict[str, Ticket] = {}
+
+        async def one(name: str, key: str, klass: str) -> None:
+            tickets[name] = ticket = Ticket(key, RANK[klass])
+            await call(pool, url, limit=1, ticket=ticket)
+            order.append(name)
+
+        nursery.start_soon(one, "first", "A", "bulk")
+        await trio.testing.wait_all_tasks_blocked()  # it holds the one slot
+        for i in range(5):
+            nursery.start_soon(one, f"bulk{i}", "A", "bulk")
+            await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(one, "default", "B", "default")
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(one, "interactive", "C", "interactive")
+        await trio.testing.wait_all_tasks_blocked()
+        assert pool.depth == [0, 1, 1, 5] and pool.waiting(url) == 7
+        engine.all_in.set()
+        with trio.fail_after(5):
+            while len(order) < 8:
+                await trio.sleep(0.01)
+        assert order == ["first", "interactive", "default", *(f"bulk{i}" for i in range(5))]
+        assert tickets["first"].waited == 0 and tickets["bulk4"].waited > tickets["interactive"].waited > 0
+        assert pool.depth == [0, 0, 0, 0]
+        nursery.cancel_scope.cancel()
+
+
+async def test_each_class_has_its_own_bound_and_a_refusal_names_the_class(pool: Pool) -> None:
+    engine = Engine(hold=1000)
+    async with trio.open_nursery() as nursery:
+        url = await serve(nursery, engine)
+        bounds = (4, 4, 4, 1)  # system, interactive, default, bulk
+        nursery.start_soon(partial(call, pool, url, limit=1, queue=bounds))  # holds the slot
+        await trio.testing.wait_all_tasks_blocked()  # (trio may start tasks in any order)
+        nursery.start_soon(partial(call, pool, url, limit=1, queue=bounds, ticket=Ticket("A", RANK["bulk"])))
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(Overloaded) as refused:
+            await call(pool, url, limit=1, queue=bounds, ticket=Ticket("B", RANK["bulk"]))
+        assert refused.value.priority == "bulk" and "1 requests of class bulk waiting" in str(refused.value)
+        nursery.start_soon(partial(call, pool, url, limit=1, queue=bounds, ticket=Ticket("B", RANK["default"])))
+        await trio.testing.wait_all_tasks_blocked()
+        assert pool.waiting(url) == 2 and pool.stats.overloaded == 1
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_cancelled_waiter_leaves_no_trace(pool: Pool) -> None:
     engine = Engine(hold=1000)  # holds every request
     async with trio.open_nursery() as nursery:
@@ -141,7 +195,7 @@ async def test_a_cancelled_waiter_leaves_no_trace(pool: Pool) -> None:
         assert engine.in_flight == 1
         with trio.move_on_after(0.05):
             await call(pool, url, limit=1, queue=1)  # waits, then is cancelled
-        assert pool.waiting(url) == 0
+        assert pool.waiting(url) == 0 and pool.depth == [0, 0, 0, 0]
         nursery.start_soon(partial(call, pool, url, limit=1, queue=1))  # the queue has room again
         await trio.testing.wait_all_tasks_blocked()
         assert pool.waiting(url) == 1

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from llmgw.domain import commands as C
+from llmgw.domain import levels
 from llmgw.domain.codec import state_from_json, state_to_json
 from llmgw.domain.keys import KEY_PREFIX, hash_key, legacy_key_id, new_key, new_key_id
 from llmgw.domain.model import ModelDef
@@ -22,7 +23,7 @@ CLIENT = "sk-llmgw-client-for-tests"
 
 
 def state_with(*cmds: dict[str, Any]) -> ClusterState:
-    state = ClusterState()
+    state = ClusterState(store_level=levels.LEVEL)  # a group of this release
     for c in cmds:
         state, _ = C.apply(state, c)
     return state
@@ -89,6 +90,8 @@ def test_a_snapshot_written_before_scopes_reads_with_the_defaults() -> None:
     ({"requests_per_min": True}, "requests_per_min must be a whole number"),
     ({"role": "admin", "requests_per_min": 5}, "only client keys take a scope"),
     ({"key_id": "nope"}, "key_id must be key_"),
+    ({"priority": "urgent"}, "priority must be one of system, interactive, default, bulk"),
+    ({"role": "admin", "priority": "system"}, "only client keys take a scope, an expiry, limits or a priority"),
 ])
 def test_a_bad_key_command_is_refused_with_words(fields: dict[str, Any], words: str) -> None:
     cmd = {**C.add_key(hash_key(CLIENT), "n", "client", 1.0), **fields}
@@ -141,7 +144,7 @@ def test_the_table_carries_ids_scopes_and_limits_never_a_key() -> None:
     message = protocol.table_message(1, "me", state, None)
     assert message["keys"] == [{"hash": hash_key(CLIENT), "id": add["key_id"], "name": "ci", "role": "client",
                                 "models": ["demo"], "expires_at": 50.0, "requests_per_min": None,
-                                "tokens_per_min": 9}]
+                                "tokens_per_min": 9, "priority": "default"}]
     assert CLIENT not in protocol.dumps(message)
     read = protocol.read_table(protocol.loads(protocol.dumps(message))).state.keys[hash_key(CLIENT)]
     assert (read.id, read.models, read.expires_at, read.tokens_per_min) == (add["key_id"], ("demo",), 50.0, 9)
@@ -149,6 +152,40 @@ def test_the_table_carries_ids_scopes_and_limits_never_a_key() -> None:
     older = {**message, "keys": [{"hash": hash_key(CLIENT), "name": "ci", "role": "client"}]}
     key = protocol.read_table(older).state.keys[hash_key(CLIENT)]
     assert key.scope is None and key.requests_per_min is None and key.id == legacy_key_id(hash_key(CLIENT))
+
+
+def test_a_key_carries_its_priority_class_to_the_state_the_snapshot_and_the_gateway() -> None:
+    """`priority` is written in the command, the snapshot and the table only when it is not the default, so a
+    plain key is what an older member or gateway reads; an older leader's table (no priority) reads default."""
+    plain = C.add_key(hash_key(CLIENT), "ci", "client", 1.0)
+    assert "priority" not in plain
+    assert "priority" not in state_to_json(state_with(plain))["state"]["keys"][hash_key(CLIENT)]
+    bulk = C.add_key(hash_key(CLIENT), "ci", "client", 1.0, priority="bulk")
+    state = state_with(bulk)
+    assert state.keys[hash_key(CLIENT)].priority == "bulk"
+    assert state_from_json(state_to_json(state)) == state
+    message = protocol.read_table(protocol.loads(protocol.dumps(protocol.table_message(1, "me", state, None))))
+    assert message.state.keys[hash_key(CLIENT)].priority == "bulk"
+    older = {"hash": hash_key(CLIENT), "name": "ci", "role": "client"}
+    assert protocol.key_from_doc(older).priority == "default"
+    assert protocol.key_from_doc({**older, "priority": "urgent"}).priority == "default"  # a newer leader's class
+
+
+def test_the_priority_header_lowers_or_keeps_the_class_never_raises_it() -> None:
+    check, snap = KeyCheck(), snap_with(priority="interactive")
+    key = check.admit(headers(), snap)
+    rank = {name: i for i, name in enumerate(("system", "interactive", "default", "bulk"))}
+    assert check.priority(key, headers()) == rank["interactive"]
+    assert check.priority(key, [(b"x-llmgw-priority", b" Bulk ")]) == rank["bulk"]
+    for asked in ("interactive", "default", "bulk"):
+        assert check.priority(key, [*headers(), (b"x-llmgw-priority", asked.encode())]) == rank[asked]
+    with pytest.raises(OpenAIError) as e:
+        check.priority(key, [(b"x-llmgw-priority", b"system")])
+    assert (e.value.status, e.value.code) == (403, "priority_not_allowed")
+    assert "'interactive'" in e.value.message and "'system'" in e.value.message
+    with pytest.raises(OpenAIError) as e:
+        check.priority(key, [(b"x-llmgw-priority", b"urgent")])
+    assert (e.value.status, e.value.code) == (400, "invalid_priority") and "system, interactive" in e.value.message
 
 
 # --- KeyCheck: the gateway's door, on a clock the test moves --------------------------------------

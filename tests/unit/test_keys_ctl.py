@@ -16,7 +16,7 @@ KEYS = {"keys": [
      "expires_at": None, "expired": False, "requests_per_min": None, "tokens_per_min": None},
     {"id": "key_ci0000000001", "name": "ci bot", "role": "client", "created_at": 1_700_000_100.0,
      "models": ["demo", "embed"], "expires_at": 1_700_086_400.0, "expired": True, "requests_per_min": 60,
-     "tokens_per_min": 10000},
+     "tokens_per_min": 10000, "priority": "bulk"},
     {"id": "key_open00000001", "name": "open", "role": "client", "created_at": None, "models": [],
      "expires_at": None, "expired": False, "requests_per_min": None, "tokens_per_min": None},
 ]}
@@ -26,11 +26,11 @@ def test_list_shows_ids_scopes_expiry_and_limits() -> None:
     result = ctl(["keys"], FakeApi().on("GET", "/api/v1/keys", json_body=KEYS))
     assert result.rc == 0, result.err
     rows = columns(result.out, "ID")
-    assert rows[0] == ["ID", "NAME", "ROLE", "MODELS", "EXPIRES", "REQ/MIN", "TOKENS/MIN", "CREATED"]
-    assert rows[1] == ["key_adm000000001", "admin", "admin", "-", "-", "-", "-", "2023-11-14 22:13 UTC"]
+    assert rows[0] == ["ID", "NAME", "ROLE", "MODELS", "EXPIRES", "REQ/MIN", "TOKENS/MIN", "PRIORITY", "CREATED"]
+    assert rows[1] == ["key_adm000000001", "admin", "admin", "-", "-", "-", "-", "-", "2023-11-14 22:13 UTC"]
     assert rows[2] == ["key_ci0000000001", "ci bot", "client", "demo, embed", "2023-11-15 22:13 UTC (expired)",
-                       "60", "10000", "2023-11-14 22:15 UTC"]
-    assert rows[3] == ["key_open00000001", "open", "client", "all", "-", "-", "-", "-"]
+                       "60", "10000", "bulk", "2023-11-14 22:15 UTC"]
+    assert rows[3] == ["key_open00000001", "open", "client", "all", "-", "-", "-", "-", "-"]
     empty = ctl(["keys", "list"], FakeApi().on("GET", "/api/v1/keys", json_body={"keys": []}))
     assert "no keys" in empty.out
 
@@ -50,6 +50,8 @@ def test_create_sends_the_fields_and_prints_the_secret_once() -> None:
     as_json = ctl(["--json", "keys", "create", "ci"], api)
     assert json.loads(as_json.out)["key"] == answer["key"]
     assert api.bodies()[-1] == {"name": "ci", "role": "client"}
+    assert ctl(["keys", "create", "batch", "--priority", "bulk"], api).rc == 0
+    assert api.bodies()[-1] == {"name": "batch", "role": "client", "priority": "bulk"}
 
 
 def test_revoke_deletes_by_id_and_shows_a_refusal() -> None:

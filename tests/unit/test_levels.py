@@ -138,3 +138,22 @@ def test_a_definition_setting_a_field_of_level_two_needs_level_two_and_one_witho
     state, _ = commands.apply(state, announce("10.0.0.1:7000", 2))
     state, _ = commands.apply(state, commands.raise_level(2, 3.0))
     assert commands.apply(state, marked)[0].models["b"].fallbacks == ("a",)
+
+
+def test_a_key_with_a_priority_class_or_a_model_with_slots_needs_level_two() -> None:
+    """A key's `priority` and a model's `limits.concurrency_per_replica` came with 0.2.0 too: an older member
+    would drop the one and refuse the other, so each is a level-2 write; a plain key stays level 1."""
+    from llmgw.domain.keys import hash_key
+    from llmgw.domain.model import ModelDef
+
+    assert "needs_level" not in commands.add_key(hash_key("sk-a"), "a", "client", 1.0)
+    bulk = commands.add_key(hash_key("sk-b"), "b", "client", 1.0, priority="bulk")
+    slots = commands.put_model(ModelDef.from_doc({"name": "m", "engine": "sim", "source": "sim://m",
+                                                  "limits": {"concurrency_per_replica": 4}}), 1.0)
+    for command in (bulk, slots):
+        assert command["needs_level"] == 2
+        with pytest.raises(commands.CommandError) as refused:
+            commands.apply(ClusterState(), command)
+        assert refused.value.code == "upgrade_pending"
+    state, _ = commands.apply(ClusterState(store_level=2), bulk)
+    assert next(iter(state.keys.values())).priority == "bulk"

@@ -248,14 +248,16 @@ def test_every_exported_family_is_in_the_docs_and_every_documented_one_is_export
     stats = GuardStats()
     stats.counted("lg", Verdict(("S1",)))
     m = gw.RequestMetrics()
-    m.count(RequestRecord("r", 0.0, "k", "demo", 200, latency_ms=12.0, ttft_ms=3.0, tokens_in=3, tokens_out=5))
+    m.count(RequestRecord("r", 0.0, "k", "demo", 200, latency_ms=12.0, ttft_ms=3.0, tokens_in=3, tokens_out=5,
+                          priority="bulk", queue_ms=40.0))
     found = [Condition("no_leader", "", "critical", "w")]
     exported: dict[tuple[str, str], tuple[str, set[str] | None]] = {}
     for role, text in (
             ("control", scrape_text(Scrape("n1:1", True, RAFT, fleet_doc(), {"down": 1}, found, {"delivered": 1},
                                            connections=gate_stats("admin")))),
             ("gateway", render(gw.registry_for(m, stats, gw._Stats({"dropped": 0, "write_errors": 0, "queued": 0}),
-                                               gate_stats("gateway"), [("demo", "demo-r1")])).decode())):
+                                               gate_stats("gateway"), [("demo", "demo-r1")],
+                                               [0, 1, 0, 2])).decode())):
         for family in text_string_to_metric_families(text):
             name = family.name + ("_total" if family.type == "counter" else "")
             labels = {k for s in family.samples for k in s.labels} - {"le"} if family.samples else None

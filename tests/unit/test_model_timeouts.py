@@ -87,5 +87,7 @@ def test_model_show_prints_the_request_limits_and_the_upstream_timeouts() -> Non
     assert shown["upstream timeouts"] == "connect: default, first byte 30 s, between chunks 7.5 s"
     shown = _show(ModelDef.from_doc(SIM).to_doc())
     assert (shown["request limits"], shown["upstream timeouts"]) == ("none", "the gateway's defaults")
+    shown = _show(ModelDef.from_doc({**SIM, "limits": {"concurrency_per_replica": 4}}).to_doc())
+    assert shown["request limits"] == "max_tokens: no limit, n: no limit, 4 slots per replica"
     shown = _show({"name": "m"})  # an older server sends neither: unknown, not "none"
     assert (shown["request limits"], shown["upstream timeouts"]) == ("-", "-")

@@ -104,6 +104,7 @@ def definition_from_flags(
     timeouts: dict[str, float | None] | None = None,
     fallbacks: Sequence[str] | None = None,
     aliases: Sequence[str] | None = None,
+    slots: int | None = None,
 ) -> dict[str, Any]:
     missing = flags.missing()
     if missing:
@@ -124,7 +125,8 @@ def definition_from_flags(
         doc["profile"] = profile
     if args:
         doc["args"] = list(args)
-    limits = {k: v for k, v in (("max_tokens", max_tokens), ("max_n", max_n)) if v is not None}
+    limits = {k: v for k, v in (("max_tokens", max_tokens), ("max_n", max_n), ("concurrency_per_replica", slots))
+              if v is not None}
     if limits:
         doc["limits"] = limits  # checked by the API, as every other field
     waits = {k: v for k, v in (timeouts or {}).items() if v is not None}

@@ -46,6 +46,7 @@ def keys_create(
     expires: str | None = None,
     rpm: int | None = None,
     tpm: int | None = None,
+    priority: str | None = None,
     session: SessionParam,
 ) -> int:
     """Create a key and print it: it is shown this once, never again.
@@ -66,6 +67,10 @@ def keys_create(
         Requests per minute this client key may make, per gateway process.
     tpm
         Tokens (prompt + completion, as the engine counts them) per minute, per gateway process.
+    priority
+        The class of this client key's requests when a replica's slots are full: system, interactive,
+        default (when none is given) or bulk, highest first; a request may ask for a lower one with the
+        `x-llmgw-priority` header, never a higher one.
     """
     body: dict[str, Any] = {"name": name, "role": role}
     if model:
@@ -76,6 +81,8 @@ def keys_create(
         body["requests_per_min"] = rpm
     if tpm is not None:
         body["tokens_per_min"] = tpm
+    if priority is not None:
+        body["priority"] = priority
     return session.show_answer("POST", api_path("keys"), body=body, send_body=True, render=render_created)
 
 
@@ -133,9 +140,10 @@ def render_keys(doc: Mapping[str, Any]) -> str:
         return "no keys (create one: `llmgw ctl keys create NAME`)"
     rows = [[k.get("id"), k.get("name"), k.get("role"),
              _models(k.get("models")) if k.get("role") == "client" else None, _expires(k),
-             k.get("requests_per_min"), k.get("tokens_per_min"), _when(k.get("created_at"))]
+             k.get("requests_per_min"), k.get("tokens_per_min"),
+             k.get("priority") if k.get("role") == "client" else None, _when(k.get("created_at"))]
             for k in found if isinstance(k, Mapping)]
-    return table(["ID", "NAME", "ROLE", "MODELS", "EXPIRES", "REQ/MIN", "TOKENS/MIN", "CREATED"], rows)
+    return table(["ID", "NAME", "ROLE", "MODELS", "EXPIRES", "REQ/MIN", "TOKENS/MIN", "PRIORITY", "CREATED"], rows)
 
 
 def render_created(doc: Mapping[str, Any]) -> str:

@@ -46,6 +46,7 @@ def model_serve(
     cpu: Annotated[bool, Parameter(name="--cpu", negative="", show_default=False)] = False,
     max_tokens: Annotated[int | None, Parameter(name="--max-tokens")] = None,
     max_n: Annotated[int | None, Parameter(name="--max-n")] = None,
+    slots: Annotated[int | None, Parameter(name="--slots")] = None,
     connect_timeout: Annotated[float | None, Parameter(name="--connect-timeout")] = None,
     first_byte_timeout: Annotated[float | None, Parameter(name="--first-byte-timeout")] = None,
     chunk_timeout: Annotated[float | None, Parameter(name="--chunk-timeout")] = None,
@@ -72,6 +73,10 @@ def model_serve(
         Most max_tokens (or max_completion_tokens) one request may ask for; the gateway refuses more.
     max_n
         Most choices (n) one request may ask for.
+    slots
+        Requests each gateway sends one replica at once (limits.concurrency_per_replica; default: the setting
+        gateway.upstream_connections_per_replica); set it to the engine's parallel slots (llama.cpp --parallel,
+        vLLM --max-num-seqs) so the gateway queues the rest by priority class and key.
     connect_timeout
         Seconds the gateway waits to connect to a replica (default: the gateway's upstream_connect_s).
     first_byte_timeout
@@ -89,7 +94,8 @@ def model_serve(
     """
     timeouts = {"connect_s": connect_timeout, "first_byte_s": first_byte_timeout, "chunk_s": chunk_timeout}
     flags_given = bool(flags.given()) or cpu or any(
-        v is not None for v in (min_, max_, gpus, arg, max_tokens, max_n, fallback, alias, *timeouts.values()))
+        v is not None for v in (min_, max_, gpus, arg, max_tokens, max_n, fallback, alias, slots,
+                                *timeouts.values()))
     if file is not None:
         if flags_given:
             raise UsageError("model serve takes --file FILE or the model flags, not both")
@@ -98,7 +104,7 @@ def model_serve(
         catalog = False
         definitions = [definition_from_flags(flags, min_=min_, max_=max_, gpus=gpus, cpu=cpu, args=arg,
                                              max_tokens=max_tokens, max_n=max_n, timeouts=timeouts,
-                                             fallbacks=fallback, aliases=alias)]
+                                             fallbacks=fallback, aliases=alias, slots=slots)]
     answers: list[Any] = []
     failed = 0
     for definition in definitions:

@@ -138,6 +138,7 @@ def render_request(doc: Mapping[str, Any]) -> str:
             ("replica", r.get("replica") or None), ("node", r.get("node") or None), ("status", r.get("status")),
             ("error", r.get("error") or None), ("tokens in", r.get("tokens_in")), ("tokens out", r.get("tokens_out")),
             ("latency ms", _ms(r.get("latency_ms"))), ("first token ms", _ms(r.get("ttft_ms"))),
+            ("priority", r.get("priority") or None), ("queue ms", _ms(r.get("queue_ms"))),
             ("guard rule", r.get("guard_rule") or None)]
     return "\n".join(f"{name + ':':<16}{cell(value)}" for name, value in rows)
 
@@ -164,11 +165,12 @@ def render_requests(doc: Mapping[str, Any]) -> str:
     records = dig(doc, "requests")
     out = []
     if isinstance(records, list) and records:
-        out.append(table(["TIME (UTC)", "ID", "KEY", "MODEL", "STATUS", "ERROR", "IN", "OUT", "MS", "TTFT", "REPLICA",
-                          "GUARD"],
+        out.append(table(["TIME (UTC)", "ID", "KEY", "MODEL", "STATUS", "ERROR", "IN", "OUT", "MS", "TTFT", "QUEUE",
+                          "CLASS", "REPLICA", "GUARD"],
                          [[_time(r.get("time")), r.get("id"), r.get("key") or None, _model(r),
                            r.get("status"), r.get("error") or None, r.get("tokens_in"), r.get("tokens_out"),
-                           _ms(r.get("latency_ms")), _ms(r.get("ttft_ms")), r.get("replica") or None,
+                           _ms(r.get("latency_ms")), _ms(r.get("ttft_ms")), _ms(r.get("queue_ms")),
+                           r.get("priority") or None, r.get("replica") or None,
                            r.get("guard_rule") or None]  # the judges' verdict: `judge: S6,Specialized Advice`
                           for r in records if isinstance(r, Mapping)]))
     else:

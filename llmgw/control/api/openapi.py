@@ -18,6 +18,7 @@ from llmgw.domain import conditions, guard, model, usage
 from llmgw.domain.judges import STATUSES
 from llmgw.domain.trust import MACHINE_ROLES
 from llmgw.domain.keys import KEY_ROLES, LIMIT_MAX, NAME_MAX_CHARS, SCOPE_MAX_MODELS
+from llmgw.domain.priority import CLASSES
 from llmgw.domain.settings import SETTINGS
 
 __all__ = ["NO_KEY_PATHS", "PATH", "WEBSOCKET_PATHS", "document", "rule_path", "text"]
@@ -105,7 +106,8 @@ def _definition() -> Schema:
         "profile": _obj({"gpus": size, "tp": size, "pp": size, "nodes": size,
                          "classes": _arr({"type": "string", "minLength": 1}),
                          "memory_gib": {"type": "number", "minimum": 0}, "cpu": _BOOL}, (), closed=True),
-        "limits": _obj({"max_tokens": _LIMIT, "max_n": _LIMIT}, (), closed=True),
+        "limits": _obj({"max_tokens": _LIMIT, "max_n": _LIMIT,
+                        "concurrency_per_replica": _null(_int(1, model.MAX_SLOTS))}, (), closed=True),
         "timeouts": _obj({name: _WAIT for name in ("connect_s", "first_byte_s", "chunk_s")}, (), closed=True),
         # Defined models of the same role, tried in order when this one refuses at once; and more public names.
         "fallbacks": {**_arr(_MODEL_NAME), "maxItems": model.MAX_FALLBACKS, "uniqueItems": True},
@@ -128,7 +130,9 @@ def _stored_definition() -> Schema:
         "args": _arr(_STR),
         "profile": _obj({"gpus": size, "tp": size, "pp": size, "nodes": size, "classes": _arr(_STR),
                          "memory_gib": _NUM, "cpu": _BOOL}),
-        "limits": _obj({"max_tokens": _null(_INT), "max_n": _null(_INT)}),
+        # concurrency_per_replica: only when set (an older llmgw refuses the key).
+        "limits": _obj({"max_tokens": _null(_INT), "max_n": _null(_INT), "concurrency_per_replica": _INT},
+                       ("max_tokens", "max_n")),
         "timeouts": _obj({name: _null(_NUM) for name in ("connect_s", "first_byte_s", "chunk_s")}),
         "fallbacks": _arr(_STR), "aliases": _arr(_STR),
         "routing": _obj({"affinity": _null(_STR), "prefix_chars": _INT}),
@@ -164,7 +168,7 @@ def _key() -> Schema:
         "id": {"type": "string", "pattern": "^key_[A-Za-z0-9]+$"}, "name": _STR,
         "role": {"type": "string", "enum": list(KEY_ROLES)}, "created_at": _null(_NUM), "models": _arr(_STR),
         "expires_at": _null(_NUM), "expired": _BOOL, "requests_per_min": _null(_INT),
-        "tokens_per_min": _null(_INT),
+        "tokens_per_min": _null(_INT), "priority": {"type": "string", "enum": list(CLASSES)},
     })
 
 
@@ -177,6 +181,8 @@ def _key_create() -> Schema:
         "models": _arr({"type": "string", "minLength": 1}, maxItems=SCOPE_MAX_MODELS),
         "expires_at": _null({"type": "number", "exclusiveMinimum": 0}),
         "requests_per_min": limit, "tokens_per_min": limit,
+        # Its requests' class when a replica's slots are full (absent: default); a request may ask lower.
+        "priority": {"type": "string", "enum": list(CLASSES)},
     }, ("name",), closed=True)
 
 

@@ -20,7 +20,7 @@ from llmgw.errors import AdminError
 
 log = logging.getLogger("llmgw.control.admin")
 
-CREATE_FIELDS = ("name", "role", "models", "expires_at", "requests_per_min", "tokens_per_min")
+CREATE_FIELDS = ("name", "role", "models", "expires_at", "requests_per_min", "tokens_per_min", "priority")
 
 
 def key_doc(key: ApiKey, now: float) -> dict[str, Any]:
@@ -28,7 +28,8 @@ def key_doc(key: ApiKey, now: float) -> dict[str, Any]:
     return {"id": key.id, "name": key.name, "role": key.role, "created_at": key.created_at or None,
             "models": list(key.models), "expires_at": key.expires_at,
             "expired": key.expires_at is not None and key.expires_at <= now,
-            "requests_per_min": key.requests_per_min, "tokens_per_min": key.tokens_per_min}
+            "requests_per_min": key.requests_per_min, "tokens_per_min": key.tokens_per_min,
+            "priority": key.priority}
 
 
 def parse_create(doc: Any) -> dict[str, Any]:
@@ -58,7 +59,8 @@ async def create(ctx: Context, commit: Commit, doc: Any) -> dict[str, Any]:
     command = commands.add_key(hash_key(secret), fields["name"], fields["role"], ctx.clock(),
                                models=fields["models"], expires_at=fields.get("expires_at"),
                                requests_per_min=fields.get("requests_per_min"),
-                               tokens_per_min=fields.get("tokens_per_min"))
+                               tokens_per_min=fields.get("tokens_per_min"),
+                               priority=fields.get("priority", "default"))
     result = await commit(command)
     if result.get("id") != command["key_id"]:
         # The retry of a create another member (or this one before a restart) applied: that key's

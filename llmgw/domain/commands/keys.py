@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from llmgw.domain import levels
 from llmgw.domain.commands.core import CommandError, make, readonly
 from llmgw.domain.keys import fields_problem, is_key_id, new_key_id
 from llmgw.domain.state import ApiKey, ClusterState
@@ -21,9 +22,10 @@ FRESH_FIELDS = ("key_hash", "key_id")
 
 def add_key(key_hash: str, name: str, role: str, at: float, *, key_id: str | None = None,
             models: tuple[str, ...] | list[str] = (), expires_at: float | None = None,
-            requests_per_min: int | None = None, tokens_per_min: int | None = None) -> dict[str, Any]:
-    """The `key.add` command; a fresh random id unless `key_id` is given. Scope, expiry and
-    limits are written only when set, so a plain key's command is the one older members read."""
+            requests_per_min: int | None = None, tokens_per_min: int | None = None,
+            priority: str = "default") -> dict[str, Any]:
+    """The `key.add` command; a fresh random id unless `key_id` is given. Scope, expiry,
+    limits and priority are written only when set, so a plain key's command is the one older members read."""
     extra: dict[str, Any] = {}
     if models:
         extra["models"] = sorted(set(models))
@@ -31,7 +33,10 @@ def add_key(key_hash: str, name: str, role: str, at: float, *, key_id: str | Non
                          ("tokens_per_min", tokens_per_min)):
         if value is not None:
             extra[field] = value
-    return make("key.add", at, key_hash=key_hash, key_id=key_id or new_key_id(), name=name, role=role, **extra)
+    command = make("key.add", at, key_hash=key_hash, key_id=key_id or new_key_id(), name=name, role=role, **extra)
+    if priority != "default":  # 0.2.0's field: an older member would drop it, so it needs that store level
+        command = levels.stamp({**command, "priority": priority}, levels.LATER_FIELDS_LEVEL)
+    return command
 
 
 def revoke_key(key_id: str, at: float) -> dict[str, Any]:
@@ -62,7 +67,8 @@ def apply_add(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterSta
         return s, {"added": False, "id": old.id}
     key = ApiKey(key_hash, c["name"], c["role"], at, key_id=key_id,
                  models=tuple(c.get("models", ())), expires_at=_float(c.get("expires_at")),
-                 requests_per_min=c.get("requests_per_min"), tokens_per_min=c.get("tokens_per_min"))
+                 requests_per_min=c.get("requests_per_min"), tokens_per_min=c.get("tokens_per_min"),
+                 priority=c.get("priority", "default"))
     return replace(s, keys=readonly(s.keys | {key_hash: key})), {"added": True, "id": key.id}
 
 

@@ -316,13 +316,16 @@ def _args(args: Any) -> str | None:
 
 
 def _limits(limits: Any) -> str | None:
-    """'max_tokens <= 4096, n: no limit'; 'none' when neither is set; None (shown '-') when not sent."""
+    """'max_tokens <= 4096, n: no limit' (and ', 4 slots per replica' when the model sets them); 'none' when
+    nothing is set; None (shown '-') when not sent."""
     if not isinstance(limits, Mapping):
         return None
     bits = {"max_tokens": limits.get("max_tokens"), "n": limits.get("max_n")}
-    if all(v is None for v in bits.values()):
+    slots = limits.get("concurrency_per_replica")
+    if all(v is None for v in bits.values()) and slots is None:
         return "none"
-    return ", ".join(f"{k}: no limit" if v is None else f"{k} <= {cell(v)}" for k, v in bits.items())
+    shown = ", ".join(f"{k}: no limit" if v is None else f"{k} <= {cell(v)}" for k, v in bits.items())
+    return shown if slots is None else f"{shown}, {cell(slots)} slots per replica"
 
 
 def _timeouts(timeouts: Any) -> str | None:
