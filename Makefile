@@ -38,7 +38,7 @@ system-packages:
 	@.ci/system-packages.sh
 
 test: dev system-packages
-	LLMGW_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q
+	LLMGW_REQUIRE_LLAMACPP=1 $(BIN)/pytest -q --durations=15
 
 # The gateway benchmark (needs wrk: apt-get install -y wrk). `bench` is the quick run (about half a
 # minute, without LiteLLM); `bench-litellm` the full one beside LiteLLM's proxy, which it installs
