@@ -214,6 +214,57 @@ def test_serve_flags_set_fallbacks_and_aliases_and_show_prints_them() -> None:
     assert "fallbacks" not in render_model({"name": "c"})  # left out when not set
 
 
+def test_serve_flags_set_routing_and_the_api_checks_the_range() -> None:
+    base = ["model", "serve", "--name", "c", "--engine", "sim", "--source", "sim://c"]
+    api = validating_api()
+    assert ctl([*base, "--affinity", "off"], api).rc == 0
+    assert ctl([*base, "--affinity", "prefix", "--prefix-chars", "512"], api).rc == 0
+    assert ctl([*base, "--prefix-chars", "64"], api).rc == 0
+    assert [b["routing"] for b in api.bodies()] == [{"affinity": "off"}, {"affinity": "prefix", "prefix_chars": 512},
+                                                    {"prefix_chars": 64}]
+    r = ctl([*base, "--prefix-chars", "0"], api)  # as --slots: the range is the API's, its 400 said in full
+    assert (r.rc, r.out) == (1, "")
+    assert r.err == "error: invalid_model: routing.prefix_chars: must be between 1 and 1048576\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--affinity", "sticky"], 'Invalid value "sticky" for --affinity. Choose from: "prefix", "off".'),
+        (["--prefix-chars", "many"], 'Invalid value for --prefix-chars: unable to convert "many" into int.'),
+    ],
+)
+def test_serve_refuses_a_bad_routing_flag_before_sending(flags: list[str], words: str) -> None:
+    api = FakeApi()
+    r = ctl(["model", "serve", "--name", "c", "--engine", "sim", "--source", "sim://c", *flags], api)
+    assert r.rc == 2 and words in r.err
+    assert api.requests == []
+
+
+@pytest.mark.parametrize(
+    ("definition", "shown"),
+    [
+        ({"role": "chat"}, "prefix affinity on the first 4096 characters (the default for chat models)"),
+        ({"role": "guard"}, "prefix affinity on the first 4096 characters (the default for guard models)"),
+        ({"role": "embedding"}, "affinity off: the least loaded replica (the default for embedding models)"),
+        ({"role": "chat", "routing": {"prefix_chars": 512}},
+         "prefix affinity on the first 512 characters (the default for chat models)"),
+        ({"role": "embedding", "routing": {"affinity": "prefix", "prefix_chars": 100}},
+         "prefix affinity on the first 100 characters"),
+        ({"role": "chat", "routing": {"affinity": "off"}}, "affinity off: the least loaded replica"),
+        ({"role": "chat", "routing": {"affinity": "off", "prefix_chars": 9}},
+         "affinity off: the least loaded replica (prefix_chars 9 unused)"),
+    ],
+)
+def test_model_show_prints_the_routing_in_force(definition: dict[str, object], shown: str) -> None:
+    model = ModelDef.from_doc({"name": "m", "engine": "sim", "source": "sim://m", **definition}).to_doc()
+    api = FakeApi().on("GET", "/api/v1/models/m", json_body={"model": model})
+    r = ctl(["model", "show", "m"], api)
+    assert r.rc == 0, r.err
+    assert [line.split(":", 1)[1].strip() for line in r.out.splitlines() if line.startswith("routing:")] == [shown]
+    assert "\nrouting:" in render_model({"name": "m"}) and "affinity" not in render_model({"name": "m"})  # unknown: -
+
+
 def test_serve_file_sends_each_model_after_the_fallbacks_it_defines(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('[[models]]\nname = "a"\nengine = "sim"\nsource = "sim://a"\nfallbacks = ["b", "elsewhere"]\n'

@@ -105,6 +105,8 @@ def definition_from_flags(
     fallbacks: Sequence[str] | None = None,
     aliases: Sequence[str] | None = None,
     slots: int | None = None,
+    affinity: str | None = None,
+    prefix_chars: int | None = None,
 ) -> dict[str, Any]:
     missing = flags.missing()
     if missing:
@@ -136,6 +138,9 @@ def definition_from_flags(
         doc["fallbacks"] = list(fallbacks)  # checked by the API against the catalog
     if aliases:
         doc["aliases"] = list(aliases)
+    routing = {k: v for k, v in (("affinity", affinity), ("prefix_chars", prefix_chars)) if v is not None}
+    if routing:
+        doc["routing"] = routing  # the rest stay the defaults; the range is checked by the API
     return doc
 
 

@@ -4,7 +4,7 @@ operator sees and changes it through the admin API."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import cyclopts
 from cyclopts import Parameter
@@ -53,6 +53,8 @@ def model_serve(
     arg: Annotated[list[str] | None, Parameter(name="--arg", allow_leading_hyphen=True, negative_iterable="")] = None,
     fallback: Annotated[list[str] | None, Parameter(name="--fallback", negative_iterable="")] = None,
     alias: Annotated[list[str] | None, Parameter(name="--alias", negative_iterable="")] = None,
+    affinity: Annotated[Literal["prefix", "off"] | None, Parameter(name="--affinity")] = None,
+    prefix_chars: Annotated[int | None, Parameter(name="--prefix-chars")] = None,
     session: SessionParam,
 ) -> int:
     """Add a model, or replace the one of that name.
@@ -91,11 +93,18 @@ def model_serve(
     alias
         Another public name for this model; repeat for more. One alias on several models spreads its requests
         over them.
+    affinity
+        How gateways pick the replica (routing.affinity): prefix sends requests that start alike (system prompt
+        and first turn) to the same replica so its engine reuses the prompt's cache; off, the least loaded one.
+        Default: prefix for chat and guard models, off for embedding models.
+    prefix_chars
+        How many leading characters of a request prefix affinity reads (routing.prefix_chars, 1 to 1048576;
+        default 4096).
     """
     timeouts = {"connect_s": connect_timeout, "first_byte_s": first_byte_timeout, "chunk_s": chunk_timeout}
     flags_given = bool(flags.given()) or cpu or any(
         v is not None for v in (min_, max_, gpus, arg, max_tokens, max_n, fallback, alias, slots,
-                                *timeouts.values()))
+                                affinity, prefix_chars, *timeouts.values()))
     if file is not None:
         if flags_given:
             raise UsageError("model serve takes --file FILE or the model flags, not both")
@@ -104,7 +113,8 @@ def model_serve(
         catalog = False
         definitions = [definition_from_flags(flags, min_=min_, max_=max_, gpus=gpus, cpu=cpu, args=arg,
                                              max_tokens=max_tokens, max_n=max_n, timeouts=timeouts,
-                                             fallbacks=fallback, aliases=alias, slots=slots)]
+                                             fallbacks=fallback, aliases=alias, slots=slots,
+                                             affinity=affinity, prefix_chars=prefix_chars)]
     answers: list[Any] = []
     failed = 0
     for definition in definitions:

@@ -9,6 +9,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from llmgw.domain.model import PREFIX_CHARS, ModelDef, Routing
+
 REASON_WIDTH = 100  # tables cut long reasons; `ctl model show` prints them whole
 NO_MODELS = "no models defined — `llmgw ctl model serve --file examples/catalog.toml` adds some"
 
@@ -249,6 +251,7 @@ def render_model(model: Mapping[str, Any]) -> str:
         ("profile", _profile(dig(model, "profile") or {}, dig(model, "engine"))),
         ("request limits", _limits(dig(model, "limits"))),
         ("upstream timeouts", _timeouts(dig(model, "timeouts"))),
+        ("routing", _routing(model)),
         # Shown only when set (the API leaves them out otherwise): in the order the gateway tries them.
         *[(label, ", ".join(map(str, names))) for label, key in (("fallbacks", "fallbacks"), ("aliases", "aliases"))
           if isinstance(names := dig(model, key), list) and names],
@@ -326,6 +329,25 @@ def _limits(limits: Any) -> str | None:
         return "none"
     shown = ", ".join(f"{k}: no limit" if v is None else f"{k} <= {cell(v)}" for k, v in bits.items())
     return shown if slots is None else f"{shown}, {cell(slots)} slots per replica"
+
+
+def _routing(model: Mapping[str, Any]) -> str | None:
+    """The affinity in force and what it reads: 'prefix affinity on the first 4096 characters (the default for
+    chat models)', 'affinity off: the least loaded replica'; None (shown '-') when the role is not sent. A
+    definition without `routing` has the defaults (docs/api.md), which depend on the role (ModelDef.affinity_chars)."""
+    role, routing = dig(model, "role"), dig(model, "routing") or {}
+    if not isinstance(role, str) or not isinstance(routing, Mapping):
+        return None
+    affinity, chars = routing.get("affinity"), routing.get("prefix_chars", PREFIX_CHARS)
+    if not isinstance(chars, int) or (affinity is not None and not isinstance(affinity, str)):
+        return None
+    used = ModelDef(name="", engine="", role=role, source="",
+                    routing=Routing(affinity=affinity, prefix_chars=chars)).affinity_chars()
+    notes = [f"the default for {cell(role)} models"] if affinity is None else []
+    if not used and chars != PREFIX_CHARS:
+        notes.append(f"prefix_chars {chars} unused")
+    shown = f"prefix affinity on the first {used} characters" if used else "affinity off: the least loaded replica"
+    return f"{shown} ({'; '.join(notes)})" if notes else shown
 
 
 def _timeouts(timeouts: Any) -> str | None:
