@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from llmgw.control.context import Context
 
-FILTERS = ("model", "key", "status", "since", "until")
+FILTERS = ("model", "key", "status", "since", "until", "priority")
 PER_PAGE = 50
 _FORMATS = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d")
 
@@ -67,7 +67,7 @@ def _form(args: Mapping[str, str]) -> str:
     return (f'<form method="get" action="/requests" id="requests-filter" data-testid="requests-filter">{fields}'
             '<button type="submit">Filter</button> <a href="/requests">clear</a></form>'
             '<p class="hint">status: a code (429) or a class (4xx); key: a key id (key_...); since/until: UTC '
-            '(2026-01-31T12:00) or unix seconds.</p>')
+            '(2026-01-31T12:00) or unix seconds; priority: system, interactive, default or bulk.</p>')
 
 
 def render(doc: Mapping[str, Any], args: Mapping[str, str]) -> str:
@@ -88,10 +88,12 @@ def render(doc: Mapping[str, Any], args: Mapping[str, str]) -> str:
     rows = [[f'<code>{esc(r.get("id"))}</code>', _when(r.get("time")), esc(_model(r)),
              esc(r.get("key") or "—"), cell(r.get("status")), esc(r.get("error") or ""),
              cell(r.get("latency_ms")), cell(r.get("tokens_in")), cell(r.get("tokens_out")),
+             esc(r.get("priority") or "-"), esc(_ms(r.get("queue_ms")) or "-"),  # unknown: `-`, as in `ctl requests`
              esc(r.get("guard_rule") or ""), esc(r.get("node") or ""), esc(r.get("gateway") or "")]
             for r in doc["requests"]]
     out += table(["id", "time", "model", "key", "status", "error", "latency ms", "tokens in", "tokens out",
-                  "guard_rule", "node", "gateway"], rows, testid="requests-table", empty="no request matches")
+                  "class", "queue ms", "guard_rule", "node", "gateway"], rows, testid="requests-table",
+                 empty="no request matches")
     base = with_query("/requests", **{k: args.get(k) or None for k in FILTERS})
     links = []
     if args.get("cursor"):
@@ -118,6 +120,11 @@ def register(app: QuartTrio) -> None:
         # The page a cursor points at changes as requests come: only the newest page updates live.
         return page("Requests", "Requests", body if not args.get("cursor") else
                     f'<div data-no-refresh>{body}</div>', session=session)
+
+
+def _ms(value: Any) -> str | None:
+    """A wait in ms as `ctl requests` shows it (one decimal); None: unknown (never asked for a slot)."""
+    return f"{value:.1f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _model(r: Any) -> str:

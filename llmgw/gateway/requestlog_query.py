@@ -136,7 +136,7 @@ def _line_time(line: bytes) -> float | None:
 
 
 async def answer(scope: dict[str, Any] | Any, state: StateReader, rlog: RequestLog) -> tuple[int, bytes]:
-    """`GET PATH?model=&key=&status=&since=&until=&limit=&cursor=` or `GET PATH/{id}`: (status, JSON body).
+    """`GET PATH?model=&key=&status=&since=&until=&priority=&limit=&cursor=` or `GET PATH/{id}`: (status, JSON body).
     Only an admin key of the cluster may ask (the key control's stream uses)."""
     if scope["method"] != "GET":
         raise OpenAIError(405, "method_not_allowed", f"{scope['method']} is not allowed on {PATH}")

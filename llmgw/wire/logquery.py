@@ -1,7 +1,7 @@
 """The request log's query as control and gateways both speak it: the gateway endpoint control fans
 `GET /api/v1/requests` out to (`PATH`), request ids (`ID_RE`, `gateway_tag`), and the filters both
-sides read the same way (`Filters`, `QueryError`). Standard library only, so the admin API and the
-gateway share it without either importing the other.
+sides read the same way (`Filters`, `QueryError`). The standard library and the priority classes only, so
+the admin API and the gateway share it without either importing the other.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from llmgw.domain.priority import class_problem
 
 PATH = "/api/v1/gateway/requests"
 MAX_LIMIT = 1000
@@ -34,14 +36,18 @@ class Filters:
     status: str | None = None  # "429", or a class: "4xx"
     since: float | None = None  # on the record's `time` (arrival), unix seconds, inclusive
     until: float | None = None  # exclusive
+    priority: str | None = None  # the record's priority class (llmgw/domain/priority.py)
 
     @classmethod
     def parse(cls, query: dict[str, str]) -> Filters:
         status = query.get("status") or None
         if status is not None and not _STATUS_RE.match(status):
             raise QueryError(f"status must be a code (429) or a class (4xx), not {status!r:.40}")
+        priority = query.get("priority") or None
+        if priority is not None and (problem := class_problem(priority)) is not None:
+            raise QueryError(problem)
         return cls(query.get("model") or None, query.get("key") if "key" in query else None, status,
-                   _time(query, "since"), _time(query, "until"))
+                   _time(query, "since"), _time(query, "until"), priority)
 
     def match(self, doc: dict[str, Any]) -> bool:
         if self.model is not None and doc.get("model") != self.model:
@@ -52,6 +58,8 @@ class Filters:
             code = str(doc.get("status"))
             if code != self.status and not (self.status.endswith("xx") and code[:1] == self.status[0]):
                 return False
+        if self.priority is not None and doc.get("priority") != self.priority:
+            return False
         t = doc.get("time")
         return isinstance(t, (int, float)) and self.in_time(t)
 
@@ -74,9 +82,10 @@ class Filters:
     def plan(self, summary: dict[str, Any] | None) -> tuple[bool, list[bytes], list[int] | None]:
         """How to read one segment: (skip it, needles with the rarest first, the candidate lines'
         offsets when the summary lists them). Without a summary (the open segment, or one left by a
-        crash): every needle, no skipping."""
+        crash): every needle, no skipping. The summaries count no priority: its needle comes last."""
         fields = self.fields()
-        needles = [n for _, _, n in fields]
+        last = [b'"priority":' + json_bytes(self.priority) + b","] if self.priority is not None else []
+        needles = [n for _, _, n in fields] + last
         if summary is None:
             return False, needles, None
         try:
@@ -96,7 +105,7 @@ class Filters:
         except (KeyError, TypeError, AttributeError):
             return False, needles, None
         ranked.sort(key=lambda r: r[0])
-        return False, [needle for _, needle, _ in ranked], ranked[0][2] if ranked else None
+        return False, [needle for _, needle, _ in ranked] + last, ranked[0][2] if ranked else None
 
 
 def json_bytes(value: str) -> bytes:

@@ -120,6 +120,11 @@ async def test_requests_are_logged_on_their_gateway_queried_through_control_and_
             assert set(ids.values()) <= seen
             errors = (await api.get("/api/v1/requests", params={"status": "4xx"})).json()["requests"]
             assert [r["id"] for r in errors] == [refused.headers["x-request-id"]]
+            # Each admitted request ran in its key's class (`default`); none in `bulk`.
+            classed = (await api.get("/api/v1/requests", params={"priority": "default"})).json()["requests"]
+            assert set(ids.values()) <= {r["id"] for r in classed}
+            assert all(r["priority"] == "default" for r in classed)
+            assert (await api.get("/api/v1/requests", params={"priority": "bulk"})).json()["requests"] == []
 
             # Usage: committed to Raft in batches, per key and model.
             async def counted() -> bool:

@@ -38,6 +38,8 @@ DEEP_CURSOR = base64.urlsafe_b64encode(b"[" * 3000).decode()
     ("/api/v1/requests?cursor=" + DEEP_CURSOR, "cursor is not one this API gave"),  # json.loads: RecursionError
     ("/api/v1/requests?status=", "status is empty"),  # the gateways read it as no filter
     ("/api/v1/requests?since=", "since is empty"),
+    ("/api/v1/requests?priority=", "priority is empty"),
+    ("/api/v1/requests?priority=urgent", "priority must be one of system, interactive, default, bulk"),
     ("/api/v1/requests?modle=demo", "unknown query parameter 'modle'"),  # a misspelt filter: not unfiltered
     ("/api/v1/usage?since=nan", "finite"),  # answered 200 with `"since": NaN`
     ("/api/v1/usage?until=-1e999", "finite"),
@@ -53,7 +55,7 @@ async def test_a_query_the_routes_cannot_read_is_a_400_with_words(query: str, wo
 
 async def test_the_filters_that_are_fine_still_answer() -> None:
     async with client() as c:
-        listed = await c.get("/api/v1/requests?limit=10&model=demo&key=&status=4xx&since=0&until=2e9")
+        listed = await c.get("/api/v1/requests?limit=10&model=demo&key=&status=4xx&since=0&until=2e9&priority=bulk")
         used = await c.get("/api/v1/usage?since=0&until=2e9&by=day")
     assert listed.status_code == 200 and listed.json()["requests"] == [], listed.text
     assert used.status_code == 200 and used.json()["since"] == 0.0, used.text

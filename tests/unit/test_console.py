@@ -265,7 +265,10 @@ async def test_the_requests_page_lists_records_with_guard_rule_and_names_the_gat
     record = {"id": "req-gw1-0123456789abcdef", "time": NOW - 5, "key": "key_abc", "model": "chat", "status": 400,
               "error": "guard_refused", "latency_ms": 12.5, "tokens_in": 3, "tokens_out": None,
               "guard_rule": "judge: S6,Specialized Advice", "node": "n1", "gateway": "gw1",
-              "served_model": "chat-backup"}  # a fallback served it: shown beside the name asked for
+              "served_model": "chat-backup",  # a fallback served it: shown beside the name asked for
+              "priority": "bulk", "queue_ms": 41.26}  # its class, and its wait for a slot (one decimal)
+    # Before any key was admitted: no class, and it never asked for a slot. Unknown is `-`, never 0.
+    unqueued = {**record, "id": "req-gw1-00000000000000ff", "time": NOW - 9, "priority": "", "queue_ms": None}
     asked: list[str] = []
 
     async def fake_gateway(stream: trio.SocketStream) -> None:
@@ -273,7 +276,7 @@ async def test_the_requests_page_lists_records_with_guard_rule_and_names_the_gat
         while b"\r\n\r\n" not in data:
             data += await stream.receive_some(65536)
         asked.append(data.decode("latin-1"))
-        body = json.dumps({"requests": [record], "cursor": None, "positions": [None],
+        body = json.dumps({"requests": [record, unqueued], "cursor": None, "positions": [None, None],
                            "statistics": {"keeps_log": True, "dropped": 0}}).encode()
         await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                               b"connection: close\r\n\r\n%s" % (len(body), body))
@@ -289,8 +292,10 @@ async def test_the_requests_page_lists_records_with_guard_rule_and_names_the_gat
         world.store.submit_nowait(usage.add_usage("gw2", "b", 1, one_row, "", NOW))
         async with world.client() as c:
             await sign_in(c, ADMIN)
-            r = await c.get("/requests?model=chat&status=4xx&since=2020-01-01&until=2030-01-01T00:00&key=key_abc")
+            r = await c.get("/requests?model=chat&status=4xx&since=2020-01-01&until=2030-01-01T00:00&key=key_abc"
+                            "&priority=bulk")
             bad = await c.get("/requests?status=teapot")
+            bad_class = await c.get("/requests?priority=urgent")
         nursery.cancel_scope.cancel()
     assert r.status_code == 200
     for fact in ("req-gw1-0123456789abcdef", "judge: S6,Specialized Advice", "guard_refused", 'data-testid='
@@ -298,5 +303,12 @@ async def test_the_requests_page_lists_records_with_guard_rule_and_names_the_gat
         assert fact in r.text, fact
     assert "model=chat" in asked[0] and "status=4xx" in asked[0] and "since=1577836800" in asked[0]
     assert "until=1893456000" in asked[0] and "key=key_abc" in asked[0]  # every filter of the API
+    assert "priority=bulk" in asked[0] and len(asked) == 1  # an unknown class is refused before any gateway
+    rows = r.text.split('data-testid="requests-table"')[1].split("<tbody>")[1].split("</tr>")
+    head = r.text.split('data-testid="requests-table"')[1].split("</thead>")[0]
+    assert "<th data-sort=\"1\">class</th><th data-sort=\"1\">queue ms</th>" in head
+    assert "<td>bulk</td><td>41.3</td>" in rows[0]
+    assert "<td>-</td><td>-</td>" in rows[1] and "<td>0" not in rows[1]
+    assert 'data-testid="requests-error"' in bad_class.text and "priority must be one of" in bad_class.text
     assert f"authorization: Bearer {ADMIN}".lower() in asked[0].lower()  # asked with the signed-in key
     assert 'data-testid="requests-error"' in bad.text and "status must be a code" in bad.text

@@ -3,6 +3,8 @@ its priority class and wait for a slot (`priority`, `queue_ms`; `-` in a record 
 
 from __future__ import annotations
 
+from ctl_fakes import FakeApi, ctl
+
 from llmgw.cli.ctl.requests import render_request, render_requests
 
 RECORD = {"id": "req-gw1-0123456789abcdef", "time": 1.7e9, "gateway": "gw1", "key": "key_1", "model": "demo",
@@ -30,3 +32,15 @@ def test_the_request_list_has_a_guard_column() -> None:
     head, first, second = shown.splitlines()[:3]
     assert head.split()[-1] == "GUARD"
     assert first.endswith("judge: S6,Specialized Advice") and second.endswith(" -")
+
+
+def test_requests_filters_by_priority_class() -> None:
+    doc = {"requests": [{**RECORD, "priority": "bulk", "queue_ms": 5.0}], "next_cursor": None,
+           "gateways": {"asked": ["gw1"], "answered": ["gw1"], "unavailable": [], "dropped": {"gw1": 0}}}
+    api = FakeApi().on("GET", "/api/v1/requests?limit=50&model=demo&priority=bulk", json_body=doc)
+    result = ctl(["requests", "--model", "demo", "--priority", "bulk"], api)
+    assert result.rc == 0, result.err
+    assert dict(api.requests[0].url.params) == {"limit": "50", "model": "demo", "priority": "bulk"}
+    assert "bulk" in result.out.splitlines()[1]
+    shown = ctl(["requests", "--help"])
+    assert "--priority" in shown.out and "Only this priority class" in shown.out

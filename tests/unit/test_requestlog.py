@@ -29,10 +29,10 @@ from llmgw.wire.logquery import ID_RE, Filters, QueryError, gateway_tag
 
 
 def rec(i: int, *, key: str | None = None, model: str | None = None, status: int = 200, replica: str = "r1",
-        t0: float = 1_000_000.0) -> RequestRecord:
+        t0: float = 1_000_000.0, priority: str = "") -> RequestRecord:
     return RequestRecord(f"req-gw-{i:016x}", t0 + i, key if key is not None else f"key_{i % 3}",
                          model if model is not None else f"m{i % 2}", status, "", replica, "n1",
-                         "/v1/chat/completions", 10, 20, 5.0, None, "", "gw")
+                         "/v1/chat/completions", 10, 20, 5.0, None, "", "gw", priority=priority)
 
 
 def write(directory: Path, records: list[RequestRecord], segment_bytes: int = 4000) -> SegmentWriter:
@@ -58,13 +58,17 @@ def all_pages(directory: Path, filters: Filters, limit: int) -> list[str]:
 @pytest.mark.parametrize("filters", [
     Filters(), Filters(key="key_1"), Filters(model="m0", status="200"), Filters(status="4xx"),
     Filters(status="429", key="key_2"), Filters(since=1_000_050.0, until=1_000_150.0), Filters(key="nobody"),
+    Filters(priority="bulk"), Filters(priority="default", model="m1", status="200"), Filters(priority="system"),
 ])
 def test_pages_return_every_match_newest_first_once(tmp_path: Path, filters: Filters) -> None:
-    records = [rec(i, status=429 if i % 17 == 0 else 200) for i in range(300)]
+    records = [rec(i, status=429 if i % 17 == 0 else 200, priority=("bulk", "default", "")[i % 5 % 3])
+               for i in range(300)]
     write(tmp_path, records)
     assert len(segments(tmp_path)) > 5  # the summaries and offsets of many sealed segments are used
-    expected = [r.id for r in reversed(records) if filters.match({"model": r.model, "key": r.key,
-                                                                    "status": r.status, "time": r.time})]
+    expected = [r.id for r in reversed(records) if filters.match({"model": r.model, "key": r.key, "status": r.status,
+                                                                    "time": r.time, "priority": r.priority})]
+    if filters.priority is not None and filters.priority != "system":
+        assert expected and all(records[int(i[-16:], 16)].priority == filters.priority for i in expected)
     assert all_pages(tmp_path, filters, 7) == expected
     assert all_pages(tmp_path, filters, 1000) == expected
 
@@ -185,7 +189,7 @@ def test_a_malformed_usage_batch_is_refused_before_the_log(bad: dict[str, object
 
 
 def test_filters_and_cursors_refuse_what_they_cannot_read() -> None:
-    for query_args in ({"status": "4x"}, {"since": "yesterday"}, {"until": "nan"}):
+    for query_args in ({"status": "4x"}, {"since": "yesterday"}, {"until": "nan"}, {"priority": "urgent"}):
         with pytest.raises(QueryError):
             Filters.parse(query_args)
     with pytest.raises(QueryError):

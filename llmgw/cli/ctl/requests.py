@@ -58,8 +58,8 @@ def request(request_id: str, /, *, session: SessionParam) -> int:
 
 
 def requests(*, model: str | None = None, key: str | None = None, since: str | None = None,
-             until: str | None = None, status: str | None = None, limit: int = 50, cursor: str | None = None,
-             session: SessionParam) -> int:
+             until: str | None = None, status: str | None = None, priority: str | None = None, limit: int = 50,
+             cursor: str | None = None, session: SessionParam) -> int:
     """The newest requests from every gateway, newest first, filtered.
 
     Parameters
@@ -74,13 +74,16 @@ def requests(*, model: str | None = None, key: str | None = None, since: str | N
         Only requests that arrived before this (same forms).
     status
         Only this status: a code (429) or a class (5xx).
+    priority
+        Only this priority class: system, interactive, default or bulk.
     limit
         How many (1..1000).
     cursor
         The next page: the cursor the previous page printed.
     """
     params: dict[str, str] = {"limit": str(limit)}
-    for name, value in (("model", model), ("key", key), ("status", status), ("cursor", cursor)):
+    for name, value in (("model", model), ("key", key), ("status", status), ("priority", priority),
+                        ("cursor", cursor)):
         if value is not None:
             params[name] = value
     for name, value in (("since", since), ("until", until)):

@@ -338,6 +338,7 @@ def _paths() -> Schema:
         _query("status", {"type": "string", "pattern": r"^[1-5](\d\d|xx)$"}, "a status (429) or a class (4xx)"),
         _query("since", unix, "unix seconds, inclusive"),
         _query("until", unix, "unix seconds, exclusive"),
+        _query("priority", {"type": "string", "enum": list(CLASSES)}, "only this priority class's requests"),
         _query("limit", _int(1, 1000), "records per page (default 50)"),
         _query("cursor", _STR, "`next_cursor` of the page before"),
     )

@@ -29,7 +29,7 @@ from llmgw.domain import usage
 from llmgw.errors import AdminError
 from llmgw.wire.logquery import ID_RE, MAX_LIMIT, PATH, Filters, QueryError, gateway_tag
 
-_FILTERS = ("model", "key", "status", "since", "until")
+_FILTERS = ("model", "key", "status", "since", "until", "priority")
 
 
 def known_gateways(ctx: Context) -> dict[str, str]:
@@ -163,7 +163,7 @@ async def list_page(ctx: Context, args: Mapping[str, str], authorization: str | 
     """`GET /api/v1/requests`'s answer for these query `args` (the console calls it too): the newest
     records of every gateway, the cursor of the next page, and which gateways did not answer."""
     _only(args, (*_FILTERS, "limit", "cursor"))
-    empty = [k for k in ("status", "since", "until") if args.get(k) == ""]
+    empty = [k for k in ("status", "since", "until", "priority") if args.get(k) == ""]
     if empty:  # read as "no filter" by the gateways: say so rather than answer unfiltered
         raise AdminError(400, "invalid_query", f"{empty[0]} is empty: give a value, or leave it out")
     query = {k: args[k] for k in _FILTERS if k in args}
