@@ -222,9 +222,7 @@ async def answer(
             continue
         except Dropped as error:  # before the answer's head: the engine answered nothing
             lease.failed(f"the connection broke before the answer ({error})", limits.breaker_failures)
-            if not last and (other := lease.move()) is not None:
-                _log.warning("replica %s of model %s answered nothing (%s): sending the request to replica %s",
-                             endpoint.replica_id, model, error, other.replica_id)
+            if not last and (other := _moved(lease, endpoint, model, "answered nothing", error)) is not None:
                 endpoint = other
                 continue
             raise failure(endpoint, model, error) from None
@@ -247,9 +245,7 @@ async def answer(
             raise failure(endpoint, model, error) from None
         except UpstreamFailed as error:
             lease.failed(str(error), limits.breaker_failures)
-            if not last and (other := lease.move()) is not None:
-                _log.warning("replica %s of model %s broke off its answer (%s): sending the request to replica %s",
-                             endpoint.replica_id, model, error, other.replica_id)
+            if not last and (other := _moved(lease, endpoint, model, "broke off its answer", error)) is not None:
                 endpoint = other
                 continue
             raise failure(endpoint, model, error) from None
@@ -257,6 +253,16 @@ async def answer(
             response.close()
         return Whole(response.status, response.headers, chunks), endpoint
     raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _moved(lease: Lease, endpoint: Endpoint, model: str, what: str, error: UpstreamFailed) -> Endpoint | None:
+    """Another replica of the model for a request `endpoint` failed before anything reached the client (None:
+    there is none), said in the log."""
+    other = lease.move()
+    if other is not None:
+        _log.warning("replica %s of model %s %s (%s): sending the request to replica %s", endpoint.replica_id,
+                     model, what, error, other.replica_id)
+    return other
 
 
 class Whole(Response):

@@ -27,7 +27,7 @@ from llmgw.gateway.router import Router
 from llmgw.testing import MemoryStore
 from llmgw.testing.scripted_engine import Reply, Request, ScriptedEngine
 from llmgw.testing.scripted_engine import serving as scripted
-from llmgw.wire import logquery
+from tests.support.requestlog import record_of
 
 BULK, INTERACTIVE, PLAIN, ADMIN = "sk-prio-bulk", "sk-prio-interactive", "sk-prio-default", "sk-prio-admin"
 SERVICE_S = 1.0
@@ -42,16 +42,6 @@ async def one_second(request: Request, reply: Reply) -> None:
 
 def label(request: Request) -> str:
     return str(json.loads(request.body)["messages"][0]["content"])
-
-
-async def record_of(http: httpx.AsyncClient, request_id: str) -> dict[str, Any]:
-    while True:
-        r = await http.get(f"{logquery.PATH}/{request_id}", headers={"authorization": f"Bearer {ADMIN}"})
-        assert r.status_code == 200, r.text
-        doc: dict[str, Any] | None = r.json()["request"]
-        if doc is not None:
-            return doc
-        await trio.sleep(0.1)
 
 
 async def test_classes_first_then_keys_by_turns_refusals_say_which_limit_and_the_log_has_class_and_wait(
@@ -107,14 +97,14 @@ async def test_classes_first_then_keys_by_turns_refusals_say_which_limit_and_the
         assert all(a.status_code == 200 for a in answers.values() if a.request.headers.get("x-llmgw-priority") in
                    (None, "bulk"))
 
-        first = await record_of(http, answers["bulk0"].headers["x-request-id"])
+        first = await record_of(http, answers["bulk0"].headers["x-request-id"], ADMIN)
         assert (first["priority"], first["queue_ms"]) == ("bulk", 0.0)
-        served = await record_of(http, answers["interactive"].headers["x-request-id"])
+        served = await record_of(http, answers["interactive"].headers["x-request-id"], ADMIN)
         assert served["priority"] == "interactive"
         assert served["queue_ms"] == pytest.approx(1000 * SERVICE_S - 70, abs=20)  # until bulk0 ended
-        lowered = await record_of(http, answers["lowered"].headers["x-request-id"])
+        lowered = await record_of(http, answers["lowered"].headers["x-request-id"], ADMIN)
         assert lowered["priority"] == "bulk" and lowered["queue_ms"] == pytest.approx(4000 - 80, abs=20)
-        refused = await record_of(http, answers["too high"].headers["x-request-id"])
+        refused = await record_of(http, answers["too high"].headers["x-request-id"], ADMIN)
         assert (refused["error"], refused["queue_ms"]) == ("priority_not_allowed", None)
         metrics = (await http.get("/metrics")).text
         assert 'llmgw_gateway_queue_wait_seconds_count{class="interactive"} 1.0' in metrics

@@ -26,6 +26,7 @@ from llmgw.gateway.router import Router
 from llmgw.testing import MemoryStore
 from llmgw.testing.scripted_engine import Reply, Request, ScriptedEngine
 from llmgw.testing.scripted_engine import serving as scripted
+from tests.support.requestlog import record_of
 
 KEY, ADMIN, VIEWER = "sk-record-client", "sk-record-admin", "sk-record-viewer"
 FIRST_S, LAST_S = 2.0, 5.0
@@ -45,17 +46,6 @@ async def paced(request: Request, reply: Reply) -> None:
     await reply.chunk(frame({"choices": [], "usage": USAGE}))
     await reply.chunk(b"data: [DONE]\n\n")
     await reply.end()
-
-
-async def record_of(gateway: httpx.AsyncClient, request_id: str) -> dict[str, Any]:
-    """The record, once the writer has written it (the writer runs off the request path, every flush)."""
-    while True:
-        r = await gateway.get(f"{logquery.PATH}/{request_id}", headers={"authorization": f"Bearer {ADMIN}"})
-        assert r.status_code == 200, r.text
-        doc: dict[str, Any] | None = r.json()["request"]
-        if doc is not None:
-            return doc
-        await trio.sleep(0.1)
 
 
 async def test_a_streams_record_has_its_time_to_first_token_and_a_refusals_its_code(
@@ -83,14 +73,14 @@ async def test_a_streams_record_has_its_time_to_first_token_and_a_refusals_its_c
                                   json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
         assert refused.status_code == 404
 
-        record = await record_of(http, streamed)
+        record = await record_of(http, streamed, ADMIN)
         assert (record["status"], record["error"], record["model"], record["replica"]) == (200, "", "demo", "demo-r1")
         assert record["ttft_ms"] == pytest.approx(FIRST_S * 1000, abs=50)
         assert record["latency_ms"] == pytest.approx(LAST_S * 1000, abs=50)
         assert (record["tokens_in"], record["tokens_out"]) == (7, 2)  # from the engine's final chunk
         assert record["key"] and record["guard_rule"] == ""
 
-        no = await record_of(http, refused.headers["x-request-id"])
+        no = await record_of(http, refused.headers["x-request-id"], ADMIN)
         assert (no["status"], no["error"], no["model"], no["ttft_ms"]) == (404, "model_not_found", "", None)
 
         # The log is read with an admin or a viewer key (the console's viewers), never a client key.

@@ -264,7 +264,6 @@ async def test_a_replica_out_of_rotation_is_passed_over_and_a_join_moves_only_it
 async def test_without_a_key_the_pick_is_least_outstanding() -> None:
     router = Router()
     router.update_routes({"m": ready("m", "a", "b", "c")})
-    router.update_routes({"m": ready("m", "a", "b", "c")})
     seen = []
     for _ in range(6):
         async with router.acquire("m", deadline=far()) as endpoint:
