@@ -29,6 +29,7 @@ from llmgw.gateway.app import GatewayDeps, serve
 from llmgw.gateway.requestlog import RequestLog
 from llmgw.gateway.router import Router
 from llmgw.testing import MemoryStore
+from llmgw.testing.scripted_engine import Reply, Request, ScriptedEngine, serving
 from tests.support.requestlog import record_of
 
 KEY = "sk-test-messages"
@@ -61,10 +62,17 @@ async def sdk(call: Callable[[], T]) -> T:
     return await trio.to_thread.run_sync(call)
 
 
+async def _breaks(request: Request, reply: Reply) -> None:
+    """A replica whose stream breaks off after its first words (its connection closed mid-answer)."""
+    await reply.start()
+    await reply.chunk(b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,'
+                      b'"delta":{"role":"assistant","content":"one"},"finish_reason":null}]}\n\n')
+
+
 @pytest.fixture
 async def gw(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Setup]:
     store = MemoryStore()
-    for name, role in (("demo", "chat"), ("lg", "guard")):
+    for name, role in (("demo", "chat"), ("lg", "guard"), ("breaks", "chat")):
         store.submit_nowait(commands.put_model(ModelDef.from_doc(
             {"name": name, "engine": "sim", "source": f"sim://{name}", "role": role}), at=0.0))
     store.submit_nowait(commands.add_key(hash_key(KEY), "test", "client", 0.0))
@@ -77,6 +85,8 @@ async def gw(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Setup]:
     for name, app in apps.items():
         url = await nursery.start(partial(sim.serve, app.opts, app=app))
         routes[name] = ModelRoute(name, app.opts.role, "ready", (Endpoint(f"{name}-r1", url),))
+    routes["breaks"] = ModelRoute("breaks", "chat", "ready",
+                                  (Endpoint("breaks-r1", await serving(nursery, ScriptedEngine(_breaks))),))
     router = Router()
     router.update_routes(routes)
     log = RequestLog(tmp_path / "requests", "gw1", timeouts=dataclasses.replace(TIMEOUTS, requestlog_flush_s=0.02))
@@ -138,6 +148,20 @@ async def test_the_sdks_stream_helper_and_raw_events(gw: Setup) -> None:
                                         "content_block_stop", "message_delta", "message_stop"]
     assert "".join(e.delta.text for e in events if e.type == "content_block_delta") == "sim says: hello there"
     assert events[-2].delta.stop_reason == "end_turn" and events[-2].usage.output_tokens == 4
+
+
+async def test_a_stream_that_breaks_off_ends_in_an_error_event_the_sdk_raises(gw: Setup) -> None:
+    client = gw.client()
+    got: list[str] = []
+
+    def streamed() -> None:
+        with client.messages.stream(model="breaks", max_tokens=64, messages=HELLO) as stream:
+            for text in stream.text_stream:
+                got.append(text)
+
+    with pytest.raises(anthropic.APIStatusError) as broke:
+        await sdk(streamed)
+    assert got == ["one"] and broke.value.error_code == "upstream_error" and broke.value.type == "api_error"
 
 
 async def test_refusals_are_the_sdks_exceptions_with_llmgws_code(gw: Setup) -> None:
