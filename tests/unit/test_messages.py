@@ -93,12 +93,21 @@ def test_what_chat_completions_cannot_carry_is_refused_by_name() -> None:
         "model": "demo", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False) | st.text(max_size=5),
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False, allow_infinity=False)
+                    | st.text(max_size=5),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
                     max_leaves=10)
 TEXT = st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=8)})
 CONTENT = st.text(max_size=8) | st.lists(TEXT, min_size=1, max_size=3)
-MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": CONTENT})
+NAME = st.text(min_size=1, max_size=4)
+TOOL_USE = st.fixed_dictionaries({"type": st.just("tool_use"), "id": NAME, "name": NAME,
+                                  "input": st.dictionaries(st.text(max_size=3), JSON, max_size=2)})
+TOOL_RESULT = st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": NAME},
+                                    optional={"content": CONTENT, "is_error": st.booleans()})
+MESSAGE = (st.fixed_dictionaries({"role": st.just("user"),
+                                  "content": CONTENT | st.lists(TEXT | TOOL_RESULT, min_size=1, max_size=3)})
+           | st.fixed_dictionaries({"role": st.just("assistant"),
+                                    "content": CONTENT | st.lists(TEXT | TOOL_USE, min_size=1, max_size=3)}))
 VALID = st.fixed_dictionaries(
     {"model": st.text(min_size=1, max_size=6), "max_tokens": st.integers(1, 4096),
      "messages": st.lists(MESSAGE, min_size=1, max_size=4)},
@@ -106,20 +115,33 @@ VALID = st.fixed_dictionaries(
               "temperature": st.floats(0, 1), "top_p": st.floats(0, 1), "stream": st.booleans(),
               "metadata": st.fixed_dictionaries({}, optional={"user_id": st.text(max_size=5)}),
               "top_k": st.none(), "thinking": st.none(),
-              "tool_choice": st.sampled_from([{"type": "auto"}, {"type": "any"}, {"type": "none"}])},
+              "tool_choice": st.sampled_from([{"type": "auto"}, {"type": "any"}, {"type": "none"}]),
+              "tools": st.lists(st.fixed_dictionaries({"name": NAME, "input_schema": st.just({"type": "object"})},
+                                                      optional={"description": st.text(max_size=5)}), max_size=2)},
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(VALID)
 def test_every_valid_request_translates_alike_each_time_into_a_chat_the_gateway_takes(doc: dict[str, Any]) -> None:
     chat = DIALECT.start(doc).chat
     assert chat == DIALECT.start(json.loads(json.dumps(doc))).chat
     assert check_request("chat", chat)[0] == doc["model"]
-    assert chat["max_tokens"] == doc["max_tokens"] and len(chat["messages"]) >= len(doc["messages"])
+    assert chat["max_tokens"] == doc["max_tokens"]
+    # every text and every tool call reaches the engine, in order
+    sent = [b for m in doc["messages"] for b in
+            ([{"type": "text", "text": m["content"]}] if isinstance(m["content"], str) else m["content"])]
+    texts = [t for m in chat["messages"] if m["role"] not in ("tool", "system")
+             for t in ([m["content"]] if isinstance(m["content"], str) else
+                       [p["text"] for p in m["content"] or ()])]
+    assert "".join(texts) == "".join(b["text"] for b in sent if b["type"] == "text")
+    calls = [c["id"] for m in chat["messages"] for c in m.get("tool_calls", ())]
+    results = [m["tool_call_id"] for m in chat["messages"] if m["role"] == "tool"]
+    assert calls == [b["id"] for b in sent if b["type"] == "tool_use"]
+    assert results == [b["tool_use_id"] for b in sent if b["type"] == "tool_result"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(st.dictionaries(st.sampled_from(["model", "max_tokens", "messages", "system", "stop_sequences", "tools",
                                         "tool_choice", "metadata", "top_k", "stream", "temperature", "x"]),
                        JSON, max_size=6)
