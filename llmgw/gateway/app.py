@@ -35,6 +35,7 @@ from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
 from llmgw.gateway.affinity import affinity_key
 from llmgw.gateway.dialect import CHAT_PATH, Dialect
+from llmgw.gateway.messages import MessagesDialect
 from llmgw.gateway.names import Names, visible_names
 from llmgw.gateway.answers import asking_usage
 from llmgw.gateway.pool import Limits, LimitsReader, Pool, Ticket, raise_fd_limit
@@ -77,7 +78,9 @@ _UNLOGGED = ("/health", "/metrics", logquery.PATH)  # probes and control's queri
 FALLBACK_CODES = frozenset({"model_parked", "model_unplaceable", "overloaded"})
 
 # Other APIs served over the engines' chat completions (gateway/dialect.py), by path.
-DIALECTS: dict[str, Dialect] = {}  # every path here is one of checks.DIALECT_PATHS (tests/unit/test_dialect.py)
+DIALECTS: dict[str, Dialect] = {
+    "/v1/messages": MessagesDialect(),
+}  # every path here is one of checks.DIALECT_PATHS (tests/unit/test_dialect.py)
 
 
 def _no_endpoint_status(code: str) -> int:

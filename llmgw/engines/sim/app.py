@@ -25,8 +25,8 @@ import trio
 from llmgw.domain.model import ROLES
 from llmgw.engines.sim.group import GroupRole
 from llmgw.engines.sim.prefix import PrefixCache
-from llmgw.engines.sim.requests import (check_input, check_messages, check_optional, check_prompt, content_text,
-                                        count_words, embed, focus_text, judged_text, max_tokens)
+from llmgw.engines.sim.requests import (check_input, check_messages, check_optional, check_prompt, check_stop,
+                                        content_text, count_words, embed, focus_text, judged_text, max_tokens)
 from llmgw.errors import OpenAIError
 from llmgw.wire.asgi import (Exchange, RawApp, Receive, Scope, Send, cancel_on_disconnect, dumps, parse_object,
                              read_body, send_json)
@@ -69,6 +69,7 @@ class _Reply:
 
     tokens: list[str]
     finish_reason: str
+    stop_reason: str | None = None  # the stop string that ended it, as vLLM says (`stop_reason` on the choice)
 
     @property
     def text(self) -> str:
@@ -165,7 +166,8 @@ class SimApp(RawApp):
             if uncached:
                 async with self._prefilling:  # before any byte: the time to first token, queued behind others'
                     await trio.sleep(uncached / self.opts.prefill_tokens_per_s)
-        replies = [self._reply(text, limit) for text in prompts]
+        stops = check_stop(body)
+        replies = [self._reply(text, limit, stops) for text in prompts]
         completion_tokens = sum(len(r.tokens) for r in replies)
         usage = {
             "prompt_tokens": prompt_tokens,
@@ -200,7 +202,7 @@ class SimApp(RawApp):
             data = b"data: " + dumps(frame) + b"\n\n"
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
-    def _reply(self, text: str, limit: int) -> _Reply:
+    def _reply(self, text: str, limit: int, stops: list[str] | None = None) -> _Reply:
         if self.opts.role == "guard":
             text = judged_text(text)
             found = [(m.start(), code) for pattern, code in self._unsafe if (m := pattern.search(text))]
@@ -210,9 +212,9 @@ class SimApp(RawApp):
         else:
             words = ["sim", "says:", *text.split()]
             tokens = [words[0], *(" " + w for w in words[1:])]
-        if len(tokens) > limit:
-            return _Reply(tokens[:limit], "length")
-        return _Reply(tokens, "stop")
+        finish = "length" if len(tokens) > limit else "stop"
+        tokens = tokens[:limit]
+        return _stopped(tokens, stops or []) or _Reply(tokens, finish)
 
     def _whole(
         self, chat: bool, id_: str, created: int, replies: list[_Reply], usage: dict[str, int]
@@ -225,11 +227,12 @@ class SimApp(RawApp):
                     "message": {"role": "assistant", "content": reply.text, "refusal": None},
                     "logprobs": None,
                     "finish_reason": reply.finish_reason,
+                    **_said(reply),
                 }
             ]
         else:
             choices = [
-                {"text": r.text, "index": i, "logprobs": None, "finish_reason": r.finish_reason}
+                {"text": r.text, "index": i, "logprobs": None, "finish_reason": r.finish_reason, **_said(r)}
                 for i, r in enumerate(replies)
             ]
         return {
@@ -263,11 +266,13 @@ class SimApp(RawApp):
                 for token in reply.tokens:
                     delta = {"content": token}
                     yield True, frame({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
-                end = {"index": index, "delta": {}, "logprobs": None, "finish_reason": reply.finish_reason}
+                end = {"index": index, "delta": {}, "logprobs": None, "finish_reason": reply.finish_reason,
+                       **_said(reply)}
             else:
                 for token in reply.tokens:
                     yield True, frame({"text": token, "index": index, "logprobs": None, "finish_reason": None})
-                end = {"text": "", "index": index, "logprobs": None, "finish_reason": reply.finish_reason}
+                end = {"text": "", "index": index, "logprobs": None, "finish_reason": reply.finish_reason,
+                       **_said(reply)}
             yield False, frame(end)
         if usage is not None:
             yield False, {**base, "choices": [], "usage": usage}
@@ -303,3 +308,27 @@ class SimApp(RawApp):
             "model": self.opts.model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
+
+
+def _stopped(tokens: list[str], stops: list[str]) -> _Reply | None:
+    """The reply cut before the first of `stops` in its text (the stop string left out, as engines do);
+    None when none occurs."""
+    text = "".join(tokens)
+    found = [(at, stop) for stop in stops if stop and (at := text.find(stop)) >= 0]
+    if not found:
+        return None
+    cut, stop = min(found)
+    kept: list[str] = []
+    end = 0
+    for token in tokens:
+        if end + len(token) > cut:
+            if cut > end:
+                kept.append(token[: cut - end])
+            break
+        kept.append(token)
+        end += len(token)
+    return _Reply(kept, "stop", stop)
+
+
+def _said(reply: _Reply) -> dict[str, Any]:
+    return {"stop_reason": reply.stop_reason} if reply.stop_reason is not None else {}

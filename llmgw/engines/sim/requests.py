@@ -49,6 +49,18 @@ def max_tokens(body: dict[str, Any]) -> int:
     return DEFAULT_MAX_TOKENS
 
 
+def check_stop(body: dict[str, Any]) -> list[str]:
+    """`stop`: a string or an array of strings (the sim cuts its reply before the first it says)."""
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return stop
+    raise OpenAIError(400, "invalid_type", "'stop' must be a string or an array of strings", param="stop")
+
+
 def check_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if messages is None:
