@@ -307,9 +307,8 @@ class GatewayApp(RawApp):
         response, endpoint = await upstream.answer(self.pool, lease, endpoint, ex.model, path, raw, ex.request_id,
                                                    limits, waits, whole=not stream, ticket=ex.ticket, slots=slots)
         ex.replica, ex.node = endpoint.replica_id, endpoint.node
-        if call is not None and response.status < 400:  # (never streamed: read whole above)
-            body = engine_paths.answer(call, await response.read(), ex.request_id)
-            response = upstream.Whole(response.status, response.headers, [body])
+        if call is not None:  # (never streamed: read whole above)
+            response = await engine_paths.translated(call, response, ex.request_id, lease.answered)
         if ex.guard is not None and ex.guard.checks_response:
             response = await ex.guard.hold(response, stream)  # judged whole before the client gets any of it
         await relay(ex, response, endpoint, stream, send, hide_usage)

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from llmgw.errors import OpenAIError
+from llmgw.gateway import upstream
 from llmgw.wire.asgi import dumps
 
-__all__ = ["Call", "ROUTES", "answer", "plan", "serves"]
+__all__ = ["Call", "ROUTES", "answer", "plan", "refusal", "serves", "translated"]
 
 Doc = dict[str, Any]
 
@@ -197,6 +199,38 @@ def answer(call: Call, raw: bytes, request_id: str) -> bytes:
         raise _shape(call.path, "not a JSON object")
     out = call.route.answer(doc, call.client, call.model, request_id)
     return dumps(out)
+
+
+# llama.cpp answers a detokenize of an id outside its vocabulary with a 500 naming C++'s range check.
+_OUT_OF_VOCABULARY = re.compile(rb"_M_range_check: __n \(which is (\d+)\) >= this->size\(\) \(which is (\d+)\)")
+
+
+def refusal(call: Call, status: int, raw: bytes) -> OpenAIError | None:
+    """The client's error an engine answered as its own failure (a 5xx), in the client's words; None when the
+    answer is what it says. llama.cpp fails a detokenize of an unknown token id with a 500: that is a 400 of the
+    request, and no failure of the replica (its circuit breaker must not count it)."""
+    if status == 500 and call.route.path == "/detokenize" and (found := _OUT_OF_VOCABULARY.search(raw[:4096])):
+        token, size = (int(n) for n in found.groups())
+        return OpenAIError(400, "invalid_value", f"token id {token} is not in model {call.model!r}'s vocabulary "
+                                                 f"(ids 0 to {size - 1})", param="tokens")
+    return None
+
+
+async def translated(call: Call, response: upstream.Response, request_id: str,
+                     answered: Callable[[], None]) -> upstream.Response:
+    """The engine's whole answer (`upstream.answer(whole=True)`) in the gateway's shape: a success translated
+    (`answer`), an engine's error as it came, but for the client's error it reports as its own (`refusal`:
+    raised, after `answered()` tells the replica's breaker it answered)."""
+    if response.status >= 500:
+        raw = await response.read()
+        error = refusal(call, response.status, raw)
+        if error is not None:
+            answered()
+            raise error
+        return upstream.Whole(response.status, response.headers, [raw])
+    if response.status >= 400:
+        return response
+    return upstream.Whole(response.status, response.headers, [answer(call, await response.read(), request_id)])
 
 
 def _shape(what: str, words: str) -> OpenAIError:
