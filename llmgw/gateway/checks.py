@@ -238,10 +238,11 @@ def within_limits(body: dict[str, Any], limits: Limits) -> bool:
 
 def _unknown(key: str, kind: str) -> OpenAIError:
     path = next(p for p, k in POST_PATHS.items() if k == kind)
+    fields = "the fields docs/api.md lists for it" if kind in ENGINE_MAPPED else "OpenAI's fields"
     if key in ENGINE_PRIVATE:
-        words = f"'{key}' is an engine or proxy setting that clients may not set; {path} takes OpenAI's fields only"
+        words = f"'{key}' is an engine or proxy setting that clients may not set; {path} takes {fields} only"
     else:
-        words = f"unknown parameter '{key}': {path} takes OpenAI's fields only"
+        words = f"unknown parameter '{key}': {path} takes {fields} only"
     return OpenAIError(400, "unknown_parameter", words, param=key)
 
 
