@@ -34,6 +34,7 @@ from llmgw.gateway import engine_paths, upstream
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
 from llmgw.gateway.affinity import affinity_key
+from llmgw.gateway.dialect import CHAT_PATH, Dialect
 from llmgw.gateway.names import Names, visible_names
 from llmgw.gateway.answers import asking_usage
 from llmgw.gateway.pool import Limits, LimitsReader, Pool, Ticket, raise_fd_limit
@@ -74,6 +75,9 @@ _UNLOGGED = ("/health", "/metrics", logquery.PATH)  # probes and control's queri
 # cannot take the request now, and said so at once. Never a refusal of the request itself (a client's
 # error, the guard's), nor a failure once the engine had it.
 FALLBACK_CODES = frozenset({"model_parked", "model_unplaceable", "overloaded"})
+
+# Other APIs served over the engines' chat completions (gateway/dialect.py), by path.
+DIALECTS: dict[str, Dialect] = {}  # every path here is one of checks.DIALECT_PATHS (tests/unit/test_dialect.py)
 
 
 def _no_endpoint_status(code: str) -> int:
@@ -187,6 +191,8 @@ class GatewayApp(RawApp):
             await self.metrics.answer(send)
             return
         kind = POST_PATHS.get(path)
+        if kind is None and (dialect := DIALECTS.get(path)) is not None:
+            ex.dialect, kind = dialect, "chat"  # its refusals in its own shape from here on
         if kind is None:
             if path.startswith(logquery.PATH):  # control asks this gateway's log (admin key)
                 await self._send(ex, send, *await requestlog_query.answer(scope, self.deps.state, self.log))
@@ -208,6 +214,11 @@ class GatewayApp(RawApp):
         patience = wait_budget(scope["headers"])  # x-llmgw-wait: a bad value costs no body read
         raw = await read_body(scope, receive, ex, self.deps.max_body_bytes)
         body = parse_object(raw)
+        sent_to = path
+        if ex.dialect is not None:  # another API's request, as the chat completion the engine is sent
+            ex.translation = ex.dialect.start(body)
+            body, sent_to = ex.translation.chat, CHAT_PATH
+            raw = dumps(body)
         name, stream = check_request(kind, body)
         hide_usage = False
         if stream:  # every stream is counted: ask for its usage (kept from a client that did not ask)
@@ -250,7 +261,7 @@ class GatewayApp(RawApp):
                                                      affinity=affinity, load_factor=limits.affinity_load_factor)
                     async with lease as endpoint:
                         ex.replica, ex.node = endpoint.replica_id, endpoint.node
-                        await self._exchange(ex, lease, endpoint, path, sent, stream, send, limits, hide_usage,
+                        await self._exchange(ex, lease, endpoint, sent_to, sent, stream, send, limits, hide_usage,
                                              model.timeouts, model.limits.concurrency_per_replica, call)
                     refusal = None
                     break
@@ -328,12 +339,12 @@ class GatewayApp(RawApp):
         ex.error = error.code or ""
         if ex.body_done:
             if not ex.disconnected:
-                await self._send(ex, send, error.status, dumps(error.doc()), error.headers)
+                await self._send(ex, send, error.status, dumps(self._error_doc(ex, error)), error.headers)
             return
         # The whole answer goes out at once, from the headers alone (an invalid key costs no body
         # read); the unread body is discarded after it, before the message ends, so a client still
         # sending reads its answer and the connection is kept or closed cleanly.
-        body = dumps(error.doc())
+        body = dumps(self._error_doc(ex, error))
         ex.started, ex.status = True, error.status
         head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                 (b"x-request-id", ex.request_id.encode()), *error.headers]
@@ -342,6 +353,10 @@ class GatewayApp(RawApp):
         await self._discard_body(ex, scope, receive)
         if not ex.disconnected:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    def _error_doc(ex: Progress, error: OpenAIError) -> dict[str, Any]:
+        return error.doc() if ex.dialect is None else ex.dialect.error_doc(error)
 
     async def _discard_body(self, ex: Progress, scope: Scope, receive: Receive) -> None:
         """Read (a bounded amount of) the unread body before refusing: HTTP/1.1 clients

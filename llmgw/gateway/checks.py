@@ -21,6 +21,10 @@ ROLES_FOR = {"chat": ("chat", "guard"), "completion": ("chat", "guard"), "embedd
 # The kinds whose engines speak other paths and bodies than the client's (gateway/engine_paths.py): a model
 # that cannot serve one gets `unsupported_endpoint` rather than `model_not_supported`.
 ENGINE_MAPPED = frozenset({"rerank", "tokenize", "detokenize"})
+# Other APIs' paths, served by translation to chat completions (gateway/dialect.py).
+DIALECT_PATHS = ("/v1/responses", "/v1/messages")
+# Every path of the /v1 API a client may ask (metrics count requests per endpoint, any other as "other").
+ENDPOINTS = frozenset({*POST_PATHS, *DIALECT_PATHS, "/v1/models"})
 
 # A field's JSON type: a test of the value and the words a refusal uses. The gateway checks
 # types (an engine given a string for a number may fail with a 500, or worse, guess); values
@@ -129,11 +133,15 @@ def allow(method: str, allowed: str) -> None:
 
 
 def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The client's key: `Authorization: Bearer KEY` (OpenAI's SDKs), else `x-api-key: KEY` (Anthropic's)."""
+    other = None
     for name, value in headers:
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
             return token.strip() if scheme.lower() == "bearer" else None
-    return None
+        if name == b"x-api-key":
+            other = value.decode("latin-1").strip()
+    return other
 
 
 WAIT_HEADER = b"x-llmgw-wait"

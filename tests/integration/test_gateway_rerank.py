@@ -131,7 +131,8 @@ async def test_a_rerank_is_scored_sorted_cut_to_top_n_logged_and_counted(gw: Set
     assert answer["usage"] == {"prompt_tokens": words, "total_tokens": words}
     assert response.headers["x-llmgw-model"] == "rr"
 
-    top = (await gw.http.post("/v1/rerank", json={**body, "top_n": 2, "return_documents": True})).json()
+    second = await gw.http.post("/v1/rerank", json={**body, "top_n": 2, "return_documents": True})
+    top = second.json()
     assert top["results"] == [{"index": 1, "relevance_score": 1.0, "document": {"text": DOCS[1]}},
                               {"index": 0, "relevance_score": 0.0, "document": {"text": DOCS[0]}}]
     assert gw.rr.reranked == 2
@@ -141,12 +142,14 @@ async def test_a_rerank_is_scored_sorted_cut_to_top_n_logged_and_counted(gw: Set
     assert (record["endpoint"], record["status"], record["model"], record["replica"]) == ("/v1/rerank", 200, "rr",
                                                                                           "rr-r1")
     assert (record["tokens_in"], record["tokens_out"]) == (words, 0)
+    await gw.record(second)  # (both written: both in the rollups)
     batch = gw.log.rollups.batch()
     assert batch is not None
     [row] = [r for r in batch["rows"] if r["model"] == "rr"]
     assert (row["requests"], row["tokens_in"]) == (2, 2 * words)
     metrics = (await gw.http.get("/metrics")).text
     assert 'llmgw_gateway_requests_total{code="",model="rr",status="200"} 2.0' in metrics
+    assert 'llmgw_gateway_endpoint_requests_total{endpoint="/v1/rerank"} 2.0' in metrics
 
 
 async def test_a_keys_tokens_per_minute_are_charged_from_a_reranks_usage(gw: Setup) -> None:
