@@ -82,6 +82,10 @@ async def gw(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Setup]:
         source = f"sim://{name}" if engine == "sim" else f"/models/{name}"
         store.submit_nowait(commands.put_model(ModelDef.from_doc(
             {"name": name, "engine": engine, "source": source, "role": role}), at=0.0))
+    # A parked vLLM reranker whose fallback is the sim's: the fallback's engine speaks another shape.
+    store.submit_nowait(commands.put_model(ModelDef.from_doc(
+        {"name": "vparked", "engine": "vllm", "source": "/models/vparked", "role": "rerank", "fallbacks": ["rr"]}),
+        at=0.0))
     store.submit_nowait(commands.add_key(hash_key(KEY), "test", "client", 0.0))
     store.submit_nowait(commands.add_key(hash_key(LIMITED), "small", "client", 0.0, tokens_per_min=TOKENS_PER_MIN))
     store.submit_nowait(commands.add_key(hash_key(ADMIN), "ops", "admin", 0.0))
@@ -97,6 +101,7 @@ async def gw(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Setup]:
     vllm_url = await serving(nursery, vllm)
     for name, role in (("vrr", "rerank"), ("vchat", "chat")):
         routes[name] = ModelRoute(name, role, "ready", (Endpoint(f"{name}-r1", vllm_url),))
+    routes["vparked"] = ModelRoute("vparked", "rerank", "parked", (), "5 failed starts")
     router = Router()
     router.update_routes(routes)
     log = RequestLog(tmp_path / "requests", "gw1", timeouts=dataclasses.replace(TIMEOUTS, requestlog_flush_s=0.02))
@@ -173,6 +178,13 @@ async def test_vllms_rerank_answer_is_put_in_the_one_shape(gw: Setup) -> None:
     assert answer["results"] == [{"index": 1, "relevance_score": 0.9}, {"index": 2, "relevance_score": 0.5}]
     assert answer["usage"] == {"prompt_tokens": 42, "total_tokens": 42}
     assert (await gw.record(response))["tokens_in"] == 42
+
+
+async def test_a_fallback_on_another_engine_gets_its_own_engines_request(gw: Setup) -> None:
+    response = await gw.http.post("/v1/rerank", json={"model": "vparked", "query": "panda", "documents": DOCS})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-llmgw-model"] == "rr" and response.json()["model"] == "rr"
+    assert gw.rr.reranked == 1 and not gw.vllm.requests
 
 
 async def test_rerank_is_served_only_by_rerank_models(gw: Setup) -> None:
