@@ -28,9 +28,9 @@ from llmgw.domain.settings import effective
 from llmgw.domain.state import ApiKey, ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError, describe
-from llmgw.gateway.checks import (POST_PATHS, ROLES_FOR, allow, check_limits, check_request, model_doc, role_words,
+from llmgw.gateway.checks import (POST_PATHS, ROLES_FOR, allow, check_limits, check_request, model_doc, role_refusal,
                                   wait_budget, within_limits)
-from llmgw.gateway import upstream
+from llmgw.gateway import engine_paths, upstream
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
 from llmgw.gateway.affinity import affinity_key
@@ -232,7 +232,8 @@ class GatewayApp(RawApp):
         model = tries[0]
         ex.model = name  # only catalog names (and aliases) reach the log: they are validated, a client's are not
         if model.role not in ROLES_FOR[kind]:
-            raise OpenAIError(400, "model_not_supported", role_words(name, model.role, path), param="model")
+            raise role_refusal(kind, name, model.role, path)
+        call = engine_paths.plan(kind, model.engine, model.name, path, body)  # None: the body goes as it came
         check_limits(body, model.limits, name)  # the definition's max_tokens / max_n
         ex.guard = self.guard.plan(snap, model.name, kind, body, ex)  # None (one lookup) when no policy applies
         if ex.guard is not None:
@@ -246,8 +247,10 @@ class GatewayApp(RawApp):
             for i, model in enumerate(tries):
                 try:
                     if i:  # a fallback (or a group's next model): only one that would take this request
-                        if model.role not in ROLES_FOR[kind] or not within_limits(body, model.limits):
+                        if (model.role not in ROLES_FOR[kind] or not within_limits(body, model.limits)
+                                or not engine_paths.serves(kind, model.engine)):
                             continue
+                        call = engine_paths.plan(kind, model.engine, model.name, path, body)
                         await self._replan_guard(snap, model.name, kind, body, ex)
                     ex.served = model.name
                     sent = raw if model.name == name else self._renamed(body, model.name, stream)
@@ -262,7 +265,7 @@ class GatewayApp(RawApp):
                     async with lease as endpoint:
                         ex.replica, ex.node = endpoint.replica_id, endpoint.node
                         await self._exchange(ex, lease, endpoint, sent_to, sent, stream, send, limits, hide_usage,
-                                             model.timeouts, model.limits.concurrency_per_replica)
+                                             model.timeouts, model.limits.concurrency_per_replica, call)
                     refusal = None
                     break
                 except NoEndpoint as no_endpoint:
@@ -306,14 +309,20 @@ class GatewayApp(RawApp):
     async def _exchange(
         self, ex: Progress, lease: Lease, endpoint: Endpoint, path: str, raw: bytes, stream: bool, send: Send,
         limits: Limits, hide_usage: bool = False, waits: ModelTimeouts = NO_OVERRIDES, slots: int | None = None,
+        call: engine_paths.Call | None = None,
     ) -> None:
-        """Send the body unchanged to the replica and relay its answer (streamed chunk for chunk, or whole)."""
+        """Send the body unchanged to the replica and relay its answer (streamed chunk for chunk, or whole);
+        `call`: the engine's own path and body instead, its answer read back in the gateway's shape."""
         # Once more on a dropped kept-alive connection; on another replica when this one refuses connections
         # or answers nothing (a non-streamed answer is read whole first: also when it breaks off).
         # The model's own upstream timeouts and slots per replica; the request's turn by its class and key.
+        if call is not None:
+            path, raw = call.path, call.body
         response, endpoint = await upstream.answer(self.pool, lease, endpoint, ex.model, path, raw, ex.request_id,
                                                    limits, waits, whole=not stream, ticket=ex.ticket, slots=slots)
         ex.replica, ex.node = endpoint.replica_id, endpoint.node
+        if call is not None:  # (never streamed: read whole above)
+            response = await engine_paths.translated(call, response, ex.request_id, lease.answered)
         if ex.guard is not None and ex.guard.checks_response:
             response = await ex.guard.hold(response, stream)  # judged whole before the client gets any of it
         await relay(ex, response, endpoint, stream, send, hide_usage)

@@ -12,8 +12,15 @@ from llmgw.domain.model import Limits
 from llmgw.errors import OpenAIError
 
 # Path -> kind of request; kind -> the model roles that may serve it.
-POST_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding"}
-ROLES_FOR = {"chat": ("chat", "guard"), "completion": ("chat", "guard"), "embedding": ("embedding",)}
+POST_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding",
+              "/v1/rerank": "rerank", "/v1/tokenize": "tokenize", "/v1/detokenize": "detokenize"}
+# Tokenizing needs a tokenizer, which every role's model has.
+_TOKENIZERS = ("chat", "guard", "embedding", "rerank")
+ROLES_FOR = {"chat": ("chat", "guard"), "completion": ("chat", "guard"), "embedding": ("embedding",),
+             "rerank": ("rerank",), "tokenize": _TOKENIZERS, "detokenize": _TOKENIZERS}
+# The kinds whose engines speak other paths and bodies than the client's (gateway/engine_paths.py): a model
+# that cannot serve one gets `unsupported_endpoint` rather than `model_not_supported`.
+ENGINE_MAPPED = frozenset({"rerank", "tokenize", "detokenize"})
 # Other APIs' paths, served by translation to chat completions (gateway/dialect.py).
 DIALECT_PATHS = ("/v1/responses", "/v1/messages")
 # Every path of the /v1 API a client may ask (metrics count requests per endpoint, any other as "other").
@@ -101,6 +108,11 @@ FIELDS: dict[str, dict[str, _Type]] = {
         "logprobs": INTEGER,  # the legacy endpoint's logprobs is a count (0..5), not a switch
     },
     "embedding": {**_COMMON, "input": STRING_OR_ARRAY, "encoding_format": STRING, "dimensions": INTEGER},
+    # Jina's and Cohere's rerank, as vLLM and llama.cpp serve it; vLLM's tokenize and detokenize.
+    "rerank": {"model": STRING, "query": STRING, "documents": ARRAY, "top_n": INTEGER, "return_documents": BOOLEAN},
+    "tokenize": {"model": STRING, "prompt": STRING, "messages": ARRAY, "add_special_tokens": BOOLEAN,
+                 "add_generation_prompt": BOOLEAN},
+    "detokenize": {"model": STRING, "tokens": ARRAY},
 }
 STREAM_OPTIONS: dict[str, _Type] = {"include_usage": BOOLEAN, "include_obfuscation": BOOLEAN}
 
@@ -178,8 +190,10 @@ def check_request(kind: str, body: dict[str, Any]) -> tuple[str, bool]:
                 raise OpenAIError(400, "invalid_type", f"'{where}' must be a string", param=where)
     elif kind == "completion":
         required(body, "prompt")
-    else:
+    elif kind == "embedding":
         required(body, "input")
+    else:
+        _BODY_CHECKS[kind](body)
     stream = body.get("stream")
     return name, stream is True
 
@@ -232,16 +246,71 @@ def within_limits(body: dict[str, Any], limits: Limits) -> bool:
 
 def _unknown(key: str, kind: str) -> OpenAIError:
     path = next(p for p, k in POST_PATHS.items() if k == kind)
+    fields = "the fields docs/api.md lists for it" if kind in ENGINE_MAPPED else "OpenAI's fields"
     if key in ENGINE_PRIVATE:
-        words = f"'{key}' is an engine or proxy setting that clients may not set; {path} takes OpenAI's fields only"
+        words = f"'{key}' is an engine or proxy setting that clients may not set; {path} takes {fields} only"
     else:
-        words = f"unknown parameter '{key}': {path} takes OpenAI's fields only"
+        words = f"unknown parameter '{key}': {path} takes {fields} only"
     return OpenAIError(400, "unknown_parameter", words, param=key)
 
 
 def required(body: dict[str, Any], key: str) -> None:
     if body.get(key) is None:
         raise OpenAIError(400, "missing_required_parameter", f"'{key}' is required", param=key)
+
+
+def _check_rerank(body: dict[str, Any]) -> None:
+    required(body, "query")
+    documents = body.get("documents")
+    if documents is None:
+        raise OpenAIError(400, "missing_required_parameter", "'documents' is required", param="documents")
+    if not documents:
+        raise OpenAIError(400, "invalid_type", "'documents' must be a non-empty array", param="documents")
+    for i, doc in enumerate(documents):
+        if not (isinstance(doc, str) or (isinstance(doc, dict) and isinstance(doc.get("text"), str)
+                                         and set(doc) == {"text"})):
+            where = f"documents[{i}]"
+            raise OpenAIError(400, "invalid_type", f"'{where}' must be a string or an object {{\"text\": string}}",
+                              param=where)
+    top_n: Any = body.get("top_n")
+    if top_n is not None and top_n < 1:  # (an integer: check_fields said so)
+        raise OpenAIError(400, "invalid_value", f"'top_n' must be at least 1, not {top_n}", param="top_n")
+
+
+def _check_tokenize(body: dict[str, Any]) -> None:
+    has_prompt, has_messages = body.get("prompt") is not None, body.get("messages") is not None
+    if has_prompt == has_messages:
+        words = "give one of 'prompt' (a string) or 'messages' (a chat), not both" if has_prompt else \
+            "'prompt' or 'messages' is required"
+        raise OpenAIError(400, "invalid_type" if has_prompt else "missing_required_parameter", words, param="prompt")
+    if has_messages:
+        messages = body["messages"]
+        if not messages or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise OpenAIError(400, "invalid_type", "'messages' must be a non-empty array of objects with a string "
+                                                   "'role'", param="messages")
+
+
+def _check_detokenize(body: dict[str, Any]) -> None:
+    tokens = body.get("tokens")
+    if tokens is None:
+        raise OpenAIError(400, "missing_required_parameter", "'tokens' is required", param="tokens")
+    # Token ids are counts from 0 within a vocabulary: an engine given a negative one may fail badly.
+    if not all(_int(t) and 0 <= t < 2**31 for t in tokens):
+        raise OpenAIError(400, "invalid_type", "'tokens' must be an array of token ids (integers from 0)",
+                          param="tokens")
+
+
+_BODY_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "rerank": _check_rerank, "tokenize": _check_tokenize, "detokenize": _check_detokenize}
+
+
+def role_refusal(kind: str, name: str, role: str, path: str) -> OpenAIError:
+    """The refusal of a model whose role does not serve `kind`."""
+    if kind in ENGINE_MAPPED:
+        return OpenAIError(400, "unsupported_endpoint", f"model {name!r} is a {role} model and does not serve {path}"
+                                                        + ("; rerank needs a model of role rerank"
+                                                           if kind == "rerank" else ""), param="model")
+    return OpenAIError(400, "model_not_supported", role_words(name, role, path), param="model")
 
 
 def role_words(name: str, role: str, path: str) -> str:

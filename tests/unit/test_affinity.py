@@ -98,6 +98,7 @@ def test_affinity_defaults_by_role_and_can_be_set() -> None:
     assert _model().affinity_chars() == PREFIX_CHARS
     assert _model(role="guard").affinity_chars() == PREFIX_CHARS
     assert _model(role="embedding").affinity_chars() == 0
+    assert _model(role="rerank").affinity_chars() == 0  # a rerank is scored whole: no prompt cache to share
     assert _model(routing={"affinity": "off"}).affinity_chars() == 0
     assert _model(role="embedding", routing={"affinity": "prefix", "prefix_chars": 512}).affinity_chars() == 512
     assert _model(routing={"prefix_chars": 100}).affinity_chars() == 100

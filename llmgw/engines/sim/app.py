@@ -1,4 +1,5 @@
-"""The simulator's answers: a raw ASGI app (chat, completions, guard, embeddings) with deterministic replies.
+"""The simulator's answers: a raw ASGI app (chat, completions, guard, embeddings; rerank and tokenize in
+llama.cpp's shapes, tokens.py) with deterministic replies.
 Owns `SimOptions` (what a sim process is told), `make_app` and `SimApp`; `process.py` serves it.
 
 A raw ASGI app rather than Quart: the simulator is the baseline of the
@@ -25,6 +26,7 @@ import trio
 from llmgw.domain.model import ROLES
 from llmgw.engines.sim.group import GroupRole
 from llmgw.engines.sim.prefix import PrefixCache
+from llmgw.engines.sim import tokens as sim_tokens
 from llmgw.engines.sim.requests import (check_input, check_messages, check_optional, check_prompt, check_stop,
                                         content_text, count_words, embed, focus_text, judged_text, max_tokens)
 from llmgw.errors import OpenAIError
@@ -42,6 +44,9 @@ _ROUTES: dict[str, str] = {
     "/v1/chat/completions": "POST",
     "/v1/completions": "POST",
     "/v1/embeddings": "POST",
+    "/v1/rerank": "POST",  # llama.cpp's paths and shapes (tokens.py)
+    "/tokenize": "POST",
+    "/detokenize": "POST",
 }
 
 
@@ -103,6 +108,8 @@ class SimApp(RawApp):
         # with earlier prompts still in this replica's cache.
         self.prefix = PrefixCache(opts.prefix_cache_blocks) if opts.prefill_tokens_per_s > 0 else None
         self._prefilling = trio.Lock()  # one prompt read at a time: a replica's compute, as prefill is on a GPU
+        self.vocabulary = sim_tokens.Vocabulary()
+        self.reranked = 0  # rerank requests answered
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -123,6 +130,8 @@ class SimApp(RawApp):
                 body = parse_object(await read_body(scope, receive, ex))
                 if path == "/v1/embeddings":
                     await send_json(send, 200, dumps(self._embeddings(body)))
+                elif path in ("/v1/rerank", "/tokenize", "/detokenize"):
+                    await send_json(send, 200, dumps(self._tokens(path, body)))
                 else:
                     await self._generate(path, body, receive, send, ex)
         except OpenAIError as error:
@@ -137,8 +146,8 @@ class SimApp(RawApp):
     # -- chat and completions -------------------------------------------------
 
     async def _generate(self, path: str, body: dict[str, Any], receive: Receive, send: Send, ex: Exchange) -> None:
-        if self.opts.role == "embedding":
-            words = f"model {self.opts.model} is an embedding model; use /v1/embeddings"
+        if self.opts.role in ("embedding", "rerank"):
+            words = f"model {self.opts.model} is an {self.opts.role} model; it does not generate"
             raise OpenAIError(400, "unsupported_endpoint", words, param="model")
         chat = path == "/v1/chat/completions"
         self.generated += 1
@@ -276,6 +285,25 @@ class SimApp(RawApp):
             yield False, frame(end)
         if usage is not None:
             yield False, {**base, "choices": [], "usage": usage}
+
+    # -- rerank, tokenize, detokenize (llama.cpp's shapes) --------------------
+
+    def _tokens(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if path == "/v1/rerank":
+            if self.opts.role != "rerank":  # as llama.cpp answers a server started without --reranking
+                raise OpenAIError(501, "not_supported_error", "This server does not support reranking. Start it "
+                                                              "with `--reranking`")
+            self.reranked += 1
+            return sim_tokens.rerank(body, self.opts.model)
+        if path == "/tokenize":
+            content = body.get("content")
+            if not isinstance(content, str):
+                raise OpenAIError(400, "invalid_request_error", "\"content\" must be a string", param="content")
+            return {"tokens": self.vocabulary.tokenize(content, body.get("add_special") is True)}
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise OpenAIError(400, "invalid_request_error", "\"tokens\" must be an array of integers", param="tokens")
+        return {"content": self.vocabulary.detokenize(ids)}
 
     # -- embeddings -----------------------------------------------------------
 
