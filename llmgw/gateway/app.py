@@ -37,6 +37,7 @@ from llmgw.gateway.affinity import affinity_key
 from llmgw.gateway.dialect import CHAT_PATH, Dialect
 from llmgw.gateway.names import Names, visible_names
 from llmgw.gateway.answers import asking_usage
+from llmgw.gateway.responses import ResponsesDialect
 from llmgw.gateway.pool import Limits, LimitsReader, Pool, Ticket, raise_fd_limit
 from llmgw.gateway.router import Lease, NoEndpoint, Router
 from llmgw.gateway import requestlog_query
@@ -77,7 +78,7 @@ _UNLOGGED = ("/health", "/metrics", logquery.PATH)  # probes and control's queri
 FALLBACK_CODES = frozenset({"model_parked", "model_unplaceable", "overloaded"})
 
 # Other APIs served over the engines' chat completions (gateway/dialect.py), by path.
-DIALECTS: dict[str, Dialect] = {}  # every path here is one of checks.DIALECT_PATHS (tests/unit/test_dialect.py)
+DIALECTS: dict[str, Dialect] = {"/v1/responses": ResponsesDialect()}  # every path here is one of checks.DIALECT_PATHS (tests/unit/test_dialect.py)
 
 
 def _no_endpoint_status(code: str) -> int:
