@@ -106,6 +106,8 @@ def chat_request(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     model = body.get("model")
     if model is None:
         raise _bad("missing_required_parameter", "'model' is required", "model")
+    if not model:
+        raise _bad("invalid_type", "'model' must be a non-empty string", "model")
     chat: dict[str, Any] = {"model": model}
     echo: dict[str, Any] = {"model": model}
     _refuse_values(body)
@@ -165,7 +167,7 @@ def _refuse_values(body: dict[str, Any]) -> None:
         raise _unsupported_value("prompt_cache_retention", body["prompt_cache_retention"],
                                  "the engines keep their prompt caches in memory only ('in_memory')")
     for i, value in enumerate(body.get("include") or ()):
-        if value not in _INCLUDE_TAKEN:
+        if not isinstance(value, str) or value not in _INCLUDE_TAKEN:
             raise _unsupported_value(f"include[{i}]", value, "llmgw's answers carry no such data")
 
 
@@ -213,8 +215,9 @@ def _messages(items: Any) -> list[dict[str, Any]]:
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
     role = item.get("role")
-    if role not in _ROLES:
-        raise _bad("invalid_value", f"'{where}.role' must be one of user, assistant, system, developer", f"{where}.role")
+    if not isinstance(role, str) or role not in _ROLES:
+        words = f"'{where}.role' must be one of user, assistant, system, developer"
+        raise _bad("invalid_value", words, f"{where}.role")
     content = item.get("content")
     if not isinstance(content, str):
         content = _parts(content, f"{where}.content", role)

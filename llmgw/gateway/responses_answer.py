@@ -48,6 +48,10 @@ def usage_doc(usage: Any) -> dict[str, Any] | None:
             "total_tokens": prompt + completion}
 
 
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
@@ -102,7 +106,7 @@ class ResponsesTranslation(Translation):
     def whole(self, answer: dict[str, Any]) -> dict[str, Any]:
         choices = answer.get("choices")
         choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        message = _obj(choice.get("message"))
         finish = choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None
         status = "incomplete" if finish in _INCOMPLETE else "completed"
         output: list[dict[str, Any]] = []
@@ -115,7 +119,7 @@ class ResponsesTranslation(Translation):
             output.append({"type": "message", "id": _id("msg"), "status": status, "role": "assistant",
                            "content": content})
         for call in calls:
-            function = call.get("function") if isinstance(call.get("function"), dict) else {}
+            function = _obj(call.get("function"))
             output.append(_call_item(call.get("id"), function.get("name"), function.get("arguments"), "completed"))
         if not output:  # no text and no call (content null): an empty message, as OpenAI answers one
             output.append({"type": "message", "id": _id("msg"), "status": status, "role": "assistant",
@@ -174,8 +178,10 @@ class ResponsesTranslation(Translation):
 
     def _call(self, call: dict[str, Any]) -> bytes:
         out = b""
-        index = call.get("index") if isinstance(call.get("index"), int) else len(self._calls)
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        index = call.get("index")
+        if not isinstance(index, int):
+            index = len(self._calls)
+        function = _obj(call.get("function"))
         item = self._calls.get(index)
         if item is None:
             item = self._calls[index] = _call_item(call.get("id"), function.get("name"), "", "in_progress")

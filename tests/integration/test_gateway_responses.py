@@ -198,8 +198,8 @@ async def test_a_function_tool_round_trip(gw: Setup, nursery: trio.Nursery) -> N
                                          "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}})
     tool = {"type": "function", "name": "weather", "description": "the weather", "strict": True,
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
-    first = await gw.sdk().responses.create(model="demo", input="weather in Oslo?", tools=[tool],  # type: ignore[list-item]
-                                            tool_choice="auto")
+    first = await gw.sdk().responses.create(model="demo", input="weather in Oslo?",
+                                            tools=[tool], tool_choice="auto")  # type: ignore[list-item]
     fc = first.output[0]
     assert fc.type == "function_call" and (fc.call_id, fc.name, fc.arguments) == ("call_9", "weather",
                                                                                  '{"city":"Oslo"}')
