@@ -227,6 +227,7 @@ class Exporter:
             metrics = RequestMetrics()
             metrics.requests = dict(self.metrics.requests)
             metrics.served = dict(self.metrics.served)
+            metrics.endpoints = dict(self.metrics.endpoints)
             for name, per in list(self.metrics.models.items()):
                 metrics.models[name] = copy = _PerModel()
                 copy.latency, copy.latency_sum, copy.ttft = list(per.latency), per.latency_sum, list(per.ttft)

@@ -138,6 +138,8 @@ async def test_the_sdk_gets_a_response_whose_text_is_the_engines_answer(gw: Setu
     record = await record_of(gw.http, raw.headers["x-request-id"], ADMIN_KEY)
     assert (record["endpoint"], record["status"], record["tokens_in"], record["tokens_out"]) == ("/v1/responses",
                                                                                                200, 2, 3)
+    metrics = (await gw.http.get("/metrics")).text
+    assert 'llmgw_gateway_endpoint_requests_total{endpoint="/v1/responses"} 2.0' in metrics
 
 
 async def test_an_answer_cut_at_max_output_tokens_is_incomplete(gw: Setup) -> None:
