@@ -162,16 +162,17 @@ class ResponsesTranslation(Translation):
                 out += self._call(call)
         return out
 
+    def _open_message(self) -> tuple[dict[str, Any], bytes]:
+        item = self._message = {"type": "message", "id": _id("msg"), "status": "in_progress", "role": "assistant",
+                                "content": []}
+        out = self._add(item)
+        out += self._event("response.content_part.added", item_id=item["id"], output_index=item["_index"],
+                           content_index=0, part=_text_part(""))
+        item["content"].append(_text_part(""))
+        return item, out
+
     def _text(self, text: str) -> bytes:
-        out = b""
-        item = self._message
-        if item is None:
-            item = self._message = {"type": "message", "id": _id("msg"), "status": "in_progress",
-                                    "role": "assistant", "content": []}
-            out += self._add(item)
-            out += self._event("response.content_part.added", item_id=item["id"], output_index=item["_index"],
-                               content_index=0, part=_text_part(""))
-            item["content"].append(_text_part(""))
+        item, out = (self._message, b"") if self._message is not None else self._open_message()
         item["content"][0]["text"] += text
         return out + self._event("response.output_text.delta", item_id=item["id"], output_index=item["_index"],
                                  content_index=0, delta=text, logprobs=[])
@@ -202,6 +203,8 @@ class ResponsesTranslation(Translation):
 
     def end(self) -> bytes:
         out = self._start()
+        if not self._items:  # no text and no call: an empty message, as a whole answer has
+            out += self._open_message()[1]
         status = "incomplete" if self._finish in _INCOMPLETE else "completed"
         for item in self._items:
             index = item["_index"]
