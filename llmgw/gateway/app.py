@@ -38,6 +38,7 @@ from llmgw.gateway.dialect import CHAT_PATH, Dialect
 from llmgw.gateway.messages import MessagesDialect
 from llmgw.gateway.names import Names, visible_names
 from llmgw.gateway.answers import asking_usage
+from llmgw.gateway.responses import ResponsesDialect
 from llmgw.gateway.pool import Limits, LimitsReader, Pool, Ticket, raise_fd_limit
 from llmgw.gateway.router import Lease, NoEndpoint, Router
 from llmgw.gateway import requestlog_query
@@ -80,6 +81,7 @@ FALLBACK_CODES = frozenset({"model_parked", "model_unplaceable", "overloaded"})
 # Other APIs served over the engines' chat completions (gateway/dialect.py), by path.
 DIALECTS: dict[str, Dialect] = {
     "/v1/messages": MessagesDialect(),
+    "/v1/responses": ResponsesDialect(),
 }  # every path here is one of checks.DIALECT_PATHS (tests/unit/test_dialect.py)
 
 
