@@ -338,7 +338,10 @@ class GatewayApp(RawApp):
     ) -> None:
         ex.started = True
         ex.status = status
-        await send_json(send, status, body, [(b"x-request-id", ex.request_id.encode()), *(extra or ())])
+        mine = [(b"x-request-id", ex.request_id.encode())]
+        if ex.dialect is not None:
+            mine += ex.dialect.headers(ex.request_id)
+        await send_json(send, status, body, [*mine, *(extra or ())])
 
     async def _refuse(self, ex: Progress, scope: Scope, receive: Receive, send: Send, error: OpenAIError) -> None:
         ex.error = error.code or ""
@@ -353,6 +356,8 @@ class GatewayApp(RawApp):
         ex.started, ex.status = True, error.status
         head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                 (b"x-request-id", ex.request_id.encode()), *error.headers]
+        if ex.dialect is not None:
+            head += ex.dialect.headers(ex.request_id)
         await send({"type": "http.response.start", "status": error.status, "headers": head})
         await send({"type": "http.response.body", "body": body, "more_body": True})
         await self._discard_body(ex, scope, receive)

@@ -66,6 +66,10 @@ class Dialect:
         """The body of a refusal, in the dialect's shape (the status and headers are the error's)."""
         return error.doc()
 
+    def headers(self, request_id: str) -> list[tuple[bytes, bytes]]:
+        """Headers of every answer beside `x-request-id`, as the dialect's SDKs read them."""
+        return []
+
 
 class _Events:
     """Splits the engine's server-sent events across reads: `feed` returns the whole events' data fields."""
@@ -96,6 +100,7 @@ async def relay_translated(ex: Any, translation: Translation, response: upstream
                            stream: bool, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
     """`relay` for a translated request (ex: its `Progress`): the engine's chat answer, whole or streamed,
     sent on in the dialect's shape; the usage is read from the chat answer for the log and the key's limits."""
+    headers = [*headers, *ex.dialect.headers(ex.request_id)]
     if not stream or response.status >= 400:
         try:
             body = await response.read()

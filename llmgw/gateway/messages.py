@@ -452,3 +452,6 @@ class MessagesDialect(Dialect):
 
     def error_doc(self, error: OpenAIError) -> dict[str, Any]:
         return error_doc(error)
+
+    def headers(self, request_id: str) -> list[tuple[bytes, bytes]]:
+        return [(b"request-id", request_id.encode())]  # the SDK's `request_id` of an answer or an exception

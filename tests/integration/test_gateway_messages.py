@@ -111,6 +111,7 @@ async def test_the_sdk_gets_a_message_and_the_request_log_counts_it(gw: Setup) -
                                                                                           "end_turn", None)
     assert (message.usage.input_tokens, message.usage.output_tokens) == (4, 4)  # the system prompt's words too
     record = await gw.record(raw.headers["x-request-id"])
+    assert message._request_id == raw.headers["x-request-id"]  # the SDK's own header, `request-id`
     assert (record["endpoint"], record["model"], record["status"]) == ("/v1/messages", "demo", 200)
     assert (record["tokens_in"], record["tokens_out"]) == (4, 4)
 
@@ -168,6 +169,7 @@ async def test_refusals_are_the_sdks_exceptions_with_llmgws_code(gw: Setup) -> N
     with pytest.raises(anthropic.AuthenticationError) as bad_key:
         await sdk(lambda: gw.client("sk-wrong").messages.create(model="demo", max_tokens=8, messages=HELLO))
     assert bad_key.value.error_code == "invalid_api_key" and bad_key.value.type == "authentication_error"
+    assert bad_key.value.request_id and bad_key.value.request_id.startswith("req")
     client = gw.client()
     with pytest.raises(anthropic.NotFoundError) as unknown:
         await sdk(lambda: client.messages.create(model="no-such-model", max_tokens=8, messages=HELLO))
