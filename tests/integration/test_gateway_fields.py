@@ -1,0 +1,248 @@
+"""OpenAI's richer request fields through the gateway to the sim engine, with the official `openai` SDK:
+tools (whole and streamed), structured output, log probabilities, n choices, stop lists, token-id inputs;
+every answer checked against the pinned OpenAPI schemas. And the engine table (gateway/capabilities.py): a
+field the model's engine cannot honour is refused by name before any engine sees it, the gateway's own
+fields never reach one, and a null optional field is never refused."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import httpx
+import openai
+import pydantic
+import pytest
+import trio
+
+from llmgw.domain import commands
+from llmgw.domain.keys import hash_key
+from llmgw.domain.model import ModelDef
+from llmgw.domain.observed import Endpoint, ModelRoute
+from llmgw.engines import sim
+from llmgw.gateway.app import GatewayDeps, serve
+from llmgw.gateway.router import Router
+from llmgw.testing import MemoryStore
+from llmgw.testing.scripted_engine import ScriptedEngine
+from llmgw.testing.scripted_engine import serving as scripted
+from tests.support.openai_spec import errors
+
+KEY = "sk-test-fields"
+sdk_stream_warnings = pytest.mark.filterwarnings(
+    r"ignore:Async generator '(openai|httpx2|httpcore2)\.[\w.]+' was garbage collected:ResourceWarning"
+)
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["c", "f"]},
+                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                   "required": ["city", "unit", "days"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
+@dataclass
+class Setup:
+    url: str
+    http: httpx.AsyncClient
+    engine: ScriptedEngine  # serves "recorded" (engine sim) and "lcpp" (engine llama.cpp): what reached it
+
+    def sdk(self, http_client: openai.DefaultAsyncHttpxClient) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=KEY, http_client=http_client, max_retries=0)
+
+
+ANSWER = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+    {"index": 0, "message": {"role": "assistant", "content": "ok", "refusal": None}, "logprobs": None,
+     "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+
+
+@pytest.fixture
+async def gw(nursery: trio.Nursery) -> AsyncIterator[Setup]:
+    store = MemoryStore()
+    docs = [{"name": "demo", "engine": "sim", "source": "sim://demo", "role": "chat"},
+            {"name": "demo-embed", "engine": "sim", "source": "sim://demo-embed", "role": "embedding"},
+            {"name": "recorded", "engine": "sim", "source": "sim://recorded", "role": "chat"},
+            {"name": "lcpp", "engine": "llama.cpp", "source": "/models/tiny.gguf", "role": "chat"},
+            {"name": "vllm-embed", "engine": "vllm", "source": "hf://org/embed", "role": "embedding"}]
+    for doc in docs:
+        store.submit_nowait(commands.put_model(ModelDef.from_doc(doc), at=0.0))
+    store.submit_nowait(commands.add_key(hash_key(KEY), "test", "client", 0.0))
+    engine = ScriptedEngine(lambda request, reply: reply.whole(200, ANSWER))
+    scripted_url = await scripted(nursery, engine)
+
+    async def sim_endpoint(model: str, role: str = "chat") -> Endpoint:
+        url = await nursery.start(partial(sim.serve, sim.SimOptions("127.0.0.1", 0, model, role)))
+        return Endpoint(f"{model}-r1", url)
+
+    routes = {
+        "demo": ModelRoute("demo", "chat", "ready", (await sim_endpoint("demo"),)),
+        "demo-embed": ModelRoute("demo-embed", "embedding", "ready", (await sim_endpoint("demo-embed", "embedding"),)),
+        "recorded": ModelRoute("recorded", "chat", "ready", (Endpoint("recorded-r1", scripted_url),)),
+        "lcpp": ModelRoute("lcpp", "chat", "ready", (Endpoint("lcpp-r1", scripted_url),)),
+        "vllm-embed": ModelRoute("vllm-embed", "embedding", "ready", (Endpoint("vllm-r1", scripted_url),)),
+    }
+    router = Router()
+    router.update_routes(routes)
+    host, port = await nursery.start(partial(serve, "127.0.0.1", 0, GatewayDeps(router=router, state=store)))
+    url = f"http://{host}:{port}"
+    async with httpx.AsyncClient(base_url=url, headers={"authorization": f"Bearer {KEY}"}) as http:
+        yield Setup(url, http, engine)
+
+
+def valid(schema: str, doc: Any) -> Any:
+    assert errors(schema, doc) == [], doc
+    return doc
+
+
+def user(text: str) -> list[Any]:
+    return [{"role": "user", "content": text}]
+
+
+# --- tools ------------------------------------------------------------------------
+
+
+async def test_a_tool_call_whole_in_openai_shape(gw: Setup) -> None:
+    body = {"model": "demo", "messages": user("what is the weather in Paris"), "tools": [WEATHER, TIME],
+            "tool_choice": "required"}
+    answer = valid("CreateChatCompletionResponse", (await gw.http.post("/v1/chat/completions", json=body)).json())
+    async with openai.DefaultAsyncHttpxClient() as http_client:
+        reply = await gw.sdk(http_client).chat.completions.create(
+            model="demo", messages=user("call get_time please"), tools=[WEATHER, TIME])  # type: ignore[list-item]
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    arguments = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "get_weather" and call["type"] == "function" and call["id"]
+    assert set(arguments) == {"city", "unit", "days"} and arguments["unit"] in ("c", "f")
+    assert 1 <= arguments["days"] <= 7
+    # tool_choice auto (the SDK's default with tools): the tool the user names is called.
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert [c.function.name for c in reply.choices[0].message.tool_calls or []  # type: ignore[union-attr]
+            ] == ["get_time"]
+
+
+@sdk_stream_warnings
+async def test_a_tool_call_streamed_as_openai_does_and_assembled_by_the_sdk(gw: Setup) -> None:
+    body = {"model": "demo", "messages": user("weather in Oslo"), "tools": [WEATHER], "stream": True,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    async with gw.http.stream("POST", "/v1/chat/completions", json=body) as response:
+        frames = [json.loads(line[6:]) async for line in response.aiter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    for frame in frames:
+        valid("CreateChatCompletionStreamResponse", frame)
+    deltas = [f["choices"][0]["delta"] for f in frames if f["choices"]]
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert calls[0]["function"] == {"name": "get_weather", "arguments": ""} and calls[0]["id"]
+    assert len(calls) > 2 and all(set(c) == {"index", "function"} for c in calls[1:])
+    whole = json.loads("".join(c["function"]["arguments"] for c in calls))
+    assert [f["choices"][0]["finish_reason"] for f in frames if f["choices"]][-1] == "tool_calls"
+    async with openai.DefaultAsyncHttpxClient() as http_client:
+        client = gw.sdk(http_client)
+        async with client.chat.completions.stream(
+                model="demo", messages=user("weather in Oslo"), tools=[WEATHER],  # type: ignore[list-item]
+                tool_choice={"type": "function", "function": {"name": "get_weather"}}) as stream:
+            final = await stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == whole  # type: ignore[union-attr]
+
+
+# --- structured output, logprobs, n, stop ----------------------------------------------
+
+
+class Weather(pydantic.BaseModel):
+    city: str
+    days: int
+    windy: bool
+    tags: list[str]
+
+
+async def test_json_schema_answers_parse_with_the_sdk(gw: Setup) -> None:
+    async with openai.DefaultAsyncHttpxClient() as http_client:
+        client = gw.sdk(http_client)
+        parsed = await client.chat.completions.parse(model="demo", messages=user("forecast"),
+                                                     response_format=Weather)
+        loose = await client.chat.completions.create(model="demo", messages=user("anything"),
+                                                      response_format={"type": "json_object"})
+    assert isinstance(parsed.choices[0].message.parsed, Weather)
+    assert isinstance(json.loads(loose.choices[0].message.content or ""), dict)
+    valid("CreateChatCompletionResponse", loose.model_dump(mode="json", exclude_unset=True))
+
+
+async def test_logprobs_n_and_stop_lists(gw: Setup) -> None:
+    body = {"model": "demo", "messages": user("one two three four"), "logprobs": True, "top_logprobs": 2, "n": 3}
+    answer = valid("CreateChatCompletionResponse", (await gw.http.post("/v1/chat/completions", json=body)).json())
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
+    content = answer["choices"][0]["logprobs"]["content"]
+    assert "".join(e["token"] for e in content) == answer["choices"][0]["message"]["content"]
+    assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"] for e in content)
+    async with openai.DefaultAsyncHttpxClient() as http_client:
+        client = gw.sdk(http_client)
+        stopped = await client.chat.completions.create(model="demo", messages=user("alpha beta gamma"),
+                                                       stop=["gamma", "zeta"])
+        legacy = await client.completions.create(model="demo", prompt="red green blue", logprobs=2, n=2,
+                                                 stop=[" green"], echo=True)
+    assert stopped.choices[0].message.content == "sim says: alpha beta "
+    assert stopped.choices[0].finish_reason == "stop"
+    assert [c.text for c in legacy.choices] == ["red green bluesim says: red"] * 2
+    legacy_doc = valid("CreateCompletionResponse", legacy.model_dump(mode="json", exclude_unset=True))
+    logprobs = legacy_doc["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == ["sim", " says:", " red"] and len(logprobs["top_logprobs"][0]) == 2
+
+
+async def test_token_id_inputs_as_the_spec_allows(gw: Setup) -> None:
+    async with openai.DefaultAsyncHttpxClient() as http_client:
+        client = gw.sdk(http_client)
+        nested = await client.embeddings.create(model="demo-embed", input=[[1, 2, 3], [4, 5]])
+        flat = await client.embeddings.create(model="demo-embed", input=[1, 2, 3])
+        completion = await client.completions.create(model="demo", prompt=[7, 8])
+    assert len(nested.data) == 2 and nested.data[0].embedding == flat.data[0].embedding
+    assert nested.usage.prompt_tokens == 5
+    assert completion.choices[0].text == "sim says: 7 8"
+    mixed = await gw.http.post("/v1/embeddings", json={"model": "demo-embed", "input": [[1, 2], "x"]})
+    assert mixed.status_code == 400 and mixed.json()["error"]["param"] == "input"
+
+
+# --- the engine table ---------------------------------------------------------------
+
+
+async def test_a_field_the_engine_cannot_honour_is_refused_by_name(gw: Setup) -> None:
+    cases = [("/v1/chat/completions", {"model": "lcpp", "messages": user("hi"), "n": 2}, "n"),
+             ("/v1/chat/completions", {"model": "lcpp", "messages": user("hi"), "prediction": {
+                 "type": "content", "content": "x"}}, "prediction"),
+             ("/v1/completions", {"model": "lcpp", "prompt": "hi", "echo": True}, "echo"),
+             ("/v1/embeddings", {"model": "demo-embed", "input": "hi", "user": "u", "dimensions": 4}, None),
+             ("/v1/chat/completions", {"model": "demo", "messages": user("hi"), "moderation": {"model": "m"}},
+              "moderation"),
+             ("/v1/chat/completions", {"model": "demo", "messages": user("hi"), "store": True}, "store")]
+    for path, body, field in cases:
+        response = await gw.http.post(path, json=body)
+        if field is None:
+            assert response.status_code == 200, response.text
+            continue
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert (error["code"], error["param"]) == ("unsupported_parameter", field)
+        assert f"'{field}'" in error["message"]
+        if body["model"] == "lcpp":
+            assert "'lcpp'" in error["message"] and "llama.cpp" in error["message"]
+    assert gw.engine.requests == []
+    # What asks for nothing more than the default passes: n 1, echo false, nulls.
+    ok = {"model": "lcpp", "messages": user("hi"), "n": 1, "logprobs": False, "moderation": None, "audio": None,
+          "prompt_cache_retention": None, "prompt_cache_options": None, "web_search_options": None}
+    assert (await gw.http.post("/v1/chat/completions", json=ok)).status_code == 200
+
+
+async def test_the_gateways_own_fields_never_reach_the_engine(gw: Setup) -> None:
+    body = {"model": "recorded", "messages": user("hi"), "user": "u1", "safety_identifier": "s",
+            "metadata": {"k": "v"}, "store": False, "service_tier": "auto", "prompt_cache_key": "conv-7",
+            "prompt_cache_retention": "in_memory", "temperature": 0.5}
+    assert (await gw.http.post("/v1/chat/completions", json=body)).status_code == 200
+    plain = {"model": "recorded", "messages": user("hi"), "temperature": 0.5}
+    assert (await gw.http.post("/v1/chat/completions", json=plain)).status_code == 200
+    sent = [json.loads(r.body) for r in gw.engine.requests]
+    assert sent == [plain, plain]
+    refused = await gw.http.post("/v1/chat/completions", json={**body, "service_tier": "flex"})
+    assert refused.json()["error"]["param"] == "service_tier"
