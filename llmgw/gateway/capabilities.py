@@ -21,7 +21,7 @@ from typing import Any
 from llmgw.errors import OpenAIError
 from llmgw.gateway.checks import FIELDS
 
-__all__ = ["ENGINES", "GATEWAY", "HONOURED", "asks", "fit", "fits"]
+__all__ = ["ENGINES", "GATEWAY", "HONOURED", "asks", "describe", "fit", "fits", "unsupported"]
 
 ENGINES = ("sim", "llama.cpp", "vllm")
 
@@ -66,27 +66,31 @@ def _never(_value: Any) -> bool:
     return False
 
 
-# Values that ask for nothing beyond what every engine does anyway; a field not listed asks for something
-# whenever it is given (not null).
-_ASKS_NOTHING: dict[str, Callable[[Any], bool]] = {
-    "n": lambda v: v == 1,
-    "best_of": lambda v: v == 1,
-    "logprobs": lambda v: v is False,  # chat's switch; the legacy count asks even at 0 (the chosen token's)
-    "top_logprobs": lambda v: v == 0,
-    "echo": lambda v: v is False,
-    "suffix": lambda v: v == "",
-    "frequency_penalty": lambda v: v == 0,
-    "presence_penalty": lambda v: v == 0,
-    "logit_bias": lambda v: v == {},
-    "tools": lambda v: v == [],
-    "functions": lambda v: v == [],
-    "tool_choice": lambda v: v == "none",
-    "function_call": lambda v: v == "none",
-    "parallel_tool_calls": lambda v: True,  # only about tools: refused with them where tools are
-    "response_format": lambda v: v == {"type": "text"},
-    "modalities": lambda v: v == ["text"],
-    "verbosity": lambda v: v == "medium",
-    "encoding_format": lambda v: v == "float",
+def _always(_value: Any) -> bool:
+    return True
+
+
+# Values that ask for nothing beyond what every engine does anyway (with the words docs/api.md shows); a
+# field not listed asks for something whenever it is given (not null).
+_ASKS_NOTHING: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "n": (lambda v: v == 1, "1"),
+    "best_of": (lambda v: v == 1, "1"),
+    "logprobs": (lambda v: v is False, "false"),  # chat's switch; the legacy count asks even at 0
+    "top_logprobs": (lambda v: v == 0, "0"),
+    "echo": (lambda v: v is False, "false"),
+    "suffix": (lambda v: v == "", '""'),
+    "frequency_penalty": (lambda v: v == 0, "0"),
+    "presence_penalty": (lambda v: v == 0, "0"),
+    "logit_bias": (lambda v: v == {}, "{}"),
+    "tools": (lambda v: v == [], "[]"),
+    "functions": (lambda v: v == [], "[]"),
+    "tool_choice": (lambda v: v == "none", '"none"'),
+    "function_call": (lambda v: v == "none", '"none"'),
+    "parallel_tool_calls": (lambda v: True, "any value"),  # only about tools, refused with them where they are
+    "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}'),
+    "modalities": (lambda v: v == ["text"], '["text"]'),
+    "verbosity": (lambda v: v == "medium", '"medium"'),
+    "encoding_format": (lambda v: v == "float", '"float"'),
 }
 
 # The gateway's own fields, whatever the engine: OpenAI platform concerns. Each is taken out of the body
@@ -102,11 +106,11 @@ _ASKS_NOTHING: dict[str, Callable[[Any], bool]] = {
 #     "24h" refused. prompt_cache_options: taken out (engines cache prefixes by themselves).
 #   moderation: refused (llmgw's guard policies moderate, per model: docs/guardrails.md).
 _PLATFORM: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "user": (lambda v: True, ""),
-    "safety_identifier": (lambda v: True, ""),
-    "metadata": (lambda v: True, ""),
-    "prompt_cache_key": (lambda v: True, ""),
-    "prompt_cache_options": (lambda v: True, ""),
+    "user": (_always, ""),
+    "safety_identifier": (_always, ""),
+    "metadata": (_always, ""),
+    "prompt_cache_key": (_always, ""),
+    "prompt_cache_options": (_always, ""),
     "store": (lambda v: v is False, "llmgw stores no completions; send store: false or leave it out"),
     "service_tier": (lambda v: v in ("auto", "default"),
                      "llmgw has one service tier; a key's priority class (x-llmgw-priority) orders requests"),
@@ -115,6 +119,20 @@ _PLATFORM: dict[str, tuple[Callable[[Any], bool], str]] = {
     "moderation": (_never, "llmgw moderates through its guard policies (docs/guardrails.md), not per request"),
 }
 GATEWAY = frozenset(_PLATFORM)
+
+
+def describe(engine: str, kind: str, field: str) -> str:
+    """What happens to `field` of a `kind` request for a model on `engine`, in docs/api.md's words."""
+    if field in HONOURED[engine][kind]:
+        return "honoured"
+    platform = _PLATFORM.get(field)
+    if platform is not None:
+        taken = {"store": "false: taken out; true: refused", "service_tier": '"auto", "default": taken out; '
+                 'others refused', "prompt_cache_retention": '"in_memory": taken out; "24h" refused',
+                 "prompt_cache_key": "the affinity key, then taken out", "moderation": "refused"}
+        return "gateway: " + taken.get(field, "taken out")
+    nothing = _ASKS_NOTHING.get(field)
+    return f"refused (but {nothing[1]})" if nothing is not None else "refused"
 
 # Per engine and kind: the fields `fit` looks at (neither honoured by the engine nor nothing at all).
 _WATCH: dict[tuple[str, str], frozenset[str]] = {
@@ -125,7 +143,8 @@ _WATCH: dict[tuple[str, str], frozenset[str]] = {
 
 def asks(field: str, value: Any) -> bool:
     """Whether `value` of `field` asks the engine for anything beyond its defaults (null never does)."""
-    return value is not None and not _ASKS_NOTHING.get(field, _never)(value)
+    nothing = _ASKS_NOTHING.get(field)
+    return value is not None and (nothing is None or not nothing[0](value))
 
 
 def fit(kind: str, engine: str, body: dict[str, Any], model: str) -> dict[str, Any]:
