@@ -98,7 +98,8 @@ async def test_json_schema_logprobs_and_stop_reach_llama_cpp(gw: Setup) -> None:
 async def test_what_llama_cpp_cannot_do_is_refused_by_name(gw: Setup) -> None:
     for path, body, field in (("/v1/chat/completions", chat(n=2), "n"),
                               ("/v1/completions", {"model": "tiny", "prompt": "hi", "echo": True}, "echo"),
-                              ("/v1/embeddings", {"model": "tiny-embed", "input": "hi", "dimensions": 8}, "dimensions")):
+                              ("/v1/embeddings", {"model": "tiny-embed", "input": "hi", "dimensions": 8},
+                               "dimensions")):
         response = await gw.http.post(path, json=body)
         assert response.status_code == 400, response.text
         error = response.json()["error"]
