@@ -7,6 +7,7 @@ fields never reach one, and a null optional field is never refused."""
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
@@ -65,7 +66,9 @@ async def gw(nursery: trio.Nursery) -> AsyncIterator[Setup]:
             {"name": "demo-embed", "engine": "sim", "source": "sim://demo-embed", "role": "embedding"},
             {"name": "recorded", "engine": "sim", "source": "sim://recorded", "role": "chat"},
             {"name": "lcpp", "engine": "llama.cpp", "source": "/models/tiny.gguf", "role": "chat"},
-            {"name": "vllm-embed", "engine": "vllm", "source": "hf://org/embed", "role": "embedding"}]
+            {"name": "vllm-embed", "engine": "vllm", "source": "hf://org/embed", "role": "embedding"},
+            {"name": "parked", "engine": "sim", "source": "sim://parked", "role": "chat",
+             "fallbacks": ["lcpp", "demo"]}]
     for doc in docs:
         store.submit_nowait(commands.put_model(ModelDef.from_doc(doc), at=0.0))
     store.submit_nowait(commands.add_key(hash_key(KEY), "test", "client", 0.0))
@@ -82,6 +85,7 @@ async def gw(nursery: trio.Nursery) -> AsyncIterator[Setup]:
         "recorded": ModelRoute("recorded", "chat", "ready", (Endpoint("recorded-r1", scripted_url),)),
         "lcpp": ModelRoute("lcpp", "chat", "ready", (Endpoint("lcpp-r1", scripted_url),)),
         "vllm-embed": ModelRoute("vllm-embed", "embedding", "ready", (Endpoint("vllm-r1", scripted_url),)),
+        "parked": ModelRoute("parked", "chat", "parked", (), "5 failed starts"),
     }
     router = Router()
     router.update_routes(routes)
@@ -246,3 +250,63 @@ async def test_the_gateways_own_fields_never_reach_the_engine(gw: Setup) -> None
     assert sent == [plain, plain]
     refused = await gw.http.post("/v1/chat/completions", json={**body, "service_tier": "flex"})
     assert refused.json()["error"]["param"] == "service_tier"
+
+
+async def test_a_fallback_whose_engine_would_refuse_is_passed_over(gw: Setup) -> None:
+    body = {"model": "parked", "messages": user("hi"), "n": 2}
+    response = await gw.http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200 and response.headers["x-llmgw-model"] == "demo"  # not lcpp (llama.cpp)
+    assert len(response.json()["choices"]) == 2 and gw.engine.requests == []
+    response = await gw.http.post("/v1/chat/completions", json={**body, "n": 1})
+    assert response.headers["x-llmgw-model"] == "lcpp"  # n 1 asks nothing: the first fallback serves
+
+
+# Values of each field, typed as the spec says, many asking for something, some odd (an engine's to refuse).
+POOL: dict[str, list[Any]] = {
+    "n": [1, 2, 3], "logprobs": [True, False], "top_logprobs": [0, 2, 5], "seed": [0, -7, 2**40],
+    "stop": ["x", ["says", "zz"], [], [""]], "temperature": [0, 1.5], "top_p": [0.5], "max_tokens": [1, 3, 50],
+    "max_completion_tokens": [2], "frequency_penalty": [0, 1.0], "presence_penalty": [0, -1.0],
+    "logit_bias": [{}, {"5": -100}],
+    "response_format": [{"type": "text"}, {"type": "json_object"}, {"type": "json_schema"}, {"type": "nope"},
+                        {"type": "json_schema",
+                         "json_schema": {"name": "w", "schema": WEATHER["function"]["parameters"]}}],
+    "tools": [[WEATHER, TIME], [], [{"type": "function"}]], "tool_choice": ["auto", "none", "required", {
+        "type": "function", "function": {"name": "get_time"}}, {"x": 1}, "sometimes"],
+    "parallel_tool_calls": [True, False], "stream": [True, False], "stream_options": [{"include_usage": True}],
+    "user": ["u"], "metadata": [{"a": "b"}], "store": [False, True], "service_tier": ["auto", "flex"],
+    "prompt_cache_key": ["k"], "moderation": [{"model": "m"}], "audio": [{"voice": "alloy"}],
+    "modalities": [["text"], ["text", "audio"]], "verbosity": ["low", "medium"], "reasoning_effort": ["low"],
+    "prediction": [{"type": "content", "content": "x"}], "web_search_options": [{}], "functions": [[]],
+    "function_call": ["none", "auto"], "safety_identifier": ["s"], "prompt_cache_retention": ["in_memory", "24h"],
+    "prompt_cache_options": [{"ttl": "30m"}],
+}
+
+
+@sdk_stream_warnings
+async def test_any_subset_of_fields_gets_an_answer_in_openai_shape_never_a_5xx(gw: Setup) -> None:
+    rng = random.Random(23)
+    fields = sorted(POOL)
+    seen: set[int] = set()
+    for _ in range(150):
+        extra = {f: rng.choice([None, *POOL[f]]) for f in rng.sample(fields, rng.randint(0, 8))}
+        body = {"model": "demo", "messages": user("call get_time or say words"), **extra}
+        if extra.get("stream"):
+            async with gw.http.stream("POST", "/v1/chat/completions", json=body) as response:
+                text = (await response.aread()).decode()
+            seen.add(response.status_code)
+            if response.status_code == 200:
+                frames = [json.loads(line[6:]) for line in text.splitlines()
+                          if line.startswith("data: ") and line != "data: [DONE]"]
+                assert frames and all(valid("CreateChatCompletionStreamResponse", f) for f in frames)
+                continue
+        else:
+            response = await gw.http.post("/v1/chat/completions", json=body)
+            seen.add(response.status_code)
+            if response.status_code == 200:
+                valid("CreateChatCompletionResponse", response.json())
+                continue
+        assert response.status_code == 400, (body, response.text)
+        error = valid("ErrorResponse", response.json())["error"]
+        assert error["param"] and error["param"].split(".")[0].split("[")[0] in extra, (body, error)
+        assert extra[error["param"].split(".")[0].split("[")[0]] is not None  # a null is never refused
+    assert seen == {200, 400}

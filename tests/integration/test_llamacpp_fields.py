@@ -21,6 +21,7 @@ from llmgw.domain.keys import hash_key
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.gateway.app import GatewayDeps, serve
+from llmgw.gateway.capabilities import HONOURED
 from llmgw.gateway.router import Router
 from llmgw.net import free_port
 from llmgw.testing import MemoryStore
@@ -77,6 +78,7 @@ def chat(**extra: Any) -> dict[str, Any]:
 
 
 async def test_json_schema_logprobs_and_stop_reach_llama_cpp(gw: Setup) -> None:
+    assert {"response_format", "logprobs", "top_logprobs", "stop"} <= HONOURED["llama.cpp"]["chat"]  # the table
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     body = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
                 logprobs=True, top_logprobs=2)
