@@ -50,12 +50,12 @@ HONOURED: dict[str, dict[str, frozenset[str]]] = {
         "embedding": _EMBEDDING,
     },
     # vLLM's OpenAI server (its docs): everything but `suffix`, `best_of` (the V1 engine dropped it), audio
-    # output, predictions, web search and verbosity; `dimensions` for Matryoshka models (it refuses others
-    # itself); tools with tool_choice "auto" need `--enable-auto-tool-choice` (else its own 400).
+    # output, predictions, web search and verbosity; `parallel_tool_calls` and `user` ignored (its docs say
+    # so); `dimensions` for Matryoshka models (it refuses others itself); tools with tool_choice "auto" need
+    # `--enable-auto-tool-choice` (else its own 400).
     "vllm": {
         "chat": _CHAT | {"n", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
-                         "parallel_tool_calls", "logit_bias", "frequency_penalty", "presence_penalty",
-                         "reasoning_effort"},
+                         "logit_bias", "frequency_penalty", "presence_penalty", "reasoning_effort"},
         "completion": _COMPLETION | {"n", "logprobs", "echo", "logit_bias", "frequency_penalty", "presence_penalty"},
         "embedding": _EMBEDDING | {"dimensions"},
     },
@@ -86,7 +86,7 @@ _ASKS_NOTHING: dict[str, tuple[Callable[[Any], bool], str]] = {
     "functions": (lambda v: v == [], "[]"),
     "tool_choice": (lambda v: v == "none", '"none"'),
     "function_call": (lambda v: v == "none", '"none"'),
-    "parallel_tool_calls": (lambda v: True, "any value"),  # only about tools, refused with them where they are
+    "parallel_tool_calls": (lambda v: v is True, "true"),  # the default; false asks for one call at most
     "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}'),
     "modalities": (lambda v: v == ["text"], '["text"]'),
     "verbosity": (lambda v: v == "medium", '"medium"'),

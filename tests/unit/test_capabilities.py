@@ -48,9 +48,7 @@ def test_the_common_request_is_passed_as_it_is() -> None:
 def test_what_an_engine_cannot_honour_is_refused_by_name(engine: str, kind: str) -> None:
     refused = sorted(set(FIELDS[kind]) - HONOURED[engine][kind] - GATEWAY)
     for field in refused:
-        value = ASKING[FIELDS[kind][field]]
-        if field == "parallel_tool_calls":
-            continue  # asks nothing by itself: `tools` is what is refused
+        value = False if field == "parallel_tool_calls" else ASKING[FIELDS[kind][field]]  # true is the default
         with pytest.raises(OpenAIError) as caught:
             fit(kind, engine, {**BASE[kind], field: value}, "my-model")
         error = caught.value
