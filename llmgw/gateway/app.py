@@ -31,7 +31,7 @@ from llmgw.errors import OpenAIError, describe
 from llmgw.gateway.checks import (POST_PATHS, ROLES_FOR, allow, check_limits, check_request, model_doc, role_words,
                                   wait_budget, within_limits)
 from llmgw.gateway import upstream
-from llmgw.gateway.capabilities import fit, fits
+from llmgw.gateway.capabilities import fit, fitting
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
 from llmgw.gateway.affinity import affinity_key
@@ -235,9 +235,9 @@ class GatewayApp(RawApp):
                 try:
                     if i:  # a fallback (or a group's next model): only one that would take this request
                         if (model.role not in ROLES_FOR[kind] or not within_limits(body, model.limits)
-                                or not fits(kind, model.engine, body)):
+                                or (its := fitting(kind, model.engine, body)) is None):
                             continue
-                        fitted = fit(kind, model.engine, body, model.name)
+                        fitted = its  # the body as this model's engine is to get it
                         await self._replan_guard(snap, model.name, kind, body, ex)
                     ex.served = model.name
                     sent = raw if model.name == name and fitted is body else self._renamed(fitted, model.name, stream)

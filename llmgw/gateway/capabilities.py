@@ -21,7 +21,7 @@ from typing import Any
 from llmgw.errors import OpenAIError
 from llmgw.gateway.checks import FIELDS
 
-__all__ = ["ENGINES", "GATEWAY", "HONOURED", "asks", "describe", "fit", "fits", "unsupported"]
+__all__ = ["ENGINES", "GATEWAY", "HONOURED", "asks", "describe", "fit", "fitting", "unsupported"]
 
 ENGINES = ("sim", "llama.cpp", "vllm")
 
@@ -169,13 +169,12 @@ def fit(kind: str, engine: str, body: dict[str, Any], model: str) -> dict[str, A
     return {k: v for k, v in body.items() if k not in GATEWAY} if strip else body
 
 
-def fits(kind: str, engine: str, body: dict[str, Any]) -> bool:
-    """Whether `fit` takes the request for a model on `engine` (a fallback that would refuse is passed over)."""
+def fitting(kind: str, engine: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    """`fit`'s body, or None where it refuses (a fallback that would refuse is passed over)."""
     try:
-        fit(kind, engine, body, "")
+        return fit(kind, engine, body, "")
     except OpenAIError:
-        return False
-    return True
+        return None
 
 
 def unsupported(field: str, model: str, engine: str, why: str) -> OpenAIError:

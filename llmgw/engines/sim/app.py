@@ -183,7 +183,7 @@ class SimApp(RawApp):
         if n is not None and not 1 <= n <= 128:
             raise OpenAIError(400, "invalid_value", "'n' must be in 1..128", param="n")
         stop = stops(body)
-        asked = _Asked(self._logprobs(body, chat))
+        logprobs = self._logprobs(body, chat)
         if chat:
             fmt, schema = response_format(body)
             calls = tuple(tool_calls(body, prompts[0]))
@@ -199,7 +199,7 @@ class SimApp(RawApp):
             "total_tokens": prompt_tokens + completion_tokens,
         }
         id_ = f"{'chatcmpl' if chat else 'cmpl'}-sim-{next(self._ids)}"
-        asked = _Asked(asked.logprobs, id_.replace("chatcmpl-", "call_"))
+        asked = _Asked(logprobs, id_.replace("chatcmpl-", "call_"))
         created = int(time.time())
         if not stream:
             if self.opts.tokens_per_s > 0:
