@@ -52,7 +52,7 @@ HONOURED: dict[str, dict[str, frozenset[str]]] = {
     # vLLM's OpenAI server (its docs): everything but `suffix`, `best_of` (the V1 engine dropped it), audio
     # output, predictions, web search and verbosity; `parallel_tool_calls` and `user` ignored (its docs say
     # so); `dimensions` for Matryoshka models (it refuses others itself); tools with tool_choice "auto" need
-    # `--enable-auto-tool-choice` (else its own 400).
+    # `--enable-auto-tool-choice --tool-call-parser P` in the definition's args (else vLLM's own 400).
     "vllm": {
         "chat": _CHAT | {"n", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
                          "logit_bias", "frequency_penalty", "presence_penalty", "reasoning_effort"},
