@@ -41,8 +41,9 @@ HONOURED: dict[str, dict[str, frozenset[str]]] = {
         "embedding": _EMBEDDING | {"dimensions"},
     },
     # llama.cpp's server: one choice only (it refuses n > 1 itself), no echo/suffix/best_of (ignored), no
-    # `dimensions` (ignored: its vectors keep the model's size); tools through the model's chat template
-    # (jinja, on by default): a template without tool support answers in text.
+    # `dimensions` (ignored: its vectors keep the model's size). Tools become tool calls for the chat templates
+    # llama.cpp recognises (Llama 3.x, Qwen, Hermes, Mistral...); another template answers in text, even with
+    # tool_choice "required" (seen on the tiny GGUF): passed anyway, or llama.cpp could serve no tools at all.
     "llama.cpp": {
         "chat": _CHAT | {"logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
                          "parallel_tool_calls", "logit_bias", "frequency_penalty", "presence_penalty"},
