@@ -31,6 +31,7 @@ from llmgw.errors import OpenAIError, describe
 from llmgw.gateway.checks import (POST_PATHS, ROLES_FOR, allow, check_limits, check_request, model_doc, role_refusal,
                                   wait_budget, within_limits)
 from llmgw.gateway import engine_paths, upstream
+from llmgw.gateway.capabilities import fit, fitting
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
 from llmgw.gateway.affinity import affinity_key
@@ -237,6 +238,7 @@ class GatewayApp(RawApp):
             raise role_refusal(kind, name, model.role, path)
         call = engine_paths.plan(kind, model.engine, model.name, path, body)  # None: the body goes as it came
         check_limits(body, model.limits, name)  # the definition's max_tokens / max_n
+        fitted = fit(kind, model.engine, body, name)  # a field its engine cannot honour: refused by name
         ex.guard = self.guard.plan(snap, model.name, kind, body, ex)  # None (one lookup) when no policy applies
         if ex.guard is not None:
             await ex.guard.check_prompt()  # before the engine sees the request
@@ -250,12 +252,14 @@ class GatewayApp(RawApp):
                 try:
                     if i:  # a fallback (or a group's next model): only one that would take this request
                         if (model.role not in ROLES_FOR[kind] or not within_limits(body, model.limits)
-                                or not engine_paths.serves(kind, model.engine)):
+                                or not engine_paths.serves(kind, model.engine)
+                                or (its := fitting(kind, model.engine, body)) is None):
                             continue
                         call = engine_paths.plan(kind, model.engine, model.name, path, body)
+                        fitted = its  # the body as this model's engine is to get it
                         await self._replan_guard(snap, model.name, kind, body, ex)
                     ex.served = model.name
-                    sent = raw if model.name == name else self._renamed(body, model.name, stream)
+                    sent = raw if model.name == name and fitted is body else self._renamed(fitted, model.name, stream)
                     window = self.deps.router.window_s(model.name, model.activation_window_s)
                     deadline = trio.current_time() + window
                     chars = model.affinity_chars()
@@ -284,8 +288,9 @@ class GatewayApp(RawApp):
             raise refusal
 
     def _renamed(self, body: dict[str, Any], served: str, stream: bool) -> bytes:
-        """The body for another model than the one named (an alias's, a fallback): its `model` is the served
-        model's, as its engine knows itself (vLLM refuses another name)."""
+        """The body for another model than the one named (an alias's, a fallback), or without the gateway's
+        own fields (gateway/capabilities.py): its `model` is the served model's, as its engine knows itself
+        (vLLM refuses another name)."""
         body = {**body, "model": served}
         return asking_usage(body, dumps(body))[0] if stream else dumps(body)
 

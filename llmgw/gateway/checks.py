@@ -53,11 +53,40 @@ ARRAY: _Type = (lambda v: isinstance(v, list), "an array")
 STRING_OR_ARRAY: _Type = (lambda v: isinstance(v, (str, list)), "a string or an array")
 STRING_OR_OBJECT: _Type = (lambda v: isinstance(v, (str, dict)), "a string or an object")
 
-# Each endpoint's fields, as OpenAI's API reference lists them (chat: current, including the
-# newer reasoning, tool and storage fields; completions: the legacy endpoint; embeddings). A
-# field outside its list is refused by name: engines take private knobs in the same body
-# (llama.cpp's `n_keep`, `slot_id`, `grammar`, `cache_prompt`; a proxy's `api_base`), and a
-# client must not steer a shared replica, or another tenant's cache, with them.
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+
+
+def _tokens(value: list[Any]) -> bool:
+    return all(_int(v) for v in value)
+
+
+def _text_or_tokens(value: Any) -> bool:
+    """A string, an array of strings, an array of token ids, or an array of such arrays (the spec's four
+    forms of a completion's `prompt` and an embedding's `input`; a client's tokenizer sent the ids)."""
+    if isinstance(value, str):
+        return True
+    if not isinstance(value, list):
+        return False
+    first = value[0] if value else ""
+    if isinstance(first, str):
+        return all(isinstance(v, str) for v in value)
+    if isinstance(first, list):
+        return all(isinstance(v, list) and _tokens(v) for v in value)
+    return _tokens(value)
+
+
+STRINGS: _Type = (_strings, "a string or an array of strings")
+TEXT_OR_TOKENS: _Type = (_text_or_tokens, "a string, an array of strings, an array of token ids (integers) or "
+                                          "an array of arrays of token ids")
+
+# Each endpoint's fields: every request property of OpenAI's current OpenAPI document for it
+# (`tests/unit/test_checks.py` compares them with the pinned copy, so a newer spec shows what is
+# missing here). A field outside its list is refused by name: engines take private knobs in the
+# same body (llama.cpp's `n_keep`, `slot_id`, `grammar`, `cache_prompt`; a proxy's `api_base`), and
+# a client must not steer a shared replica, or another tenant's cache, with them. Whether the
+# model's engine honours a field is gateway/capabilities.py's to say.
 _COMMON: dict[str, _Type] = {"model": STRING, "user": STRING}
 _SAMPLING: dict[str, _Type] = {
     "stream": BOOLEAN,
@@ -69,9 +98,10 @@ _SAMPLING: dict[str, _Type] = {
     "frequency_penalty": NUMBER,
     "presence_penalty": NUMBER,
     "seed": INTEGER,
-    "stop": STRING_OR_ARRAY,
+    "stop": STRINGS,
     "logit_bias": OBJECT,
 }
+# A dict per kind of request: other endpoints' kinds sit beside these.
 FIELDS: dict[str, dict[str, _Type]] = {
     "chat": {
         **_COMMON,
@@ -97,17 +127,20 @@ FIELDS: dict[str, dict[str, _Type]] = {
         "web_search_options": OBJECT,
         "safety_identifier": STRING,
         "prompt_cache_key": STRING,
+        "prompt_cache_retention": STRING,
+        "prompt_cache_options": OBJECT,
+        "moderation": OBJECT,
     },
     "completion": {
         **_COMMON,
         **_SAMPLING,
-        "prompt": STRING_OR_ARRAY,
+        "prompt": TEXT_OR_TOKENS,
         "suffix": STRING,
         "echo": BOOLEAN,
         "best_of": INTEGER,
         "logprobs": INTEGER,  # the legacy endpoint's logprobs is a count (0..5), not a switch
     },
-    "embedding": {**_COMMON, "input": STRING_OR_ARRAY, "encoding_format": STRING, "dimensions": INTEGER},
+    "embedding": {**_COMMON, "input": TEXT_OR_TOKENS, "encoding_format": STRING, "dimensions": INTEGER},
     # Jina's and Cohere's rerank, as vLLM and llama.cpp serve it; vLLM's tokenize and detokenize.
     "rerank": {"model": STRING, "query": STRING, "documents": ARRAY, "top_n": INTEGER, "return_documents": BOOLEAN},
     "tokenize": {"model": STRING, "prompt": STRING, "messages": ARRAY, "add_special_tokens": BOOLEAN,

@@ -208,6 +208,11 @@ class Checks:
         """Judge the request's last User turn; raises `guard_refused` when a policy refuses it."""
         policies = [p for p in self.policies if p.checks_prompt]
         if policies:
+            prompt = self.body.get("prompt")
+            if isinstance(prompt, list) and not all(isinstance(p, str) for p in prompt):
+                # Token ids (the spec allows them) carry no text a judge can read without the model's tokenizer.
+                raise OpenAIError(400, "unsupported_parameter", "a guard policy judges this model's prompts, and "
+                                  "token ids cannot be judged: send 'prompt' as text", param="prompt")
             await self._judge(policies, build(self._conversation(), USER))
 
     async def hold(self, response: upstream.Response, stream: bool) -> upstream.Response:

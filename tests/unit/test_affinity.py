@@ -270,3 +270,17 @@ async def test_without_a_key_the_pick_is_least_outstanding() -> None:
         async with router.acquire("m", deadline=far()) as endpoint:
             seen.append(endpoint.replica_id)
     assert seen == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_a_prompt_cache_key_names_the_key_whatever_the_text() -> None:
+    one = {"messages": [{"role": "user", "content": "first turn"}], "prompt_cache_key": "conv-7"}
+    other = {"messages": [{"role": "system", "content": "else"}], "prompt_cache_key": "conv-7"}
+    assert affinity_key("chat", one, 64) == affinity_key("chat", other, 64) is not None
+    assert affinity_key("chat", one, 64) != affinity_key("chat", {**one, "prompt_cache_key": "conv-8"}, 64)
+    assert affinity_key("chat", one, 64) != affinity_key("chat", {"messages": one["messages"]}, 64)
+    assert affinity_key("completion", {"prompt": "x", "prompt_cache_key": "conv-7"}, 64) == affinity_key(
+        "chat", one, 64)
+    assert affinity_key("chat", one, 0) is None  # affinity off: the key changes nothing
+    for unnamed in ("", None, 7):
+        assert affinity_key("chat", {**one, "prompt_cache_key": unnamed}, 64) == affinity_key(
+            "chat", {"messages": one["messages"]}, 64)

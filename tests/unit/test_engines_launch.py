@@ -216,6 +216,19 @@ def test_vllm_rerank_runs_the_pooling_runner(tmp_path: Path) -> None:
     assert flags(ray[1])["--runner"] == "pooling"
 
 
+def test_vllm_tool_calling_flags(tmp_path: Path) -> None:
+    """tool_choice "auto" on vLLM needs these (docs/api.md, "Fields by engine"); a parser it has not is refused."""
+    folder = vllm_bin(tmp_path)
+    model = tmp_path / "qwen"
+    model.mkdir()
+    launch = spec("vllm", str(model), bin_dir=folder, devices=("GPU-1",),
+                  args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes"))
+    assert launch.argv[-3:] == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    with pytest.raises(EngineError) as caught:
+        spec("vllm", str(model), bin_dir=folder, devices=("GPU-1",), args=("--tool-call-parser", "my.module"))
+    assert caught.value.code == "bad_args" and "--tool-call-parser" in caught.value.message
+
+
 # vLLM's docs (serving/parallelism_scaling, PR #23691): on each of 2 nodes of 8 GPUs
 #   vllm serve /path/to/model --tensor-parallel-size 8 --pipeline-parallel-size 2 --nnodes 2 \
 #     --node-rank R --master-addr HEAD_IP --master-port 29500 [--headless on ranks >= 1]

@@ -27,8 +27,10 @@ from llmgw.domain.model import ROLES
 from llmgw.engines.sim.group import GroupRole
 from llmgw.engines.sim.prefix import PrefixCache
 from llmgw.engines.sim import tokens as sim_tokens
-from llmgw.engines.sim.requests import (check_input, check_messages, check_optional, check_prompt, check_stop,
-                                        content_text, count_words, embed, focus_text, judged_text, max_tokens)
+from llmgw.engines.sim.requests import (check_input, check_messages, check_optional, check_prompt, content_text,
+                                        count_words, embed, focus_text, judged_text, max_tokens)
+from llmgw.engines.sim.structured import (ToolCall, cut, json_answer, legacy_logprobs, pieces, response_format, stops,
+                                          token_logprobs, tool_calls)
 from llmgw.errors import OpenAIError
 from llmgw.wire.asgi import (Exchange, RawApp, Receive, Scope, Send, cancel_on_disconnect, dumps, parse_object,
                              read_body, send_json)
@@ -70,15 +72,27 @@ class SimOptions:
 
 @dataclass(frozen=True)
 class _Reply:
-    """One generated answer: its tokens (concatenating to the text) and the finish reason."""
+    """One generated answer: its tokens (concatenating to the text, or to its tool calls' arguments), the
+    finish reason, the tool calls it makes, and the prompt it echoes first (legacy completions' `echo`)."""
 
     tokens: list[str]
     finish_reason: str
+    calls: tuple[ToolCall, ...] = ()
+    echo: str = ""
     stop_reason: str | None = None  # the stop string that ended it, as vLLM says (`stop_reason` on the choice)
 
     @property
     def text(self) -> str:
         return "".join(self.tokens)
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What a request asks of its answer beyond the text: log probabilities (None: none; else how many
+    alternatives per token) and the id its tool calls' ids derive from."""
+
+    logprobs: int | None = None
+    call_id: str = ""
 
 
 def make_app(opts: SimOptions) -> SimApp:
@@ -175,8 +189,19 @@ class SimApp(RawApp):
             if uncached:
                 async with self._prefilling:  # before any byte: the time to first token, queued behind others'
                     await trio.sleep(uncached / self.opts.prefill_tokens_per_s)
-        stops = check_stop(body)
-        replies = [self._reply(text, limit, stops) for text in prompts]
+        n = check_optional(body, "n", int)
+        if n is not None and not 1 <= n <= 128:
+            raise OpenAIError(400, "invalid_value", "'n' must be in 1..128", param="n")
+        stop = stops(body)
+        logprobs = self._logprobs(body, chat)
+        if chat:
+            fmt, schema = response_format(body)
+            calls = tuple(tool_calls(body, prompts[0]))
+            replies = [self._reply(prompts[0], limit, stop, fmt, schema, calls) for _ in range(n or 1)]
+        else:
+            echo = check_optional(body, "echo", bool) is True
+            replies = [self._reply(text, limit, stop, echo=text if echo else "")
+                       for text in prompts for _ in range(n or 1)]
         completion_tokens = sum(len(r.tokens) for r in replies)
         usage = {
             "prompt_tokens": prompt_tokens,
@@ -184,13 +209,14 @@ class SimApp(RawApp):
             "total_tokens": prompt_tokens + completion_tokens,
         }
         id_ = f"{'chatcmpl' if chat else 'cmpl'}-sim-{next(self._ids)}"
+        asked = _Asked(logprobs, id_.replace("chatcmpl-", "call_"))
         created = int(time.time())
         if not stream:
             if self.opts.tokens_per_s > 0:
                 await trio.sleep(completion_tokens / self.opts.tokens_per_s)
-            await send_json(send, 200, dumps(self._whole(chat, id_, created, replies, usage)))
+            await send_json(send, 200, dumps(self._whole(chat, id_, created, replies, usage, asked)))
             return
-        frames = self._chunks(chat, id_, created, replies, usage if include_usage else None)
+        frames = self._chunks(chat, id_, created, replies, usage if include_usage else None, asked)
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         async with trio.open_nursery() as nursery:
             # A client that goes away stops the stream instead of being paced to the end.
@@ -211,39 +237,66 @@ class SimApp(RawApp):
             data = b"data: " + dumps(frame) + b"\n\n"
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
-    def _reply(self, text: str, limit: int, stops: list[str] | None = None) -> _Reply:
+    @staticmethod
+    def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+        """Chat: `logprobs: true` with `top_logprobs` (0..20) alternatives; completions: the `logprobs` count
+        (0..5). None: not asked."""
+        if chat:
+            top = check_optional(body, "top_logprobs", int)
+            if top is not None and not 0 <= top <= 20:
+                raise OpenAIError(400, "invalid_value", "'top_logprobs' must be in 0..20", param="top_logprobs")
+            if check_optional(body, "logprobs", bool):
+                return top or 0
+            if top:
+                raise OpenAIError(400, "invalid_value", "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+            return None
+        count: int | None = check_optional(body, "logprobs", int)
+        if count is not None and not 0 <= count <= 5:
+            raise OpenAIError(400, "invalid_value", "'logprobs' must be in 0..5", param="logprobs")
+        return count
+
+    def _reply(self, text: str, limit: int, stop: list[str] | None = None, fmt: str = "text", schema: Any = None,
+               calls: tuple[ToolCall, ...] = (), echo: str = "") -> _Reply:
+        if calls:
+            return _Reply([p for call in calls for p in pieces(call.arguments)], "tool_calls", calls)
         if self.opts.role == "guard":
             text = judged_text(text)
             found = [(m.start(), code) for pattern, code in self._unsafe if (m := pattern.search(text))]
             found += [(m.start(), m.group(1)) for m in _UNSAFE_MARKER.finditer(text)]
             hazards = list(dict.fromkeys(code for _, code in sorted(found)))
             tokens = ["unsafe", "\n" + ",".join(hazards)] if hazards else ["safe"]
+        elif fmt != "text":
+            tokens = pieces(json_answer(fmt, schema, text))
         else:
             words = ["sim", "says:", *text.split()]
             tokens = [words[0], *(" " + w for w in words[1:])]
-        finish = "length" if len(tokens) > limit else "stop"
-        tokens = tokens[:limit]
-        return _stopped(tokens, stops or []) or _Reply(tokens, finish)
+        if stop and (stopped := cut(tokens[:limit], stop)) is not None:
+            return _Reply(stopped[0], "stop", echo=echo, stop_reason=stopped[1])
+        if len(tokens) > limit:
+            return _Reply(tokens[:limit], "length", echo=echo)
+        return _Reply(tokens, "stop", echo=echo)
 
     def _whole(
-        self, chat: bool, id_: str, created: int, replies: list[_Reply], usage: dict[str, int]
+        self, chat: bool, id_: str, created: int, replies: list[_Reply], usage: dict[str, int], asked: _Asked
     ) -> dict[str, Any]:
-        if chat:
-            reply = replies[0]
-            choices: list[dict[str, Any]] = [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": reply.text, "refusal": None},
-                    "logprobs": None,
-                    "finish_reason": reply.finish_reason,
-                    **_said(reply),
-                }
-            ]
-        else:
-            choices = [
-                {"text": r.text, "index": i, "logprobs": None, "finish_reason": r.finish_reason, **_said(r)}
-                for i, r in enumerate(replies)
-            ]
+        top = asked.logprobs
+        choices: list[dict[str, Any]] = []
+        for index, reply in enumerate(replies):
+            if chat:
+                message: dict[str, Any] = {"role": "assistant", "content": None if reply.calls else reply.text,
+                                           "refusal": None}
+                if reply.calls:
+                    message["tool_calls"] = [
+                        {"id": f"{asked.call_id}-{index}-{k}", "type": "function",
+                         "function": {"name": call.name, "arguments": call.arguments}}
+                        for k, call in enumerate(reply.calls)]
+                logprobs = None if top is None else {"content": token_logprobs(reply.tokens, 0, top), "refusal": None}
+                choices.append({"index": index, "message": message, "logprobs": logprobs,
+                                "finish_reason": reply.finish_reason, **_said(reply)})
+            else:
+                legacy = None if top is None else legacy_logprobs(reply.tokens, 0, len(reply.echo), top)
+                choices.append({"text": reply.echo + reply.text, "index": index, "logprobs": legacy,
+                                "finish_reason": reply.finish_reason, **_said(reply)})
         return {
             "id": id_,
             "object": "chat.completion" if chat else "text_completion",
@@ -254,7 +307,7 @@ class SimApp(RawApp):
         }
 
     def _chunks(
-        self, chat: bool, id_: str, created: int, replies: list[_Reply], usage: dict[str, int] | None
+        self, chat: bool, id_: str, created: int, replies: list[_Reply], usage: dict[str, int] | None, asked: _Asked
     ) -> Iterator[tuple[bool, dict[str, Any]]]:
         """Stream frames in order, each flagged True when it carries one token."""
         base = {
@@ -263,6 +316,7 @@ class SimApp(RawApp):
             "created": created,
             "model": self.opts.model,
         }
+        top = asked.logprobs
 
         def frame(choice: dict[str, Any]) -> dict[str, Any]:
             extra = {"usage": None} if usage is not None else {}
@@ -270,16 +324,35 @@ class SimApp(RawApp):
 
         for index, reply in enumerate(replies):
             if chat:
-                first = {"role": "assistant", "content": "", "refusal": None}
+                first = {"role": "assistant", "content": None if reply.calls else "", "refusal": None}
                 yield False, frame({"index": index, "delta": first, "logprobs": None, "finish_reason": None})
-                for token in reply.tokens:
-                    delta = {"content": token}
-                    yield True, frame({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
+                position = 0
+                for k, call in enumerate(reply.calls):  # as OpenAI streams them: the call, then its arguments
+                    head = {"index": k, "id": f"{asked.call_id}-{index}-{k}", "type": "function",
+                            "function": {"name": call.name, "arguments": ""}}
+                    yield False, frame({"index": index, "delta": {"tool_calls": [head]}, "logprobs": None,
+                                        "finish_reason": None})
+                    for piece in pieces(call.arguments):
+                        delta: dict[str, Any] = {"tool_calls": [{"index": k, "function": {"arguments": piece}}]}
+                        yield True, frame({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
+                        position += 1
+                for token in ([] if reply.calls else reply.tokens):
+                    logprobs = None if top is None else {"content": token_logprobs([token], position, top),
+                                                         "refusal": None}
+                    yield True, frame({"index": index, "delta": {"content": token}, "logprobs": logprobs,
+                                       "finish_reason": None})
+                    position += 1
                 end = {"index": index, "delta": {}, "logprobs": None, "finish_reason": reply.finish_reason,
                        **_said(reply)}
             else:
-                for token in reply.tokens:
-                    yield True, frame({"text": token, "index": index, "logprobs": None, "finish_reason": None})
+                offset = 0
+                if reply.echo:
+                    yield False, frame({"text": reply.echo, "index": index, "logprobs": None, "finish_reason": None})
+                    offset = len(reply.echo)
+                for position, token in enumerate(reply.tokens):
+                    legacy = None if top is None else legacy_logprobs([token], position, offset, top)
+                    yield True, frame({"text": token, "index": index, "logprobs": legacy, "finish_reason": None})
+                    offset += len(token)
                 end = {"text": "", "index": index, "logprobs": None, "finish_reason": reply.finish_reason,
                        **_said(reply)}
             yield False, frame(end)
@@ -337,25 +410,6 @@ class SimApp(RawApp):
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
 
-
-def _stopped(tokens: list[str], stops: list[str]) -> _Reply | None:
-    """The reply cut before the first of `stops` in its text (the stop string left out, as engines do);
-    None when none occurs."""
-    text = "".join(tokens)
-    found = [(at, stop) for stop in stops if stop and (at := text.find(stop)) >= 0]
-    if not found:
-        return None
-    cut, stop = min(found)
-    kept: list[str] = []
-    end = 0
-    for token in tokens:
-        if end + len(token) > cut:
-            if cut > end:
-                kept.append(token[: cut - end])
-            break
-        kept.append(token)
-        end += len(token)
-    return _Reply(kept, "stop", stop)
 
 
 def _said(reply: _Reply) -> dict[str, Any]:
