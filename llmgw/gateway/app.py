@@ -302,7 +302,7 @@ class GatewayApp(RawApp):
         ex.replica, ex.node = endpoint.replica_id, endpoint.node
         if ex.guard is not None and ex.guard.checks_response:
             response = await ex.guard.hold(response, stream)  # judged whole before the client gets any of it
-        await relay(ex, response, endpoint, stream, send, hide_usage)
+        await relay(ex, response, endpoint, stream, send, hide_usage, POST_PATHS.get(path, ""))
         if ex.error in ("upstream_error", "upstream_timeout"):  # it broke off mid-stream: its breaker counts it
             lease.failed(f"its answer broke off mid-stream ({ex.error})", limits.breaker_failures)
 

@@ -63,10 +63,27 @@ def _document() -> dict[str, Any]:
     return doc
 
 
+def _nullable(node: Any) -> Any:
+    """OpenAPI 3.0's `nullable: true`, which the document still uses in places (a stream chunk's
+    `finish_reason`, `logprobs`, `usage`), as JSON Schema says it: the schema or null."""
+    if isinstance(node, list):
+        return [_nullable(value) for value in node]
+    if not isinstance(node, dict):
+        return node
+    kept = {key: _nullable(value) for key, value in node.items() if not (key == "nullable" and value is True)}
+    return {"anyOf": [kept, {"type": "null"}]} if node.get("nullable") is True else kept
+
+
+@functools.cache
+def _schema_document() -> dict[str, Any]:
+    doc: dict[str, Any] = _nullable(_document())
+    return doc
+
+
 @functools.cache
 def validator(name: str) -> Any:
     """A validator of one schema of the pinned document (its references resolved within it)."""
-    doc = _document()
+    doc = _schema_document()
     return jsonschema_rs.Draft202012Validator({"$ref": f"#/components/schemas/{name}", **doc})
 
 
@@ -74,6 +91,17 @@ def errors(name: str, instance: Any) -> list[str]:
     """What `instance` breaks of schema `name` (empty when valid), each with where."""
     return [f"{'/'.join(map(str, e.instance_path)) or '(top)'}: {e.message}"[:400]
             for e in validator(name).iter_errors(instance)]
+
+
+def chunk_errors(name: str, chunk: Any) -> list[str]:
+    """What one stream chunk breaks of schema `name`. Completions' chunks have no schema of their own: OpenAI
+    documents them as `CreateCompletionResponse` ("both the streamed and non-streamed response objects share
+    the same shape") yet its own chunks say `finish_reason: null` until the last, which that schema (a
+    string) does not take; here that null is taken, as from OpenAI."""
+    if name == "CreateCompletionResponse" and isinstance(chunk, dict) and isinstance(chunk.get("choices"), list):
+        chunk = {**chunk, "choices": [{**c, "finish_reason": "stop"} if isinstance(c, dict) and "finish_reason" in c
+                                      and c["finish_reason"] is None else c for c in chunk["choices"]]}
+    return errors(name, chunk)
 
 
 def request_fields(name: str) -> set[str]:

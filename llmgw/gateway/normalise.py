@@ -1,0 +1,338 @@
+"""Engine answers made to OpenAI's published schemas (docs/api.md "What the gateway adds to answers").
+
+Engines leave out fields that OpenAI's schemas require: llama.cpp answers a chat without `choices[].logprobs`
+and `message.refusal`, and its logprobs without `refusal`; OpenAI's SDKs and strict clients (typed
+decoders generated from the schemas) read them. The gateway adds what a schema requires and the engine
+left out: null where the schema allows it, else the schema's empty value (an empty list, 0 tokens) or
+what the gateway knows (`object`, the served model, the request's id, the time). It never changes a value
+the engine gave, with one exception: a null where the schema takes no null (vLLM's
+`"system_fingerprint": null`) is left out, as if the engine had not sent it. Fields the schemas do not
+name (llama.cpp's `timings`, vLLM's `stop_reason`) stay: the answer schemas allow more properties.
+
+An answer that already has every required key is relayed as it came: `complete` reads its bytes (counts
+of keys, a few substring tests; no parse), and only one it cannot vouch for is parsed, completed and
+written again. The `normalise_*` functions take a parsed document (the Responses and Messages
+translations call them on a chat answer before translating it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from llmgw.wire.asgi import dumps
+
+__all__ = ["KINDS", "Fill", "StreamNormaliser", "complete", "normalise", "normalise_body", "normalise_chat",
+           "normalise_chat_chunk", "normalise_completion", "normalise_embedding"]
+
+KINDS = ("chat", "completion", "embedding")  # the endpoints' kinds (checks.POST_PATHS) whose answers it completes
+
+
+class Fill:
+    """What the gateway puts where an engine gave no `id`, `created` or `model`: the same for every chunk
+    of one answer (a stream's chunks share them, as OpenAI's do)."""
+
+    __slots__ = ("_created", "model", "request_id")
+
+    def __init__(self, model: str, request_id: str) -> None:
+        self.model = model  # the model that served the request
+        self.request_id = request_id
+        self._created: int | None = None
+
+    def id(self, prefix: str) -> str:
+        return f"{prefix}-{self.request_id}"
+
+    @property
+    def created(self) -> int:
+        if self._created is None:
+            self._created = int(time.time())
+        return self._created
+
+
+# --- the parsed path ----------------------------------------------------------------------------------
+
+# Optional fields whose schema takes no null: a null there is dropped (it says no more than absence).
+_NO_NULL_TOP = ("system_fingerprint", "usage")
+_NO_NULL_MESSAGE = ("annotations", "function_call", "tool_calls")
+
+
+def _top(doc: dict[str, Any], fill: Fill, obj: str, prefix: str | None) -> None:
+    if prefix is not None and "id" not in doc:
+        doc["id"] = fill.id(prefix)
+    if "object" not in doc:
+        doc["object"] = obj
+    if "created" not in doc and prefix is not None:
+        doc["created"] = fill.created
+    if "model" not in doc:
+        doc["model"] = fill.model
+
+
+def _drop_nulls(doc: dict[str, Any], keys: tuple[str, ...]) -> None:
+    for key in keys:
+        if key in doc and doc[key] is None:
+            del doc[key]
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _usage(doc: dict[str, Any], keys: tuple[str, ...] = ("prompt_tokens", "completion_tokens", "total_tokens")) -> None:
+    """A `usage` object's missing counts: from the others where they tell (total = prompt + completion), else 0."""
+    usage = doc.get("usage")
+    if not isinstance(usage, dict):
+        return
+    prompt, completion, total = (_count(usage.get(k)) for k in ("prompt_tokens", "completion_tokens", "total_tokens"))
+    counted = "completion_tokens" in keys
+    if "prompt_tokens" not in usage:
+        if total is not None and not counted:
+            prompt = total  # embeddings: every token is the prompt's
+        elif total is not None and completion is not None:
+            prompt = total - completion
+        else:
+            prompt = 0
+        usage["prompt_tokens"] = prompt
+    if counted and "completion_tokens" not in usage:
+        completion = usage["completion_tokens"] = total - prompt if total is not None and prompt is not None else 0
+    if "total_tokens" not in usage:
+        usage["total_tokens"] = (prompt or 0) + ((completion or 0) if counted else 0)
+
+
+def _choices(doc: dict[str, Any]) -> list[Any]:
+    choices = doc.get("choices")
+    if choices is None and "choices" not in doc:
+        choices = doc["choices"] = []
+    return choices if isinstance(choices, list) else []
+
+
+def _token_logprobs(entries: Any, top: bool) -> None:
+    if not isinstance(entries, list):
+        return
+    for entry in entries:
+        if isinstance(entry, dict):
+            entry.setdefault("bytes", None)
+            if top:
+                entry.setdefault("top_logprobs", [])
+                _token_logprobs(entry["top_logprobs"], False)
+
+
+def _chat_logprobs(choice: dict[str, Any]) -> None:
+    logprobs = choice.setdefault("logprobs", None)
+    if isinstance(logprobs, dict):
+        logprobs.setdefault("content", None)
+        logprobs.setdefault("refusal", None)
+        _token_logprobs(logprobs["content"], True)
+        _token_logprobs(logprobs["refusal"], True)
+
+
+def _tool_calls(calls: Any, chunk: bool) -> None:
+    if not isinstance(calls, list):
+        return
+    for i, call in enumerate(calls):
+        if not isinstance(call, dict):
+            continue
+        if chunk:
+            call.setdefault("index", i)
+            continue
+        if "function" in call:
+            call.setdefault("type", "function")
+            function = call["function"]
+            if isinstance(function, dict):
+                function.setdefault("arguments", "{}")
+        call.setdefault("id", f"call_{i}")
+
+
+def normalise_chat(doc: Any, fill: Fill) -> Any:
+    """A whole chat completion (`CreateChatCompletionResponse`), completed in place; returned."""
+    if not isinstance(doc, dict):
+        return doc
+    _top(doc, fill, "chat.completion", "chatcmpl")
+    _drop_nulls(doc, _NO_NULL_TOP)
+    for i, choice in enumerate(_choices(doc)):
+        if not isinstance(choice, dict):
+            continue
+        choice.setdefault("index", i)
+        choice.setdefault("finish_reason", "stop")  # no null in a whole answer: it ended, and said not why
+        message = choice.setdefault("message", {})
+        if isinstance(message, dict):
+            message.setdefault("role", "assistant")
+            message.setdefault("content", None)
+            message.setdefault("refusal", None)
+            _drop_nulls(message, _NO_NULL_MESSAGE)
+            _tool_calls(message.get("tool_calls"), chunk=False)
+        _chat_logprobs(choice)
+    _usage(doc)
+    return doc
+
+
+def normalise_chat_chunk(doc: Any, fill: Fill) -> Any:
+    """One streamed chat chunk (`CreateChatCompletionStreamResponse`), completed in place; returned."""
+    if not isinstance(doc, dict) or "error" in doc:
+        return doc
+    _top(doc, fill, "chat.completion.chunk", "chatcmpl")
+    _drop_nulls(doc, ("system_fingerprint",))
+    for i, choice in enumerate(_choices(doc)):
+        if not isinstance(choice, dict):
+            continue
+        choice.setdefault("index", i)
+        choice.setdefault("finish_reason", None)
+        delta = choice.setdefault("delta", {})
+        if isinstance(delta, dict):
+            _drop_nulls(delta, _NO_NULL_MESSAGE)
+            _tool_calls(delta.get("tool_calls"), chunk=True)
+        if isinstance(choice.get("logprobs"), dict):
+            _chat_logprobs(choice)
+    _usage(doc)
+    return doc
+
+
+def normalise_completion(doc: Any, fill: Fill, chunk: bool = False) -> Any:
+    """A completion (`CreateCompletionResponse`, whole or a stream's chunk), completed in place; returned.
+    A chunk's missing `finish_reason` is null (OpenAI's own chunks say null until the last)."""
+    if not isinstance(doc, dict) or "error" in doc:
+        return doc
+    _top(doc, fill, "text_completion", "cmpl")
+    _drop_nulls(doc, ("system_fingerprint",) if chunk else _NO_NULL_TOP)
+    for i, choice in enumerate(_choices(doc)):
+        if not isinstance(choice, dict):
+            continue
+        choice.setdefault("index", i)
+        choice.setdefault("text", "")
+        choice.setdefault("logprobs", None)
+        choice.setdefault("finish_reason", None if chunk else "stop")
+    _usage(doc)
+    return doc
+
+
+def normalise_embedding(doc: Any, fill: Fill) -> Any:
+    """An embeddings answer (`CreateEmbeddingResponse`), completed in place; returned. Usage the engine did
+    not tell is 0 tokens (the schema requires it and takes no null)."""
+    if not isinstance(doc, dict):
+        return doc
+    _top(doc, fill, "list", None)
+    data = doc.get("data")
+    if "data" not in doc:
+        data = doc["data"] = []
+    for i, item in enumerate(data if isinstance(data, list) else ()):
+        if isinstance(item, dict):
+            item.setdefault("index", i)
+            item.setdefault("object", "embedding")
+            item.setdefault("embedding", [])
+    if not isinstance(doc.get("usage"), dict):
+        doc["usage"] = {}
+    _usage(doc, ("prompt_tokens", "total_tokens"))
+    return doc
+
+
+def normalise(kind: str, doc: Any, fill: Fill, chunk: bool = False) -> Any:
+    """The answer of an endpoint `kind` (chat, completion, embedding), completed; any other kind as it is."""
+    if kind == "chat":
+        return normalise_chat_chunk(doc, fill) if chunk else normalise_chat(doc, fill)
+    if kind == "completion":
+        return normalise_completion(doc, fill, chunk)
+    if kind == "embedding" and not chunk:
+        return normalise_embedding(doc, fill)
+    return doc
+
+
+# --- the byte-level check -------------------------------------------------------------------------------
+#
+# Counts of `"key":` in compact JSON. Such a match is a key (an unescaped quote followed by `:` ends a key),
+# at whatever depth: each object's required keys are counted against its kind's marker (a choice's
+# `index`), and what would put the same key at two depths (logprobs objects, tool calls) or hide an object
+# from the counts (an empty `{}`) sends the answer to the parsed path. Spaced JSON never passes: parsed too.
+
+_SPACED = (b'": ', b'" :', b"{ ", b"{\n", b"{\r")  # not compact JSON: the patterns below could miss
+_DOUBT = (*_SPACED, b"{}", b'"logprobs":{', b'"tool_calls":[{', b'"system_fingerprint":null', b'"annotations":null',
+          b'"function_call":null', b'"tool_calls":null')
+_TOP = (b'"id":', b'"object":', b'"created":', b'"model":', b'"choices":')
+_USAGE = (b'"prompt_tokens":', b'"completion_tokens":', b'"total_tokens":')
+_CHAT = (b'"finish_reason":', b'"message":', b'"logprobs":', b'"role":', b'"content":', b'"refusal":')
+_CHUNK = (b'"finish_reason":', b'"delta":')
+_COMPLETION = (b'"finish_reason":', b'"logprobs":', b'"text":')
+
+
+def _usage_complete(body: bytes, keys: tuple[bytes, ...] = _USAGE) -> bool:
+    usages = body.count(b'"usage":')
+    if usages == 0:
+        return True
+    return usages == 1 and b'"usage":{' in body and all(body.count(k) == 1 for k in keys)
+
+
+def complete(kind: str, body: bytes, chunk: bool = False) -> bool:
+    """Whether an answer (a whole body, or one chunk's JSON) certainly has every key its schema requires,
+    read from its bytes: True, relay it as it is; False, parse and complete it (it may lack nothing)."""
+    if kind == "embedding":
+        items = body.count(b'"index":')
+        return (b"{}" not in body and not any(s in body for s in _SPACED) and body.count(b'"embedding":') == items and body.count(b'"object":') == items + 1
+                and body.count(b'"model":') == 1 and body.count(b'"data":') == 1
+                and body.count(b'"usage":{') == 1 and _usage_complete(body, (b'"prompt_tokens":', b'"total_tokens":')))
+    if kind not in ("chat", "completion"):
+        return True
+    for doubt in _DOUBT:
+        if doubt in body:
+            return False
+    if chunk:  # usage in a stream comes once, in the last chunk: parsed, to be sure of it
+        if b'"usage":{' in body or not all(k in body for k in _TOP):
+            return False
+    elif not (all(body.count(k) == 1 for k in _TOP) and _usage_complete(body)):
+        return False
+    choices = body.count(b'"index":')
+    keys = (_CHUNK if chunk else _CHAT) if kind == "chat" else _COMPLETION
+    return all(body.count(k) == choices for k in keys)
+
+
+def normalise_body(kind: str, body: bytes, fill: Fill) -> bytes:
+    """A whole answer's body, completed; as it came when it lacks nothing or is not a JSON object."""
+    if complete(kind, body):
+        return body
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return body
+    if not isinstance(doc, dict):
+        return body
+    return dumps(normalise(kind, doc, fill))
+
+
+class StreamNormaliser:
+    """Completes a stream's chunks as they pass (server-sent events, `data: {json}` each): an event split
+    across reads is held until it is whole; an event whose bytes show every required key passes as it came."""
+
+    __slots__ = ("_fill", "_kind", "_rest")
+
+    def __init__(self, kind: str, fill: Fill) -> None:
+        self._kind = kind
+        self._fill = fill
+        self._rest = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._rest + chunk if self._rest else chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._rest = data
+            return b""
+        events, self._rest = data[: end + 2], data[end + 2 :]
+        kind = self._kind
+        if events.count(b"\n\n") == 1:  # the usual read: one event
+            return self._event(events[:-2]) + b"\n\n" if not complete(kind, events, chunk=True) else events
+        return b"".join(self._event(e) + b"\n\n" for e in events.split(b"\n\n")[:-1])
+
+    def _event(self, event: bytes) -> bytes:
+        if not event.startswith(b"data:") or complete(self._kind, event, chunk=True):
+            return event
+        payload = event[5:].strip()
+        if not payload.startswith(b"{"):
+            return event  # [DONE]
+        try:
+            doc = json.loads(payload)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return event
+        if not isinstance(doc, dict) or "error" in doc:
+            return event
+        return b"data: " + dumps(normalise(self._kind, doc, self._fill, chunk=True))
+
+    def flush(self) -> bytes:
+        rest, self._rest = self._rest, b""
+        return rest
