@@ -18,6 +18,7 @@ translations call them on a chat answer before translating it).
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -193,7 +194,7 @@ def normalise_completion(doc: Any, fill: Fill, chunk: bool = False) -> Any:
     if not isinstance(doc, dict) or "error" in doc:
         return doc
     _top(doc, fill, "text_completion", "cmpl")
-    _drop_nulls(doc, ("system_fingerprint",) if chunk else _NO_NULL_TOP)
+    _drop_nulls(doc, _NO_NULL_TOP)  # a chunk's usage too: not nullable here, unlike a chat chunk's
     for i, choice in enumerate(_choices(doc)):
         if not isinstance(choice, dict):
             continue
@@ -246,6 +247,9 @@ def normalise(kind: str, doc: Any, fill: Fill, chunk: bool = False) -> Any:
 _SPACED = (b'": ', b'" :', b"{ ", b"{\n", b"{\r")  # not compact JSON: the patterns below could miss
 _DOUBT = (*_SPACED, b"{}", b'"logprobs":{', b'"tool_calls":[{', b'"system_fingerprint":null', b'"annotations":null',
           b'"function_call":null', b'"tool_calls":null')
+_NULL = b'"usage":null'
+# A completion chunk's `"usage": null` (engines asked for usage put it in every chunk), cut from the bytes.
+_NULL_USAGE = re.compile(rb',"usage":null(?=[,}])')
 _TOP = (b'"id":', b'"object":', b'"created":', b'"model":', b'"choices":')
 _USAGE = (b'"prompt_tokens":', b'"completion_tokens":', b'"total_tokens":')
 _CHAT = (b'"finish_reason":', b'"message":', b'"logprobs":', b'"role":', b'"content":', b'"refusal":')
@@ -274,7 +278,7 @@ def complete(kind: str, body: bytes, chunk: bool = False) -> bool:
         if doubt in body:
             return False
     if chunk:  # usage in a stream comes once, in the last chunk: parsed, to be sure of it
-        if b'"usage":{' in body or not all(k in body for k in _TOP):
+        if b'"usage":{' in body or not all(k in body for k in _TOP) or (kind == "completion" and _NULL in body):
             return False
     elif not (all(body.count(k) == 1 for k in _TOP) and _usage_complete(body)):
         return False
@@ -315,6 +319,8 @@ class StreamNormaliser:
             return b""
         events, self._rest = data[: end + 2], data[end + 2 :]
         kind = self._kind
+        if kind == "completion" and _NULL in events:
+            events = _NULL_USAGE.sub(b"", events)
         if events.count(b"\n\n") == 1:  # the usual read: one event
             return self._event(events[:-2]) + b"\n\n" if not complete(kind, events, chunk=True) else events
         return b"".join(self._event(e) + b"\n\n" for e in events.split(b"\n\n")[:-1])
