@@ -9,10 +9,12 @@ the engine gave, with one exception: a null where the schema takes no null (vLLM
 `"system_fingerprint": null`) is left out, as if the engine had not sent it. Fields the schemas do not
 name (llama.cpp's `timings`, vLLM's `stop_reason`) stay: the answer schemas allow more properties.
 
-An answer that already has every required key is relayed as it came: `complete` reads its bytes (counts
-of keys, a few substring tests; no parse), and only one it cannot vouch for is parsed, completed and
-written again. The `normalise_*` functions take a parsed document (the Responses and Messages
-translations call them on a chat answer before translating it).
+What it costs (tests/bench/normalise.py): a stream's chunks and an embeddings answer are read from their
+bytes first (`complete`: counts of keys, no parse; an embeddings answer less its vectors), and relayed as
+they came when they lack nothing. A whole chat or completion answer is parsed instead (json's C parser
+reads it faster than 20 scans of its bytes) and written again only when something was added. The
+`normalise_*` functions take a parsed document (the Responses and Messages translations call them on a
+chat answer before translating it).
 """
 
 from __future__ import annotations
@@ -32,13 +34,15 @@ KINDS = ("chat", "completion", "embedding")  # the endpoints' kinds (checks.POST
 
 class Fill:
     """What the gateway puts where an engine gave no `id`, `created` or `model`: the same for every chunk
-    of one answer (a stream's chunks share them, as OpenAI's do)."""
+    of one answer (a stream's chunks share them, as OpenAI's do). `changes` counts what was added or
+    dropped, so an answer that lacked nothing is not written again."""
 
-    __slots__ = ("_created", "model", "request_id")
+    __slots__ = ("_created", "changes", "model", "request_id")
 
     def __init__(self, model: str, request_id: str) -> None:
         self.model = model  # the model that served the request
         self.request_id = request_id
+        self.changes = 0
         self._created: int | None = None
 
     def id(self, prefix: str) -> str:
@@ -58,34 +62,43 @@ _NO_NULL_TOP = ("system_fingerprint", "usage")
 _NO_NULL_MESSAGE = ("annotations", "function_call", "tool_calls")
 
 
+def _put(fill: Fill, obj: dict[str, Any], key: str, value: Any) -> Any:
+    """obj[key], set to `value` if it has none."""
+    if key in obj:
+        return obj[key]
+    fill.changes += 1
+    obj[key] = value
+    return value
+
+
 def _top(doc: dict[str, Any], fill: Fill, obj: str, prefix: str | None) -> None:
-    if prefix is not None and "id" not in doc:
-        doc["id"] = fill.id(prefix)
-    if "object" not in doc:
-        doc["object"] = obj
-    if "created" not in doc and prefix is not None:
-        doc["created"] = fill.created
-    if "model" not in doc:
-        doc["model"] = fill.model
+    if prefix is not None:
+        if "id" not in doc:
+            _put(fill, doc, "id", fill.id(prefix))
+        if "created" not in doc:
+            _put(fill, doc, "created", fill.created)
+    _put(fill, doc, "object", obj)
+    _put(fill, doc, "model", fill.model)
 
 
-def _drop_nulls(doc: dict[str, Any], keys: tuple[str, ...]) -> None:
+def _drop_nulls(fill: Fill, doc: dict[str, Any], keys: tuple[str, ...]) -> None:
     for key in keys:
         if key in doc and doc[key] is None:
             del doc[key]
+            fill.changes += 1
 
 
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _usage(doc: dict[str, Any], keys: tuple[str, ...] = ("prompt_tokens", "completion_tokens", "total_tokens")) -> None:
-    """A `usage` object's missing counts: from the others where they tell (total = prompt + completion), else 0."""
+def _usage(doc: dict[str, Any], fill: Fill, counted: bool = True) -> None:
+    """A `usage` object's missing counts: from the others where they tell (total = prompt + completion), else 0.
+    `counted`: it has completion tokens (not an embeddings answer's)."""
     usage = doc.get("usage")
     if not isinstance(usage, dict):
         return
     prompt, completion, total = (_count(usage.get(k)) for k in ("prompt_tokens", "completion_tokens", "total_tokens"))
-    counted = "completion_tokens" in keys
     if "prompt_tokens" not in usage:
         if total is not None and not counted:
             prompt = total  # embeddings: every token is the prompt's
@@ -93,55 +106,50 @@ def _usage(doc: dict[str, Any], keys: tuple[str, ...] = ("prompt_tokens", "compl
             prompt = total - completion
         else:
             prompt = 0
-        usage["prompt_tokens"] = prompt
+        _put(fill, usage, "prompt_tokens", prompt)
     if counted and "completion_tokens" not in usage:
-        completion = usage["completion_tokens"] = total - prompt if total is not None and prompt is not None else 0
+        completion = _put(fill, usage, "completion_tokens",
+                          total - prompt if total is not None and prompt is not None else 0)
     if "total_tokens" not in usage:
-        usage["total_tokens"] = (prompt or 0) + ((completion or 0) if counted else 0)
+        _put(fill, usage, "total_tokens", (prompt or 0) + ((completion or 0) if counted else 0))
 
 
-def _choices(doc: dict[str, Any]) -> list[Any]:
-    choices = doc.get("choices")
-    if choices is None and "choices" not in doc:
-        choices = doc["choices"] = []
+def _choices(doc: dict[str, Any], fill: Fill) -> list[Any]:
+    choices = _put(fill, doc, "choices", [])
     return choices if isinstance(choices, list) else []
 
 
-def _token_logprobs(entries: Any, top: bool) -> None:
+def _token_logprobs(entries: Any, fill: Fill, top: bool) -> None:
     if not isinstance(entries, list):
         return
     for entry in entries:
         if isinstance(entry, dict):
-            entry.setdefault("bytes", None)
+            _put(fill, entry, "bytes", None)
             if top:
-                entry.setdefault("top_logprobs", [])
-                _token_logprobs(entry["top_logprobs"], False)
+                _token_logprobs(_put(fill, entry, "top_logprobs", []), fill, False)
 
 
-def _chat_logprobs(choice: dict[str, Any]) -> None:
-    logprobs = choice.setdefault("logprobs", None)
+def _chat_logprobs(choice: dict[str, Any], fill: Fill) -> None:
+    logprobs = _put(fill, choice, "logprobs", None)
     if isinstance(logprobs, dict):
-        logprobs.setdefault("content", None)
-        logprobs.setdefault("refusal", None)
-        _token_logprobs(logprobs["content"], True)
-        _token_logprobs(logprobs["refusal"], True)
+        _token_logprobs(_put(fill, logprobs, "content", None), fill, True)
+        _token_logprobs(_put(fill, logprobs, "refusal", None), fill, True)
 
 
-def _tool_calls(calls: Any, chunk: bool) -> None:
+def _tool_calls(calls: Any, fill: Fill, chunk: bool) -> None:
     if not isinstance(calls, list):
         return
     for i, call in enumerate(calls):
         if not isinstance(call, dict):
             continue
         if chunk:
-            call.setdefault("index", i)
+            _put(fill, call, "index", i)
             continue
         if "function" in call:
-            call.setdefault("type", "function")
-            function = call["function"]
-            if isinstance(function, dict):
-                function.setdefault("arguments", "{}")
-        call.setdefault("id", f"call_{i}")
+            _put(fill, call, "type", "function")
+            if isinstance(call["function"], dict):
+                _put(fill, call["function"], "arguments", "{}")
+        _put(fill, call, "id", f"call_{i}")
 
 
 def normalise_chat(doc: Any, fill: Fill) -> Any:
@@ -149,21 +157,21 @@ def normalise_chat(doc: Any, fill: Fill) -> Any:
     if not isinstance(doc, dict):
         return doc
     _top(doc, fill, "chat.completion", "chatcmpl")
-    _drop_nulls(doc, _NO_NULL_TOP)
-    for i, choice in enumerate(_choices(doc)):
+    _drop_nulls(fill, doc, _NO_NULL_TOP)
+    for i, choice in enumerate(_choices(doc, fill)):
         if not isinstance(choice, dict):
             continue
-        choice.setdefault("index", i)
-        choice.setdefault("finish_reason", "stop")  # no null in a whole answer: it ended, and said not why
-        message = choice.setdefault("message", {})
+        _put(fill, choice, "index", i)
+        _put(fill, choice, "finish_reason", "stop")  # no null in a whole answer: it ended, and said not why
+        message = _put(fill, choice, "message", {})
         if isinstance(message, dict):
-            message.setdefault("role", "assistant")
-            message.setdefault("content", None)
-            message.setdefault("refusal", None)
-            _drop_nulls(message, _NO_NULL_MESSAGE)
-            _tool_calls(message.get("tool_calls"), chunk=False)
-        _chat_logprobs(choice)
-    _usage(doc)
+            _put(fill, message, "role", "assistant")
+            _put(fill, message, "content", None)
+            _put(fill, message, "refusal", None)
+            _drop_nulls(fill, message, _NO_NULL_MESSAGE)
+            _tool_calls(message.get("tool_calls"), fill, chunk=False)
+        _chat_logprobs(choice, fill)
+    _usage(doc, fill)
     return doc
 
 
@@ -172,19 +180,19 @@ def normalise_chat_chunk(doc: Any, fill: Fill) -> Any:
     if not isinstance(doc, dict) or "error" in doc:
         return doc
     _top(doc, fill, "chat.completion.chunk", "chatcmpl")
-    _drop_nulls(doc, ("system_fingerprint",))
-    for i, choice in enumerate(_choices(doc)):
+    _drop_nulls(fill, doc, ("system_fingerprint",))
+    for i, choice in enumerate(_choices(doc, fill)):
         if not isinstance(choice, dict):
             continue
-        choice.setdefault("index", i)
-        choice.setdefault("finish_reason", None)
-        delta = choice.setdefault("delta", {})
+        _put(fill, choice, "index", i)
+        _put(fill, choice, "finish_reason", None)
+        delta = _put(fill, choice, "delta", {})
         if isinstance(delta, dict):
-            _drop_nulls(delta, _NO_NULL_MESSAGE)
-            _tool_calls(delta.get("tool_calls"), chunk=True)
+            _drop_nulls(fill, delta, _NO_NULL_MESSAGE)
+            _tool_calls(delta.get("tool_calls"), fill, chunk=True)
         if isinstance(choice.get("logprobs"), dict):
-            _chat_logprobs(choice)
-    _usage(doc)
+            _chat_logprobs(choice, fill)
+    _usage(doc, fill)
     return doc
 
 
@@ -194,15 +202,15 @@ def normalise_completion(doc: Any, fill: Fill, chunk: bool = False) -> Any:
     if not isinstance(doc, dict) or "error" in doc:
         return doc
     _top(doc, fill, "text_completion", "cmpl")
-    _drop_nulls(doc, _NO_NULL_TOP)  # a chunk's usage too: not nullable here, unlike a chat chunk's
-    for i, choice in enumerate(_choices(doc)):
+    _drop_nulls(fill, doc, _NO_NULL_TOP)  # a chunk's usage too: not nullable here, unlike a chat chunk's
+    for i, choice in enumerate(_choices(doc, fill)):
         if not isinstance(choice, dict):
             continue
-        choice.setdefault("index", i)
-        choice.setdefault("text", "")
-        choice.setdefault("logprobs", None)
-        choice.setdefault("finish_reason", None if chunk else "stop")
-    _usage(doc)
+        _put(fill, choice, "index", i)
+        _put(fill, choice, "text", "")
+        _put(fill, choice, "logprobs", None)
+        _put(fill, choice, "finish_reason", None if chunk else "stop")
+    _usage(doc, fill)
     return doc
 
 
@@ -212,17 +220,16 @@ def normalise_embedding(doc: Any, fill: Fill) -> Any:
     if not isinstance(doc, dict):
         return doc
     _top(doc, fill, "list", None)
-    data = doc.get("data")
-    if "data" not in doc:
-        data = doc["data"] = []
+    data = _put(fill, doc, "data", [])
     for i, item in enumerate(data if isinstance(data, list) else ()):
         if isinstance(item, dict):
-            item.setdefault("index", i)
-            item.setdefault("object", "embedding")
-            item.setdefault("embedding", [])
+            _put(fill, item, "index", i)
+            _put(fill, item, "object", "embedding")
+            _put(fill, item, "embedding", [])
     if not isinstance(doc.get("usage"), dict):
         doc["usage"] = {}
-    _usage(doc, ("prompt_tokens", "total_tokens"))
+        fill.changes += 1
+    _usage(doc, fill, counted=False)
     return doc
 
 
@@ -239,57 +246,88 @@ def normalise(kind: str, doc: Any, fill: Fill, chunk: bool = False) -> Any:
 
 # --- the byte-level check -------------------------------------------------------------------------------
 #
-# Counts of `"key":` in compact JSON. Such a match is a key (an unescaped quote followed by `:` ends a key),
-# at whatever depth: each object's required keys are counted against its kind's marker (a choice's
-# `index`), and what would put the same key at two depths (logprobs objects, tool calls) or hide an object
-# from the counts (an empty `{}`) sends the answer to the parsed path. Spaced JSON never passes: parsed too.
+# For a stream's chunks (small, many) and embeddings answers (large: their vectors skipped). Counts of `"key":`
+# in compact JSON: such a match is a key (an unescaped quote followed by `:` ends a key), at whatever depth.
+# Each object's required keys are counted against its kind's marker (a choice's `index`), and what would put
+# the same key at two depths (logprobs objects, tool calls) or hide an object from the counts (an empty `{}`)
+# sends the answer to the parsed path. Spaced JSON never passes: parsed too.
 
-_SPACED = (b'": ', b'" :', b"{ ", b"{\n", b"{\r")  # not compact JSON: the patterns below could miss
+_SPACED = (b'": ', b'" :', b"{ ")  # not compact JSON: the patterns below could miss
 _DOUBT = (*_SPACED, b"{}", b'"logprobs":{', b'"tool_calls":[{', b'"system_fingerprint":null', b'"annotations":null',
           b'"function_call":null', b'"tool_calls":null')
 _NULL = b'"usage":null'
 # A completion chunk's `"usage": null` (engines asked for usage put it in every chunk), cut from the bytes.
 _NULL_USAGE = re.compile(rb',"usage":null(?=[,}])')
 _TOP = (b'"id":', b'"object":', b'"created":', b'"model":', b'"choices":')
-_USAGE = (b'"prompt_tokens":', b'"completion_tokens":', b'"total_tokens":')
-_CHAT = (b'"finish_reason":', b'"message":', b'"logprobs":', b'"role":', b'"content":', b'"refusal":')
+_EMBEDDING_USAGE = (b'"prompt_tokens":', b'"total_tokens":')
 _CHUNK = (b'"finish_reason":', b'"delta":')
 _COMPLETION = (b'"finish_reason":', b'"logprobs":', b'"text":')
 
 
-def _usage_complete(body: bytes, keys: tuple[bytes, ...] = _USAGE) -> bool:
+def _usage_complete(body: bytes, keys: tuple[bytes, ...]) -> bool:
     usages = body.count(b'"usage":')
     if usages == 0:
         return True
-    return usages == 1 and b'"usage":{' in body and all(body.count(k) == 1 for k in keys)
+    if usages != 1 or b'"usage":{' not in body:
+        return False
+    for key in keys:
+        if body.count(key) != 1:
+            return False
+    return True
+
+
+def _skeleton(body: bytes) -> bytes:
+    """An embeddings answer less its vectors (each `"embedding":` value, an array of numbers or a base64 string,
+    as 0): the floats are most of its bytes and hold no key, so the counts read only the rest."""
+    parts: list[bytes] = []
+    at = 0
+    while (key := body.find(b'"embedding":', at)) >= 0:
+        start = key + 12
+        opener = body[start : start + 1]
+        end = body.find(b"]", start) if opener == b"[" else body.find(b'"', start + 1) if opener == b'"' else -1
+        if end < 0:
+            return body  # not a value it knows: counted whole
+        parts += (body[at:start], b"0")
+        at = end + 1
+    parts.append(body[at:])
+    return b"".join(parts)
 
 
 def complete(kind: str, body: bytes, chunk: bool = False) -> bool:
     """Whether an answer (a whole body, or one chunk's JSON) certainly has every key its schema requires,
     read from its bytes: True, relay it as it is; False, parse and complete it (it may lack nothing)."""
     if kind == "embedding":
+        body = _skeleton(body)
         items = body.count(b'"index":')
-        return (b"{}" not in body and not any(s in body for s in _SPACED) and body.count(b'"embedding":') == items and body.count(b'"object":') == items + 1
-                and body.count(b'"model":') == 1 and body.count(b'"data":') == 1
-                and body.count(b'"usage":{') == 1 and _usage_complete(body, (b'"prompt_tokens":', b'"total_tokens":')))
+        for doubt in _SPACED:
+            if doubt in body:
+                return False
+        return (b"{}" not in body and body.count(b'"embedding":') == items and body.count(b'"object":') == items + 1
+                and body.count(b'"model":') == 1 and body.count(b'"data":') == 1 and b'"usage":{' in body
+                and _usage_complete(body, _EMBEDDING_USAGE))
     if kind not in ("chat", "completion"):
         return True
+    if not chunk:
+        return False  # a whole answer is parsed (normalise_body): json reads it faster than 20 scans
+    choices = body.count(b'"index":')
+    # Each choice's keys first: what engines leave out (llama.cpp's `logprobs`, `refusal`) is found at once.
+    for key in _CHUNK if kind == "chat" else _COMPLETION:
+        if body.count(key) != choices:
+            return False
     for doubt in _DOUBT:
         if doubt in body:
             return False
-    if chunk:  # usage in a stream comes once, in the last chunk: parsed, to be sure of it
-        if b'"usage":{' in body or not all(k in body for k in _TOP) or (kind == "completion" and _NULL in body):
+    if b'"usage":{' in body or (kind == "completion" and _NULL in body):
+        return False  # usage in a stream comes once, in the last chunk: parsed, to be sure of it
+    for key in _TOP:
+        if key not in body:
             return False
-    elif not (all(body.count(k) == 1 for k in _TOP) and _usage_complete(body)):
-        return False
-    choices = body.count(b'"index":')
-    keys = (_CHUNK if chunk else _CHAT) if kind == "chat" else _COMPLETION
-    return all(body.count(k) == choices for k in keys)
+    return True
 
 
 def normalise_body(kind: str, body: bytes, fill: Fill) -> bytes:
     """A whole answer's body, completed; as it came when it lacks nothing or is not a JSON object."""
-    if complete(kind, body):
+    if kind == "embedding" and complete(kind, body):
         return body
     try:
         doc = json.loads(body)
@@ -297,7 +335,9 @@ def normalise_body(kind: str, body: bytes, fill: Fill) -> bytes:
         return body
     if not isinstance(doc, dict):
         return body
-    return dumps(normalise(kind, doc, fill))
+    before = fill.changes
+    doc = normalise(kind, doc, fill)
+    return body if fill.changes == before else dumps(doc)
 
 
 class StreamNormaliser:
@@ -322,11 +362,11 @@ class StreamNormaliser:
         if kind == "completion" and _NULL in events:
             events = _NULL_USAGE.sub(b"", events)
         if events.count(b"\n\n") == 1:  # the usual read: one event
-            return self._event(events[:-2]) + b"\n\n" if not complete(kind, events, chunk=True) else events
+            return events if complete(kind, events, chunk=True) else self._event(events[:-2], True) + b"\n\n"
         return b"".join(self._event(e) + b"\n\n" for e in events.split(b"\n\n")[:-1])
 
-    def _event(self, event: bytes) -> bytes:
-        if not event.startswith(b"data:") or complete(self._kind, event, chunk=True):
+    def _event(self, event: bytes, checked: bool = False) -> bytes:
+        if not event.startswith(b"data:") or (not checked and complete(self._kind, event, chunk=True)):
             return event
         payload = event[5:].strip()
         if not payload.startswith(b"{"):
@@ -337,7 +377,9 @@ class StreamNormaliser:
             return event
         if not isinstance(doc, dict) or "error" in doc:
             return event
-        return b"data: " + dumps(normalise(self._kind, doc, self._fill, chunk=True))
+        before = self._fill.changes
+        doc = normalise(self._kind, doc, self._fill, chunk=True)
+        return event if self._fill.changes == before else b"data: " + dumps(doc)
 
     def flush(self) -> bytes:
         rest, self._rest = self._rest, b""
