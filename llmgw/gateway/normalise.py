@@ -208,10 +208,28 @@ def normalise_completion(doc: Any, fill: Fill, chunk: bool = False) -> Any:
             continue
         _put(fill, choice, "index", i)
         _put(fill, choice, "text", "")
-        _put(fill, choice, "logprobs", None)
+        _legacy_logprobs(_put(fill, choice, "logprobs", None), fill)
         _put(fill, choice, "finish_reason", None if chunk else "stop")
     _usage(doc, fill)
     return doc
+
+
+def _legacy_logprobs(logprobs: Any, fill: Fill) -> None:
+    """A completion's logprobs in the chat shape (llama.cpp's `{"content": [{token, logprob, top_logprobs}]}`)
+    given OpenAI's completion shape beside it: `tokens`, `token_logprobs`, `top_logprobs` (token -> logprob).
+    `text_offset` (counted from the prompt's start) the engine does not tell: left out (optional)."""
+    if not isinstance(logprobs, dict) or "tokens" in logprobs or not isinstance(logprobs.get("content"), list):
+        return
+    entries = [e for e in logprobs["content"] if isinstance(e, dict)]
+    if len(entries) != len(logprobs["content"]) or not all(isinstance(e.get("token"), str) for e in entries):
+        return
+    _put(fill, logprobs, "tokens", [e["token"] for e in entries])
+    if all(isinstance(e.get("logprob"), (int, float)) for e in entries):
+        _put(fill, logprobs, "token_logprobs", [e["logprob"] for e in entries])
+    if "top_logprobs" not in logprobs and all(isinstance(e.get("top_logprobs"), list) for e in entries):
+        tops = [{t["token"]: t["logprob"] for t in e["top_logprobs"] if isinstance(t, dict)
+                 and isinstance(t.get("token"), str) and isinstance(t.get("logprob"), (int, float))} for e in entries]
+        _put(fill, logprobs, "top_logprobs", tops)
 
 
 def normalise_embedding(doc: Any, fill: Fill) -> Any:

@@ -139,6 +139,9 @@ async def test_completion_answers_and_chunks_match_the_schema(world: World, engi
             response = await world.http.post("/v1/completions", json=body)
             assert response.status_code == 200, response.text
             assert not problems("CreateCompletionResponse", response.json())
+            if engine == "llama.cpp" and "logprobs" in asks:  # its chat-shaped logprobs, and OpenAI's shape beside
+                logprobs = response.json()["choices"][0]["logprobs"]
+                assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == len(logprobs["content"]) == 3
         # OpenAI documents a completion's chunks with the whole answer's schema (finish_reason null until the last).
         for chunk in await chunks(world.http, "/v1/completions", body):
             assert chunk_errors("CreateCompletionResponse", chunk) == [], chunk

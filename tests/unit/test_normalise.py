@@ -109,6 +109,18 @@ def test_the_gateway_fills_id_created_and_model_the_same_for_every_chunk() -> No
     assert first["choices"][0] == {"text": "a", "index": 0, "logprobs": None, "finish_reason": None}
 
 
+def test_llama_cpp_completion_logprobs_get_openais_completion_shape_beside_their_own() -> None:
+    own = {"content": [{"id": 253, "token": " on", "bytes": [32, 111, 110], "logprob": -5.7,
+                        "top_logprobs": [{"id": 253, "token": " on", "logprob": -5.7}, {"token": "x", "logprob": -6.0}]},
+                       {"token": "p", "logprob": -5.1, "top_logprobs": []}]}
+    doc = {"id": "c", "object": "text_completion", "created": 1, "model": "m",
+           "choices": [{"text": " onp", "index": 0, "logprobs": copy.deepcopy(own), "finish_reason": "length"}]}
+    logprobs = normalise("completion", doc, FILL)["choices"][0]["logprobs"]
+    assert logprobs == {**own, "tokens": [" on", "p"], "token_logprobs": [-5.7, -5.1],
+                        "top_logprobs": [{" on": -5.7, "x": -6.0}, {}]}
+    assert errors("CreateCompletionResponse", doc) == []
+
+
 def test_usage_is_filled_from_what_it_tells() -> None:
     doc = normalise("chat", {"choices": [], "usage": {"prompt_tokens": 3, "total_tokens": 10}}, FILL)
     assert doc["usage"] == {"prompt_tokens": 3, "total_tokens": 10, "completion_tokens": 7}
