@@ -110,8 +110,8 @@ def test_the_gateway_fills_id_created_and_model_the_same_for_every_chunk() -> No
 
 
 def test_llama_cpp_completion_logprobs_get_openais_completion_shape_beside_their_own() -> None:
-    own = {"content": [{"id": 253, "token": " on", "bytes": [32, 111, 110], "logprob": -5.7,
-                        "top_logprobs": [{"id": 253, "token": " on", "logprob": -5.7}, {"token": "x", "logprob": -6.0}]},
+    tops = [{"id": 253, "token": " on", "logprob": -5.7}, {"token": "x", "logprob": -6.0}]
+    own = {"content": [{"id": 253, "token": " on", "bytes": [32, 111, 110], "logprob": -5.7, "top_logprobs": tops},
                        {"token": "p", "logprob": -5.1, "top_logprobs": []}]}
     doc = {"id": "c", "object": "text_completion", "created": 1, "model": "m",
            "choices": [{"text": " onp", "index": 0, "logprobs": copy.deepcopy(own), "finish_reason": "length"}]}
@@ -176,11 +176,12 @@ def top(obj: str, choice: st.SearchStrategy[dict[str, Any]], use: bool = True) -
 
 
 FINISH = st.sampled_from(["stop", "length", "tool_calls", "content_filter"])
-LOGPROBS = st.one_of(st.none(), st.builds(lambda c, r: {"content": c, "refusal": r},
-                                          st.one_of(st.none(), token_logprobs()), st.one_of(st.none(), token_logprobs())))
+ENTRIES = st.one_of(st.none(), token_logprobs())
+LOGPROBS = st.one_of(st.none(), st.builds(lambda c, r: {"content": c, "refusal": r}, ENTRIES, ENTRIES))
 TOOL_CALL = st.builds(lambda i, n, a: {"id": i, "type": "function", "function": {"name": n, "arguments": a}},
                       TEXT, TEXT, TEXT)
-MESSAGE = st.builds(lambda c, r, t: {"role": "assistant", "content": c, "refusal": r, **({"tool_calls": t} if t else {})},
+MESSAGE = st.builds(lambda c, r, t: {"role": "assistant", "content": c, "refusal": r,
+                                     **({"tool_calls": t} if t else {})},
                     st.one_of(st.none(), TEXT), st.one_of(st.none(), TEXT), st.lists(TOOL_CALL, max_size=2))
 CHAT = top("chat.completion", st.builds(lambda m, lp, f: {"message": m, "logprobs": lp, "finish_reason": f},
                                         MESSAGE, LOGPROBS, FINISH))
@@ -189,8 +190,10 @@ DELTA = st.builds(lambda c, t: {**({"content": c} if c is not None else {}), **(
                   st.lists(st.builds(lambda a: {"function": {"arguments": a}}, TEXT), max_size=2))
 CHUNK = top("chat.completion.chunk", st.builds(lambda d, lp, f: {"delta": d, "logprobs": lp, "finish_reason": f},
                                                DELTA, LOGPROBS, st.one_of(st.none(), FINISH)))
-COMPLETION = top("text_completion", st.builds(lambda t, f: {"text": t, "logprobs": None, "finish_reason": f},
-                                              TEXT, st.sampled_from(["stop", "length"])))
+# llama.cpp gives a completion's logprobs in the chat shape; OpenAI's completion shape is added beside.
+OWN_LOGPROBS = st.one_of(st.none(), st.builds(lambda c: {"content": c}, token_logprobs()))
+COMPLETION = top("text_completion", st.builds(lambda t, lp, f: {"text": t, "logprobs": lp, "finish_reason": f},
+                                              TEXT, OWN_LOGPROBS, st.sampled_from(["stop", "length"])))
 COMPLETION_CHUNK = top("text_completion", st.builds(lambda t, f: {"text": t, "logprobs": None, "finish_reason": f},
                                                     TEXT, st.one_of(st.none(), st.sampled_from(["stop", "length"]))))
 EMBEDDING = st.builds(
