@@ -332,7 +332,7 @@ class GatewayApp(RawApp):
             response = await engine_paths.translated(call, response, ex.request_id, lease.answered)
         if ex.guard is not None and ex.guard.checks_response:
             response = await ex.guard.hold(response, stream)  # judged whole before the client gets any of it
-        await relay(ex, response, endpoint, stream, send, hide_usage)
+        await relay(ex, response, endpoint, stream, send, hide_usage, POST_PATHS.get(path, ""))
         if ex.error in ("upstream_error", "upstream_timeout"):  # it broke off mid-stream: its breaker counts it
             lease.failed(f"its answer broke off mid-stream ({ex.error})", limits.breaker_failures)
 

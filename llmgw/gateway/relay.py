@@ -18,6 +18,7 @@ from llmgw.gateway import upstream
 from llmgw.gateway.answers import HiddenUsage, StreamUsage, engine_error, usage_of
 from llmgw.gateway.dialect import Dialect, Translation, relay_translated
 from llmgw.gateway.guard import Checks
+from llmgw.gateway.normalise import KINDS, Fill, StreamNormaliser, normalise_body
 from llmgw.gateway.pool import Ticket
 from llmgw.wire.asgi import Exchange, Send, dumps
 
@@ -73,9 +74,11 @@ class Progress(Exchange):
 
 
 async def relay(ex: Progress, response: upstream.Response, endpoint: Endpoint, stream: bool, send: Send,
-                hide_usage: bool) -> None:
+                hide_usage: bool, kind: str = "") -> None:
     """Send the engine's answer on: whole (with its usage read for the log) or streamed, a failure mid-stream
-    told in the stream; `hide_usage`: the usage chunk the gateway asked for on the client's behalf is kept back."""
+    told in the stream; `hide_usage`: the usage chunk the gateway asked for on the client's behalf is kept back;
+    `kind` (checks.POST_PATHS): the endpoint, whose answers are completed to OpenAI's schemas (normalise.py)."""
+    fill = Fill(ex.served or ex.model, ex.request_id) if kind in KINDS else None
     try:
         headers = response_headers(response.headers, ex.request_id)
         headers.append((b"x-llmgw-model", ex.served.encode()))  # which model served (an alias's, a fallback)
@@ -89,7 +92,9 @@ async def relay(ex: Progress, response: upstream.Response, endpoint: Endpoint, s
                 raise upstream.failure(endpoint, ex.model, error) from None
             if response.status >= 400:  # the engine's own refusal, in OpenAI's shape
                 raise engine_error(response.status, body, f"replica {endpoint.replica_id}")
-            ex.tokens_in, ex.tokens_out = usage_of(body)
+            ex.tokens_in, ex.tokens_out = usage_of(body)  # as the engine told them: before any is filled in
+            if fill is not None:
+                body = normalise_body(kind, body, fill)
             headers.append((b"content-length", str(len(body)).encode()))
             ex.started = True
             ex.status = response.status
@@ -102,6 +107,7 @@ async def relay(ex: Progress, response: upstream.Response, endpoint: Endpoint, s
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         usage = StreamUsage()
         hidden = HiddenUsage() if hide_usage else None
+        normaliser = StreamNormaliser(kind, fill) if fill is not None else None
         # Read, then send: the engine is read no faster than the client takes the answer (no buffer).
         while True:
             try:
@@ -126,10 +132,15 @@ async def relay(ex: Progress, response: upstream.Response, endpoint: Endpoint, s
                 break
             if hidden is not None:
                 chunk = hidden.feed(chunk)
-                if not chunk:
-                    continue
+            if normaliser is not None and chunk:
+                chunk = normaliser.feed(chunk)
+            if not chunk:
+                continue
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        if hidden is not None and (rest := hidden.flush()):
+        rest = hidden.flush() if hidden is not None else b""
+        if normaliser is not None:
+            rest = normaliser.feed(rest) + normaliser.flush() if rest else normaliser.flush()
+        if rest:
             await send({"type": "http.response.body", "body": rest, "more_body": True})
         ex.tokens_in, ex.tokens_out = usage.tokens()
         ex.finished = True

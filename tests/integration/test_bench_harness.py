@@ -175,6 +175,12 @@ def test_the_names_bench_runs() -> None:
     assert len(result) == 6 and all(v > 0 for v in result.values())
 
 
+def test_the_normalise_bench_runs() -> None:
+    """tests/bench/normalise.py (what completing answers to OpenAI's schemas costs) on a toy size."""
+    result = load_bench("normalise").measure(calls=20, rounds=1)
+    assert len(result) == 6 and all(mine > 0 and base > 0 for mine, base in result.values())
+
+
 async def test_the_affinity_bench_runs() -> None:
     """tests/bench/affinity.py (docs/performance.md, "Prefix affinity") on a toy size: both scenarios, both
     routings, and the decision cost; no figure is judged here but that the prefix cache was asked."""

@@ -548,7 +548,7 @@ async def test_upstream_failure_midway(nursery: trio.Nursery) -> None:
         assert len(streamed.headers.get_list("date")) == 1
         assert "1970" not in streamed.headers["date"]
         frames = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
-        assert frames[0] == 'data: {"choices": []}'
+        assert json.loads(frames[0].removeprefix("data: "))["choices"] == []  # (completed: normalise.py)
         assert json.loads(frames[-1].removeprefix("data: "))["error"]["code"] == "upstream_error"
         # Whole answers are read before the status is sent: a clean 502.
         assert_error(await http.post("/v1/chat/completions", json=chat()), 502, "upstream_error")

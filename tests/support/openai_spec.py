@@ -83,9 +83,15 @@ def nullable(node: Any) -> Any:
 
 
 @functools.cache
+def _schema_document() -> dict[str, Any]:
+    doc: dict[str, Any] = nullable(_document())
+    return doc
+
+
+@functools.cache
 def validator(name: str) -> Any:
     """A validator of one schema of the pinned document (its references resolved within it; `nullable` read)."""
-    doc = nullable(_document())
+    doc = _schema_document()
     return jsonschema_rs.Draft202012Validator({"$ref": f"#/components/schemas/{name}", **doc})
 
 
@@ -93,6 +99,17 @@ def errors(name: str, instance: Any) -> list[str]:
     """What `instance` breaks of schema `name` (empty when valid), each with where."""
     return [f"{'/'.join(map(str, e.instance_path)) or '(top)'}: {e.message}"[:400]
             for e in validator(name).iter_errors(instance)]
+
+
+def chunk_errors(name: str, chunk: Any) -> list[str]:
+    """What one stream chunk breaks of schema `name`. Completions' chunks have no schema of their own: OpenAI
+    documents them as `CreateCompletionResponse` ("both the streamed and non-streamed response objects share
+    the same shape") yet its own chunks say `finish_reason: null` until the last, which that schema (a
+    string) does not take; here that null is taken, as from OpenAI."""
+    if name == "CreateCompletionResponse" and isinstance(chunk, dict) and isinstance(chunk.get("choices"), list):
+        chunk = {**chunk, "choices": [{**c, "finish_reason": "stop"} if isinstance(c, dict) and "finish_reason" in c
+                                      and c["finish_reason"] is None else c for c in chunk["choices"]]}
+    return errors(name, chunk)
 
 
 def request_fields(name: str) -> set[str]:
