@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import httpx
 import trio
 
 from llmgw.agent import engine_log
+from llmgw.agent.adapters import sync_adapters
 from llmgw.agent.adoption import (AdoptedProcess, EngineRecord, Records, StartRefused, read_start, same_process,
                                   start_ticks)
 from llmgw.domain.model import ModelDef
@@ -79,6 +80,8 @@ class _Replica:
     stopping: bool = False  # stop() or a replacement: its process is terminated and its files removed
     cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
     done: trio.Event = field(default_factory=trio.Event)  # its task has ended (files settled)
+    adapters_asked: dict[str, str] | None = None  # the LoRA adapters control last asked for (name -> file)
+    adapters_turn: int = 0  # which ask the latest report must come from (an older load's report is dropped)
 
 
 class Supervisor:
@@ -140,6 +143,25 @@ class Supervisor:
                        log_path=self._records.log_path(replica_id))
         previous = self._replace(replica_id, rep)
         self._nursery.start_soon(self._run, rep, model, list(gpus), group, previous)
+
+    def load_adapters(self, replica_id: str, adapters: Mapping[str, str]) -> None:
+        """Make a ready replica's engine hold these LoRA adapters (name -> file; agent/adapters.py), each reported
+        `loading`, then `loaded` once the engine lists it or `failed` with why. The same set asked again while it
+        loads, or after, is a no-op."""
+        rep = self._replicas.get(replica_id)
+        if rep is None or rep.obs.state != "ready" or rep.adapters_asked == dict(adapters):
+            return
+        had, rep.adapters_asked = rep.adapters_asked or {}, dict(adapters)
+        rep.adapters_turn += 1
+        turn = rep.adapters_turn
+
+        def report(states: dict[str, str]) -> None:
+            if self._replicas.get(replica_id) is rep and rep.adapters_turn == turn and rep.obs.state == "ready":
+                rep.obs = replace(rep.obs, adapters=states)
+                self._changed()
+
+        self._nursery.start_soon(sync_adapters, self._http, rep.obs.url, dict(adapters), had, report,
+                                 self._timeouts.adapter_load_s)
 
     def stop(self, replica_id: str) -> None:
         """Stop and forget a replica: its process is terminated (then killed), its record and log removed."""

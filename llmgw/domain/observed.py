@@ -13,6 +13,7 @@ from llmgw.domain.activation import Progress
 from llmgw.domain.frozen import Doc
 
 REPLICA_STATES = ("starting", "ready", "failed", "stopped")
+MAX_ADAPTERS = 1024  # LoRA adapters one replica reports
 
 
 MIG_INDEX_BASE = 1000  # a MIG instance's placement index: 1000 + 100 × card + instance
@@ -144,12 +145,22 @@ class ReplicaObs:
     # checkpoint); "" from an agent that does not say (llmgw.domain.activation has the phases).
     phase: str = ""
     weights_bytes: int | None = None  # the checkpoint's size on disk, once the agent has resolved it
+    # The LoRA adapters control asked this replica to load: name -> "loading", "loaded" (its engine lists it),
+    # or "failed: why". Empty: none asked (or an agent that predates adapters).
+    adapters: Mapping[str, str] = field(default_factory=dict)
+
+    def adapter(self, name: str) -> str:
+        """The adapter's state on this replica ("" when it was not asked to load it)."""
+        return self.adapters.get(name, "")
 
     @classmethod
     def from_doc(cls, d: Mapping[str, Any], node: str) -> ReplicaObs:
         state = str(d.get("state", ""))
         if state not in REPLICA_STATES:
             raise ValueError(f"unknown replica state {state!r}")
+        adapters = d.get("adapters") or {}
+        if not isinstance(adapters, Mapping) or len(adapters) > MAX_ADAPTERS:
+            raise ValueError(f"adapters must be an object of at most {MAX_ADAPTERS} names")
         size = d.get("weights_bytes")
         return cls(
             replica_id=str(d["replica_id"]),
@@ -161,10 +172,13 @@ class ReplicaObs:
             since=float(d.get("since", 0.0)),
             phase=str(d.get("phase", ""))[:32],
             weights_bytes=size if type(size) is int and size >= 0 else None,
+            adapters={str(k)[:128]: str(v)[:500] for k, v in adapters.items()},
         )
 
     def to_doc(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        doc = dict(self.__dict__)
+        doc["adapters"] = dict(self.adapters)  # a leader that predates adapters ignores the key
+        return doc
 
 
 @dataclass(frozen=True)
@@ -221,6 +235,7 @@ class ModelRoute:
     # The activation window in force when longer than the definition's (its checkpoint's size at the
     # nominal load rate, llmgw.domain.activation.window_s); 0: the definition's own.
     window_s: float = 0.0
+    base: str = ""  # a LoRA adapter's base model: its endpoints are the base's replicas that list it loaded
 
 
 @dataclass(frozen=True)

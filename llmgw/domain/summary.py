@@ -533,7 +533,20 @@ def model_status(state: ClusterState, observed: Observed, name: str, view: Any |
         "activation": activation_doc(view, now),
         "window_s": (getattr(view, "window_s", 0.0) or state.models[name].activation_window_s) if view else None,
         "replicas": replicas,
+        **_adapter_status(state, observed, name),
     }
+
+
+def _adapter_status(state: ClusterState, observed: Observed, name: str) -> dict[str, Any]:
+    """A LoRA adapter's state on each replica of its base (`adapter_on`: replica id -> loaded, loading, or
+    "failed: why"; a replica not asked yet is absent); a base's adapters (`adapters`: their names)."""
+    model = state.models[name]
+    if model.base:
+        on = {p.replica_id: obs.adapter(name) for p in state.placements_of(model.base)
+              if (obs := observed.replicas.get(p.replica_id)) is not None and obs.adapter(name)}
+        return {"adapter_on": on}
+    adapters = sorted(n for n, m in state.models.items() if m.base == name)
+    return {"adapters": adapters} if adapters else {}
 
 
 # A member further than this behind the leader's commit index is "catching up", not "healthy".

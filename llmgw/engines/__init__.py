@@ -234,6 +234,8 @@ def _vllm(weights: str, *, model: str, host: str, port: int, tokens: list[str], 
                                                 "came in 0.11.1): upgrade vLLM, or run the Ray path by hand "
                                                 "(docs/engines.md)")
         env["VLLM_HOST_IP"] = host  # the address vLLM's ranks tell each other
+    if "--enable-lora" in tokens:  # LoRA adapters loaded at run time (llmgw/agent/adapters.py)
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     argv = vllm.serve_argv(cmd, vllm.Serve(weights, model, host, port, tokens, len(devices)), group)
     if group is not None and group.rank > 0:
         return LaunchSpec(argv, env, health_path=None, probe="process", cwd=cwd)

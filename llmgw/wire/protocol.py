@@ -105,6 +105,8 @@ def route_doc(route: ModelRoute) -> dict[str, Any]:
         doc["activation"] = route.activation.to_doc()
     if route.window_s:
         doc["window_s"] = route.window_s
+    if route.base:
+        doc["base"] = route.base
     return doc
 
 
@@ -117,7 +119,8 @@ def route_from_doc(doc: Mapping[str, Any]) -> ModelRoute:
     window: Any = doc.get("window_s")
     return ModelRoute(str(doc["model"]), str(doc.get("role", "")), state, endpoints, str(doc.get("reason", "")),
                       activation=Progress.from_doc(progress) if isinstance(progress, Mapping) else None,
-                      window_s=float(window) if type(window) in (int, float) and 0 < window < 1e9 else 0.0)
+                      window_s=float(window) if type(window) in (int, float) and 0 < window < 1e9 else 0.0,
+                      base=str(doc.get("base", "")))
 
 
 def table_message(version: int, leader: str, state: ClusterState,

@@ -24,6 +24,7 @@ import trio
 
 from llmgw.domain.model import ROLES
 from llmgw.engines.sim.group import GroupRole
+from llmgw.engines.sim.lora import LOAD_PATH, UNLOAD_PATH, SimAdapters
 from llmgw.engines.sim.prefix import PrefixCache
 from llmgw.engines.sim.requests import (check_input, check_messages, check_optional, check_prompt, content_text,
                                         count_words, embed, focus_text, judged_text, max_tokens)
@@ -42,6 +43,8 @@ _ROUTES: dict[str, str] = {
     "/v1/chat/completions": "POST",
     "/v1/completions": "POST",
     "/v1/embeddings": "POST",
+    LOAD_PATH: "POST",
+    UNLOAD_PATH: "POST",
 }
 
 
@@ -61,6 +64,7 @@ class SimOptions:
     unsafe: tuple[tuple[str, str], ...] = ()  # as a judge: (word, hazard code) pairs, `--unsafe WORD=S6`
     prefill_tokens_per_s: float = 0.0  # prompt reading speed past what the prefix cache holds; 0: instant
     prefix_cache_blocks: int = 4096  # the prefix cache's size (prefix.py), with prefill_tokens_per_s
+    lora_lie: bool = False  # a LoRA adapter load answers 200 and loads nothing (lora.py)
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,7 @@ class SimApp(RawApp):
         # with earlier prompts still in this replica's cache.
         self.prefix = PrefixCache(opts.prefix_cache_blocks) if opts.prefill_tokens_per_s > 0 else None
         self._prefilling = trio.Lock()  # one prompt read at a time: a replica's compute, as prefill is on a GPU
+        self.adapters = SimAdapters(opts.model, opts.lora_lie)  # LoRA adapters, vLLM's runtime API (lora.py)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -122,6 +127,8 @@ class SimApp(RawApp):
                 body = parse_object(await read_body(scope, receive, ex))
                 if path == "/v1/embeddings":
                     await send_json(send, 200, dumps(self._embeddings(body)))
+                elif path in (LOAD_PATH, UNLOAD_PATH):
+                    await send_json(send, 200, dumps(self.adapters.answer(path, body)))
                 else:
                     await self._generate(path, body, receive, send, ex)
         except OpenAIError as error:
@@ -130,7 +137,8 @@ class SimApp(RawApp):
     def _models(self) -> dict[str, Any]:
         return {
             "object": "list",
-            "data": [{"id": self.opts.model, "object": "model", "created": 0, "owned_by": "llmgw-sim"}],
+            "data": [{"id": self.opts.model, "object": "model", "created": 0, "owned_by": "llmgw-sim"},
+                     *self.adapters.models()],
         }
 
     # -- chat and completions -------------------------------------------------
@@ -165,7 +173,8 @@ class SimApp(RawApp):
             if uncached:
                 async with self._prefilling:  # before any byte: the time to first token, queued behind others'
                     await trio.sleep(uncached / self.opts.prefill_tokens_per_s)
-        replies = [self._reply(text, limit) for text in prompts]
+        speaker = self.adapters.speaker(body.get("model"))  # "sim[NAME]" for a loaded LoRA adapter
+        replies = [self._reply(text, limit, speaker) for text in prompts]
         completion_tokens = sum(len(r.tokens) for r in replies)
         usage = {
             "prompt_tokens": prompt_tokens,
@@ -200,7 +209,7 @@ class SimApp(RawApp):
             data = b"data: " + dumps(frame) + b"\n\n"
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
-    def _reply(self, text: str, limit: int) -> _Reply:
+    def _reply(self, text: str, limit: int, speaker: str = "sim") -> _Reply:
         if self.opts.role == "guard":
             text = judged_text(text)
             found = [(m.start(), code) for pattern, code in self._unsafe if (m := pattern.search(text))]
@@ -208,7 +217,7 @@ class SimApp(RawApp):
             hazards = list(dict.fromkeys(code for _, code in sorted(found)))
             tokens = ["unsafe", "\n" + ",".join(hazards)] if hazards else ["safe"]
         else:
-            words = ["sim", "says:", *text.split()]
+            words = [speaker, "says:", *text.split()]
             tokens = [words[0], *(" " + w for w in words[1:])]
         if len(tokens) > limit:
             return _Reply(tokens[:limit], "length")

@@ -1,0 +1,114 @@
+"""LoRA adapters on a running engine, as control asks (`load_adapters`; docs/models.md, "LoRA adapters").
+
+vLLM's runtime API, which the sim engine speaks too: `POST /v1/load_lora_adapter {lora_name, lora_path}`,
+`POST /v1/unload_lora_adapter {lora_name}`, and the loaded adapters listed in `GET /v1/models`. An adapter is
+reported `loaded` only once the engine lists it: an engine that answered 200 to a load and does not list the
+adapter (vLLM and AIBrix users saw a missing path "loaded") gets it reported `failed` with that said, so no
+request is routed to it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+import httpx
+import trio
+
+from llmgw.errors import describe
+
+log = logging.getLogger("llmgw.agent.adapters")
+
+LOADED = "loaded"
+LOADING = "loading"
+FAILED = "failed: "
+LOAD_PATH = "/v1/load_lora_adapter"
+UNLOAD_PATH = "/v1/unload_lora_adapter"
+LIST_PATH = "/v1/models"
+MAX_WORDS = 300  # of an engine's refusal, in a report
+
+
+async def sync_adapters(http: httpx.AsyncClient, url: str, wanted: Mapping[str, str], had: Mapping[str, str],
+                        report: Callable[[dict[str, str]], None], timeout_s: float) -> None:
+    """Make the engine at `url` hold exactly `wanted` (name -> file) of the adapters: `report` each one's state,
+    first all `loading`, then loaded or failed. `had`: what this replica was asked for before (those no longer
+    wanted are unloaded; an unload that fails is only logged: nothing routes to them any more)."""
+    states = {name: LOADING for name in wanted}
+    report(dict(states))
+    try:
+        listed = await _listed(http, url, timeout_s)
+    except _Failed as e:
+        report({name: FAILED + f"cannot read the engine's model list: {e}" for name in wanted})
+        return
+    for name in sorted(set(had) - set(wanted)):
+        if name in listed:
+            try:
+                await _post(http, url + UNLOAD_PATH, {"lora_name": name}, timeout_s)
+            except _Failed as e:
+                log.warning("adapter %s: unloading it failed (%s); no request is routed to it", name, e)
+    asked = []
+    for name, source in sorted(wanted.items()):
+        if name in listed:
+            states[name] = LOADED  # already there (an adopted engine, a set sent again)
+            continue
+        try:
+            await _post(http, url + LOAD_PATH, {"lora_name": name, "lora_path": source}, timeout_s)
+            asked.append(name)
+        except _Failed as e:
+            states[name] = FAILED + f"the engine refused to load {source}: {e}"
+    if asked:
+        try:
+            listed = await _listed(http, url, timeout_s)
+        except _Failed as e:
+            listed = set()
+            log.warning("adapters %s: the engine's model list could not be read after the load: %s", asked, e)
+        for name in asked:
+            states[name] = LOADED if name in listed else (
+                FAILED + "the engine answered the load with success but does not list the adapter among its models")
+    for name, state in sorted(states.items()):
+        if state != LOADED:
+            log.warning("adapter %s: %s", name, state)
+    report(states)
+
+
+class _Failed(Exception):
+    pass
+
+
+async def _listed(http: httpx.AsyncClient, url: str, timeout_s: float) -> set[str]:
+    """The model ids the engine lists (its own and its loaded adapters)."""
+    try:
+        with trio.fail_after(timeout_s):
+            r = await http.get(url + LIST_PATH, timeout=timeout_s)
+        if r.status_code != 200:
+            raise _Failed(f"HTTP {r.status_code}")
+        data = r.json().get("data", [])
+        return {str(item.get("id")) for item in data if isinstance(item, dict)}
+    except (trio.TooSlowError, httpx.HTTPError, OSError, ValueError, AttributeError) as e:
+        raise _Failed(describe(e) if not isinstance(e, trio.TooSlowError) else f"no answer within {timeout_s:g} s")
+
+
+async def _post(http: httpx.AsyncClient, url: str, body: dict[str, str], timeout_s: float) -> None:
+    try:
+        with trio.fail_after(timeout_s):
+            r = await http.post(url, json=body, timeout=timeout_s)
+    except trio.TooSlowError:
+        raise _Failed(f"no answer within {timeout_s:g} s") from None
+    except (httpx.HTTPError, OSError) as e:
+        raise _Failed(describe(e)) from None
+    if r.status_code == 404:
+        raise _Failed("HTTP 404: this engine does not load adapters at run time (vLLM needs --enable-lora; "
+                      "llama.cpp is not supported yet)")
+    if r.status_code != 200:
+        raise _Failed(f"HTTP {r.status_code}: {_words(r)}")
+
+
+def _words(r: httpx.Response) -> str:
+    try:
+        doc = r.json()
+        error = doc.get("error") if isinstance(doc, dict) else None
+        text = error.get("message") if isinstance(error, dict) else (doc.get("message") if isinstance(doc, dict)
+                                                                      else None)
+        return str(text or r.text)[:MAX_WORDS]
+    except ValueError:
+        return r.text[:MAX_WORDS]
