@@ -1,0 +1,198 @@
+"""LoRA adapters in the pure core: the definition (`base`, an adapter file's path), its place in the catalog,
+the stored form (a later field), the agent protocol's `load_adapters`, and the plan: every ready replica of the
+base asked to load its adapters, an adapter routable only on the replicas whose engine lists it, its demand the
+base's. By example and Hypothesis."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmgw.domain import commands
+from llmgw.domain.codec import state_from_json, state_to_json, uses_later_fields
+from llmgw.domain.model import DefinitionError, ModelDef, catalog_problems
+from llmgw.domain.observed import ReplicaObs
+from llmgw.engines.sim.lora import LOAD_PATH, UNLOAD_PATH, SimAdapters
+from llmgw.errors import OpenAIError
+from llmgw.reconcile import decide
+from llmgw.reconcile.adapters import adapters_by_base
+from llmgw.testing.builders import ReconcileLoop, cpu_node, model, observed, placed, store_with
+from llmgw.wire import protocol_agent as pa
+from llmgw.wire.protocol import ProtocolError, route_doc, route_from_doc
+
+NAMES = st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True)
+
+
+def adapter(name: str = "pirate", base: str = "base", source: str = "/models/lora/pirate.safetensors",
+            **extra: object) -> ModelDef:
+    return ModelDef.from_doc({"name": name, "base": base, "engine": "sim", "source": source, **extra})
+
+
+# --- the definition --------------------------------------------------------------------------------
+
+
+def test_an_adapter_names_its_base_and_its_file_and_reads_back_from_its_document() -> None:
+    a = adapter()
+    assert a.is_adapter and a.base == "base" and a.source == "/models/lora/pirate.safetensors"
+    assert a.to_doc()["base"] == "base" and ModelDef.from_doc(a.to_doc()) == a
+    assert "base" not in model("plain").build().to_doc()  # absent on a model of its own: older members read it
+
+
+@pytest.mark.parametrize(("source", "words"), [
+    ("sim://pirate", "absolute path of its file"),
+    ("hf://org/lora", "absolute path of its file"),
+    ("mirror://pirate", "from the mirror is not supported yet"),
+    ("/models/../etc/passwd", "'..'"),
+])
+def test_an_adapters_source_is_an_absolute_path_for_now(source: str, words: str) -> None:
+    with pytest.raises(DefinitionError) as e:
+        adapter(source=source)
+    assert e.value.field == "source" and words in e.value.message
+
+
+def test_an_adapter_is_not_its_own_base() -> None:
+    with pytest.raises(DefinitionError, match="base: must not name the model itself"):
+        adapter(name="x", base="x")
+
+
+@given(name=NAMES, base=NAMES, file=NAMES)
+def test_any_adapter_definition_reads_back_and_is_stored_as_a_later_field(name: str, base: str, file: str) -> None:
+    if name == base:
+        return
+    a = adapter(name, base, f"/lora/{file}.gguf")
+    assert ModelDef.from_doc(a.to_doc()) == a
+    assert uses_later_fields(a)  # an older member could not read it: the command carries the store level
+    assert commands.put_model(a, 0.0)["needs_level"] >= 2  # its command says so (the store level set at merge)
+    state = store_with([model(base).build(), a]).snapshot()
+    assert state_from_json(state_to_json(state)).models[name] == a
+
+
+def test_the_catalog_refuses_an_adapter_of_nothing_of_an_adapter_or_of_another_engine() -> None:
+    base, other = model("base").build(), model("llama").llamacpp().build()
+    a = adapter()
+    assert catalog_problems(a, {"base": base}) == []
+    assert catalog_problems(a, {}) == [("base", "'base' is not a defined model")]
+    assert catalog_problems(adapter(base="pirate2"), {"pirate2": a})[0][1].startswith("'pirate2' is itself an adapter")
+    assert catalog_problems(adapter(base="llama"), {"llama": other})[0] == (
+        "engine", "must be its base's engine (llama.cpp), not sim")
+    # A base that would change engine under its adapters is refused too; an adapter that is a base, also.
+    changed = model("base").llamacpp().build()
+    assert catalog_problems(changed, {"base": base, "pirate": a})[0][0] == "engine"
+    assert catalog_problems(adapter(name="base", base="x"), {"x": other, "pirate": a})[-1][1].startswith(
+        "model 'base' is the base of adapter 'pirate'")
+
+
+# --- the protocol ------------------------------------------------------------------------------------
+
+
+def test_load_adapters_reads_back_and_an_unsafe_source_is_refused() -> None:
+    message = {"type": "load_adapters", "replica_id": "base-r1",
+               "adapters": [{"name": "pirate", "source": "/lora/pirate.gguf"}]}
+    assert pa.read_down(message) == pa.LoadAdapters("base-r1", (("pirate", "/lora/pirate.gguf"),))
+    with pytest.raises(ProtocolError, match=r"adapters\[0\].source"):
+        pa.read_down({**message, "adapters": [{"name": "pirate", "source": "relative/x"}]})
+    obs = ReplicaObs("base-r1", "base", "n1", "ready", "http://x", adapters={"pirate": "loaded"})
+    assert ReplicaObs.from_doc(obs.to_doc(), "n1") == obs
+    assert ReplicaObs.from_doc({**obs.to_doc(), "adapters": None}, "n1").adapters == {}  # an older agent
+
+
+# --- the plan ----------------------------------------------------------------------------------------
+
+
+def world(states: dict[str, str] | None, *, ready: bool = True, lie: bool = False) -> tuple[object, ...]:
+    store = store_with([model("base"), adapter()], [placed("base", "n1")])
+    state = store.snapshot()
+    [rid] = state.placements
+    replica = ReplicaObs(rid, "base", "n1", "ready" if ready else "starting", "http://n1:1" if ready else "",
+                         adapters=states or {})
+    return state, observed([cpu_node("n1")], [replica]), rid
+
+
+def test_a_ready_replica_of_the_base_is_asked_to_load_its_adapters_and_the_adapter_waits_meanwhile() -> None:
+    state, obs, rid = world(None)
+    plan = decide(state, obs, 10.0)  # type: ignore[arg-type]
+    [load] = [a for a in plan.actions if a.kind == "adapters"]
+    assert load.message() == {"type": "load_adapters", "replica_id": rid,
+                              "adapters": [{"name": "pirate", "source": "/models/lora/pirate.safetensors"}]}
+    route = plan.routes["pirate"]
+    assert (route.state, route.endpoints, route.base) == ("starting", (), "base")
+    assert plan.views["pirate"].desired == 0 and not any(c["op"].startswith("placement") for c in plan.commands)
+
+
+def test_loading_is_asked_once_the_agent_says_it_is_on_it() -> None:
+    state, obs, _ = world({"pirate": "loading"})
+    plan = decide(state, obs, 10.0)  # type: ignore[arg-type]
+    assert [a for a in plan.actions if a.kind == "adapters"] == []
+    assert plan.routes["pirate"].state == "starting"
+
+
+def test_an_adapter_routes_only_to_replicas_that_list_it() -> None:
+    state, obs, rid = world({"pirate": "loaded"})
+    plan = decide(state, obs, 10.0)  # type: ignore[arg-type]
+    route = plan.routes["pirate"]
+    assert route.state == "ready" and [e.replica_id for e in route.endpoints] == [rid]
+    assert route_from_doc(route_doc(route)) == route  # a remote gateway gets `base` too
+
+
+def test_an_adapter_that_failed_everywhere_is_refused_with_the_engines_words() -> None:
+    state, obs, rid = world({"pirate": "failed: the engine answered the load with success but does not list it"})
+    route = decide(state, obs, 10.0).routes["pirate"]  # type: ignore[arg-type]
+    assert route.state == "unplaceable" and route.endpoints == ()
+    assert f"{rid}: the engine answered the load with success but does not list it" in route.reason
+
+
+def test_while_the_base_has_no_ready_replica_the_adapter_says_the_bases_state() -> None:
+    state, obs, _ = world(None, ready=False)
+    route = decide(state, obs, 10.0).routes["pirate"]  # type: ignore[arg-type]
+    assert route.state == "starting" and route.reason.startswith("base model 'base': ")
+
+
+def test_a_request_for_an_adapter_starts_its_on_demand_base() -> None:
+    loop = ReconcileLoop(store_with([model("base").on_demand(), adapter()]), [cpu_node("n1")], now=1000.0, since=0.0)
+    assert loop.settle().routes["pirate"].state == "absent"
+    loop.demand["pirate"] = loop.now  # the gateway asked for the adapter
+    plan = loop.settle()
+    assert plan.routes["base"].state == "ready"
+    assert plan.routes["pirate"].state == "ready" and plan.routes["pirate"].endpoints == plan.routes["base"].endpoints
+
+
+def test_a_removed_adapter_is_dropped_from_the_replicas_set() -> None:
+    state, obs, rid = world({"pirate": "loaded"})
+    state = replace(state, models={k: v for k, v in state.models.items() if k != "pirate"})  # type: ignore[arg-type]
+    [load] = [a for a in decide(state, obs, 10.0).actions if a.kind == "adapters"]  # type: ignore[arg-type]
+    assert (load.replica_id, load.adapters) == (rid, {})
+
+
+@given(st.dictionaries(NAMES, st.sampled_from(["base", "other"]), max_size=6))
+def test_adapters_are_grouped_under_their_base(bases: dict[str, str]) -> None:
+    models = {"base": model("base").build(), "other": model("other").build()}
+    models |= {n: adapter(n, b) for n, b in bases.items() if n not in models}
+    grouped = adapters_by_base(models)
+    assert {n for names in grouped.values() for n in names} == {n for n, m in models.items() if m.base}
+    assert all(models[n].base == b for b, names in grouped.items() for n in names)
+
+
+# --- the sim engine's adapters ----------------------------------------------------------------------
+
+
+def test_the_sim_loads_an_existing_file_lists_it_and_answers_as_it(tmp_path: object) -> None:
+    import pathlib
+
+    file = pathlib.Path(str(tmp_path)) / "a.safetensors"
+    file.write_bytes(b"x")
+    sim = SimAdapters("base")
+    sim.answer(LOAD_PATH, {"lora_name": "a", "lora_path": str(file)})
+    assert [m["id"] for m in sim.models()] == ["a"] and sim.models()[0]["parent"] == "base"
+    assert sim.speaker("a") == "sim[a]" and sim.speaker("base") == "sim"
+    with pytest.raises(OpenAIError, match="already been loaded"):
+        sim.answer(LOAD_PATH, {"lora_name": "a", "lora_path": str(file)})
+    with pytest.raises(OpenAIError, match="No adapter found"):
+        sim.answer(LOAD_PATH, {"lora_name": "b", "lora_path": str(file) + ".missing"})
+    sim.answer(UNLOAD_PATH, {"lora_name": "a"})
+    assert sim.models() == []
+    liar = SimAdapters("base", lie=True)
+    assert liar.answer(LOAD_PATH, {"lora_name": "a", "lora_path": "/nowhere"}).startswith("Success")
+    assert liar.models() == []  # said loaded, lists nothing
