@@ -1,0 +1,48 @@
+"""LoRA adapters as operators see them: `ctl models` lists each adapter under its base with where it is
+loaded, `ctl model show` its state on each replica; the console's Models page lists it under its base, and its
+own page says the same."""
+
+from __future__ import annotations
+
+from console_world import World, rows, sign_in
+from llmgw.cli.ctl.render import render_model, render_models
+from llmgw.domain.observed import ReplicaObs
+from llmgw.reconcile import ModelView
+from llmgw.testing.builders import cpu_node, model, placed, store_with
+
+
+def test_ctl_models_lists_adapters_under_their_base_with_where_they_are_loaded() -> None:
+    base = {"name": "base", "engine": "sim", "role": "chat", "mode": "always", "replicas": {"min": 2, "max": 2},
+            "status": {"ready": 2, "desired": 2, "state": "ready", "reason": "", "adapters": ["pirate"]}}
+    pirate = {"name": "pirate", "base": "base", "engine": "sim", "role": "chat", "mode": "always",
+              "status": {"ready": 1, "desired": 0, "state": "ready", "reason": "",
+                         "adapter_on": {"base-r1": "loaded", "base-r2": "failed: HTTP 400: No adapter found"}}}
+    other = {**base, "name": "another", "status": {**base["status"], "adapters": []}}
+    lines = render_models({"models": [other, base, pirate]}).splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["another", "base", "└"]
+    assert lines[3].split()[1] == "pirate" and "adapter" in lines[3] and "1 loaded / 2" in lines[3]
+    assert "loaded on base-r1" in lines[3]
+    shown = render_model(pirate)
+    assert "adapter of:" in shown and "ON THE REPLICAS OF base" in shown
+    assert "base-r2" in shown and "failed: HTTP 400: No adapter found" in shown
+    assert "adapters:           pirate" in render_model(base)
+
+
+async def test_the_models_page_lists_adapters_under_their_base() -> None:
+    store = store_with([model("base"), model("zeta"), model("pirate").adapter_of("base")], [placed("base", "n1")])
+    [rid] = store.snapshot().placements
+    views = {"base": ModelView("base", 1, 1, 1, 0, "ready", ""), "zeta": ModelView("zeta", 1, 0, 0, 0, "starting", ""),
+             "pirate": ModelView("pirate", 0, 0, 1, 0, "ready", "")}
+    world = World(store=store, nodes=[cpu_node("n1")], views=views)
+    world.hub.report_replicas(world.links["n1"], [ReplicaObs(rid, "base", "n1", "ready", "http://n1:1",
+                                                             adapters={"pirate": "loaded"})])
+    async with world.client() as c:
+        await sign_in(c)
+        html = (await c.get("/models")).text
+        page = (await c.get("/models/pirate")).text
+        base_page = (await c.get("/models/base")).text
+    table = rows(html, "models-table")
+    assert [r[0] for r in table] == ["base", "↳ pirate", "zeta"]
+    assert table[1][3] == "adapter of base" and table[1][5] == "1 / 1 loaded" and table[1][6] == f"loaded on {rid}"
+    assert rows(page, "adapter-replicas") == [[rid, "loaded"]]
+    assert 'href="/models/pirate"' in base_page and "LoRA adapters" in base_page
