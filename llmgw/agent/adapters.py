@@ -1,4 +1,4 @@
-"""LoRA adapters on a running engine, as control asks (`load_adapters`; docs/models.md, "LoRA adapters").
+"""LoRA adapters on a running engine, as control asks (`load_adapters`; docs/api.md, "LoRA adapters").
 
 vLLM's runtime API, which the sim engine speaks too: `POST /v1/load_lora_adapter {lora_name, lora_path}`,
 `POST /v1/unload_lora_adapter {lora_name}`, and the loaded adapters listed in `GET /v1/models`. An adapter is

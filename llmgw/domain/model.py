@@ -118,7 +118,7 @@ class ModelDef:
     fallbacks: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()  # more public names of this model; one on several models is a group
     routing: Routing = DEFAULT_ROUTING  # how gateways pick its replica: prefix affinity (gateway/affinity.py)
-    # A LoRA adapter of the model named here (docs/models.md, "LoRA adapters"): `source` is the adapter's file,
+    # A LoRA adapter of the model named here (docs/api.md, "LoRA adapters"): `source` is the adapter's file,
     # engine and role are the base's; it has no replicas of its own and is served by the base's replicas whose
     # engine lists it loaded. "": a model of its own.
     base: str = ""

@@ -1,4 +1,4 @@
-"""LoRA adapters in the plan (docs/models.md, "LoRA adapters"): which replicas are asked to load which
+"""LoRA adapters in the plan (docs/api.md, "LoRA adapters"): which replicas are asked to load which
 adapters, and each adapter's route. Pure.
 
 An adapter (a definition with `base`) has no replicas of its own: every ready replica of its base is asked to
