@@ -22,6 +22,9 @@ MODES = ("always", "on-demand")
 MAX_REPLICAS = 256
 MAX_FALLBACKS = 8  # models tried after this one, in order (each costs the client a refusal's time at most)
 MAX_ALIASES = 16  # public names beyond its own
+# Engines whose running replicas load LoRA adapters (vLLM's runtime API: agent/adapters.py). llama.cpp takes
+# adapters at launch only (`--lora`), which would need its replicas restarted: not yet (docs/api.md).
+ADAPTER_ENGINES = ("sim", "vllm")
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # used with fullmatch
 _SOURCE_SCHEMES = ("sim://", "mirror://", "hf://", "pkg://")
@@ -416,6 +419,9 @@ def adapter_problems(model: ModelDef, models: Mapping[str, ModelDef]) -> list[tu
         elif base.base:
             found.append(("base", f"{model.base!r} is itself an adapter (of {base.base!r}); an adapter's base is "
                                   f"a model"))
+        elif base.engine not in ADAPTER_ENGINES:
+            found.append(("base", f"{model.base!r} runs on {base.engine}, whose adapters llmgw does not load yet "
+                                  f"(it loads them into {' and '.join(ADAPTER_ENGINES)} engines)"))
         else:
             if base.engine != model.engine:
                 found.append(("engine", f"must be its base's engine ({base.engine}), not {model.engine}"))

@@ -76,10 +76,13 @@ def test_the_catalog_refuses_an_adapter_of_nothing_of_an_adapter_or_of_another_e
     assert catalog_problems(a, {"base": base}) == []
     assert catalog_problems(a, {}) == [("base", "'base' is not a defined model")]
     assert catalog_problems(adapter(base="pirate2"), {"pirate2": a})[0][1].startswith("'pirate2' is itself an adapter")
-    assert catalog_problems(adapter(base="llama"), {"llama": other})[0] == (
-        "engine", "must be its base's engine (llama.cpp), not sim")
+    vllm = model("big").vllm().build()
+    assert catalog_problems(adapter(base="big"), {"big": vllm})[0] == ("engine", "must be its base's engine (vllm), "
+                                                                                 "not sim")
+    # llama.cpp takes adapters at launch only: refused with why, not stored to fail later.
+    assert "does not load yet" in catalog_problems(adapter(base="llama"), {"llama": other})[0][1]
     # A base that would change engine under its adapters is refused too; an adapter that is a base, also.
-    changed = model("base").llamacpp().build()
+    changed = model("base").vllm().build()
     assert catalog_problems(changed, {"base": base, "pirate": a})[0][0] == "engine"
     assert catalog_problems(adapter(name="base", base="x"), {"x": other, "pirate": a})[-1][1].startswith(
         "model 'base' is the base of adapter 'pirate'")
