@@ -5,6 +5,7 @@ own page says the same."""
 from __future__ import annotations
 
 from console_world import World, rows, sign_in
+from ctl_fakes import FakeApi, ctl
 from llmgw.cli.ctl.render import render_model, render_models
 from llmgw.domain.observed import ReplicaObs
 from llmgw.reconcile import ModelView
@@ -46,3 +47,12 @@ async def test_the_models_page_lists_adapters_under_their_base() -> None:
     assert table[1][3] == "adapter of base" and table[1][5] == "1 / 1 loaded" and table[1][6] == f"loaded on {rid}"
     assert rows(page, "adapter-replicas") == [[rid, "loaded"]]
     assert 'href="/models/pirate"' in base_page and "LoRA adapters" in base_page
+
+
+def test_ctl_model_serve_base_sends_an_adapter_without_an_engine() -> None:
+    api = FakeApi().on("POST", "/api/v1/models", 201, json_body={"model": {"name": "pirate"}})
+    argv = ["model", "serve", "--name", "pirate", "--base", "base", "--source", "/models/lora/pirate.safetensors"]
+    r = ctl(argv, api)
+    assert r.rc == 0, r.err
+    assert api.bodies() == [{"name": "pirate", "base": "base", "source": "/models/lora/pirate.safetensors"}]
+    assert ctl(["model", "serve", "--name", "x", "--source", "/y"], FakeApi()).rc == 2  # neither engine nor base
