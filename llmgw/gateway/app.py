@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from llmgw.domain.model import NO_OVERRIDES, ModelTimeouts
+from llmgw.domain.model import NO_OVERRIDES, ModelDef, ModelTimeouts
 from llmgw.domain.observed import Endpoint
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ApiKey, ClusterState
@@ -74,6 +74,13 @@ _UNLOGGED = ("/health", "/metrics", logquery.PATH)  # probes and control's queri
 # cannot take the request now, and said so at once. Never a refusal of the request itself (a client's
 # error, the guard's), nor a failure once the engine had it.
 FALLBACK_CODES = frozenset({"model_parked", "model_unplaceable", "overloaded"})
+
+
+def replica_slots(snap: ClusterState, model: ModelDef) -> int | None:
+    """Requests one replica takes at once from this gateway: the model's `limits.concurrency_per_replica`; a LoRA
+    adapter's are its base's (it runs on the base's replicas, whose engine has the base's slots)."""
+    base = snap.models.get(model.base) if model.base else None
+    return (base or model).limits.concurrency_per_replica
 
 
 def _no_endpoint_status(code: str) -> int:
@@ -248,7 +255,7 @@ class GatewayApp(RawApp):
                     async with lease as endpoint:
                         ex.replica, ex.node = endpoint.replica_id, endpoint.node
                         await self._exchange(ex, lease, endpoint, path, sent, stream, send, limits, hide_usage,
-                                             model.timeouts, model.limits.concurrency_per_replica)
+                                             model.timeouts, replica_slots(snap, model))
                     refusal = None
                     break
                 except NoEndpoint as no_endpoint:

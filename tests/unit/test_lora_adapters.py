@@ -199,3 +199,11 @@ def test_the_sim_loads_an_existing_file_lists_it_and_answers_as_it(tmp_path: obj
     liar = SimAdapters("base", lie=True)
     assert liar.answer(LOAD_PATH, {"lora_name": "a", "lora_path": "/nowhere"}).startswith("Success")
     assert liar.models() == []  # said loaded, lists nothing
+
+
+def test_an_adapter_takes_its_bases_slots_on_the_replicas_they_share() -> None:
+    from llmgw.gateway.app import replica_slots
+
+    state = store_with([ModelDef.from_doc({"name": "base", "engine": "sim", "source": "sim://base",
+                                           "limits": {"concurrency_per_replica": 4}}), adapter()]).snapshot()
+    assert replica_slots(state, state.models["pirate"]) == 4 == replica_slots(state, state.models["base"])
