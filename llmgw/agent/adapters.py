@@ -1,6 +1,9 @@
 """LoRA adapters on a running engine, as control asks (`load_adapters`; docs/api.md, "LoRA adapters").
 
-vLLM's runtime API, which the sim engine speaks too: `POST /v1/load_lora_adapter {lora_name, lora_path}`,
+llama.cpp loads adapters at launch (`--lora`, each at scale 0): `sync_launched` reads which it lists at
+`GET /lora-adapters` ({id, path}), and reports each listed adapter loaded with its id (a request names it by
+id, llmgw/gateway/app.py); one its replica was started without is `loading` (control replaces the replica by
+one started with it). vLLM's runtime API, which the sim engine speaks too: `POST /v1/load_lora_adapter {lora_name, lora_path}`,
 `POST /v1/unload_lora_adapter {lora_name}`, and the loaded adapters listed in `GET /v1/models`. An adapter is
 reported `loaded` only once the engine lists it: an engine that answered 200 to a load and does not list the
 adapter (vLLM and AIBrix users saw a missing path "loaded") gets it reported `failed` with that said, so no
@@ -10,6 +13,7 @@ request is routed to it.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 
 import httpx
@@ -69,6 +73,42 @@ async def sync_adapters(http: httpx.AsyncClient, url: str, wanted: Mapping[str, 
         if state != LOADED:
             log.warning("adapter %s: %s", name, state)
     report(states)
+
+
+LORA_ADAPTERS_PATH = "/lora-adapters"  # llama.cpp's list of the adapters it loaded at launch
+
+
+async def sync_launched(http: httpx.AsyncClient, url: str, wanted: Mapping[str, str],
+                        report: Callable[[dict[str, str], dict[str, int], int], None], timeout_s: float,
+                        launched: tuple[str, ...] | None, skipped: Mapping[str, str]) -> None:
+    """llama.cpp: each wanted adapter (name -> file) reported loaded, with its id, once the engine lists its file;
+    `loading` when this replica was started without it (`launched`: the files it was started with; None: not
+    known, an adopted engine); failed with why otherwise (`skipped`: those its launch left out)."""
+    try:
+        with trio.fail_after(timeout_s):
+            r = await http.get(url + LORA_ADAPTERS_PATH, timeout=timeout_s)
+        if r.status_code != 200:
+            raise _Failed(f"HTTP {r.status_code}")
+        listed = {os.path.normpath(str(a["path"])): int(a["id"]) for a in r.json() if isinstance(a, dict)}
+    except (trio.TooSlowError, httpx.HTTPError, OSError, ValueError, KeyError, TypeError, _Failed) as e:
+        words = f"no answer within {timeout_s:g} s" if isinstance(e, trio.TooSlowError) else describe(e)
+        report({name: FAILED + f"cannot read llama.cpp's {LORA_ADAPTERS_PATH}: {words}" for name in wanted}, {}, 0)
+        return
+    states: dict[str, str] = {}
+    ids: dict[str, int] = {}
+    for name, file in sorted(wanted.items()):
+        if (found := listed.get(os.path.normpath(file))) is not None:
+            states[name], ids[name] = LOADED, found
+        elif file in skipped:
+            states[name] = FAILED + f"left out of this replica's launch: {skipped[file]}"
+        elif launched is not None and file not in launched:
+            states[name] = LOADING  # started before the adapter was defined: a replica started with it comes
+        else:
+            states[name] = FAILED + "llama.cpp does not list it among the adapters it loaded at launch"
+    for name, state in sorted(states.items()):
+        if state.startswith(FAILED):
+            log.warning("adapter %s: %s", name, state)
+    report(states, ids, len(listed))
 
 
 class _Failed(Exception):

@@ -23,7 +23,7 @@ import httpx
 import trio
 
 from llmgw.agent import engine_log
-from llmgw.agent.adapters import sync_adapters
+from llmgw.agent.adapters import sync_adapters, sync_launched
 from llmgw.agent.adoption import (AdoptedProcess, EngineRecord, Records, StartRefused, read_start, same_process,
                                   start_ticks)
 from llmgw.domain.model import ModelDef
@@ -82,6 +82,10 @@ class _Replica:
     done: trio.Event = field(default_factory=trio.Event)  # its task has ended (files settled)
     adapters_asked: dict[str, str] | None = None  # the LoRA adapters control last asked for (name -> file)
     adapters_turn: int = 0  # which ask the latest report must come from (an older load's report is dropped)
+    engine: str = ""
+    # llama.cpp: the adapter files it was started with (None: unknown, an adopted engine) and those left out, why.
+    launch_lora: tuple[str, ...] | None = None
+    lora_skipped: dict[str, str] = field(default_factory=dict)
 
 
 class Supervisor:
@@ -155,11 +159,15 @@ class Supervisor:
         rep.adapters_turn += 1
         turn = rep.adapters_turn
 
-        def report(states: dict[str, str]) -> None:
+        def report(states: dict[str, str], ids: dict[str, int] | None = None, loras: int = 0) -> None:
             if self._replicas.get(replica_id) is rep and rep.adapters_turn == turn and rep.obs.state == "ready":
-                rep.obs = replace(rep.obs, adapters=states)
+                rep.obs = replace(rep.obs, adapters=states, adapter_ids=ids or {}, loras=loras)
                 self._changed()
 
+        if rep.engine == "llama.cpp":  # adapters given at launch: only verified here
+            self._nursery.start_soon(sync_launched, self._http, rep.obs.url, dict(adapters), report,
+                                     self._timeouts.adapter_load_s, rep.launch_lora, dict(rep.lora_skipped))
+            return
         self._nursery.start_soon(sync_adapters, self._http, rep.obs.url, dict(adapters), had, report,
                                  self._timeouts.adapter_load_s)
 
@@ -253,7 +261,7 @@ class Supervisor:
             rid = record.replica_id
             # Its process runs: loading, if not ready (the checkpoint's size is unknown here).
             rep = _Replica(ReplicaObs(rid, record.model, self.node, "starting", since=record.started, phase="loading"),
-                           launch=record.launch, log_path=self._records.log_path(rid))
+                           launch=record.launch, log_path=self._records.log_path(rid), engine=record.engine)
             self._replicas[rid] = rep
             if not same_process(record.pid, record.start_ticks):
                 # Reported once: the record goes now, the log when control stops the replica.
@@ -298,7 +306,7 @@ class Supervisor:
                     build = functools.partial(
                         launch_spec, model.engine, model=model.name, role=model.role, source=model.source,
                         host=self.host, port=port, args=model.args, devices=devices, group=group,
-                        roots=self._roots, cwd=str(self._records.dir.resolve()))
+                        roots=self._roots, cwd=str(self._records.dir.resolve()), lora=model.lora)
                     # Off the loop where it reads and checks the weights' header (up to 64 MiB, maybe
                     # on a network filer): the stream's heartbeats must not wait for it. The sim
                     # reads no weights.
@@ -306,6 +314,7 @@ class Supervisor:
                 except EngineError as e:
                     self._fail(rep, e.message)
                     return
+                rep.engine, rep.launch_lora, rep.lora_skipped = model.engine, model.lora, dict(spec.lora_skipped)
                 self._loading(rep, spec.weights_bytes)
                 url = f"http://{url_host(self.host)}:{spec.port or port}"
                 env = {**os.environ, **spec.env}

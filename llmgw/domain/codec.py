@@ -75,7 +75,7 @@ def state_from_json(doc: Any) -> ClusterState:
 # What sets one is used only once every member understands it (e.g. `trust.raft_tls`: control/trust.py).
 LATER_FIELDS = {(ClusterState, "raft_tls_since"), (ClusterState, "store_level"), (ModelDef, "fallbacks"),
                 (ModelDef, "aliases"), (ModelDef, "routing"), (ApiKey, "priority"), (Limits, "concurrency_per_replica"),
-                (ModelDef, "base")}
+                (ModelDef, "base"), (ModelDef, "lora")}
 
 
 def uses_later_fields(value: Any) -> bool:

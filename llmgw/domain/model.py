@@ -22,9 +22,9 @@ MODES = ("always", "on-demand")
 MAX_REPLICAS = 256
 MAX_FALLBACKS = 8  # models tried after this one, in order (each costs the client a refusal's time at most)
 MAX_ALIASES = 16  # public names beyond its own
-# Engines whose running replicas load LoRA adapters (vLLM's runtime API: agent/adapters.py). llama.cpp takes
-# adapters at launch only (`--lora`), which would need its replicas restarted: not yet (docs/api.md).
-ADAPTER_ENGINES = ("sim", "vllm")
+# Engines that serve LoRA adapters: vLLM and the sim load them at run time (agent/adapters.py); llama.cpp at
+# launch (`lora`), its replicas replaced by ones started with a new adapter (reconcile/adapters.py).
+ADAPTER_ENGINES = ("sim", "vllm", "llama.cpp")
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # used with fullmatch
 _SOURCE_SCHEMES = ("sim://", "mirror://", "hf://", "pkg://")
@@ -125,6 +125,10 @@ class ModelDef:
     # engine and role are the base's; it has no replicas of its own and is served by the base's replicas whose
     # engine lists it loaded. "": a model of its own.
     base: str = ""
+    # The LoRA adapter files a llama.cpp replica of this model loads at launch, in order (llama.cpp's adapter id
+    # is the index): set by the reconciler from the adapters defined on the model (reconcile/adapters.py), in the
+    # definition sent to agents only, never in a stored one (the admin API refuses the key).
+    lora: tuple[str, ...] = ()
 
     @property
     def is_adapter(self) -> bool:
@@ -161,13 +165,15 @@ class ModelDef:
             doc["aliases"] = list(self.aliases)
         if self.base:
             doc["base"] = self.base
+        if self.lora:
+            doc["lora"] = list(self.lora)
         return doc
 
     def launch_hash(self) -> str:
         """What a running replica was started from: a change here replaces replicas
         and un-parks the model (a new source or profile deserves a fresh try)."""
         doc = self.to_doc()
-        launch = {k: doc[k] for k in ("engine", "role", "source", "args", "profile")}
+        launch = {k: doc[k] for k in ("engine", "role", "source", "args", "profile", "lora") if k in doc}
         blob = json.dumps(launch, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -201,11 +207,13 @@ class ModelDef:
         fallbacks = p.check(_names, doc, "fallbacks", MAX_FALLBACKS, name)
         aliases = p.check(_names, doc, "aliases", MAX_ALIASES, name)
         routing = _routing(doc.get("routing", {}), p)
+        lora = p.check(_lora, doc)
         p.raise_if_any()
         # No problem was found, so every check returned its value.
         assert name and engine and role and source and mode and replicas and idle and window and profile and limits
         assert timeouts is not None and routing is not None
         assert args is not None and fallbacks is not None and aliases is not None and base is not None
+        assert lora is not None
         if engine == "sim" and not profile.cpu and not _asks_for_gpus(doc.get("profile", {})):
             # A sim model whose profile says nothing of GPUs runs on CPU (it needs none); one that
             # names gpus/tp/pp/nodes/classes or says `cpu = false` takes GPUs like a real engine.
@@ -228,6 +236,7 @@ class ModelDef:
             aliases=aliases,
             routing=routing,
             base=base,
+            lora=lora,
         )
 
 
@@ -296,7 +305,7 @@ def _check_source_text(source: str) -> None:
 _KEYS = frozenset({
     "name", "engine", "role", "source", "mode", "replicas",
     "idle_timeout_s", "activation_window_s", "args", "profile", "limits", "timeouts", "fallbacks", "aliases",
-    "routing", "base",
+    "routing", "base", "lora",
 })
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -398,6 +407,19 @@ def _base(doc: Mapping[str, Any], own: str | None) -> str:
     if base and base == own:
         raise DefinitionError("base", "must not name the model itself")
     return base
+
+
+def _lora(doc: Mapping[str, Any]) -> tuple[str, ...]:
+    """`lora`: the adapter files a llama.cpp replica loads at launch (absolute paths)."""
+    value = doc.get("lora", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(value) > 256:
+        raise DefinitionError("lora", "must be a list of at most 256 adapter files")
+    for item in value:
+        try:
+            check_adapter_source(item)
+        except DefinitionError as e:
+            raise DefinitionError("lora", f"{item[:80]!r}: {e.message}") from None
+    return tuple(value)
 
 
 def _adapter_source(doc: Mapping[str, Any]) -> str:

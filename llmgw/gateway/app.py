@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from llmgw.domain.model import NO_OVERRIDES, ModelDef, ModelTimeouts
-from llmgw.domain.observed import Endpoint
+from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ApiKey, ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
@@ -254,6 +254,8 @@ class GatewayApp(RawApp):
                                                      affinity=affinity, load_factor=limits.affinity_load_factor)
                     async with lease as endpoint:
                         ex.replica, ex.node = endpoint.replica_id, endpoint.node
+                        if endpoint.loras:  # llama.cpp holding adapters: each one's scale set (gateway/app.py)
+                            sent = self._with_lora(body, self.deps.router.route(model.name), endpoint.loras, stream)
                         await self._exchange(ex, lease, endpoint, path, sent, stream, send, limits, hide_usage,
                                              model.timeouts, replica_slots(snap, model))
                     refusal = None
@@ -275,6 +277,17 @@ class GatewayApp(RawApp):
         """The body for another model than the one named (an alias's, a fallback): its `model` is the served
         model's, as its engine knows itself (vLLM refuses another name)."""
         body = {**body, "model": served}
+        return asking_usage(body, dumps(body))[0] if stream else dumps(body)
+
+    def _with_lora(self, body: dict[str, Any], route: ModelRoute | None, loras: int, stream: bool) -> bytes:
+        """A request to a llama.cpp replica that holds `loras` LoRA adapters (ids 0..loras-1), which names them by
+        id in the request's `lora` field and keeps a request's scales for the next ones on its slot: every id at
+        scale 0, but a LoRA adapter's own (its id on every replica of its route: reconcile/adapters.py) at 1,
+        asked for under its base's name."""
+        chosen = route.lora_id if route is not None else None
+        if route is not None and route.base:
+            body = {**body, "model": route.base}
+        body = {**body, "lora": [{"id": i, "scale": 1.0 if i == chosen else 0.0} for i in range(loras)]}
         return asking_usage(body, dumps(body))[0] if stream else dumps(body)
 
     async def _replan_guard(self, snap: ClusterState, served: str, kind: str, body: dict[str, Any],

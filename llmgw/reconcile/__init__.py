@@ -31,7 +31,7 @@ from llmgw.domain.state import ClusterState, Placement, Strikes
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.placement import FleetView, PlacementResult, place
 from llmgw.reconcile import demand
-from llmgw.reconcile.adapters import adapter_loads, adapter_state
+from llmgw.reconcile.adapters import adapter_loads, adapter_state, with_launch_lora
 from llmgw.reconcile.failures import (
     Scan,
     Unit,
@@ -183,6 +183,7 @@ class _Pass:
 
 def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeouts = TIMEOUTS) -> Plan:
     observed = demand.with_adapters(state, observed)  # a LoRA adapter's requests are its base's demand
+    state = with_launch_lora(state)  # a llama.cpp base starts with its adapters' files
     run = _Pass(state, observed, now, timeouts, live=dict(state.placements))
     # 1. Replicas that must go: their model went, their node is lost, they failed to start (a
     #    group: any member), an old definition's that does not serve. Failures are all counted
@@ -355,7 +356,7 @@ def _views(
             model=name,
             role=model.role,
             state=route_state,
-            endpoints=tuple(Endpoint(o.replica_id, o.url, o.node) for o in ready) if not stopped else (),
+            endpoints=tuple(Endpoint(o.replica_id, o.url, o.node, o.loras) for o in ready) if not stopped else (),
             reason=route_reason,
             activation=progress,
             window_s=window if window > model.activation_window_s else 0.0,
@@ -368,7 +369,7 @@ def _views(
                                     activation=found.activation)
             routes[name] = ModelRoute(name, model.role, found.state, found.endpoints if not stopped else (),
                                       found.reason if found.state != "ready" else "", found.activation,
-                                      base=model.base)
+                                      base=model.base, lora_id=found.lora_id)
     return views, routes
 
 

@@ -11,12 +11,13 @@ base has no ready replica); one that failed to load on every ready replica is re
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from llmgw.domain.activation import Progress
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Endpoint, ModelRoute, Observed
-from llmgw.domain.state import Placement
+from llmgw.domain.state import ClusterState, Placement
 
 LOADED = "loaded"
 LOADING = "loading"
@@ -31,6 +32,21 @@ def adapters_by_base(models: Mapping[str, ModelDef]) -> dict[str, dict[str, str]
         if model.base:
             found.setdefault(model.base, {})[name] = model.source
     return found
+
+
+def with_launch_lora(state: ClusterState) -> ClusterState:
+    """`state` with each llama.cpp base carrying its adapters' files in `lora` (in adapter name order): llama.cpp
+    loads adapters at launch, so they are part of what its replicas start from (the launch hash): a new adapter
+    replaces the base's replicas by ones started with it, rolled as any changed definition (new before old).
+    The same state when no llama.cpp model has adapters (the common case: no copy)."""
+    wanted = {base: files for base, files in adapters_by_base(state.models).items()
+              if (m := state.models.get(base)) is not None and m.engine == "llama.cpp" and not m.base}
+    if not wanted:
+        return state
+    models = dict(state.models)
+    for base, files in wanted.items():
+        models[base] = replace(models[base], lora=tuple(files[name] for name in sorted(files)))
+    return replace(state, models=MappingProxyType(models))
 
 
 def adapter_loads(models: Mapping[str, ModelDef], observed: Observed,
@@ -57,6 +73,7 @@ class AdapterRoute:
     reason: str
     endpoints: tuple[Endpoint, ...]
     activation: Progress | None = None
+    lora_id: int | None = None  # llama.cpp: the adapter's id on every one of `endpoints`
 
 
 def adapter_state(model: ModelDef, base_route: ModelRoute | None, base_reason: str,
@@ -68,6 +85,13 @@ def adapter_state(model: ModelDef, base_route: ModelRoute | None, base_reason: s
     states = {e.replica_id: (o.adapter(name) if (o := observed.replicas.get(e.replica_id)) else "")
               for e in base_route.endpoints}
     loaded = tuple(e for e in base_route.endpoints if states[e.replica_id] == LOADED)
+    ids = {e.replica_id: i for e in loaded
+           if (o := observed.replicas.get(e.replica_id)) is not None and (i := o.adapter_ids.get(name)) is not None}
+    if ids:  # named by id (llama.cpp): one id (and count) on every endpoint, the first replica's (alike if started alike)
+        first = min(ids)
+        lora_id, count = ids[first], next(e.loras for e in loaded if e.replica_id == first)
+        loaded = tuple(e for e in loaded if ids.get(e.replica_id) == lora_id and e.loras == count)
+        return AdapterRoute("ready", "", loaded, lora_id=lora_id)
     if loaded:
         return AdapterRoute("ready", "", loaded)
     if base_route.state != "ready":

@@ -18,7 +18,7 @@ from llmgw.domain.observed import ReplicaObs
 from llmgw.engines.sim.lora import LOAD_PATH, UNLOAD_PATH, SimAdapters
 from llmgw.errors import OpenAIError
 from llmgw.reconcile import decide
-from llmgw.reconcile.adapters import adapters_by_base
+from llmgw.reconcile.adapters import adapters_by_base, with_launch_lora
 from llmgw.testing.builders import ReconcileLoop, cpu_node, model, observed, placed, store_with
 from llmgw.wire import protocol_agent as pa
 from llmgw.wire.protocol import ProtocolError, route_doc, route_from_doc
@@ -29,6 +29,14 @@ NAMES = st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True)
 def adapter(name: str = "pirate", base: str = "base", source: str = "/models/lora/pirate.safetensors",
             **extra: object) -> ModelDef:
     return ModelDef.from_doc({"name": name, "base": base, "engine": "sim", "source": source, **extra})
+
+
+def llama_world(adapters: dict[str, str]) -> tuple[object, str]:
+    """A llama.cpp base placed on n1, with these adapters (name -> file)."""
+    models = [model("tiny").llamacpp().cpu().memory(0.5), *(adapter(n, "tiny", f, engine="llama.cpp") for n, f in adapters.items())]
+    store = store_with(models, [placed("tiny", "n1")])
+    [rid] = store.snapshot().placements
+    return store.snapshot(), rid
 
 
 # --- the definition --------------------------------------------------------------------------------
@@ -79,8 +87,7 @@ def test_the_catalog_refuses_an_adapter_of_nothing_of_an_adapter_or_of_another_e
     vllm = model("big").vllm().build()
     assert catalog_problems(adapter(base="big"), {"big": vllm})[0] == ("engine", "must be its base's engine (vllm), "
                                                                                  "not sim")
-    # llama.cpp takes adapters at launch only: refused with why, not stored to fail later.
-    assert "does not load yet" in catalog_problems(adapter(base="llama"), {"llama": other})[0][1]
+    assert catalog_problems(adapter(base="llama", engine="llama.cpp"), {"llama": other}) == []
     # A base that would change engine under its adapters is refused too; an adapter that is a base, also.
     changed = model("base").vllm().build()
     assert catalog_problems(changed, {"base": base, "pirate": a})[0][0] == "engine"
@@ -207,3 +214,43 @@ def test_an_adapter_takes_its_bases_slots_on_the_replicas_they_share() -> None:
     state = store_with([ModelDef.from_doc({"name": "base", "engine": "sim", "source": "sim://base",
                                            "limits": {"concurrency_per_replica": 4}}), adapter()]).snapshot()
     assert replica_slots(state, state.models["pirate"]) == 4 == replica_slots(state, state.models["base"])
+
+
+# --- llama.cpp: adapters at launch -------------------------------------------------------------------
+
+
+def test_a_llamacpp_base_starts_with_its_adapters_and_a_new_adapter_rolls_its_replicas() -> None:
+    state, rid = llama_world({})
+    plain_launch = state.placements[rid].launch_hash  # type: ignore[attr-defined]
+    state, rid = llama_world({"b-lora": "/m/b.gguf", "a-lora": "/m/a.gguf"})
+    launched = with_launch_lora(state)  # type: ignore[arg-type]
+    assert launched.models["tiny"].lora == ("/m/a.gguf", "/m/b.gguf")  # by adapter name: ids 0, 1
+    assert launched.models["tiny"].launch_hash() != plain_launch
+    plain = store_with([model("x"), adapter("y", "x")]).snapshot()
+    assert with_launch_lora(plain) is plain  # no llama.cpp base with adapters: the same state, no copy
+    # Placed before the adapters were defined, the replica is replaced by one started with them (new first).
+    ready = ReplicaObs(rid, "tiny", "n1", "ready", "http://n1:1")
+    plan = decide(state, observed([cpu_node("n1")], [ready]), 10.0)  # type: ignore[arg-type]
+    [add] = [c for c in plan.commands if c["op"] == "placement.add"]
+    assert add["launch_hash"] == launched.models["tiny"].launch_hash()
+    # The definition sent to the agent carries the files, not the stored one.
+    assert "lora" not in state.models["tiny"].to_doc()  # type: ignore[attr-defined]
+
+
+def test_a_llamacpp_adapter_routes_by_id_to_replicas_that_agree() -> None:
+    state, rid = llama_world({"a-lora": "/m/a.gguf"})
+    state = with_launch_lora(state)  # type: ignore[arg-type]
+    obs = ReplicaObs(rid, "tiny", "n1", "ready", "http://n1:1", adapters={"a-lora": "loaded"},
+                     adapter_ids={"a-lora": 0}, loras=1)
+    plan = decide(state, observed([cpu_node("n1")], [obs]), 10.0)
+    route = plan.routes["a-lora"]
+    assert route.state == "ready" and route.lora_id == 0 and [e.loras for e in route.endpoints] == [1]
+    assert plan.routes["tiny"].endpoints[0].loras == 1  # base requests set the adapter's scale to 0
+    assert route_from_doc(route_doc(route)) == route
+    assert ReplicaObs.from_doc(obs.to_doc(), "n1") == obs
+
+
+def test_the_definition_api_does_not_take_lora() -> None:
+    assert ModelDef.from_doc({"name": "t", "engine": "llama.cpp", "source": "/m/t.gguf", "lora": ["/m/a.gguf"]}).lora
+    with pytest.raises(DefinitionError, match="lora"):
+        ModelDef.from_doc({"name": "t", "engine": "llama.cpp", "source": "/m/t.gguf", "lora": ["rel.gguf"]})

@@ -57,6 +57,9 @@ def admitted(ctx: Context, doc: Any) -> ModelDef:
     problems: list[tuple[str, str]] = []
     model: ModelDef | None = None
     doc = with_base(ctx.state(), doc)
+    if isinstance(doc, dict) and "lora" in doc:  # the reconciler's, from the adapters defined with `base`
+        problems.append(("lora", "is set by llmgw from the adapters defined on this model (their `base`), not "
+                                 "by a definition"))
     adapter = isinstance(doc, dict) and bool(doc.get("base"))
     try:
         model = ModelDef.from_doc(doc)
