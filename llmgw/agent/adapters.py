@@ -137,8 +137,7 @@ async def _post(http: httpx.AsyncClient, url: str, body: dict[str, str], timeout
     except (httpx.HTTPError, OSError) as e:
         raise _Failed(describe(e)) from None
     if r.status_code == 404:
-        raise _Failed("HTTP 404: this engine does not load adapters at run time (vLLM needs --enable-lora; "
-                      "llama.cpp is not supported yet)")
+        raise _Failed("HTTP 404: this engine does not load adapters at run time (vLLM needs --enable-lora)")
     if r.status_code != 200:
         raise _Failed(f"HTTP {r.status_code}: {_words(r)}")
 

@@ -22,9 +22,9 @@ MODES = ("always", "on-demand")
 MAX_REPLICAS = 256
 MAX_FALLBACKS = 8  # models tried after this one, in order (each costs the client a refusal's time at most)
 MAX_ALIASES = 16  # public names beyond its own
-# Engines that serve LoRA adapters: vLLM and the sim load them at run time (agent/adapters.py); llama.cpp at
-# launch (`lora`), its replicas replaced by ones started with a new adapter (reconcile/adapters.py).
-ADAPTER_ENGINES = ("sim", "vllm", "llama.cpp")
+# Engines that serve LoRA adapters (every one): vLLM and the sim load them at run time (agent/adapters.py);
+# llama.cpp at launch (`lora`), its replicas replaced by ones started with a new adapter (reconcile/adapters.py).
+ADAPTER_ENGINES = ENGINES
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # used with fullmatch
 _SOURCE_SCHEMES = ("sim://", "mirror://", "hf://", "pkg://")
