@@ -1,12 +1,15 @@
 """LoRA adapters as operators see them: `ctl models` lists each adapter under its base with where it is
 loaded, `ctl model show` its state on each replica; the console's Models page lists it under its base, and its
-own page says the same."""
+own page says the same. And how engines are launched for them (vLLM's runtime loading, llama-server's --lora)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from console_world import World, rows, sign_in
 from ctl_fakes import FakeApi, ctl
 from llmgw.cli.ctl.render import render_model, render_models
+from llmgw.engines.llama_server import server_argv
 from llmgw.domain.observed import ReplicaObs
 from llmgw.reconcile import ModelView
 from llmgw.testing.builders import cpu_node, model, placed, store_with
@@ -56,3 +59,19 @@ def test_ctl_model_serve_base_sends_an_adapter_without_an_engine() -> None:
     assert r.rc == 0, r.err
     assert api.bodies() == [{"name": "pirate", "base": "base", "source": "/models/lora/pirate.safetensors"}]
     assert ctl(["model", "serve", "--name", "x", "--source", "/y"], FakeApi()).rc == 2  # neither engine nor base
+
+
+def test_vllm_with_enable_lora_may_load_adapters_at_run_time_and_llama_server_gets_them_at_launch(
+        tmp_path: Path) -> None:
+    from test_engines_launch import spec, vllm_bin
+
+    model = tmp_path / "qwen"
+    model.mkdir()
+    launch = spec("vllm", str(model), bin_dir=vllm_bin(tmp_path), devices=("GPU-1",), args=("--enable-lora",))
+    assert "--enable-lora" in launch.argv and launch.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    plain = spec("vllm", str(model), bin_dir=vllm_bin(tmp_path), devices=("GPU-1",))
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain.env
+    argv = server_argv("llama-server", weights="/m/t.gguf", model="t", host="127.0.0.1", port=1, role="chat",
+                       tokens=[], gpu=True, lora=["/m/a.gguf", "/m/b.gguf"])
+    assert argv[argv.index("--lora"):argv.index("--lora") + 5] == ["--lora", "/m/a.gguf", "--lora", "/m/b.gguf",
+                                                                  "--lora-init-without-apply"]
