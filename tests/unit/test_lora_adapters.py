@@ -254,3 +254,24 @@ def test_the_definition_api_does_not_take_lora() -> None:
     assert ModelDef.from_doc({"name": "t", "engine": "llama.cpp", "source": "/m/t.gguf", "lora": ["/m/a.gguf"]}).lora
     with pytest.raises(DefinitionError, match="lora"):
         ModelDef.from_doc({"name": "t", "engine": "llama.cpp", "source": "/m/t.gguf", "lora": ["rel.gguf"]})
+
+
+STATES = st.sampled_from(["", "loading", "loaded", "failed: no such file"])
+
+
+@given(st.lists(STATES, min_size=1, max_size=4))
+def test_an_adapter_is_routed_exactly_to_the_ready_replicas_that_list_it(states: list[str]) -> None:
+    store = store_with([model("base").replicas(len(states)), adapter()],
+                       [placed("base", f"n{i}") for i in range(len(states))])
+    state = store.snapshot()
+    reps = [ReplicaObs(rid, "base", p.node, "ready", f"http://{p.node}:1", adapters={"pirate": s} if s else {})
+            for (rid, p), s in zip(sorted(state.placements.items()), states)]
+    plan = decide(state, observed([cpu_node(f"n{i}") for i in range(len(states))], reps), 10.0)
+    route = plan.routes["pirate"]
+    assert {e.replica_id for e in route.endpoints} == {r.replica_id for r in reps if r.adapter("pirate") == "loaded"}
+    expected = ("ready" if "loaded" in states else "unplaceable" if all(s.startswith("failed") for s in states)
+                else "starting")
+    assert route.state == expected
+    # Each replica not yet asked (or asked for another set) is asked for the adapter, and only those.
+    asked = {a.replica_id for a in plan.actions if a.kind == "adapters"}
+    assert asked == {r.replica_id for r in reps if not r.adapter("pirate")}
