@@ -275,3 +275,21 @@ def test_an_adapter_is_routed_exactly_to_the_ready_replicas_that_list_it(states:
     # Each replica not yet asked (or asked for another set) is asked for the adapter, and only those.
     asked = {a.replica_id for a in plan.actions if a.kind == "adapters"}
     assert asked == {r.replica_id for r in reps if not r.adapter("pirate")}
+
+
+def test_a_catalog_defines_an_adapter_after_its_base() -> None:
+    from llmgw.catalog import parse
+
+    text = '''
+[[models]]
+name = "pirate"
+base = "base"
+engine = "sim"
+source = "/models/lora/pirate.safetensors"
+
+[[models]]
+name = "base"
+engine = "sim"
+source = "sim://base"
+'''
+    assert [m.name for m in parse(text, "catalog.toml")] == ["base", "pirate"]
