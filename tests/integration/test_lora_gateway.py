@@ -133,6 +133,7 @@ async def test_an_adapter_outside_the_weights_dirs_or_of_an_unknown_base_is_not_
     admin, _, _, lora = world
     r = await admin.post("/api/v1/models", json={"name": "far", "base": BASE, "source": "/etc/passwd"})
     assert r.status_code == 400 and "outside the directories allowed" in r.json()["error"]["message"]
-    r = await admin.post("/api/v1/models", json={"name": "orphan", "base": "nobody", "engine": "sim",
-                                                 "source": str(lora / "x")})
-    assert r.status_code == 400 and "'nobody' is not a defined model" in r.json()["error"]["message"]
+    for engine in ({"engine": "sim"}, {}):
+        r = await admin.post("/api/v1/models", json={"name": "orphan", "base": "nobody", "source": str(lora / "x"),
+                                                     **engine})
+        assert r.status_code == 400 and r.json()["error"]["message"] == "base: 'nobody' is not a defined model"

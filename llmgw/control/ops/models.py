@@ -65,6 +65,9 @@ def admitted(ctx: Context, doc: Any) -> ModelDef:
         model = ModelDef.from_doc(doc)
     except DefinitionError as e:
         problems += e.errors
+        if adapter and doc["base"] not in ctx.state().models:  # an engine it lacks is its base's: say that
+            problems = [("base", f"{doc['base']!r} is not a defined model")] + [
+                p for p in problems if p != ("engine", "is required")]
     if isinstance(doc, dict):
         judged = {f for f, _ in problems}  # a field already refused for its shape is not judged twice
         problems += [(f, m) for f, m in definition_problems(doc.get("engine"), None if adapter else doc.get("source"),
