@@ -1,3 +1,3 @@
 """llmgw: open-weight LLMs on your own fleet, behind one OpenAI-compatible endpoint."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -73,29 +73,40 @@ def state_from_json(doc: Any) -> ClusterState:
 # Fields added after the first release, written only once they leave their default: a state that never
 # used them reads on every earlier member (which refuses an unknown field), as a rolling upgrade needs.
 # What sets one is used only once every member understands it (e.g. `trust.raft_tls`: control/trust.py).
-LATER_FIELDS = {(ClusterState, "raft_tls_since"), (ClusterState, "store_level"), (ModelDef, "fallbacks"),
-                (ModelDef, "aliases"), (ModelDef, "routing"), (ApiKey, "priority"), (Limits, "concurrency_per_replica"),
-                (ModelDef, "base"), (ModelDef, "lora")}
+# Each with the store level that brought it (llmgw/domain/levels.py); a state field set only by a command of
+# its own level (`store_level`, `raft_tls_since`) is listed at 1: its command carries the level.
+LATER_FIELDS: Mapping[tuple[type, str], int] = {
+    (ClusterState, "raft_tls_since"): 1, (ClusterState, "store_level"): 1,
+    (ModelDef, "fallbacks"): 2, (ModelDef, "aliases"): 2, (ModelDef, "routing"): 2, (ApiKey, "priority"): 2,
+    (Limits, "concurrency_per_replica"): 2,
+    (ModelDef, "base"): 3, (ModelDef, "lora"): 3,  # LoRA adapters (reconcile/adapters.py)
+}
+# New values of fields every release reads, with the level that brought them: an earlier release reads the
+# value but cannot serve it (a model role it does not know).
+LATER_VALUES: Mapping[tuple[type, str, str], int] = {(ModelDef, "role", "rerank"): 3}
 
 
-def uses_later_fields(value: Any) -> bool:
-    """Whether `value` (a definition, a key, anything stored) sets a field of `LATER_FIELDS`, at any depth:
-    what an earlier release cannot read, so the command that stores it needs the store level that brought
-    it (`levels.stamp`)."""
+def later_level(value: Any) -> int:
+    """The store level `value` (a definition, a key, anything stored) needs: the highest level of the
+    `LATER_FIELDS` it sets and `LATER_VALUES` it holds, at any depth; 1 when none (what every release reads).
+    The command that stores it carries that level (`levels.stamp`)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         kind = type(value)
+        level = 1
         for f in dataclasses.fields(value):
             item = getattr(value, f.name)
-            if (kind, f.name) in LATER_FIELDS and item != f.default:
-                return True
-            if uses_later_fields(item):
-                return True
-        return False
+            if item != f.default:
+                level = max(level, LATER_FIELDS.get((kind, f.name), 1))
+            if isinstance(item, str):
+                level = max(level, LATER_VALUES.get((kind, f.name, item), 1))
+            else:
+                level = max(level, later_level(item))
+        return level
     if isinstance(value, Mapping):
-        return any(uses_later_fields(item) for item in value.values())
+        return max((later_level(item) for item in value.values()), default=1)
     if isinstance(value, (tuple, list)):
-        return any(uses_later_fields(item) for item in value)
-    return False
+        return max((later_level(item) for item in value), default=1)
+    return 1
 
 
 def _encode(value: Any, path: str) -> Any:

@@ -18,18 +18,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-LEVEL = 2
+LEVEL = 3
 
 # The first release at each level.
-RELEASES: Mapping[int, str] = {1: "0.1.0", 2: "0.2.0"}
+RELEASES: Mapping[int, str] = {1: "0.1.0", 2: "0.2.0", 3: "0.3.0"}
 
 # Operations brought after level 1, with the level that brought them; every other known one is level 1.
 OPS_SINCE: Mapping[str, int] = {}
 
-# Level 2 (0.2.0) brought no new operation but new fields of stored definitions (`codec.LATER_FIELDS` of a
-# model or a key: fallbacks, aliases, routing, priority...): a command that sets one needs level 2
-# (`stamp`), one that leaves them at their defaults is the level-1 command it always was.
-LATER_FIELDS_LEVEL = 2
+# Levels 2 (0.2.0) and 3 (0.3.0) brought no new operation but new fields of stored definitions, and new
+# values (`codec.LATER_FIELDS` and `LATER_VALUES`, each with its level: 2 a model's fallbacks, aliases and
+# routing, a key's priority; 3 the rerank role, adapters): a command that sets one needs that level
+# (`stamp` with `codec.later_level`), one that leaves them at their defaults is the level-1 command it was.
 
 
 class NewerThanThisRelease(BaseException):

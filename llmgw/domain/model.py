@@ -17,7 +17,7 @@ from typing import Any, ParamSpec, TypeVar
 from llmgw.domain.frozen import Doc
 
 ENGINES = ("sim", "llama.cpp", "vllm")
-ROLES = ("chat", "embedding", "guard")
+ROLES = ("chat", "embedding", "guard", "rerank")
 MODES = ("always", "on-demand")
 MAX_REPLICAS = 256
 MAX_FALLBACKS = 8  # models tried after this one, in order (each costs the client a refusal's time at most)
@@ -137,7 +137,7 @@ class ModelDef:
     def affinity_chars(self) -> int:
         """How many leading characters of a request the gateway's affinity key hashes; 0: affinity off."""
         routing = self.routing
-        affinity = routing.affinity or ("off" if self.role == "embedding" else "prefix")
+        affinity = routing.affinity or ("off" if self.role in ("embedding", "rerank") else "prefix")
         return routing.prefix_chars if affinity == "prefix" else 0
 
     def to_doc(self) -> dict[str, Any]:

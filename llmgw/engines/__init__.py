@@ -218,7 +218,7 @@ def _weights_engine(engine: str, weights: str, values: dict[str, Any], *, model:
     tokens = engine_tokens(engine, values)
     if engine == "vllm":
         return _vllm(weights, model=model, host=host, port=port, tokens=tokens, devices=devices, group=group,
-                     env=env, cwd=where, environ=env_in)
+                     env=env, cwd=where, environ=env_in, role=role)
     if not os.path.isfile(weights):
         raise EngineError("bad_source", f"llama.cpp needs a GGUF file, and {weights} is not a file")
     from llmgw.engines import llama_server, llamacpp
@@ -245,7 +245,8 @@ def _weights_engine(engine: str, weights: str, values: dict[str, Any], *, model:
 
 
 def _vllm(weights: str, *, model: str, host: str, port: int, tokens: list[str], devices: Sequence[str],
-          group: Group | None, env: dict[str, str], cwd: str, environ: Mapping[str, str]) -> LaunchSpec:
+          group: Group | None, env: dict[str, str], cwd: str, environ: Mapping[str, str],
+          role: str = "chat") -> LaunchSpec:
     from llmgw.engines import vllm
 
     cmd = vllm.command(environ)
@@ -262,7 +263,7 @@ def _vllm(weights: str, *, model: str, host: str, port: int, tokens: list[str], 
         env["VLLM_HOST_IP"] = host  # the address vLLM's ranks tell each other
     if "--enable-lora" in tokens:  # LoRA adapters loaded at run time (llmgw/agent/adapters.py)
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-    argv = vllm.serve_argv(cmd, vllm.Serve(weights, model, host, port, tokens, len(devices)), group)
+    argv = vllm.serve_argv(cmd, vllm.Serve(weights, model, host, port, tokens, len(devices), role), group)
     if group is not None and group.rank > 0:
         return LaunchSpec(argv, env, health_path=None, probe="process", cwd=cwd)
     return LaunchSpec(argv, env, cwd=cwd)

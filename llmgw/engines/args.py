@@ -13,6 +13,10 @@ from llmgw.domain.model import ROLES
 from llmgw.engines.base import EngineArg, EngineError
 
 _POOLING = ("none", "mean", "cls", "last", "rank")
+# vLLM's tool-call parsers (its docs' list); `--tool-parser-plugin`, which imports code, is not offered.
+_TOOL_PARSERS = ("deepseek_v3", "deepseek_v31", "glm45", "granite", "granite-20b-fc", "hermes", "internlm", "jamba",
+                 "kimi_k2", "llama3_json", "llama4_json", "llama4_pythonic", "minimax", "mistral", "openai",
+                 "phi4_mini_json", "pythonic", "qwen3_coder", "xlam")
 
 # The one table of engine tunables, also the allowlist docs/engines.md shows: `launch_spec` checks a
 # definition's args against it, and each engine process parses its own with it (`parse_engine_args`),
@@ -44,6 +48,10 @@ ENGINE_ARGS: dict[str, dict[str, EngineArg]] = {
                                               maximum=1.0),
         "--max-num-seqs": EngineArg(int, "concurrent sequences"),
         "--max-num-batched-tokens": EngineArg(int, "tokens in one scheduler step"),
+        "--enable-auto-tool-choice": EngineArg(bool, "the model may call tools with tool_choice auto (needs "
+                                                     "--tool-call-parser)"),
+        "--tool-call-parser": EngineArg(str, "how vLLM reads the model's tool calls (its model family's)",
+                                        _TOOL_PARSERS),
         "--dtype": EngineArg(str, "weights and activations type", ("auto", "half", "float16", "bfloat16", "float",
                                                                   "float32")),
         "--kv-cache-dtype": EngineArg(str, "KV cache type", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),

@@ -4,8 +4,8 @@ Owns finding the binary and its version, its argv (one node, or rank 0 of an RPC
 The binary is the operator's build (CUDA, ROCm, Metal…): found at `LLMGW_LLAMA_SERVER` when set,
 else on PATH; `rpc-server` is looked for beside it (the two come from one build). Flags used are
 llama.cpp's documented ones (tools/server/README.md, tools/rpc/README.md): `--model --host --port
---alias --n-gpu-layers --ctx-size --threads --parallel --embedding --pooling --no-webui --rpc`,
-and `rpc-server --host --port`.
+--alias --n-gpu-layers --ctx-size --threads --parallel --embedding --reranking --pooling --no-webui
+--rpc`, and `rpc-server --host --port`.
 """
 
 from __future__ import annotations
@@ -94,6 +94,8 @@ def server_argv(
         argv += ["--n-gpu-layers", ALL_LAYERS]
     if role == "embedding" and "--embedding" not in tokens:
         argv.append("--embedding")
+    if role == "rerank":  # llama.cpp's switch for /v1/rerank: embeddings with rank pooling (a cls.output head)
+        argv.append("--reranking")
     argv += tokens
     if rpc:
         argv += ["--rpc", ",".join(rpc)]

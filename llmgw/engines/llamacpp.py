@@ -155,8 +155,10 @@ def _params(
         params.cpuparams_batch.n_threads = launch.threads
     if launch.parallel is not None:
         params.n_parallel = launch.parallel
-    if role == "embedding" or launch.embedding:
+    if role in ("embedding", "rerank") or launch.embedding:
         params.embedding = True
+    if role == "rerank" and launch.pooling is None:  # what llama-server's --reranking sets: /v1/rerank served
+        params.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_RANK
     if launch.pooling is not None:
         params.pooling_type = getattr(xllamacpp.llama_pooling_type, f"LLAMA_POOLING_TYPE_{launch.pooling.upper()}")
     if launch.n_gpu_layers is not None:

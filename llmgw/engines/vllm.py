@@ -131,6 +131,7 @@ class Serve:
     port: int
     tokens: Sequence[str]
     gpus: int
+    role: str = "chat"
 
 
 def serve_argv(cmd: Sequence[str], serve: Serve, group: Group | None = None) -> list[str]:
@@ -154,7 +155,13 @@ def serve_argv(cmd: Sequence[str], serve: Serve, group: Group | None = None) -> 
         ]
         if group.rank > 0:
             argv.append("--headless")
-    return argv + list(serve.tokens)
+    return argv + _role_flags(serve) + list(serve.tokens)
+
+
+def _role_flags(serve: Serve) -> list[str]:
+    """A rerank model runs vLLM's pooling runner (`--runner pooling`, vLLM >= 0.10.1): its cross-encoder's score
+    task serves `/v1/rerank`. Generation and embeddings keep vLLM's choice from the architecture."""
+    return ["--runner", "pooling"] if serve.role == "rerank" else []
 
 
 def ray_argvs(cmd: Sequence[str], ray: str, serve: Serve, group: Group) -> list[list[str]]:
@@ -166,5 +173,5 @@ def ray_argvs(cmd: Sequence[str], ray: str, serve: Serve, group: Group) -> list[
         return [[ray, "start", "--block", "--address", f"{leader_host}:{ray_port}", "--node-ip-address", serve.host]]
     argv = [*cmd, "serve", serve.source, "--host", serve.host, "--port", str(serve.port), "--served-model-name",
             serve.model, "--tensor-parallel-size", str(max(serve.gpus, 1)), "--pipeline-parallel-size",
-            str(group.size), "--distributed-executor-backend", "ray", *serve.tokens]
+            str(group.size), "--distributed-executor-backend", "ray", *_role_flags(serve), *serve.tokens]
     return [[ray, "start", "--block", "--head", "--port", str(ray_port), "--node-ip-address", leader_host], argv]

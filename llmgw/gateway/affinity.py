@@ -11,7 +11,8 @@ derived from their ids alone, so every gateway builds the same ring from the sam
 replica that joins or leaves moves only the keys of its own arcs. Bounded load (Mirrokni et al.,
 "Consistent Hashing with Bounded Loads"): walking clockwise from the key's point, a replica whose count of
 requests in flight would pass ceil((1 + ε) × the mean) is passed over, so a hot prefix spills over to the
-next replicas instead of queueing on one.
+next replicas instead of queueing on one. A client may name the key itself with OpenAI's `prompt_cache_key`
+(requests that share a long prefix beyond the first turn, or whose first turn differs).
 """
 
 from __future__ import annotations
@@ -29,15 +30,20 @@ DEFAULT_LOAD_FACTOR = 0.25  # ε, the setting `gateway.affinity_load_factor`'s d
 
 _SEP = b"\x1f"  # between a message's role and its text
 _END = b"\x1e"  # after each message
+_KEYED = b"\x1dprompt_cache_key"  # before a client's own key: never the hash of a text
 
 
 def affinity_key(kind: str, body: Mapping[str, Any], limit: int) -> int | None:
     """A 64-bit key of the request's leading text, at most `limit` characters of it; None when `limit` is 0
     (affinity off) or the request has no text. `kind`: "chat" (messages up to and including the first user
     message, role and text each), "completion" (the prompt, or its first string) or "embedding" (the input's
-    first string). Reads no further than `limit` characters, whatever the body's size."""
+    first string). Reads no further than `limit` characters, whatever the body's size. A request that names
+    its own `prompt_cache_key` (OpenAI's field for requests that share a prefix) is keyed by it instead."""
     if limit <= 0:
         return None
+    named = body.get("prompt_cache_key")
+    if isinstance(named, str) and named:
+        return _point(_KEYED + named.encode("utf-8", "surrogatepass"))
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list):

@@ -28,14 +28,18 @@ from llmgw.domain.settings import effective
 from llmgw.domain.state import ApiKey, ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError, describe
-from llmgw.gateway.checks import (POST_PATHS, ROLES_FOR, allow, check_limits, check_request, model_doc, role_words,
+from llmgw.gateway.checks import (POST_PATHS, ROLES_FOR, allow, check_limits, check_request, model_doc, role_refusal,
                                   wait_budget, within_limits)
-from llmgw.gateway import upstream
+from llmgw.gateway import engine_paths, upstream
+from llmgw.gateway.capabilities import fit, fitting
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
 from llmgw.gateway.affinity import affinity_key
+from llmgw.gateway.dialect import CHAT_PATH, Dialect
+from llmgw.gateway.messages import MessagesDialect
 from llmgw.gateway.names import Names, visible_names
 from llmgw.gateway.answers import asking_usage
+from llmgw.gateway.responses import ResponsesDialect
 from llmgw.gateway.pool import Limits, LimitsReader, Pool, Ticket, raise_fd_limit
 from llmgw.gateway.router import Lease, NoEndpoint, Router
 from llmgw.gateway import requestlog_query
@@ -74,6 +78,12 @@ _UNLOGGED = ("/health", "/metrics", logquery.PATH)  # probes and control's queri
 # cannot take the request now, and said so at once. Never a refusal of the request itself (a client's
 # error, the guard's), nor a failure once the engine had it.
 FALLBACK_CODES = frozenset({"model_parked", "model_unplaceable", "overloaded"})
+
+# Other APIs served over the engines' chat completions (gateway/dialect.py), by path.
+DIALECTS: dict[str, Dialect] = {
+    "/v1/messages": MessagesDialect(),
+    "/v1/responses": ResponsesDialect(),
+}  # every path here is one of checks.DIALECT_PATHS (tests/unit/test_dialect.py)
 
 
 def replica_slots(snap: ClusterState, model: ModelDef) -> int | None:
@@ -194,6 +204,8 @@ class GatewayApp(RawApp):
             await self.metrics.answer(send)
             return
         kind = POST_PATHS.get(path)
+        if kind is None and (dialect := DIALECTS.get(path)) is not None:
+            ex.dialect, kind = dialect, "chat"  # its refusals in its own shape from here on
         if kind is None:
             if path.startswith(logquery.PATH):  # control asks this gateway's log (admin key)
                 await self._send(ex, send, *await requestlog_query.answer(scope, self.deps.state, self.log))
@@ -215,6 +227,11 @@ class GatewayApp(RawApp):
         patience = wait_budget(scope["headers"])  # x-llmgw-wait: a bad value costs no body read
         raw = await read_body(scope, receive, ex, self.deps.max_body_bytes)
         body = parse_object(raw)
+        sent_to = path
+        if ex.dialect is not None:  # another API's request, as the chat completion the engine is sent
+            ex.translation = ex.dialect.start(body)
+            body, sent_to = ex.translation.chat, CHAT_PATH
+            raw = dumps(body)
         name, stream = check_request(kind, body)
         hide_usage = False
         if stream:  # every stream is counted: ask for its usage (kept from a client that did not ask)
@@ -225,8 +242,10 @@ class GatewayApp(RawApp):
         model = tries[0]
         ex.model = name  # only catalog names (and aliases) reach the log: they are validated, a client's are not
         if model.role not in ROLES_FOR[kind]:
-            raise OpenAIError(400, "model_not_supported", role_words(name, model.role, path), param="model")
+            raise role_refusal(kind, name, model.role, path)
+        call = engine_paths.plan(kind, model.engine, model.name, path, body)  # None: the body goes as it came
         check_limits(body, model.limits, name)  # the definition's max_tokens / max_n
+        fitted = fit(kind, model.engine, body, name)  # a field its engine cannot honour: refused by name
         ex.guard = self.guard.plan(snap, model.name, kind, body, ex)  # None (one lookup) when no policy applies
         if ex.guard is not None:
             await ex.guard.check_prompt()  # before the engine sees the request
@@ -239,11 +258,15 @@ class GatewayApp(RawApp):
             for i, model in enumerate(tries):
                 try:
                     if i:  # a fallback (or a group's next model): only one that would take this request
-                        if model.role not in ROLES_FOR[kind] or not within_limits(body, model.limits):
+                        if (model.role not in ROLES_FOR[kind] or not within_limits(body, model.limits)
+                                or not engine_paths.serves(kind, model.engine)
+                                or (its := fitting(kind, model.engine, body)) is None):
                             continue
+                        call = engine_paths.plan(kind, model.engine, model.name, path, body)
+                        fitted = its  # the body as this model's engine is to get it
                         await self._replan_guard(snap, model.name, kind, body, ex)
                     ex.served = model.name
-                    sent = raw if model.name == name else self._renamed(body, model.name, stream)
+                    sent = raw if model.name == name and fitted is body else self._renamed(fitted, model.name, stream)
                     window = self.deps.router.window_s(model.name, model.activation_window_s)
                     deadline = trio.current_time() + window
                     chars = model.affinity_chars()
@@ -254,10 +277,11 @@ class GatewayApp(RawApp):
                                                      affinity=affinity, load_factor=limits.affinity_load_factor)
                     async with lease as endpoint:
                         ex.replica, ex.node = endpoint.replica_id, endpoint.node
-                        if endpoint.loras:  # llama.cpp holding adapters: each one's scale set (gateway/app.py)
-                            sent = self._with_lora(body, self.deps.router.route(model.name), endpoint.loras, stream)
-                        await self._exchange(ex, lease, endpoint, path, sent, stream, send, limits, hide_usage,
-                                             model.timeouts, replica_slots(snap, model))
+                        if endpoint.loras and call is None:  # llama.cpp holding LoRA adapters: each one's scale
+                            sent = self._with_lora(fitted, model.name, self.deps.router.route(model.name),
+                                                   endpoint.loras, stream)
+                        await self._exchange(ex, lease, endpoint, sent_to, sent, stream, send, limits, hide_usage,
+                                             model.timeouts, replica_slots(snap, model), call)
                     refusal = None
                     break
                 except NoEndpoint as no_endpoint:
@@ -274,20 +298,21 @@ class GatewayApp(RawApp):
             raise refusal
 
     def _renamed(self, body: dict[str, Any], served: str, stream: bool) -> bytes:
-        """The body for another model than the one named (an alias's, a fallback): its `model` is the served
-        model's, as its engine knows itself (vLLM refuses another name)."""
+        """The body for another model than the one named (an alias's, a fallback), or without the gateway's
+        own fields (gateway/capabilities.py): its `model` is the served model's, as its engine knows itself
+        (vLLM refuses another name)."""
         body = {**body, "model": served}
         return asking_usage(body, dumps(body))[0] if stream else dumps(body)
 
-    def _with_lora(self, body: dict[str, Any], route: ModelRoute | None, loras: int, stream: bool) -> bytes:
+    def _with_lora(self, body: dict[str, Any], served: str, route: ModelRoute | None, loras: int,
+                   stream: bool) -> bytes:
         """A request to a llama.cpp replica that holds `loras` LoRA adapters (ids 0..loras-1), which names them by
         id in the request's `lora` field and keeps a request's scales for the next ones on its slot: every id at
         scale 0, but a LoRA adapter's own (its id on every replica of its route: reconcile/adapters.py) at 1,
         asked for under its base's name."""
         chosen = route.lora_id if route is not None else None
-        if route is not None and route.base:
-            body = {**body, "model": route.base}
-        body = {**body, "lora": [{"id": i, "scale": 1.0 if i == chosen else 0.0} for i in range(loras)]}
+        body = {**body, "model": route.base if route is not None and route.base else served,
+                "lora": [{"id": i, "scale": 1.0 if i == chosen else 0.0} for i in range(loras)]}
         return asking_usage(body, dumps(body))[0] if stream else dumps(body)
 
     async def _replan_guard(self, snap: ClusterState, served: str, kind: str, body: dict[str, Any],
@@ -312,14 +337,20 @@ class GatewayApp(RawApp):
     async def _exchange(
         self, ex: Progress, lease: Lease, endpoint: Endpoint, path: str, raw: bytes, stream: bool, send: Send,
         limits: Limits, hide_usage: bool = False, waits: ModelTimeouts = NO_OVERRIDES, slots: int | None = None,
+        call: engine_paths.Call | None = None,
     ) -> None:
-        """Send the body unchanged to the replica and relay its answer (streamed chunk for chunk, or whole)."""
+        """Send the body unchanged to the replica and relay its answer (streamed chunk for chunk, or whole);
+        `call`: the engine's own path and body instead, its answer read back in the gateway's shape."""
         # Once more on a dropped kept-alive connection; on another replica when this one refuses connections
         # or answers nothing (a non-streamed answer is read whole first: also when it breaks off).
         # The model's own upstream timeouts and slots per replica; the request's turn by its class and key.
+        if call is not None:
+            path, raw = call.path, call.body
         response, endpoint = await upstream.answer(self.pool, lease, endpoint, ex.model, path, raw, ex.request_id,
                                                    limits, waits, whole=not stream, ticket=ex.ticket, slots=slots)
         ex.replica, ex.node = endpoint.replica_id, endpoint.node
+        if call is not None:  # (never streamed: read whole above)
+            response = await engine_paths.translated(call, response, ex.request_id, lease.answered)
         if ex.guard is not None and ex.guard.checks_response:
             response = await ex.guard.hold(response, stream)  # judged whole before the client gets any of it
         await relay(ex, response, endpoint, stream, send, hide_usage)
@@ -333,26 +364,35 @@ class GatewayApp(RawApp):
     ) -> None:
         ex.started = True
         ex.status = status
-        await send_json(send, status, body, [(b"x-request-id", ex.request_id.encode()), *(extra or ())])
+        mine = [(b"x-request-id", ex.request_id.encode())]
+        if ex.dialect is not None:
+            mine += ex.dialect.headers(ex.request_id)
+        await send_json(send, status, body, [*mine, *(extra or ())])
 
     async def _refuse(self, ex: Progress, scope: Scope, receive: Receive, send: Send, error: OpenAIError) -> None:
         ex.error = error.code or ""
         if ex.body_done:
             if not ex.disconnected:
-                await self._send(ex, send, error.status, dumps(error.doc()), error.headers)
+                await self._send(ex, send, error.status, dumps(self._error_doc(ex, error)), error.headers)
             return
         # The whole answer goes out at once, from the headers alone (an invalid key costs no body
         # read); the unread body is discarded after it, before the message ends, so a client still
         # sending reads its answer and the connection is kept or closed cleanly.
-        body = dumps(error.doc())
+        body = dumps(self._error_doc(ex, error))
         ex.started, ex.status = True, error.status
         head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                 (b"x-request-id", ex.request_id.encode()), *error.headers]
+        if ex.dialect is not None:
+            head += ex.dialect.headers(ex.request_id)
         await send({"type": "http.response.start", "status": error.status, "headers": head})
         await send({"type": "http.response.body", "body": body, "more_body": True})
         await self._discard_body(ex, scope, receive)
         if not ex.disconnected:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    def _error_doc(ex: Progress, error: OpenAIError) -> dict[str, Any]:
+        return error.doc() if ex.dialect is None else ex.dialect.error_doc(error)
 
     async def _discard_body(self, ex: Progress, scope: Scope, receive: Receive) -> None:
         """Read (a bounded amount of) the unread body before refusing: HTTP/1.1 clients

@@ -31,7 +31,7 @@ from llmgw.gateway.pool import LimitsReader, Pool, Ticket
 from llmgw.gateway.router import NoEndpoint, Router
 from llmgw.guard.cache import VerdictCache, cache_key
 from llmgw.guard.prompt import AGENT, USER, JudgeFailure, Turn, Verdict, build, judge_request, parse, rule
-from llmgw.guard.texts import answer_text, conversation, stream_text
+from llmgw.guard.texts import PROMPT_ONLY, UNJUDGED, answer_text, conversation, stream_text
 from llmgw.interfaces import RequestFacts as Facts  # the request id read, `guard_rule` written
 
 __all__ = ["COLD_FACTOR", "Checks", "Guard", "GuardStats", "HeldResponse"]
@@ -111,7 +111,7 @@ class Guard:
         policies = self._policies.get(model)
         if policies is None:
             policies = self._policies[model] = policies_for(state, model)
-        if not policies:
+        if not policies or kind in UNJUDGED:
             return None
         return Checks(self, policies, kind, body, ex)
 
@@ -196,7 +196,8 @@ class Checks:
 
     @property
     def checks_response(self) -> bool:
-        return any(p.checks_response for p in self.policies)
+        # A rerank's scores and a tokenize's ids are no text a model wrote: only their request is judged.
+        return self.kind not in PROMPT_ONLY and any(p.checks_response for p in self.policies)
 
     def _conversation(self) -> list[Turn]:
         if self._turns is None:
@@ -207,6 +208,11 @@ class Checks:
         """Judge the request's last User turn; raises `guard_refused` when a policy refuses it."""
         policies = [p for p in self.policies if p.checks_prompt]
         if policies:
+            prompt = self.body.get("prompt")
+            if isinstance(prompt, list) and not all(isinstance(p, str) for p in prompt):
+                # Token ids (the spec allows them) carry no text a judge can read without the model's tokenizer.
+                raise OpenAIError(400, "unsupported_parameter", "a guard policy judges this model's prompts, and "
+                                  "token ids cannot be judged: send 'prompt' as text", param="prompt")
             await self._judge(policies, build(self._conversation(), USER))
 
     async def hold(self, response: upstream.Response, stream: bool) -> upstream.Response:

@@ -16,6 +16,7 @@ from llmgw.domain.state import ApiKey
 from llmgw.errors import OpenAIError
 from llmgw.gateway import upstream
 from llmgw.gateway.answers import HiddenUsage, StreamUsage, engine_error, usage_of
+from llmgw.gateway.dialect import Dialect, Translation, relay_translated
 from llmgw.gateway.guard import Checks
 from llmgw.gateway.pool import Ticket
 from llmgw.wire.asgi import Exchange, Send, dumps
@@ -48,7 +49,7 @@ class Progress(Exchange):
     """One request's progress: what its log line reports and how far its answer got."""
 
     __slots__ = ("request_id", "model", "replica", "status", "started", "tokens_in", "tokens_out", "key",
-                 "node", "error", "ttft", "guard_rule", "guard", "served", "ticket")  # from `node`: for the request log
+                 "node", "error", "ttft", "guard_rule", "guard", "served", "ticket", "dialect", "translation")  # from `node`: for the request log
 
     def __init__(self, request_id: str) -> None:
         super().__init__()
@@ -67,6 +68,8 @@ class Progress(Exchange):
         self.guard_rule = ""  # the judges' verdicts (gateway/guard.py); "" when no policy applied
         self.guard: Checks | None = None  # this request's guard checks; None: none apply
         self.ticket: Ticket | None = None  # its key and priority class, and its wait for a slot (pool.py)
+        self.dialect: Dialect | None = None  # another API's path served over chat completions (dialect.py)
+        self.translation: Translation | None = None  # that request, translated (once its body is read)
 
 
 async def relay(ex: Progress, response: upstream.Response, endpoint: Endpoint, stream: bool, send: Send,
@@ -76,6 +79,9 @@ async def relay(ex: Progress, response: upstream.Response, endpoint: Endpoint, s
     try:
         headers = response_headers(response.headers, ex.request_id)
         headers.append((b"x-llmgw-model", ex.served.encode()))  # which model served (an alias's, a fallback)
+        if ex.translation is not None:  # another API's answer, made from the chat completion
+            await relay_translated(ex, ex.translation, response, endpoint, stream, send, headers)
+            return
         if not stream or response.status >= 400:
             try:
                 body = await response.read()

@@ -1,5 +1,6 @@
 """What a judge reads: the conversation a `/v1` request carries (chat messages as `User`/`Agent` turns; a
-completion's prompt as one User turn) and the answer's text, from a whole body or from a held stream's events.
+completion's prompt as one User turn; a rerank's query and documents, a tokenize's prompt or messages, as a
+prompt) and the answer's text, from a whole body or from a held stream's events.
 
 Pure functions of already-checked request bodies (`gateway/checks.py`) and of engines' answers, which may
 be anything: an answer that is not JSON gives the text it can, never an exception.
@@ -13,7 +14,12 @@ from typing import Any
 
 from llmgw.guard.prompt import AGENT, USER, Turn
 
-__all__ = ["answer_text", "conversation", "stream_text"]
+__all__ = ["PROMPT_ONLY", "UNJUDGED", "answer_text", "conversation", "stream_text"]
+
+# Requests whose answer no model wrote (scores, token ids): their prompt is judged, their answer is not.
+PROMPT_ONLY = frozenset({"rerank", "tokenize", "detokenize"})
+# Requests with no text to judge: a detokenize's token ids (its answer is the text those ids already are).
+UNJUDGED = frozenset({"detokenize"})
 
 
 def _content(content: Any) -> str:
@@ -39,7 +45,17 @@ def _calls(calls: Any) -> str:
 
 def conversation(kind: str, body: Mapping[str, Any]) -> list[Turn]:
     """The request's turns: an assistant's messages are the Agent's, every other role's the User's
-    (system and tool messages reach the model as much as the user's). `kind`: "chat" or "completion"."""
+    (system and tool messages reach the model as much as the user's). `kind`: "chat", "completion", "rerank"
+    (the query, then each document: one User turn) or "tokenize" (its prompt, or its messages as a chat's)."""
+    if kind == "rerank":
+        docs = [d if isinstance(d, str) else d.get("text") if isinstance(d, dict) else None
+                for d in body.get("documents") or ()]
+        query = body.get("query")
+        return [(USER, "\n\n".join(t for t in (query, *docs) if isinstance(t, str)))]
+    if kind == "tokenize" and body.get("messages") is None:
+        kind = "completion"  # its prompt, as a completion's
+    elif kind == "tokenize":
+        kind = "chat"
     if kind != "chat":
         prompt = body.get("prompt")
         texts = [prompt] if isinstance(prompt, str) else [p for p in prompt or () if isinstance(p, str)]

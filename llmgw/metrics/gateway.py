@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from llmgw import __version__
 from llmgw.domain.priority import CLASSES
+from llmgw.gateway.checks import ENDPOINTS
 from llmgw.gateway.guard import GuardStats
 from llmgw.gateway.requestlog import RequestLog, RequestRecord
 from llmgw.metrics.connections import connection_families
@@ -60,8 +61,11 @@ class RequestMetrics:
         self.served: dict[tuple[str, str], int] = {}  # (name asked for, model that served it) when they differ
         self.waits: dict[str, list[int]] = {}  # priority class -> counts per WAIT_BUCKETS (+Inf last)
         self.wait_sums: dict[str, float] = {}
+        self.endpoints: dict[str, int] = {}  # the path asked (one of checks.ENDPOINTS, else "other") -> requests
 
     def count(self, r: RequestRecord) -> None:
+        endpoint = r.endpoint if r.endpoint in ENDPOINTS else OTHER_CODE  # a client's path: bounded
+        self.endpoints[endpoint] = self.endpoints.get(endpoint, 0) + 1
         key = (r.model, r.error, r.status)
         n = self.requests.get(key)
         if n is not None:
@@ -155,6 +159,9 @@ class GatewayCollector(Collector):
                       "known), error code (\"\" for a success or an engine's own answer) and HTTP status "
                       "(499: the client went away first).", ("model", "code", "status"),
                       [((model, code, str(status)), float(n)) for (model, code, status), n in sorted(requests.items())])
+        yield counter("llmgw_gateway_endpoint_requests", "Requests answered, by the path asked (an endpoint of "
+                      "the /v1 API, or \"other\" for any other path).", ("endpoint",),
+                      [((path,), float(n)) for path, n in sorted(dict(m.endpoints).items())])
         yield _histogram("llmgw_gateway_request_duration_seconds", "Time from a request's arrival to its "
                          "answer's end, by model.", LATENCY_BUCKETS,
                          [(name, list(p.latency), p.latency_sum) for name, p in sorted(models.items())])
@@ -220,6 +227,7 @@ class Exporter:
             metrics = RequestMetrics()
             metrics.requests = dict(self.metrics.requests)
             metrics.served = dict(self.metrics.served)
+            metrics.endpoints = dict(self.metrics.endpoints)
             for name, per in list(self.metrics.models.items()):
                 metrics.models[name] = copy = _PerModel()
                 copy.latency, copy.latency_sum, copy.ttft = list(per.latency), per.latency_sum, list(per.ttft)

@@ -633,7 +633,8 @@ async def test_newer_openai_fields_reach_the_engine_unchanged(gw: Gateway, nurse
         )
     assert reply.choices[0].message.content == "ok"
     sent = json.loads(engine.requests[0].body)
-    assert sent["max_completion_tokens"] == 5 and sent["tools"] == [tool] and sent["metadata"] == {"team": "a"}
+    assert sent["max_completion_tokens"] == 5 and sent["tools"] == [tool] and sent["top_logprobs"] == 2
+    assert not {"metadata", "user", "store"} & set(sent)  # the gateway's own (docs/api.md, "Fields by engine")
 
 
 @pytest.mark.parametrize(

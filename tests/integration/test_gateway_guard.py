@@ -142,6 +142,10 @@ async def test_a_prompt_naming_a_hazard_is_refused_with_its_name_before_the_engi
     # /v1/completions: the prompt is the User turn.
     refused(await gw.http.post("/v1/completions", json={"model": "demo", "prompt": "a bomb"}),
             "judge: S9,Indiscriminate Weapons")
+    # Token ids (valid per the spec) are no text to judge: refused by name, never passed unjudged.
+    ids = await gw.http.post("/v1/completions", json={"model": "demo", "prompt": [[1, 2], [3]]})
+    assert ids.status_code == 400 and ids.json()["error"]["code"] == "unsupported_parameter"
+    assert ids.json()["error"]["param"] == "prompt" and gw.demo.generated == 0
 
 
 async def test_a_safe_prompt_passes_and_its_verdict_is_recorded(gw: Setup) -> None:

@@ -63,10 +63,29 @@ def _document() -> dict[str, Any]:
     return doc
 
 
+def nullable(node: Any) -> Any:
+    """`node` with OpenAPI 3.0's `nullable: true` said in JSON Schema's words (a JSON Schema validator ignores
+    the keyword, and would refuse the nulls the document allows): null added to its type and enum, or the
+    schema made one of itself and null."""
+    if isinstance(node, list):
+        return [nullable(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: nullable(v) for k, v in node.items()}
+    if node.pop("nullable", False) is not True:
+        return node
+    if isinstance(node.get("type"), str):
+        node["type"] = [node["type"], "null"]
+        if isinstance(node.get("enum"), list) and None not in node["enum"]:
+            node["enum"] = [*node["enum"], None]
+        return node
+    return {"anyOf": [node, {"type": "null"}]}
+
+
 @functools.cache
 def validator(name: str) -> Any:
-    """A validator of one schema of the pinned document (its references resolved within it)."""
-    doc = _document()
+    """A validator of one schema of the pinned document (its references resolved within it; `nullable` read)."""
+    doc = nullable(_document())
     return jsonschema_rs.Draft202012Validator({"$ref": f"#/components/schemas/{name}", **doc})
 
 

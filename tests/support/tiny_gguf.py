@@ -1,5 +1,6 @@
 """Tiny GGUF files written offline for tests: a 2-layer random-weight llama llama.cpp loads
-(~0.5 MB), one with an unknown architecture, truncated ones, and one whose header lies.
+(~0.5 MB), one with an unknown architecture, truncated ones, one whose header lies, and a tiny
+BERT cross-encoder (a reranker).
 
 API (stable; the llama.cpp integration tests and the storage benchmark use it):
 
@@ -8,6 +9,9 @@ API (stable; the llama.cpp integration tests and the storage benchmark use it):
   CONTROL and non-printable byte tokens UNUSED, so whatever it generates is printable
   text). `arch="notarealarch"` (any name) writes the same file under an architecture
   llama.cpp does not know: the engine must refuse it at start.
+- `write_tiny_reranker(path, *, seed=0) -> Path`: a loadable 2-layer random-weight BERT with
+  llama.cpp's classification head (`cls`, `cls.output`) and a WordPiece vocabulary ([CLS] 2,
+  [SEP] 3): llama.cpp started with rank pooling (`--reranking`) serves `/v1/rerank` from it.
 - `truncate(path, keep_bytes) -> Path`: cut a file to its first `keep_bytes` bytes.
 - `write_lying_header(path, *, seed=0) -> Path`: a complete-looking tiny llama whose
   header declares more tensor data (a larger `output.weight`) than the file holds.
@@ -18,7 +22,7 @@ API (stable; the llama.cpp integration tests and the storage benchmark use it):
   `tensors` small F32 tensors, written with the standard library only (fast: the
   benchmark writes hundreds of them).
 
-`write_tiny_llama` and `write_lying_header` need the `gguf` package (the `test` extra).
+`write_tiny_llama`, `write_tiny_reranker` and `write_lying_header` need the `gguf` package (the `test` extra).
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-__all__ = ["minimal_gguf", "truncate", "write_lying_header", "write_tiny_llama", "write_tiny_lora"]
+__all__ = ["minimal_gguf", "truncate", "write_lying_header", "write_tiny_llama", "write_tiny_lora",
+           "write_tiny_reranker"]
 
 N_EMBD = 64
 N_FF = 128
@@ -223,3 +228,96 @@ def minimal_gguf(arch: str = "llama", *, tensors: int = 1, elements: int = 32) -
     for i in range(tensors):
         out += struct.pack(f"<{elements}f", *([float(i)] * elements)) + b"\0" * (stride - nbytes)
     return bytes(out)
+
+
+# --- a tiny reranker: BERT with a classification head (llama.cpp's rank pooling) ---------------------------
+
+_RERANK_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+_RERANK_CTX = 512
+_TOKEN_TYPES = 2
+
+
+def _reranker_vocab() -> tuple[list[str], list[int]]:
+    """A WordPiece vocabulary as llama.cpp's GGUF holds it (whole words with a leading U+2581, pieces bare)."""
+    tokens = list(_RERANK_SPECIAL)
+    types = [_CONTROL] * len(tokens)
+    types[1] = _UNKNOWN
+    pieces = [f"\u2581{w}" for w in _WORDS] + [f"\u2581{chr(c)}" for c in range(0x21, 0x7F)]
+    pieces += [chr(c) for c in range(0x21, 0x7F)]
+    for piece in pieces:
+        if piece not in tokens:
+            tokens.append(piece)
+            types.append(_NORMAL)
+    return tokens, types
+
+
+def write_tiny_reranker(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """A loadable 2-layer random-weight BERT cross-encoder (`cls` and `cls.output` heads) that llama.cpp serves
+    `/v1/rerank` from when started with rank pooling (`--reranking`)."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    tokens, types = _reranker_vocab()
+    n_vocab = len(tokens)
+
+    def w(*shape: int) -> Any:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    def ones(n: int) -> Any:
+        return np.ones(n, dtype=np.float32)
+
+    def zeros(n: int) -> Any:
+        return np.zeros(n, dtype=np.float32)
+
+    p = Path(path)
+    wr = gguf.GGUFWriter(str(p), "bert")
+    wr.add_name("tiny-reranker")
+    wr.add_file_type(gguf.LlamaFileType.ALL_F32)
+    wr.add_context_length(_RERANK_CTX)
+    wr.add_embedding_length(N_EMBD)
+    wr.add_block_count(N_LAYER)
+    wr.add_feed_forward_length(N_FF)
+    wr.add_head_count(N_HEAD)
+    wr.add_layer_norm_eps(1e-12)
+    wr.add_causal_attention(False)
+    wr.add_pooling_type(gguf.PoolingType.RANK)
+    wr.add_tokenizer_model("bert")
+    wr.add_token_list(tokens)
+    wr.add_token_types(types)
+    wr.add_token_type_count(_TOKEN_TYPES)
+    wr.add_unk_token_id(1)
+    wr.add_pad_token_id(0)
+    wr.add_bos_token_id(2)  # [CLS]
+    wr.add_eos_token_id(3)  # [SEP]
+    wr.add_sep_token_id(3)
+    wr.add_mask_token_id(4)
+    wr.add_add_bos_token(True)
+    wr.add_add_eos_token(True)
+    arrays: dict[str, Any] = {
+        "token_embd.weight": w(n_vocab, N_EMBD),
+        "token_types.weight": w(_TOKEN_TYPES, N_EMBD),
+        "position_embd.weight": w(_RERANK_CTX, N_EMBD),
+        "token_embd_norm.weight": ones(N_EMBD),
+        "token_embd_norm.bias": zeros(N_EMBD),
+    }
+    for i in range(N_LAYER):
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            arrays[f"blk.{i}.{name}.weight"] = w(N_EMBD, N_EMBD)
+            arrays[f"blk.{i}.{name}.bias"] = zeros(N_EMBD)
+        arrays |= {
+            f"blk.{i}.attn_output_norm.weight": ones(N_EMBD), f"blk.{i}.attn_output_norm.bias": zeros(N_EMBD),
+            f"blk.{i}.ffn_up.weight": w(N_FF, N_EMBD), f"blk.{i}.ffn_up.bias": zeros(N_FF),
+            f"blk.{i}.ffn_down.weight": w(N_EMBD, N_FF), f"blk.{i}.ffn_down.bias": zeros(N_EMBD),
+            f"blk.{i}.layer_output_norm.weight": ones(N_EMBD), f"blk.{i}.layer_output_norm.bias": zeros(N_EMBD),
+        }
+    arrays |= {"cls.weight": w(N_EMBD, N_EMBD), "cls.bias": zeros(N_EMBD),
+               "cls.output.weight": (rng.standard_normal((1, N_EMBD))).astype(np.float32),
+               "cls.output.bias": zeros(1)}
+    for name, array in arrays.items():
+        wr.add_tensor(name, array)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return p

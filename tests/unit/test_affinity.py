@@ -98,6 +98,7 @@ def test_affinity_defaults_by_role_and_can_be_set() -> None:
     assert _model().affinity_chars() == PREFIX_CHARS
     assert _model(role="guard").affinity_chars() == PREFIX_CHARS
     assert _model(role="embedding").affinity_chars() == 0
+    assert _model(role="rerank").affinity_chars() == 0  # a rerank is scored whole: no prompt cache to share
     assert _model(routing={"affinity": "off"}).affinity_chars() == 0
     assert _model(role="embedding", routing={"affinity": "prefix", "prefix_chars": 512}).affinity_chars() == 512
     assert _model(routing={"prefix_chars": 100}).affinity_chars() == 100
@@ -269,3 +270,17 @@ async def test_without_a_key_the_pick_is_least_outstanding() -> None:
         async with router.acquire("m", deadline=far()) as endpoint:
             seen.append(endpoint.replica_id)
     assert seen == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_a_prompt_cache_key_names_the_key_whatever_the_text() -> None:
+    one = {"messages": [{"role": "user", "content": "first turn"}], "prompt_cache_key": "conv-7"}
+    other = {"messages": [{"role": "system", "content": "else"}], "prompt_cache_key": "conv-7"}
+    assert affinity_key("chat", one, 64) == affinity_key("chat", other, 64) is not None
+    assert affinity_key("chat", one, 64) != affinity_key("chat", {**one, "prompt_cache_key": "conv-8"}, 64)
+    assert affinity_key("chat", one, 64) != affinity_key("chat", {"messages": one["messages"]}, 64)
+    assert affinity_key("completion", {"prompt": "x", "prompt_cache_key": "conv-7"}, 64) == affinity_key(
+        "chat", one, 64)
+    assert affinity_key("chat", one, 0) is None  # affinity off: the key changes nothing
+    for unnamed in ("", None, 7):
+        assert affinity_key("chat", {**one, "prompt_cache_key": unnamed}, 64) == affinity_key(
+            "chat", {"messages": one["messages"]}, 64)

@@ -11,6 +11,7 @@ from llmgw.errors import OpenAIError
 from llmgw.domain.model import Limits
 from llmgw.gateway.checks import ENGINE_PRIVATE, FIELDS, check_limits, check_request
 from llmgw.wire.asgi import parse_object
+from tests.support.openai_spec import request_fields
 
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 BASE = {"chat": CHAT, "completion": {"model": "m", "prompt": "hi"}, "embedding": {"model": "m", "input": "hi"}}
@@ -33,10 +34,41 @@ def test_every_field_openai_documents_for_chat_is_accepted() -> None:
         "parallel_tool_calls": False, "functions": [], "function_call": "none", "metadata": {"k": "v"},
         "store": False, "modalities": ["text"], "audio": {}, "prediction": {}, "reasoning_effort": "low",
         "verbosity": "low", "service_tier": "auto", "web_search_options": {}, "safety_identifier": "s",
-        "prompt_cache_key": "p", "user": "u",
+        "prompt_cache_key": "p", "user": "u", "prompt_cache_retention": "in_memory",
+        "prompt_cache_options": {"ttl": "30m"}, "moderation": {"model": "omni-moderation-latest"},
     }
     assert check_request("chat", body) == ("m", True)
     assert set(body) == set(FIELDS["chat"])
+
+
+@pytest.mark.parametrize(("kind", "schema"), [("chat", "CreateChatCompletionRequest"),
+                                              ("completion", "CreateCompletionRequest"),
+                                              ("embedding", "CreateEmbeddingRequest")])
+def test_the_fields_are_those_of_the_pinned_spec(kind: str, schema: str) -> None:
+    """A newer copy of OpenAI's document (tests/support/openai_spec.py) shows here what is missing."""
+    assert set(FIELDS[kind]) == request_fields(schema)
+
+
+@pytest.mark.parametrize("field", sorted(FIELDS["chat"]))
+def test_a_null_optional_field_is_never_refused(field: str) -> None:
+    if field in ("model", "messages"):
+        return
+    assert check_request("chat", {**CHAT, field: None}) == ("m", False)
+
+
+@pytest.mark.parametrize(("kind", "field"), [("completion", "prompt"), ("embedding", "input")])
+@pytest.mark.parametrize("value", ["text", ["a", "b"], [1, 2, 3], [[1, 2], [3]], [0]])
+def test_token_ids_wherever_the_spec_takes_them(kind: str, field: str, value: Any) -> None:
+    assert check_request(kind, {**BASE[kind], field: value}) == ("m", False)
+
+
+@pytest.mark.parametrize(("kind", "field"), [("completion", "prompt"), ("embedding", "input")])
+@pytest.mark.parametrize("value", [[1, "a"], ["a", 1], [[1], 2], [[1, "a"]], [1.5], [True], [[True]], [{}],
+                                   [[[1]]], [None]])
+def test_token_arrays_are_typed_precisely(kind: str, field: str, value: Any) -> None:
+    error = refusal(kind, {**BASE[kind], field: value})
+    assert (error.code, error.param) == ("invalid_type", field)
+    assert "token ids" in error.message
 
 
 def test_legacy_completions_and_embeddings_fields() -> None:
@@ -80,6 +112,9 @@ def test_a_field_of_another_endpoint_is_unknown_here() -> None:
         ("chat", "stream", "yes"),
         ("chat", "logprobs", 1),
         ("chat", "stop", 5),
+        ("chat", "stop", ["a", 1]),
+        ("chat", "moderation", "on"),
+        ("chat", "prompt_cache_retention", 24),
         ("chat", "tools", {}),
         ("chat", "tool_choice", 3),
         ("chat", "response_format", "json"),

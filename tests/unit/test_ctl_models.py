@@ -91,7 +91,7 @@ def test_serve_prints_every_problem_of_a_definition() -> None:
     assert r.err == (
         "error: invalid_model: "
         "name: use 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit; "
-        "role: must be one of chat, embedding, guard; "
+        "role: must be one of chat, embedding, guard, rerank; "
         "replicas.min: must not exceed replicas.max\n"
     )
 

@@ -96,6 +96,12 @@ def test_embedding_role_and_pooling_reach_llama_server(tmp_path: Path, gguf: str
     assert launch.argv.count("--embedding") == 1
 
 
+def test_rerank_role_reaches_llama_server_as_reranking(tmp_path: Path, gguf: str) -> None:
+    binary(tmp_path / "bin", "llama-server")
+    launch = spec("llama.cpp", gguf, bin_dir=tmp_path / "bin", role="rerank", devices=("GPU-1",))
+    assert launch.argv.count("--reranking") == 1 and "--embedding" not in launch.argv
+
+
 def test_llama_server_missing_or_unusable(tmp_path: Path, gguf: str) -> None:
     with pytest.raises(EngineError) as caught:
         spec("llama.cpp", gguf, devices=("GPU-1",))
@@ -199,6 +205,28 @@ def test_vllm_one_node(tmp_path: Path) -> None:
         "--enforce-eager",
     ]  # fmt: skip
     assert launch.health_path == "/health"
+
+
+def test_vllm_rerank_runs_the_pooling_runner(tmp_path: Path) -> None:
+    folder = vllm_bin(tmp_path)
+    launch = spec("vllm", str(tmp_path), bin_dir=folder, devices=("GPU-1",), role="rerank")
+    assert flags(launch.argv)["--runner"] == "pooling"
+    assert "--runner" not in spec("vllm", str(tmp_path), bin_dir=folder, devices=("GPU-1",)).argv
+    ray = ray_argvs(["vllm"], "ray", Serve("/m", "demo", HOST, 8000, [], 8, "rerank"), Group(0, 2, "10.0.0.1:6379"))
+    assert flags(ray[1])["--runner"] == "pooling"
+
+
+def test_vllm_tool_calling_flags(tmp_path: Path) -> None:
+    """tool_choice "auto" on vLLM needs these (docs/api.md, "Fields by engine"); a parser it has not is refused."""
+    folder = vllm_bin(tmp_path)
+    model = tmp_path / "qwen"
+    model.mkdir()
+    launch = spec("vllm", str(model), bin_dir=folder, devices=("GPU-1",),
+                  args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes"))
+    assert launch.argv[-3:] == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    with pytest.raises(EngineError) as caught:
+        spec("vllm", str(model), bin_dir=folder, devices=("GPU-1",), args=("--tool-call-parser", "my.module"))
+    assert caught.value.code == "bad_args" and "--tool-call-parser" in caught.value.message
 
 
 # vLLM's docs (serving/parallelism_scaling, PR #23691): on each of 2 nodes of 8 GPUs

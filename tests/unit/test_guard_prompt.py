@@ -119,6 +119,14 @@ def test_a_chat_request_is_user_and_agent_turns_and_a_completion_one_user_turn()
     assert conversation("completion", {"prompt": ["a", "b"]}) == [(USER, "a\nb")]
 
 
+def test_a_reranks_query_and_documents_and_a_tokenize_text_are_one_user_turn() -> None:
+    body = {"query": "which?", "documents": ["first", {"text": "second"}]}
+    assert conversation("rerank", body) == [(USER, "which?\n\nfirst\n\nsecond")]
+    assert conversation("tokenize", {"prompt": "count me"}) == [(USER, "count me")]
+    messages = [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]
+    assert conversation("tokenize", {"messages": messages}) == [(USER, "s"), (AGENT, "a")]
+
+
 def test_answer_texts_from_whole_bodies_and_from_streams() -> None:
     chat = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "one"}},
                         {"index": 1, "message": {"role": "assistant", "content": "two"}}]}

@@ -129,7 +129,7 @@ def test_a_definition_setting_a_field_of_level_two_needs_level_two_and_one_witho
     newer_def = ModelDef.from_doc({"name": "b", "engine": "sim", "source": "sim://b", "fallbacks": ["a"]})
     assert "needs_level" not in commands.put_model(plain, 1.0)
     marked = commands.put_model(newer_def, 2.0)
-    assert marked["needs_level"] == levels.LATER_FIELDS_LEVEL == 2 and marked["needs_release"] == "0.2.0"
+    assert marked["needs_level"] == 2 and marked["needs_release"] == "0.2.0"
     at_one = ClusterState()
     state, _ = commands.apply(at_one, commands.put_model(plain, 1.0))
     with pytest.raises(commands.CommandError) as refused:
@@ -157,3 +157,20 @@ def test_a_key_with_a_priority_class_or_a_model_with_slots_needs_level_two() -> 
         assert refused.value.code == "upgrade_pending"
     state, _ = commands.apply(ClusterState(store_level=2), bulk)
     assert next(iter(state.keys.values())).priority == "bulk"
+
+
+def test_a_value_or_field_of_level_three_needs_level_three_whatever_else_it_sets() -> None:
+    """0.3.0 brought the rerank role (a new value of a field every release reads: an earlier one would take the
+    definition and fail to serve it) and adapters' fields: the command carries the highest level it uses."""
+    from dataclasses import replace
+
+    from llmgw.domain.codec import later_level
+    from llmgw.domain.model import ModelDef
+
+    plain = ModelDef.from_doc({"name": "a", "engine": "sim", "source": "sim://a"})
+    assert later_level(plain) == 1
+    assert later_level(replace(plain, fallbacks=("b",))) == 2
+    reranker = replace(plain, role="rerank", fallbacks=("b",))
+    assert later_level(reranker) == 3
+    marked = commands.put_model(reranker, 1.0)
+    assert marked["needs_level"] == 3 and marked["needs_release"] == "0.3.0"

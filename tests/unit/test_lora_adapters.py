@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw.domain import commands
-from llmgw.domain.codec import state_from_json, state_to_json, uses_later_fields
+from llmgw.domain.codec import later_level, state_from_json, state_to_json
 from llmgw.domain.model import DefinitionError, ModelDef, catalog_problems
 from llmgw.domain.observed import ReplicaObs
 from llmgw.engines.sim.lora import LOAD_PATH, UNLOAD_PATH, SimAdapters
@@ -72,7 +72,7 @@ def test_any_adapter_definition_reads_back_and_is_stored_as_a_later_field(name: 
         return
     a = adapter(name, base, f"/lora/{file}.gguf")
     assert ModelDef.from_doc(a.to_doc()) == a
-    assert uses_later_fields(a)  # an older member could not read it: the command carries the store level
+    assert later_level(a) == 3  # an older member could not read it: the command carries the store level
     assert commands.put_model(a, 0.0)["needs_level"] >= 2  # its command says so (the store level set at merge)
     state = store_with([model(base).build(), a]).snapshot()
     assert state_from_json(state_to_json(state)).models[name] == a

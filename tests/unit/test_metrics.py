@@ -28,7 +28,7 @@ NAME = re.compile(r"llmgw_[a-z0-9_]+\Z")
 # Every label the code may use: none carries a request id, a key or a prompt.
 BOUNDED_LABELS = {"model", "node", "class", "mig", "state", "code", "status", "member", "engine", "version",
                   "judge", "hazard", "outcome", "standing", "direction", "kind", "subject", "severity", "role", "le",
-                  "scope", "reason"}
+                  "scope", "reason", "endpoint"}
 
 
 def view(name: str, desired: int, ready: int, state: str, starting: int = 0, failures: int = 0) -> ModelView:
@@ -135,6 +135,16 @@ def test_names_follow_prometheus_rules_and_labels_are_bounded() -> None:
                 assert not family.name.endswith("_total"), f"{family.name}: _total is for counters"
             for s in family.samples:
                 assert set(s.labels) <= BOUNDED_LABELS, (s.name, s.labels)
+
+
+def test_gateway_requests_are_counted_per_endpoint_and_other_paths_as_one_row() -> None:
+    m = gw.RequestMetrics()
+    for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/responses", "/nope/1", "/nope/2"):
+        m.count(RequestRecord("r", 0.0, "k", "demo", 200, endpoint=path, latency_ms=1.0))
+    samples = parse(render(gw.registry_for(m)).decode())
+    assert value(samples, "llmgw_gateway_endpoint_requests_total", endpoint="/v1/responses") == 2.0
+    assert value(samples, "llmgw_gateway_endpoint_requests_total", endpoint="/v1/messages") == 1.0
+    assert value(samples, "llmgw_gateway_endpoint_requests_total", endpoint="other") == 2.0  # a client's paths: bounded
 
 
 def test_gateway_request_rows_are_bounded_whatever_codes_engines_invent() -> None:

@@ -99,6 +99,23 @@ async def test_max_tokens_cuts_with_finish_reason_length(chat: httpx.AsyncClient
     assert reply["usage"]["completion_tokens"] == 4
 
 
+async def test_a_stop_string_cuts_the_reply_and_is_named_as_vllm_does(chat: httpx.AsyncClient) -> None:
+    request = {**user("one two three"), "stop": ["zzz", "two", "one"]}  # the first in the text ends it
+    reply = (await chat.post("/v1/chat/completions", json=request)).json()["choices"][0]
+    assert (reply["message"]["content"], reply["finish_reason"], reply["stop_reason"]) == ("sim says: ", "stop", "one")
+    frames = sse_frames((await chat.post("/v1/chat/completions", json={**request, "stream": True})).text)
+    chunks = [json.loads(frame) for frame in frames[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "sim says: "
+    assert (chunks[-1]["choices"][0]["finish_reason"], chunks[-1]["choices"][0]["stop_reason"]) == ("stop", "one")
+    # past max_tokens a stop string is never reached; without a stop string the choice has no stop_reason
+    cut = (await chat.post("/v1/chat/completions", json={**user("one two"), "stop": "two", "max_tokens": 3})).json()
+    assert cut["choices"][0]["finish_reason"] == "length" and "stop_reason" not in cut["choices"][0]
+    text = (await chat.post("/v1/completions", json={"prompt": "a b c", "stop": "b"})).json()["choices"][0]
+    assert (text["text"], text["stop_reason"]) == ("sim says: a ", "b")
+    bad = await chat.post("/v1/chat/completions", json={**user("x"), "stop": [1]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "stop"
+
+
 async def test_default_limit_is_64_tokens(chat: httpx.AsyncClient) -> None:
     reply = (await chat.post("/v1/chat/completions", json=user(" ".join(["w"] * 100)))).json()
     assert reply["usage"]["completion_tokens"] == 64
@@ -286,7 +303,13 @@ async def test_malformed_json_is_400(path: str, content: bytes) -> None:
         ("/v1/chat/completions", {**user("x"), "model": 7}, "model"),
         ("/v1/completions", {}, "prompt"),
         ("/v1/completions", {"prompt": 3}, "prompt"),
-        ("/v1/completions", {"prompt": [1, 2]}, "prompt"),
+        ("/v1/completions", {"prompt": [1, "a"]}, "prompt"),
+        ("/v1/completions", {"prompt": [[1], []]}, "prompt"),
+        ("/v1/chat/completions", {**user("x"), "n": 0}, "n"),
+        ("/v1/chat/completions", {**user("x"), "stop": [1]}, "stop"),
+        ("/v1/chat/completions", {**user("x"), "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ("/v1/chat/completions", {**user("x"), "response_format": {"type": "xml"}}, "response_format.type"),
+        ("/v1/chat/completions", {**user("x"), "tools": [{"type": "function"}]}, "tools[0]"),
         ("/v1/completions", {"prompt": []}, "prompt"),
     ],
 )

@@ -31,7 +31,7 @@ class ModelFlags:
     source: str | None = None
     """A path on storage, mirror://NAME, hf://ORG/REPO or sim://NAME."""
     role: str | None = None
-    """chat, embedding or guard."""
+    """chat, embedding, guard or rerank."""
     mode: str | None = None
     """always or on-demand."""
     base: str | None = None

@@ -96,7 +96,7 @@ def model_serve(
     affinity
         How gateways pick the replica (routing.affinity): prefix sends requests that start alike (system prompt
         and first turn) to the same replica so its engine reuses the prompt's cache; off, the least loaded one.
-        Default: prefix for chat and guard models, off for embedding models.
+        Default: prefix for chat and guard models, off for embedding and rerank models.
     prefix_chars
         How many leading characters of a request prefix affinity reads (routing.prefix_chars, 1 to 1048576;
         default 4096).

@@ -35,7 +35,7 @@ def add_key(key_hash: str, name: str, role: str, at: float, *, key_id: str | Non
             extra[field] = value
     command = make("key.add", at, key_hash=key_hash, key_id=key_id or new_key_id(), name=name, role=role, **extra)
     if priority != "default":  # 0.2.0's field: an older member would drop it, so it needs that store level
-        command = levels.stamp({**command, "priority": priority}, levels.LATER_FIELDS_LEVEL)
+        command = levels.stamp({**command, "priority": priority}, 2)
     return command
 
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from llmgw.domain import levels
-from llmgw.domain.codec import uses_later_fields
+from llmgw.domain.codec import later_level
 from llmgw.domain.commands.core import CommandError, make, parsed, readonly, required
 from llmgw.domain.model import DefinitionError, ModelDef, catalog_problems
 from llmgw.domain.state import ClusterState
@@ -20,7 +20,7 @@ from llmgw.domain.state import ClusterState
 def put_model(model: ModelDef, at: float) -> dict[str, Any]:
     """A definition that sets a field an earlier release cannot read needs the store level that brought it."""
     command = make("model.put", at, model=model.to_doc())
-    return levels.stamp(command, levels.LATER_FIELDS_LEVEL) if uses_later_fields(model) else command
+    return levels.stamp(command, later_level(model))
 
 
 def remove_model(name: str, at: float) -> dict[str, Any]:

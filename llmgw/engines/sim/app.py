@@ -1,4 +1,5 @@
-"""The simulator's answers: a raw ASGI app (chat, completions, guard, embeddings) with deterministic replies.
+"""The simulator's answers: a raw ASGI app (chat, completions, guard, embeddings; rerank and tokenize in
+llama.cpp's shapes, tokens.py) with deterministic replies.
 Owns `SimOptions` (what a sim process is told), `make_app` and `SimApp`; `process.py` serves it.
 
 A raw ASGI app rather than Quart: the simulator is the baseline of the
@@ -26,8 +27,11 @@ from llmgw.domain.model import ROLES
 from llmgw.engines.sim.group import GroupRole
 from llmgw.engines.sim.lora import LOAD_PATH, UNLOAD_PATH, SimAdapters
 from llmgw.engines.sim.prefix import PrefixCache
+from llmgw.engines.sim import tokens as sim_tokens
 from llmgw.engines.sim.requests import (check_input, check_messages, check_optional, check_prompt, content_text,
                                         count_words, embed, focus_text, judged_text, max_tokens)
+from llmgw.engines.sim.structured import (ToolCall, cut, json_answer, legacy_logprobs, pieces, response_format, stops,
+                                          token_logprobs, tool_calls)
 from llmgw.errors import OpenAIError
 from llmgw.wire.asgi import (Exchange, RawApp, Receive, Scope, Send, cancel_on_disconnect, dumps, parse_object,
                              read_body, send_json)
@@ -45,6 +49,9 @@ _ROUTES: dict[str, str] = {
     "/v1/embeddings": "POST",
     LOAD_PATH: "POST",
     UNLOAD_PATH: "POST",
+    "/v1/rerank": "POST",  # llama.cpp's paths and shapes (tokens.py)
+    "/tokenize": "POST",
+    "/detokenize": "POST",
 }
 
 
@@ -69,14 +76,27 @@ class SimOptions:
 
 @dataclass(frozen=True)
 class _Reply:
-    """One generated answer: its tokens (concatenating to the text) and the finish reason."""
+    """One generated answer: its tokens (concatenating to the text, or to its tool calls' arguments), the
+    finish reason, the tool calls it makes, and the prompt it echoes first (legacy completions' `echo`)."""
 
     tokens: list[str]
     finish_reason: str
+    calls: tuple[ToolCall, ...] = ()
+    echo: str = ""
+    stop_reason: str | None = None  # the stop string that ended it, as vLLM says (`stop_reason` on the choice)
 
     @property
     def text(self) -> str:
         return "".join(self.tokens)
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What a request asks of its answer beyond the text: log probabilities (None: none; else how many
+    alternatives per token) and the id its tool calls' ids derive from."""
+
+    logprobs: int | None = None
+    call_id: str = ""
 
 
 def make_app(opts: SimOptions) -> SimApp:
@@ -107,6 +127,8 @@ class SimApp(RawApp):
         self.prefix = PrefixCache(opts.prefix_cache_blocks) if opts.prefill_tokens_per_s > 0 else None
         self._prefilling = trio.Lock()  # one prompt read at a time: a replica's compute, as prefill is on a GPU
         self.adapters = SimAdapters(opts.model, opts.lora_lie)  # LoRA adapters, vLLM's runtime API (lora.py)
+        self.vocabulary = sim_tokens.Vocabulary()
+        self.reranked = 0  # rerank requests answered
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -129,6 +151,8 @@ class SimApp(RawApp):
                     await send_json(send, 200, dumps(self._embeddings(body)))
                 elif path in (LOAD_PATH, UNLOAD_PATH):
                     await send_json(send, 200, dumps(self.adapters.answer(path, body)))
+                elif path in ("/v1/rerank", "/tokenize", "/detokenize"):
+                    await send_json(send, 200, dumps(self._tokens(path, body)))
                 else:
                     await self._generate(path, body, receive, send, ex)
         except OpenAIError as error:
@@ -144,8 +168,8 @@ class SimApp(RawApp):
     # -- chat and completions -------------------------------------------------
 
     async def _generate(self, path: str, body: dict[str, Any], receive: Receive, send: Send, ex: Exchange) -> None:
-        if self.opts.role == "embedding":
-            words = f"model {self.opts.model} is an embedding model; use /v1/embeddings"
+        if self.opts.role in ("embedding", "rerank"):
+            words = f"model {self.opts.model} is an {self.opts.role} model; it does not generate"
             raise OpenAIError(400, "unsupported_endpoint", words, param="model")
         chat = path == "/v1/chat/completions"
         self.generated += 1
@@ -174,7 +198,20 @@ class SimApp(RawApp):
                 async with self._prefilling:  # before any byte: the time to first token, queued behind others'
                     await trio.sleep(uncached / self.opts.prefill_tokens_per_s)
         speaker = self.adapters.speaker(body.get("model"))  # "sim[NAME]" for a loaded LoRA adapter
-        replies = [self._reply(text, limit, speaker) for text in prompts]
+        n = check_optional(body, "n", int)
+        if n is not None and not 1 <= n <= 128:
+            raise OpenAIError(400, "invalid_value", "'n' must be in 1..128", param="n")
+        stop = stops(body)
+        logprobs = self._logprobs(body, chat)
+        if chat:
+            fmt, schema = response_format(body)
+            calls = tuple(tool_calls(body, prompts[0]))
+            replies = [self._reply(prompts[0], limit, stop, fmt, schema, calls, speaker=speaker)
+                       for _ in range(n or 1)]
+        else:
+            echo = check_optional(body, "echo", bool) is True
+            replies = [self._reply(text, limit, stop, echo=text if echo else "", speaker=speaker)
+                       for text in prompts for _ in range(n or 1)]
         completion_tokens = sum(len(r.tokens) for r in replies)
         usage = {
             "prompt_tokens": prompt_tokens,
@@ -182,13 +219,14 @@ class SimApp(RawApp):
             "total_tokens": prompt_tokens + completion_tokens,
         }
         id_ = f"{'chatcmpl' if chat else 'cmpl'}-sim-{next(self._ids)}"
+        asked = _Asked(logprobs, id_.replace("chatcmpl-", "call_"))
         created = int(time.time())
         if not stream:
             if self.opts.tokens_per_s > 0:
                 await trio.sleep(completion_tokens / self.opts.tokens_per_s)
-            await send_json(send, 200, dumps(self._whole(chat, id_, created, replies, usage)))
+            await send_json(send, 200, dumps(self._whole(chat, id_, created, replies, usage, asked)))
             return
-        frames = self._chunks(chat, id_, created, replies, usage if include_usage else None)
+        frames = self._chunks(chat, id_, created, replies, usage if include_usage else None, asked)
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         async with trio.open_nursery() as nursery:
             # A client that goes away stops the stream instead of being paced to the end.
@@ -209,38 +247,66 @@ class SimApp(RawApp):
             data = b"data: " + dumps(frame) + b"\n\n"
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
-    def _reply(self, text: str, limit: int, speaker: str = "sim") -> _Reply:
+    @staticmethod
+    def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+        """Chat: `logprobs: true` with `top_logprobs` (0..20) alternatives; completions: the `logprobs` count
+        (0..5). None: not asked."""
+        if chat:
+            top = check_optional(body, "top_logprobs", int)
+            if top is not None and not 0 <= top <= 20:
+                raise OpenAIError(400, "invalid_value", "'top_logprobs' must be in 0..20", param="top_logprobs")
+            if check_optional(body, "logprobs", bool):
+                return top or 0
+            if top:
+                raise OpenAIError(400, "invalid_value", "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+            return None
+        count: int | None = check_optional(body, "logprobs", int)
+        if count is not None and not 0 <= count <= 5:
+            raise OpenAIError(400, "invalid_value", "'logprobs' must be in 0..5", param="logprobs")
+        return count
+
+    def _reply(self, text: str, limit: int, stop: list[str] | None = None, fmt: str = "text", schema: Any = None,
+               calls: tuple[ToolCall, ...] = (), echo: str = "", speaker: str = "sim") -> _Reply:
+        if calls:
+            return _Reply([p for call in calls for p in pieces(call.arguments)], "tool_calls", calls)
         if self.opts.role == "guard":
             text = judged_text(text)
             found = [(m.start(), code) for pattern, code in self._unsafe if (m := pattern.search(text))]
             found += [(m.start(), m.group(1)) for m in _UNSAFE_MARKER.finditer(text)]
             hazards = list(dict.fromkeys(code for _, code in sorted(found)))
             tokens = ["unsafe", "\n" + ",".join(hazards)] if hazards else ["safe"]
+        elif fmt != "text":
+            tokens = pieces(json_answer(fmt, schema, text))
         else:
             words = [speaker, "says:", *text.split()]
             tokens = [words[0], *(" " + w for w in words[1:])]
+        if stop and (stopped := cut(tokens[:limit], stop)) is not None:
+            return _Reply(stopped[0], "stop", echo=echo, stop_reason=stopped[1])
         if len(tokens) > limit:
-            return _Reply(tokens[:limit], "length")
-        return _Reply(tokens, "stop")
+            return _Reply(tokens[:limit], "length", echo=echo)
+        return _Reply(tokens, "stop", echo=echo)
 
     def _whole(
-        self, chat: bool, id_: str, created: int, replies: list[_Reply], usage: dict[str, int]
+        self, chat: bool, id_: str, created: int, replies: list[_Reply], usage: dict[str, int], asked: _Asked
     ) -> dict[str, Any]:
-        if chat:
-            reply = replies[0]
-            choices: list[dict[str, Any]] = [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": reply.text, "refusal": None},
-                    "logprobs": None,
-                    "finish_reason": reply.finish_reason,
-                }
-            ]
-        else:
-            choices = [
-                {"text": r.text, "index": i, "logprobs": None, "finish_reason": r.finish_reason}
-                for i, r in enumerate(replies)
-            ]
+        top = asked.logprobs
+        choices: list[dict[str, Any]] = []
+        for index, reply in enumerate(replies):
+            if chat:
+                message: dict[str, Any] = {"role": "assistant", "content": None if reply.calls else reply.text,
+                                           "refusal": None}
+                if reply.calls:
+                    message["tool_calls"] = [
+                        {"id": f"{asked.call_id}-{index}-{k}", "type": "function",
+                         "function": {"name": call.name, "arguments": call.arguments}}
+                        for k, call in enumerate(reply.calls)]
+                logprobs = None if top is None else {"content": token_logprobs(reply.tokens, 0, top), "refusal": None}
+                choices.append({"index": index, "message": message, "logprobs": logprobs,
+                                "finish_reason": reply.finish_reason, **_said(reply)})
+            else:
+                legacy = None if top is None else legacy_logprobs(reply.tokens, 0, len(reply.echo), top)
+                choices.append({"text": reply.echo + reply.text, "index": index, "logprobs": legacy,
+                                "finish_reason": reply.finish_reason, **_said(reply)})
         return {
             "id": id_,
             "object": "chat.completion" if chat else "text_completion",
@@ -251,7 +317,7 @@ class SimApp(RawApp):
         }
 
     def _chunks(
-        self, chat: bool, id_: str, created: int, replies: list[_Reply], usage: dict[str, int] | None
+        self, chat: bool, id_: str, created: int, replies: list[_Reply], usage: dict[str, int] | None, asked: _Asked
     ) -> Iterator[tuple[bool, dict[str, Any]]]:
         """Stream frames in order, each flagged True when it carries one token."""
         base = {
@@ -260,6 +326,7 @@ class SimApp(RawApp):
             "created": created,
             "model": self.opts.model,
         }
+        top = asked.logprobs
 
         def frame(choice: dict[str, Any]) -> dict[str, Any]:
             extra = {"usage": None} if usage is not None else {}
@@ -267,19 +334,59 @@ class SimApp(RawApp):
 
         for index, reply in enumerate(replies):
             if chat:
-                first = {"role": "assistant", "content": "", "refusal": None}
+                first = {"role": "assistant", "content": None if reply.calls else "", "refusal": None}
                 yield False, frame({"index": index, "delta": first, "logprobs": None, "finish_reason": None})
-                for token in reply.tokens:
-                    delta = {"content": token}
-                    yield True, frame({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
-                end = {"index": index, "delta": {}, "logprobs": None, "finish_reason": reply.finish_reason}
+                position = 0
+                for k, call in enumerate(reply.calls):  # as OpenAI streams them: the call, then its arguments
+                    head = {"index": k, "id": f"{asked.call_id}-{index}-{k}", "type": "function",
+                            "function": {"name": call.name, "arguments": ""}}
+                    yield False, frame({"index": index, "delta": {"tool_calls": [head]}, "logprobs": None,
+                                        "finish_reason": None})
+                    for piece in pieces(call.arguments):
+                        delta: dict[str, Any] = {"tool_calls": [{"index": k, "function": {"arguments": piece}}]}
+                        yield True, frame({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
+                        position += 1
+                for token in ([] if reply.calls else reply.tokens):
+                    logprobs = None if top is None else {"content": token_logprobs([token], position, top),
+                                                         "refusal": None}
+                    yield True, frame({"index": index, "delta": {"content": token}, "logprobs": logprobs,
+                                       "finish_reason": None})
+                    position += 1
+                end = {"index": index, "delta": {}, "logprobs": None, "finish_reason": reply.finish_reason,
+                       **_said(reply)}
             else:
-                for token in reply.tokens:
-                    yield True, frame({"text": token, "index": index, "logprobs": None, "finish_reason": None})
-                end = {"text": "", "index": index, "logprobs": None, "finish_reason": reply.finish_reason}
+                offset = 0
+                if reply.echo:
+                    yield False, frame({"text": reply.echo, "index": index, "logprobs": None, "finish_reason": None})
+                    offset = len(reply.echo)
+                for position, token in enumerate(reply.tokens):
+                    legacy = None if top is None else legacy_logprobs([token], position, offset, top)
+                    yield True, frame({"text": token, "index": index, "logprobs": legacy, "finish_reason": None})
+                    offset += len(token)
+                end = {"text": "", "index": index, "logprobs": None, "finish_reason": reply.finish_reason,
+                       **_said(reply)}
             yield False, frame(end)
         if usage is not None:
             yield False, {**base, "choices": [], "usage": usage}
+
+    # -- rerank, tokenize, detokenize (llama.cpp's shapes) --------------------
+
+    def _tokens(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if path == "/v1/rerank":
+            if self.opts.role != "rerank":  # as llama.cpp answers a server started without --reranking
+                raise OpenAIError(501, "not_supported_error", "This server does not support reranking. Start it "
+                                                              "with `--reranking`")
+            self.reranked += 1
+            return sim_tokens.rerank(body, self.opts.model)
+        if path == "/tokenize":
+            content = body.get("content")
+            if not isinstance(content, str):
+                raise OpenAIError(400, "invalid_request_error", "\"content\" must be a string", param="content")
+            return {"tokens": self.vocabulary.tokenize(content, body.get("add_special") is True)}
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise OpenAIError(400, "invalid_request_error", "\"tokens\" must be an array of integers", param="tokens")
+        return {"content": self.vocabulary.detokenize(ids)}
 
     # -- embeddings -----------------------------------------------------------
 
@@ -312,3 +419,8 @@ class SimApp(RawApp):
             "model": self.opts.model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
+
+
+
+def _said(reply: _Reply) -> dict[str, Any]:
+    return {"stop_reason": reply.stop_reason} if reply.stop_reason is not None else {}

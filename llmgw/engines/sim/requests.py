@@ -121,16 +121,28 @@ def check_input(body: dict[str, Any]) -> list[str]:
 
 
 def _texts(body: dict[str, Any], param: str) -> list[str]:
-    """`body[param]`, a string or a non-empty array of strings, as a list; a 400 in OpenAI's words if not."""
+    """`body[param]` as a list of texts: a string, a non-empty array of strings, of token ids or of arrays of
+    token ids (the spec's four forms; ids read as their numbers' words, one word a token); a 400 in OpenAI's
+    words if not."""
     value = body.get(param)
     if value is None:
         raise OpenAIError(400, "missing_required_parameter", f"'{param}' is required", param=param)
     if isinstance(value, str):
         return [value]
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return value
-    message = f"'{param}' must be a string or a non-empty array of strings"
+    if isinstance(value, list) and value:
+        if all(isinstance(v, str) for v in value):
+            return value
+        if _ids(value):
+            return [" ".join(map(str, value))]
+        if all(isinstance(v, list) and v and _ids(v) for v in value):
+            return [" ".join(map(str, v)) for v in value]
+    message = (f"'{param}' must be a string, a non-empty array of strings, an array of token ids or an array of "
+               f"non-empty arrays of token ids")
     raise OpenAIError(400, "invalid_type", message, param=param)
+
+
+def _ids(value: list[Any]) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
 
 
 def count_words(text: str) -> int:
