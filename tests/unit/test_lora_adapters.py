@@ -293,3 +293,16 @@ engine = "sim"
 source = "sim://base"
 '''
     assert [m.name for m in parse(text, "catalog.toml")] == ["base", "pirate"]
+
+
+def test_an_adapter_loaded_nowhere_is_a_condition_saying_so_not_a_placement_problem() -> None:
+    from test_conditions import model_row, summary_with
+
+    from llmgw.domain.conditions import conditions
+
+    row = model_row(name="pirate", base="base", state="unplaceable", unplaceable=True, desired=0, ready=0,
+                    reason="adapter 'pirate' did not load on any ready replica of 'base': base-r1: No adapter found")
+    [found] = conditions(summary_with(models=(row,)), 0.0)
+    assert (found.kind, found.subject) == ("model_unplaceable", "pirate")
+    assert found.words.startswith("LoRA adapter pirate of model base is loaded on no replica: ")
+    assert "No adapter found" in found.words and "ctl plan" not in found.words
