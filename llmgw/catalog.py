@@ -41,7 +41,8 @@ def parse(text: str, origin: str) -> list[ModelDef]:
 
 def _fallbacks_first(models: list[ModelDef], origin: str) -> list[ModelDef]:
     """The catalog's models checked as a whole (fallbacks, aliases: `catalog_problems`), in an order in which
-    each is defined after its fallbacks (as the store takes them, one at a time), else in the file's order."""
+    each is defined after its fallbacks and a LoRA adapter after its base (as the store takes them, one at a
+    time), else in the file's order."""
     every = {m.name: m for m in models}
     for i, model in enumerate(models):
         if problems := catalog_problems(model, every):
@@ -50,7 +51,7 @@ def _fallbacks_first(models: list[ModelDef], origin: str) -> list[ModelDef]:
     placed: set[str] = set()
     rest = list(models)
     while rest:
-        ready = [m for m in rest if placed.issuperset(m.fallbacks)]
+        ready = [m for m in rest if placed.issuperset(m.fallbacks) and (not m.base or m.base in placed)]
         if not ready:
             names = ", ".join(m.name for m in rest)
             raise CatalogError(f"{origin}: the fallbacks of {names} name each other: a model must be defined "

@@ -176,6 +176,11 @@ class ReplicaRunner(Protocol):
 
     def stop(self, replica_id: str) -> None: ...
 
+    def load_adapters(self, replica_id: str, adapters: Mapping[str, str]) -> None:
+        """Make a ready replica's engine hold exactly these LoRA adapters (name -> file), each reported on the
+        replica (`ReplicaObs.adapters`) as loading, then loaded once the engine lists it, or failed with why."""
+        ...
+
     def close(self) -> None:
         """The agent stops: its replicas stop, or keep running for the next agent (the runner's choice)."""
         ...

@@ -257,6 +257,8 @@ def _act(message: pa.DownMessage, supervisor: ReplicaRunner, link: _Link) -> Non
             _start(supervisor, message)
         elif isinstance(message, pa.StopReplica):
             supervisor.stop(message.replica_id)
+        elif isinstance(message, pa.LoadAdapters):
+            supervisor.load_adapters(message.replica_id, dict(message.adapters))
         elif isinstance(message, pa.Rejected):
             log.warning("control refused this agent's %s message%s: %s", message.message_type,
                         f" for {message.replica_id}" if message.replica_id else "", message.reason)

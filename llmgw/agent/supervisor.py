@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import httpx
 import trio
 
 from llmgw.agent import engine_log
+from llmgw.agent.adapters import sync_adapters, sync_launched
 from llmgw.agent.adoption import (AdoptedProcess, EngineRecord, Records, StartRefused, read_start, same_process,
                                   start_ticks)
 from llmgw.domain.model import ModelDef
@@ -79,6 +80,12 @@ class _Replica:
     stopping: bool = False  # stop() or a replacement: its process is terminated and its files removed
     cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
     done: trio.Event = field(default_factory=trio.Event)  # its task has ended (files settled)
+    adapters_asked: dict[str, str] | None = None  # the LoRA adapters control last asked for (name -> file)
+    adapters_turn: int = 0  # which ask the latest report must come from (an older load's report is dropped)
+    engine: str = ""
+    # llama.cpp: the adapter files it was started with (None: unknown, an adopted engine) and those left out, why.
+    launch_lora: tuple[str, ...] | None = None
+    lora_skipped: dict[str, str] = field(default_factory=dict)
 
 
 class Supervisor:
@@ -140,6 +147,29 @@ class Supervisor:
                        log_path=self._records.log_path(replica_id))
         previous = self._replace(replica_id, rep)
         self._nursery.start_soon(self._run, rep, model, list(gpus), group, previous)
+
+    def load_adapters(self, replica_id: str, adapters: Mapping[str, str]) -> None:
+        """Make a ready replica's engine hold these LoRA adapters (name -> file; agent/adapters.py), each reported
+        `loading`, then `loaded` once the engine lists it or `failed` with why. The same set asked again while it
+        loads, or after, is a no-op."""
+        rep = self._replicas.get(replica_id)
+        if rep is None or rep.obs.state != "ready" or rep.adapters_asked == dict(adapters):
+            return
+        had, rep.adapters_asked = rep.adapters_asked or {}, dict(adapters)
+        rep.adapters_turn += 1
+        turn = rep.adapters_turn
+
+        def report(states: dict[str, str], ids: dict[str, int] | None = None, loras: int = 0) -> None:
+            if self._replicas.get(replica_id) is rep and rep.adapters_turn == turn and rep.obs.state == "ready":
+                rep.obs = replace(rep.obs, adapters=states, adapter_ids=ids or {}, loras=loras)
+                self._changed()
+
+        if rep.engine == "llama.cpp":  # adapters given at launch: only verified here
+            self._nursery.start_soon(sync_launched, self._http, rep.obs.url, dict(adapters), report,
+                                     self._timeouts.adapter_load_s, rep.launch_lora, dict(rep.lora_skipped))
+            return
+        self._nursery.start_soon(sync_adapters, self._http, rep.obs.url, dict(adapters), had, report,
+                                 self._timeouts.adapter_load_s)
 
     def stop(self, replica_id: str) -> None:
         """Stop and forget a replica: its process is terminated (then killed), its record and log removed."""
@@ -231,7 +261,7 @@ class Supervisor:
             rid = record.replica_id
             # Its process runs: loading, if not ready (the checkpoint's size is unknown here).
             rep = _Replica(ReplicaObs(rid, record.model, self.node, "starting", since=record.started, phase="loading"),
-                           launch=record.launch, log_path=self._records.log_path(rid))
+                           launch=record.launch, log_path=self._records.log_path(rid), engine=record.engine)
             self._replicas[rid] = rep
             if not same_process(record.pid, record.start_ticks):
                 # Reported once: the record goes now, the log when control stops the replica.
@@ -276,7 +306,7 @@ class Supervisor:
                     build = functools.partial(
                         launch_spec, model.engine, model=model.name, role=model.role, source=model.source,
                         host=self.host, port=port, args=model.args, devices=devices, group=group,
-                        roots=self._roots, cwd=str(self._records.dir.resolve()))
+                        roots=self._roots, cwd=str(self._records.dir.resolve()), lora=model.lora)
                     # Off the loop where it reads and checks the weights' header (up to 64 MiB, maybe
                     # on a network filer): the stream's heartbeats must not wait for it. The sim
                     # reads no weights.
@@ -284,6 +314,7 @@ class Supervisor:
                 except EngineError as e:
                     self._fail(rep, e.message)
                     return
+                rep.engine, rep.launch_lora, rep.lora_skipped = model.engine, model.lora, dict(spec.lora_skipped)
                 self._loading(rep, spec.weights_bytes)
                 url = f"http://{url_host(self.host)}:{spec.port or port}"
                 env = {**os.environ, **spec.env}

@@ -105,6 +105,13 @@ def render_list(state: ClusterState, observed: Observed, views: Mapping[str, Any
     keys = {"name": lambda r: r.model.name, "state": lambda r: STATES.index(r.state) if r.state in STATES else 99,
             "engine": lambda r: r.model.engine, "ready": lambda r: r.ready, "placed": lambda r: len(r.placements),
             "failures": lambda r: r.failures, "memory": lambda r: estimate(r).total_bytes}
+    # LoRA adapters go under their base (sorted among themselves by name), not in the sort and pages.
+    bases = {r.model.name for r in shown if not r.model.base}
+    adapters: dict[str, list[Row]] = defaultdict(list)
+    for r in shown:
+        if r.model.base in bases:
+            adapters[r.model.base].append(r)
+    shown = [r for r in shown if r.model.base not in bases]
     part = listing.page_of(listing.sort_rows(shown, keys[query.sort], query.descending), query)
     by_state: dict[str, int] = defaultdict(int)
     for r in every:
@@ -117,13 +124,33 @@ def render_list(state: ClusterState, observed: Observed, views: Mapping[str, Any
                 '<code>llmgw ctl model serve</code>.</p>')
     controls = listing.controls(query, sorts=SORTS, testid="models", selects={
         "state": ("State", STATES), "engine": ("Engine", ENGINES), "role": ("Role", ROLES)})
-    body = [[f'<a href="/models/{esc(quote(r.model.name, safe=""))}" data-testid="model-link">{esc(r.model.name)}</a>',
-             r.model.engine, r.model.role, r.model.mode, state_html(r, now), counts(r), where(r.placements),
-             r.last_error or "", estimate_html(estimate(r))] for r in part.rows]
+    body = []
+    for r in part.rows:
+        body.append([f'<a href="/models/{esc(quote(r.model.name, safe=""))}" data-testid="model-link">'
+                     f'{esc(r.model.name)}</a>', r.model.engine, r.model.role, r.model.mode, state_html(r, now),
+                     counts(r), where(r.placements), r.last_error or "", estimate_html(estimate(r))])
+        body.extend(_adapter_row(a, observed, now) for a in adapters.get(r.model.name, ()))
     return (head + controls + listing.pages(part, query) +
             table(["Model", "Engine", "Role", "Mode", "State", "Ready / desired", "Runs on", "Last error",
                    "Memory (one replica)"], body, testid="models-table", empty="no model matches") +
             listing.pages(part, query))
+
+
+def _adapter_row(r: Row, observed: Observed, now: float) -> list[str]:
+    """A LoRA adapter's row, under its base's: where it is loaded (the replicas of its base that list it)."""
+    states = dict(on_replicas(r.model.name, observed))
+    loaded = [rid for rid, state in states.items() if state == "loaded"]
+    runs = ("loaded on " + ", ".join(loaded[:WHERE_SHOWN])) if loaded else "loaded nowhere"
+    failed = [f"{rid}: {state}" for rid, state in states.items() if state.startswith("failed")]
+    return [f'<span class="adapter">↳ <a href="/models/{esc(quote(r.model.name, safe=""))}" '
+            f'data-testid="adapter-link">{esc(r.model.name)}</a></span>', r.model.engine, r.model.role,
+            f"adapter of {esc(r.model.base)}", state_html(r, now), esc(f"{len(loaded)} / {len(states)} loaded"),
+            esc(runs), esc(failed[0]) if failed else "", ""]
+
+
+def on_replicas(name: str, observed: Observed) -> list[tuple[str, str]]:
+    """(replica id, the adapter's state there) for each replica asked to load adapter `name`."""
+    return sorted((rid, obs.adapter(name)) for rid, obs in observed.replicas.items() if obs.adapter(name))
 
 
 def _wanted(r: Row, query: listing.Query) -> bool:
@@ -244,6 +271,16 @@ def render_model(state: ClusterState, observed: Observed, views: Mapping[str, An
                 "an admin can retry it from Do")
         out.append(f'<p class="banner warn" data-testid="parked-notice">Parked after {r.failures} failed start(s): '
                    f'not placed again until its definition changes or it is retried. {hint}</p>')
+    if m.base:  # a LoRA adapter: no replicas of its own; its state on each replica of its base
+        base = f'<a href="/models/{esc(quote(m.base, safe=""))}">{esc(m.base)}</a>'
+        out.append(f'<h2>On the replicas of {base}</h2><p>A LoRA adapter of {base}: served by its replicas whose '
+                   f'engine lists it loaded.</p>')
+        out.append(table(["Replica", "Adapter"], [[esc(rid), esc(state)] for rid, state in on_replicas(name, observed)],
+                         testid="adapter-replicas", empty="no replica asked to load it yet"))
+    elif adapters := sorted(n for n, a in state.models.items() if a.base == name):
+        out.append("<h2>LoRA adapters</h2><p>" + ", ".join(
+            f'<a href="/models/{esc(quote(n, safe=""))}" data-testid="adapter-link">{esc(n)}</a>' for n in adapters)
+                   + "</p>")
     out.append("<h2>Replicas</h2>")
     out.append(table(["Replica", "Node", "Devices", "State", "URL", "Error"],
                      [[x["replica_id"], x["node"], labels(list(x["gpus"])) or "CPU", x["state"], x["url"] or "",

@@ -129,6 +129,11 @@ def _models(models: Iterable[ModelRow], timeouts: Timeouts) -> Iterable[Conditio
                 f"model {name} is parked after {m.failures_in_row} failed start(s) in a row and is not "
                 f"placed again: {error}. Fix its definition (source, profile, engine) or the nodes, then "
                 f"`llmgw ctl model retry {name}`"))
+        elif (m.unplaceable is True or m.state == "unplaceable") and m.base:
+            yield _c("model_unplaceable", name, (
+                f"LoRA adapter {name} of model {m.base} is loaded on no replica: {m.reason or 'no reason given'}. "
+                f"Fix its file (`llmgw ctl model show {name}` has each replica's words), then remove the adapter and "
+                f"define it again"))
         elif m.unplaceable is True or m.state == "unplaceable":
             yield _c("model_unplaceable", name, (
                 f"model {name} should run but fits on no node: {m.reason or 'no reason given'}. Free room "

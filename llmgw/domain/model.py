@@ -22,6 +22,9 @@ MODES = ("always", "on-demand")
 MAX_REPLICAS = 256
 MAX_FALLBACKS = 8  # models tried after this one, in order (each costs the client a refusal's time at most)
 MAX_ALIASES = 16  # public names beyond its own
+# Engines that serve LoRA adapters (every one): vLLM and the sim load them at run time (agent/adapters.py);
+# llama.cpp at launch (`lora`), its replicas replaced by ones started with a new adapter (reconcile/adapters.py).
+ADAPTER_ENGINES = ENGINES
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # used with fullmatch
 _SOURCE_SCHEMES = ("sim://", "mirror://", "hf://", "pkg://")
@@ -118,6 +121,18 @@ class ModelDef:
     fallbacks: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()  # more public names of this model; one on several models is a group
     routing: Routing = DEFAULT_ROUTING  # how gateways pick its replica: prefix affinity (gateway/affinity.py)
+    # A LoRA adapter of the model named here (docs/api.md, "LoRA adapters"): `source` is the adapter's file,
+    # engine and role are the base's; it has no replicas of its own and is served by the base's replicas whose
+    # engine lists it loaded. "": a model of its own.
+    base: str = ""
+    # The LoRA adapter files a llama.cpp replica of this model loads at launch, in order (llama.cpp's adapter id
+    # is the index): set by the reconciler from the adapters defined on the model (reconcile/adapters.py), in the
+    # definition sent to agents only, never in a stored one (the admin API refuses the key).
+    lora: tuple[str, ...] = ()
+
+    @property
+    def is_adapter(self) -> bool:
+        return bool(self.base)
 
     def affinity_chars(self) -> int:
         """How many leading characters of a request the gateway's affinity key hashes; 0: affinity off."""
@@ -148,13 +163,17 @@ class ModelDef:
             doc["fallbacks"] = list(self.fallbacks)
         if self.aliases:
             doc["aliases"] = list(self.aliases)
+        if self.base:
+            doc["base"] = self.base
+        if self.lora:
+            doc["lora"] = list(self.lora)
         return doc
 
     def launch_hash(self) -> str:
         """What a running replica was started from: a change here replaces replicas
         and un-parks the model (a new source or profile deserves a fresh try)."""
         doc = self.to_doc()
-        launch = {k: doc[k] for k in ("engine", "role", "source", "args", "profile")}
+        launch = {k: doc[k] for k in ("engine", "role", "source", "args", "profile", "lora") if k in doc}
         blob = json.dumps(launch, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -175,7 +194,8 @@ class ModelDef:
         name = p.check(_name, doc)
         engine = p.check(_choice, doc, "engine", ENGINES, required=True)
         role = p.check(_choice, doc, "role", ROLES, default="chat")
-        source = p.check(_source, doc, engine)
+        base = p.check(_base, doc, name)
+        source = p.check(_adapter_source, doc) if base else p.check(_source, doc, engine)
         mode = p.check(_choice, doc, "mode", MODES, default="always")
         replicas = _replicas(doc.get("replicas", {}), mode, p)
         idle = p.check(_positive_num, doc, "idle_timeout_s", 900.0)
@@ -187,11 +207,13 @@ class ModelDef:
         fallbacks = p.check(_names, doc, "fallbacks", MAX_FALLBACKS, name)
         aliases = p.check(_names, doc, "aliases", MAX_ALIASES, name)
         routing = _routing(doc.get("routing", {}), p)
+        lora = p.check(_lora, doc)
         p.raise_if_any()
         # No problem was found, so every check returned its value.
         assert name and engine and role and source and mode and replicas and idle and window and profile and limits
         assert timeouts is not None and routing is not None
-        assert args is not None and fallbacks is not None and aliases is not None
+        assert args is not None and fallbacks is not None and aliases is not None and base is not None
+        assert lora is not None
         if engine == "sim" and not profile.cpu and not _asks_for_gpus(doc.get("profile", {})):
             # A sim model whose profile says nothing of GPUs runs on CPU (it needs none); one that
             # names gpus/tp/pp/nodes/classes or says `cpu = false` takes GPUs like a real engine.
@@ -213,6 +235,8 @@ class ModelDef:
             fallbacks=fallbacks,
             aliases=aliases,
             routing=routing,
+            base=base,
+            lora=lora,
         )
 
 
@@ -252,6 +276,22 @@ def check_source(source: str, engine: str) -> None:
         raise DefinitionError("source", "names nothing")
 
 
+def check_adapter_source(source: str) -> None:
+    """A LoRA adapter's file: an absolute path on the base's nodes. Where `mirror://` adapters will be accepted
+    once the mirror fetches them (an adapter is one small file, fetched like a checkpoint)."""
+    _check_source_text(source)
+    if source.startswith("mirror://"):
+        raise DefinitionError("source", "an adapter from the mirror is not supported yet: give the adapter file's "
+                                        "absolute path")
+    if not source.startswith("/"):
+        raise DefinitionError("source", "an adapter's source is the absolute path of its file (e.g. "
+                                        "/models/lora/my-adapter.gguf)")
+    if ".." in source.replace("%2e", ".").replace("%2E", ".").split("/"):
+        raise DefinitionError("source", "must not contain '..' segments")
+    if not source.strip("/"):
+        raise DefinitionError("source", "names nothing")
+
+
 def _check_source_text(source: str) -> None:
     """What is wrong with a source whatever the engine."""
     if any(ord(c) < 32 or ord(c) == 127 for c in source):
@@ -265,7 +305,7 @@ def _check_source_text(source: str) -> None:
 _KEYS = frozenset({
     "name", "engine", "role", "source", "mode", "replicas",
     "idle_timeout_s", "activation_window_s", "args", "profile", "limits", "timeouts", "fallbacks", "aliases",
-    "routing",
+    "routing", "base", "lora",
 })
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -336,7 +376,7 @@ def catalog_problems(model: ModelDef, models: Mapping[str, ModelDef]) -> list[tu
     definition, if there, is passed over): each fallback must be a defined model of the same role; an
     alias must not be a model's name, and an alias shared with other models (a group) must join models
     of the same role; the model's name must not be another model's alias. Empty: nothing."""
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str]] = adapter_problems(model, models)
     for name in model.fallbacks:
         other = models.get(name)
         if other is None or name == model.name:
@@ -356,6 +396,69 @@ def catalog_problems(model: ModelDef, models: Mapping[str, ModelDef]) -> list[tu
         if shared and other.role != model.role:
             found.append(("aliases", f"{sorted(shared)[0]!r} is also an alias of model {name!r} (role {other.role}); "
                                      f"the models sharing an alias must have the same role"))
+    return found
+
+
+def _base(doc: Mapping[str, Any], own: str | None) -> str:
+    """`base`: the model a LoRA adapter applies to ("" when absent: a model of its own)."""
+    base = _str(doc, "base")
+    if base and not _NAME_RE.fullmatch(base):
+        raise DefinitionError("base", f"{base!r:.60} is not a model name")
+    if base and base == own:
+        raise DefinitionError("base", "must not name the model itself")
+    return base
+
+
+def _lora(doc: Mapping[str, Any]) -> tuple[str, ...]:
+    """`lora`: the adapter files a llama.cpp replica loads at launch (absolute paths)."""
+    value = doc.get("lora", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(value) > 256:
+        raise DefinitionError("lora", "must be a list of at most 256 adapter files")
+    for item in value:
+        try:
+            check_adapter_source(item)
+        except DefinitionError as e:
+            raise DefinitionError("lora", f"{item[:80]!r}: {e.message}") from None
+    return tuple(value)
+
+
+def _adapter_source(doc: Mapping[str, Any]) -> str:
+    source = _str(doc, "source", required=True)
+    check_adapter_source(source)
+    return source
+
+
+def adapter_problems(model: ModelDef, models: Mapping[str, ModelDef]) -> list[tuple[str, str]]:
+    """What is wrong with `model` as a LoRA adapter, or as the base of the adapters defined on it: an adapter's
+    base is a defined model that is no adapter itself, of the adapter's engine and role (an adapter takes
+    them from its base); an adapter is the base of nothing; a base keeps the engine and role of its adapters."""
+    found: list[tuple[str, str]] = []
+    adapters = sorted(n for n, m in models.items() if m.base == model.name and n != model.name)
+    if model.base:
+        base = models.get(model.base)
+        if base is None:
+            found.append(("base", f"{model.base!r} is not a defined model"))
+        elif base.base:
+            found.append(("base", f"{model.base!r} is itself an adapter (of {base.base!r}); an adapter's base is "
+                                  f"a model"))
+        elif base.engine not in ADAPTER_ENGINES:
+            found.append(("base", f"{model.base!r} runs on {base.engine}, whose adapters llmgw does not load yet "
+                                  f"(it loads them into {' and '.join(ADAPTER_ENGINES)} engines)"))
+        else:
+            if base.engine != model.engine:
+                found.append(("engine", f"must be its base's engine ({base.engine}), not {model.engine}"))
+            if base.role != model.role:
+                found.append(("role", f"must be its base's role ({base.role}), not {model.role}"))
+        if adapters:
+            found.append(("base", f"model {model.name!r} is the base of adapter {adapters[0]!r}: an adapter cannot "
+                                  f"be a base"))
+    else:
+        for name in adapters:
+            other = models[name]
+            if other.engine != model.engine or other.role != model.role:
+                found.append(("engine", f"adapter {name!r} of this model is for engine {other.engine} and role "
+                                        f"{other.role}: remove it first, or keep them"))
+                break
     return found
 
 

@@ -13,6 +13,7 @@ from llmgw.domain.activation import Progress
 from llmgw.domain.frozen import Doc
 
 REPLICA_STATES = ("starting", "ready", "failed", "stopped")
+MAX_ADAPTERS = 1024  # LoRA adapters one replica reports
 
 
 MIG_INDEX_BASE = 1000  # a MIG instance's placement index: 1000 + 100 × card + instance
@@ -144,12 +145,26 @@ class ReplicaObs:
     # checkpoint); "" from an agent that does not say (llmgw.domain.activation has the phases).
     phase: str = ""
     weights_bytes: int | None = None  # the checkpoint's size on disk, once the agent has resolved it
+    # The LoRA adapters control asked this replica to load: name -> "loading", "loaded" (its engine lists it),
+    # or "failed: why". Empty: none asked (or an agent that predates adapters).
+    adapters: Mapping[str, str] = field(default_factory=dict)
+    # A loaded adapter's id in its engine, where requests name it by id (llama.cpp's `lora` field): name -> id.
+    adapter_ids: Mapping[str, int] = field(default_factory=dict)
+    # How many adapters its engine lists (llama.cpp: those it loaded at launch, ids 0..n-1); 0: none, or unknown.
+    loras: int = 0
+
+    def adapter(self, name: str) -> str:
+        """The adapter's state on this replica ("" when it was not asked to load it)."""
+        return self.adapters.get(name, "")
 
     @classmethod
     def from_doc(cls, d: Mapping[str, Any], node: str) -> ReplicaObs:
         state = str(d.get("state", ""))
         if state not in REPLICA_STATES:
             raise ValueError(f"unknown replica state {state!r}")
+        adapters = d.get("adapters") or {}
+        if not isinstance(adapters, Mapping) or len(adapters) > MAX_ADAPTERS:
+            raise ValueError(f"adapters must be an object of at most {MAX_ADAPTERS} names")
         size = d.get("weights_bytes")
         return cls(
             replica_id=str(d["replica_id"]),
@@ -161,10 +176,24 @@ class ReplicaObs:
             since=float(d.get("since", 0.0)),
             phase=str(d.get("phase", ""))[:32],
             weights_bytes=size if type(size) is int and size >= 0 else None,
+            adapters={str(k)[:128]: str(v)[:500] for k, v in adapters.items()},
+            adapter_ids=_ids(d.get("adapter_ids")),
+            loras=loras if type(loras := d.get("loras")) is int and 0 <= loras <= MAX_ADAPTERS else 0,
         )
 
     def to_doc(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        doc = dict(self.__dict__)
+        doc["adapters"] = dict(self.adapters)  # a leader that predates adapters ignores the key
+        doc["adapter_ids"] = dict(self.adapter_ids)
+        return doc
+
+
+def _ids(value: Any) -> dict[str, int]:
+    if not value:
+        return {}
+    if not isinstance(value, Mapping) or len(value) > MAX_ADAPTERS:
+        raise ValueError(f"adapter_ids must be an object of at most {MAX_ADAPTERS} names")
+    return {str(k)[:128]: v for k, v in value.items() if type(v) is int and 0 <= v < 1 << 16}
 
 
 @dataclass(frozen=True)
@@ -205,6 +234,9 @@ class Endpoint:
     replica_id: str
     url: str  # engine base URL, no trailing slash
     node: str = ""  # the node it runs on (for the request log)
+    # The LoRA adapters its engine holds when requests must set each one's scale (llama.cpp keeps a request's
+    # scales for the next ones on its slot): ids 0..loras-1, each sent at scale 0 but the adapter asked for.
+    loras: int = 0
 
 
 @dataclass(frozen=True)
@@ -221,6 +253,10 @@ class ModelRoute:
     # The activation window in force when longer than the definition's (its checkpoint's size at the
     # nominal load rate, llmgw.domain.activation.window_s); 0: the definition's own.
     window_s: float = 0.0
+    base: str = ""  # a LoRA adapter's base model: its endpoints are the base's replicas that list it loaded
+    # Where the engine names adapters by id (llama.cpp's request field `lora`): the adapter's id on every one of
+    # these endpoints (the route holds only replicas where it has this id); None: by its name (vLLM, sim).
+    lora_id: int | None = None
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,7 @@ class ModelRow(Doc):
     # While it starts: how far (`llmgw.domain.activation.Progress.to_doc` as of the summary's time), else None.
     activation: Mapping[str, Any] | None = None
     window_s: float | None = None  # the activation window in force (longer than the definition's for a big checkpoint)
+    base: str = ""  # a LoRA adapter's base model ("" for a model of its own)
 
 
 # --- the control planes -----------------------------------------------------------------------------------
@@ -393,6 +394,8 @@ def _model_warnings(m: ModelRow) -> list[str]:
                    f"(a restart storm), {m.ready}/{m.desired} ready: {m.last_error or 'no error text'}")
     if m.parked:
         out.append(f"model {m.name} is parked: {m.reason}")
+    elif m.state == "unplaceable" and m.base:
+        out.append(f"LoRA adapter {m.name} of {m.base} is loaded on no replica: {m.reason}")
     elif m.state == "unplaceable":
         out.append(f"model {m.name} cannot be placed: {m.reason}")
     elif m.failures_in_row and m.state not in ("stopped", "absent"):
@@ -429,6 +432,7 @@ def model_row(state: ClusterState, name: str, view: Any | None, failed: int, res
         restart_storm=restarts >= storm,
         activation=activation_doc(view, now),
         window_s=(getattr(view, "window_s", 0.0) or m.activation_window_s) if view else None,
+        base=m.base,
     )
 
 
@@ -533,7 +537,20 @@ def model_status(state: ClusterState, observed: Observed, name: str, view: Any |
         "activation": activation_doc(view, now),
         "window_s": (getattr(view, "window_s", 0.0) or state.models[name].activation_window_s) if view else None,
         "replicas": replicas,
+        **_adapter_status(state, observed, name),
     }
+
+
+def _adapter_status(state: ClusterState, observed: Observed, name: str) -> dict[str, Any]:
+    """A LoRA adapter's state on each replica of its base (`adapter_on`: replica id -> loaded, loading, or
+    "failed: why"; a replica not asked yet is absent); a base's adapters (`adapters`: their names)."""
+    model = state.models[name]
+    if model.base:
+        on = {p.replica_id: obs.adapter(name) for p in state.placements_of(model.base)
+              if (obs := observed.replicas.get(p.replica_id)) is not None and obs.adapter(name)}
+        return {"adapter_on": on}
+    adapters = sorted(n for n, m in state.models.items() if m.base == name)
+    return {"adapters": adapters} if adapters else {}
 
 
 # A member further than this behind the leader's commit index is "catching up", not "healthy".

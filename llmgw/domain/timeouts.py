@@ -73,6 +73,7 @@ class Timeouts:
     engine_liveness_request_s: float = _t(3.0, "agent", "one /health probe of a ready engine gives up after this long (a hung engine: the probe counts as failed)")
     engine_start_s: float = _t(600.0, "agent", "an engine not serving this long after its start has failed (large weights load slowly)")
     engine_exit_log_s: float = _t(0.1, "agent", "an engine that exited before serving: its log's last lines are read after this long")
+    adapter_load_s: float = _t(60.0, "agent", "one LoRA adapter load asked of an engine (and the list of what it serves read after it) gives up after this long; the adapter is then reported failed on that replica")
     engine_stop_grace_s: float = _t(5.0, "agent", "after SIGTERM, an engine is killed (SIGKILL) once this has passed")
     engine_parent_poll_s: float = _t(1.0, "engine", "how often an engine checks that its agent is alive (it stops when not)")
     engine_version_s: float = _t(5.0, "agent", "`llama-server --version` or `vllm --version`, run once per binary to report the engine's version, gives up after this long (the version shows as unknown)")

@@ -149,12 +149,15 @@ def launch_spec(
     roots: Sequence[str] = (),
     cwd: str | None = None,
     environ: Mapping[str, str] | None = None,
+    lora: Sequence[str] = (),
 ) -> LaunchSpec:
     """The process to start for one replica (or one rank of a group); EngineError when it cannot run here.
 
     `devices`: GPU or MIG UUIDs, the only ones it may see (none: no GPU at all). `roots`: the
     node's storage directories a path source must lie in (none: any absolute path). `cwd`: where
-    it starts, a directory the agent owns ("/" when not given), never the agent's own.
+    it starts, a directory the agent owns ("/" when not given), never the agent's own. `lora`: LoRA adapter
+    files a llama.cpp replica loads at launch (scale 0 until a request names one); one that cannot be used is
+    left out, with why (`LaunchSpec.lora_skipped`), and the engine starts without it. Other engines ignore it.
     Every check happens here, before any process starts: engine, role, name, args, source, weights.
     """
     if engine not in ENGINE_ARGS:
@@ -180,14 +183,36 @@ def launch_spec(
     weights = resolve_source(source, roots)
     if weights.startswith("sim://"):
         raise EngineError("bad_source", f"engine {engine} needs weights, not {source!r}")
+    loras, skipped = _lora_files(lora, roots) if engine == "llama.cpp" else ([], {})
     spec = _weights_engine(engine, weights, values, model=model, role=role, host=host, port=port, devices=devices,
-                           group=group, env=env, common=common, args=args, where=where, environ=env_in)
-    return replace(spec, weights_bytes=checkpoint_bytes(weights))  # what the replica reports while loading
+                           group=group, env=env, common=common, args=args, where=where, environ=env_in, lora=loras)
+    # What the replica reports while loading; the adapters left out, for its report.
+    return replace(spec, weights_bytes=checkpoint_bytes(weights), lora_skipped=skipped)
+
+
+def _lora_files(files: Sequence[str], roots: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The LoRA adapter files llama.cpp can load (inside the storage roots, a GGUF that says it is an adapter),
+    and those left out with why: a bad adapter must not keep its base from starting."""
+    from llmgw.weights.gguf import WeightsError, check_gguf
+
+    found, skipped = [], {}
+    for file in files:
+        try:
+            path = resolve_source(file, roots)
+            kind = check_gguf(path).metadata.get("general.type")
+            if kind != "adapter":
+                raise EngineError("bad_source", f"{file} is not a LoRA adapter GGUF (general.type is {kind!r})")
+            found.append(path)
+        except EngineError as e:
+            skipped[file] = e.message
+        except (WeightsError, OSError) as e:
+            skipped[file] = f"{file} is not a readable GGUF: {e}"
+    return found, skipped
 
 
 def _weights_engine(engine: str, weights: str, values: dict[str, Any], *, model: str, role: str, host: str,
                     port: int, devices: Sequence[str], group: Group | None, env: dict[str, str], common: list[str],
-                    args: Sequence[str], where: str, environ: Mapping[str, str]) -> LaunchSpec:
+                    args: Sequence[str], where: str, environ: Mapping[str, str], lora: Sequence[str] = ()) -> LaunchSpec:
     """`launch_spec` for an engine that reads `weights` (a resolved, checked path)."""
     env_in = environ
     tokens = engine_tokens(engine, values)
@@ -199,7 +224,8 @@ def _weights_engine(engine: str, weights: str, values: dict[str, Any], *, model:
     from llmgw.engines import llama_server, llamacpp
 
     if not devices and group is None and llamacpp.KIND.detect(env_in) is not None:
-        argv = self_command() + ["engine", "llama-cpp", *common, "--weights", weights, *args]
+        loras = [token for file in lora for token in ("--lora", file)]
+        argv = self_command() + ["engine", "llama-cpp", *common, "--weights", weights, *loras, *args]
         return LaunchSpec(argv, env, cwd=where)
     server = llama_server.find(env_in)
     if server is None:
@@ -214,7 +240,7 @@ def _weights_engine(engine: str, weights: str, values: dict[str, Any], *, model:
         return LaunchSpec(llama_server.rpc_argv(rpc, host=host, port=port), env, health_path=None, probe="tcp",
                           cwd=where, port=port)
     argv = llama_server.server_argv(server, weights=weights, model=model, host=host, port=port, role=role,
-                                    tokens=tokens, gpu=bool(devices), rpc=group.members if group else ())
+                                    tokens=tokens, gpu=bool(devices), rpc=group.members if group else (), lora=lora)
     return LaunchSpec(argv, env, cwd=where)
 
 
@@ -235,6 +261,8 @@ def _vllm(weights: str, *, model: str, host: str, port: int, tokens: list[str], 
                                                 "came in 0.11.1): upgrade vLLM, or run the Ray path by hand "
                                                 "(docs/engines.md)")
         env["VLLM_HOST_IP"] = host  # the address vLLM's ranks tell each other
+    if "--enable-lora" in tokens:  # LoRA adapters loaded at run time (llmgw/agent/adapters.py)
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     argv = vllm.serve_argv(cmd, vllm.Serve(weights, model, host, port, tokens, len(devices), role), group)
     if group is not None and group.rank > 0:
         return LaunchSpec(argv, env, health_path=None, probe="process", cwd=cwd)

@@ -44,6 +44,15 @@ def definition_problems(engine: Any, source: Any, args: Any, weights_dirs: Seque
     return problems
 
 
+def adapter_source_problem(source: Any, weights_dirs: Sequence[str]) -> str | None:
+    """A LoRA adapter's file (an absolute path, whatever its base's engine) only inside the dirs allowed for
+    weights, as a checkpoint's. The place a `mirror://` adapter source is admitted once the mirror fetches
+    adapters (the definition's own check refuses it until then)."""
+    if isinstance(source, str) and source.startswith("/"):
+        return _path_problem(source, weights_dirs)
+    return None
+
+
 def _source_problem(engine: str, source: str, weights_dirs: Sequence[str]) -> str | None:
     kinds = ENGINE_SOURCES[engine]
     if source.startswith("/"):

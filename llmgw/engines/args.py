@@ -32,6 +32,7 @@ ENGINE_ARGS: dict[str, dict[str, EngineArg]] = {
                                                    "cache's hits; 0 (default) reads at once"),
         "--prefix-cache-blocks": EngineArg(int, "blocks of 16 words the prefix cache keeps (default 4096), with "
                                                 "--prefill-tokens-per-s"),
+        "--lora-lie": EngineArg(bool, "a LoRA adapter load answers 200 and loads nothing (failure injection)"),
     },
     "llama.cpp": {
         "--ctx-size": EngineArg(int, "context length (default 2048 on CPU; llama.cpp's choice with llama-server)"),
@@ -56,6 +57,9 @@ ENGINE_ARGS: dict[str, dict[str, EngineArg]] = {
         "--kv-cache-dtype": EngineArg(str, "KV cache type", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
         "--enforce-eager": EngineArg(bool, "no CUDA graphs (less memory, slower)"),
         "--enable-prefix-caching": EngineArg(bool, "reuse the KV cache of shared prompt prefixes"),
+        "--enable-lora": EngineArg(bool, "serve LoRA adapters (models with `base`), loaded at run time"),
+        "--max-loras": EngineArg(int, "LoRA adapters in one batch, with --enable-lora"),
+        "--max-lora-rank": EngineArg(int, "the largest adapter rank, with --enable-lora"),
     },
 }
 

@@ -97,6 +97,9 @@ class LaunchSpec:
     cwd: str = "/"
     port: int = 0
     weights_bytes: int | None = None  # the checkpoint's size on disk (engines.sources.checkpoint_bytes); None: none
+    # LoRA adapter files of the launch left out, and why (llama.cpp: missing, outside storage, not an adapter):
+    # the engine starts without them, and the agent reports them failed with these words.
+    lora_skipped: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

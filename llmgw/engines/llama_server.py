@@ -85,6 +85,7 @@ def server_argv(
     tokens: Sequence[str],
     gpu: bool,
     rpc: Sequence[str] = (),
+    lora: Sequence[str] = (),
 ) -> list[str]:
     """`llama-server` serving `weights` as `model`; `tokens` are the definition's checked args.
     `rpc` ("host:port" of each rpc-server) makes this rank 0 of a group: its layers spread over them."""
@@ -98,6 +99,8 @@ def server_argv(
     argv += tokens
     if rpc:
         argv += ["--rpc", ",".join(rpc)]
+    if lora:  # LoRA adapters, each at scale 0 until a request names it (its `lora` field)
+        argv += [token for file in lora for token in ("--lora", file)] + ["--lora-init-without-apply"]
     # An engine serves the gateway, not browsers: no web UI.
     argv.append("--no-webui")
     return argv

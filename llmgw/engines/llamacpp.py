@@ -75,7 +75,8 @@ class LaunchArgs:
     pooling: str | None = None
 
 
-def run(*, host: str, port: int, model: str, role: str, weights: str, launch: LaunchArgs = LaunchArgs()) -> int:
+def run(*, host: str, port: int, model: str, role: str, weights: str, launch: LaunchArgs = LaunchArgs(),
+        lora: Sequence[str] = ()) -> int:
     """Serve `weights` as `model` on host:port until SIGTERM/SIGINT.
 
     A stop signal ends the process at once with status 0 (see `_exit_now`);
@@ -95,6 +96,9 @@ def run(*, host: str, port: int, model: str, role: str, weights: str, launch: La
         except ImportError:
             return _fail(2, not_installed())
         params = _params(xllamacpp, host=host, port=port, model=model, role=role, weights=weights, launch=launch)
+        if lora:  # LoRA adapters, each at scale 0 until a request names it (its `lora` field)
+            params.lora_adapters = [_adapter(xllamacpp, file) for file in lora]
+            params.lora_init_without_apply = True
         started = time.monotonic()
         try:
             server = xllamacpp.Server(params)
@@ -167,6 +171,13 @@ def _params(
     return params
 
 
+def _adapter(xllamacpp: Any, file: str) -> Any:
+    info = xllamacpp.CommonAdapterLoraInfo()
+    info.path = file
+    info.scale = 0.0
+    return info
+
+
 def _fail(status: int, message: str) -> int:
     print(message, file=sys.stderr, flush=True)
     return status
@@ -179,13 +190,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                            description="llama.cpp's native server on CPU, through the prebuilt xllamacpp wheel",
                            role_help="what the model serves as")
     parser.add_argument("--weights", required=True, help="path of the GGUF file")
+    parser.add_argument("--lora", action="append", default=[], metavar="FILE",
+                        help="a LoRA adapter GGUF to load, at scale 0 until a request names it; repeatable")
     ns, extra = parser.parse_known_args(argv)
     try:
         launch = LaunchArgs(**parse_engine_args("llama.cpp", extra))
     except EngineError as error:
         return _fail(2, f"llama.cpp: {error.message}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return run(host=ns.host, port=ns.port, model=ns.model, role=ns.role, weights=ns.weights, launch=launch)
+    return run(host=ns.host, port=ns.port, model=ns.model, role=ns.role, weights=ns.weights, launch=launch,
+               lora=ns.lora)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ from typing import Any
 
 import trio
 
-from llmgw.domain.model import NO_OVERRIDES, ModelTimeouts
-from llmgw.domain.observed import Endpoint
+from llmgw.domain.model import NO_OVERRIDES, ModelDef, ModelTimeouts
+from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ApiKey, ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
@@ -84,6 +84,13 @@ DIALECTS: dict[str, Dialect] = {
     "/v1/messages": MessagesDialect(),
     "/v1/responses": ResponsesDialect(),
 }  # every path here is one of checks.DIALECT_PATHS (tests/unit/test_dialect.py)
+
+
+def replica_slots(snap: ClusterState, model: ModelDef) -> int | None:
+    """Requests one replica takes at once from this gateway: the model's `limits.concurrency_per_replica`; a LoRA
+    adapter's are its base's (it runs on the base's replicas, whose engine has the base's slots)."""
+    base = snap.models.get(model.base) if model.base else None
+    return (base or model).limits.concurrency_per_replica
 
 
 def _no_endpoint_status(code: str) -> int:
@@ -270,8 +277,11 @@ class GatewayApp(RawApp):
                                                      affinity=affinity, load_factor=limits.affinity_load_factor)
                     async with lease as endpoint:
                         ex.replica, ex.node = endpoint.replica_id, endpoint.node
+                        if endpoint.loras and call is None:  # llama.cpp holding LoRA adapters: each one's scale
+                            sent = self._with_lora(fitted, model.name, self.deps.router.route(model.name),
+                                                   endpoint.loras, stream)
                         await self._exchange(ex, lease, endpoint, sent_to, sent, stream, send, limits, hide_usage,
-                                             model.timeouts, model.limits.concurrency_per_replica, call)
+                                             model.timeouts, replica_slots(snap, model), call)
                     refusal = None
                     break
                 except NoEndpoint as no_endpoint:
@@ -292,6 +302,17 @@ class GatewayApp(RawApp):
         own fields (gateway/capabilities.py): its `model` is the served model's, as its engine knows itself
         (vLLM refuses another name)."""
         body = {**body, "model": served}
+        return asking_usage(body, dumps(body))[0] if stream else dumps(body)
+
+    def _with_lora(self, body: dict[str, Any], served: str, route: ModelRoute | None, loras: int,
+                   stream: bool) -> bytes:
+        """A request to a llama.cpp replica that holds `loras` LoRA adapters (ids 0..loras-1), which names them by
+        id in the request's `lora` field and keeps a request's scales for the next ones on its slot: every id at
+        scale 0, but a LoRA adapter's own (its id on every replica of its route: reconcile/adapters.py) at 1,
+        asked for under its base's name."""
+        chosen = route.lora_id if route is not None else None
+        body = {**body, "model": route.base if route is not None and route.base else served,
+                "lora": [{"id": i, "scale": 1.0 if i == chosen else 0.0} for i in range(loras)]}
         return asking_usage(body, dumps(body))[0] if stream else dumps(body)
 
     async def _replan_guard(self, snap: ClusterState, served: str, kind: str, body: dict[str, Any],

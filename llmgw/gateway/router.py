@@ -466,6 +466,8 @@ def _refusal_words(model: str, route: ModelRoute) -> str:
     reason = route.reason.strip()
     if route.state == "parked":
         head = f"model {model!r} is parked after repeated start failures and will not be started until it is retried"
+    elif route.state == "unplaceable" and route.base:
+        head = f"LoRA adapter {model!r} is loaded on no replica of its base model {route.base!r}"
     elif route.state == "unplaceable":
         head = f"model {model!r} cannot be placed on any node"
     else:

@@ -31,6 +31,7 @@ from llmgw.domain.state import ClusterState, Placement, Strikes
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.placement import FleetView, PlacementResult, place
 from llmgw.reconcile import demand
+from llmgw.reconcile.adapters import adapter_loads, adapter_state, with_launch_lora
 from llmgw.reconcile.failures import (
     Scan,
     Unit,
@@ -57,7 +58,7 @@ EVICTION_SEARCHES_PER_PASS = 8
 @dataclass(frozen=True)
 class AgentAction:
     node: str
-    kind: str  # "start" | "stop"
+    kind: str  # "start" | "stop" | "adapters"
     replica_id: str
     model: dict[str, Any] = field(default_factory=dict)  # the definition, for "start"
     gpus: tuple[int, ...] = ()
@@ -65,8 +66,13 @@ class AgentAction:
     # "host:port" in the group (the leader's port, on its own node: where a llama.cpp rpc-server
     # listens)}, and for rank 0 "members": the other ranks' addresses in rank order. None when alone.
     group: dict[str, Any] | None = None
+    # "adapters": the LoRA adapters the replica's engine should have loaded, name -> source (the whole set).
+    adapters: dict[str, str] = field(default_factory=dict)
 
     def message(self) -> dict[str, Any]:
+        if self.kind == "adapters":
+            return {"type": "load_adapters", "replica_id": self.replica_id,
+                    "adapters": [{"name": n, "source": s} for n, s in sorted(self.adapters.items())]}
         if self.kind == "start":
             doc = {"type": "start_replica", "replica_id": self.replica_id, "model": self.model,
                    "gpus": list(self.gpus)}
@@ -176,6 +182,8 @@ class _Pass:
 
 
 def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeouts = TIMEOUTS) -> Plan:
+    observed = demand.with_adapters(state, observed)  # a LoRA adapter's requests are its base's demand
+    state = with_launch_lora(state)  # a llama.cpp base starts with its adapters' files
     run = _Pass(state, observed, now, timeouts, live=dict(state.placements))
     # 1. Replicas that must go: their model went, their node is lost, they failed to start (a
     #    group: any member), an old definition's that does not serve. Failures are all counted
@@ -196,6 +204,9 @@ def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeou
     park_after = int(effective(state.settings, "health.park_after_failures"))
     for name in sorted(state.models):
         model = state.models[name]
+        if model.base:  # a LoRA adapter: no replicas of its own
+            desired[name] = 0
+            continue
         health = state.model_health(name)
         desired[name] = should_have(state, model, observed, now)
         want = 0 if health.parked else desired[name]
@@ -224,6 +235,8 @@ def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeou
     stops = [(rank_of(rid, state), rid, obs.node) for rid, obs in observed.replicas.items()
              if rid not in kept and obs.state != "stopped" and obs.node in observed.nodes]
     actions.extend(AgentAction(node, "stop", rid) for _, rid, node in sorted(stops))
+    actions.extend(AgentAction(node, "adapters", rid, adapters=want)
+                   for node, rid, want in adapter_loads(state.models, observed, kept))
 
     views, routes = _views(state, observed, now, timeouts, kept, desired, unplaceable, parking)
     return Plan(tuple(run.cmds), tuple(actions), routes, views, unplaceable, tuple(run.evicted))
@@ -294,6 +307,8 @@ def _views(
     rate = float(effective(state.settings, "activation.load_mib_per_s"))
     weights = WeightsIndex.of(observed.nodes)
     for name, model in sorted(state.models.items()):
+        if model.base:
+            continue  # a LoRA adapter's route follows its base's (below)
         mine = serving.get(name, [])
         obs: list[ReplicaObs] = [o for p in mine if (o := observed.replicas.get(p.replica_id)) is not None]
         size = _checkpoint_bytes(model, obs, weights)
@@ -341,11 +356,20 @@ def _views(
             model=name,
             role=model.role,
             state=route_state,
-            endpoints=tuple(Endpoint(o.replica_id, o.url, o.node) for o in ready) if not stopped else (),
+            endpoints=tuple(Endpoint(o.replica_id, o.url, o.node, o.loras) for o in ready) if not stopped else (),
             reason=route_reason,
             activation=progress,
             window_s=window if window > model.activation_window_s else 0.0,
         )
+    for name, model in sorted(state.models.items()):
+        if model.base:
+            base_view = views.get(model.base)
+            found = adapter_state(model, routes.get(model.base), base_view.reason if base_view else "", observed)
+            views[name] = ModelView(name, 0, 0, len(found.endpoints), 0, found.state, found.reason,
+                                    activation=found.activation)
+            routes[name] = ModelRoute(name, model.role, found.state, found.endpoints if not stopped else (),
+                                      found.reason if found.state != "ready" else "", found.activation,
+                                      base=model.base, lora_id=found.lora_id)
     return views, routes
 
 

@@ -11,7 +11,7 @@ has passed since then, no replica added under load is taken away.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
 from llmgw.domain.model import ModelDef
@@ -82,6 +82,23 @@ def duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60} min"
 
 
+def with_adapters(state: ClusterState, observed: Observed) -> Observed:
+    """`observed` with each LoRA adapter's demand and load counted as its base's: a request for an adapter asks
+    for its base model's replicas (an on-demand base starts for it; its load scales the base)."""
+    adapters = [(m.name, m.base) for m in state.models.values() if m.base]
+    if not adapters or not (observed.demand or observed.outstanding or observed.peak):
+        return observed
+    demand, outstanding, peak = dict(observed.demand), dict(observed.outstanding), dict(observed.peak)
+    for name, base in adapters:
+        if name in observed.demand:
+            demand[base] = max(demand.get(base, observed.demand[name]), observed.demand[name])
+        if name in observed.outstanding:
+            outstanding[base] = outstanding.get(base, 0) + observed.outstanding[name]
+        if name in observed.peak:
+            peak[base] = peak.get(base, 0) + observed.peak[name]
+    return replace(observed, demand=demand, outstanding=outstanding, peak=peak)
+
+
 def desired(
     state: ClusterState,
     model: ModelDef,
@@ -100,6 +117,8 @@ def desired(
     peak of the last `scale_down_delay_s`, up to `replicas.max`. Unknown demand or load holds
     what runs (see the module's docstring)."""
     name = model.name
+    if model.base:
+        return Desired(0, f"a LoRA adapter: served by the replicas of {model.base}")
     if effective(state.settings, "serving.stopped"):
         return Desired(0, "serving is stopped")
     lo, hi = model.replicas_min, max(model.replicas_min, model.replicas_max)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -120,6 +120,16 @@ class SimRunner:
         sim = self._replicas.pop(replica_id, None)
         if sim is not None:
             self._end(sim)
+            self._changed()
+
+    def load_adapters(self, replica_id: str, adapters: Mapping[str, str]) -> None:
+        """The fleet's simulated nodes hold no adapter files: each adapter is reported failed, with why."""
+        sim = self._replicas.get(replica_id)
+        if sim is None or sim.obs.state != "ready":
+            return
+        states = {name: "failed: the fleet simulator's engines load no LoRA adapters" for name in adapters}
+        if states != dict(sim.obs.adapters):
+            sim.obs = replace(sim.obs, adapters=states)
             self._changed()
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ a `ClusterState` made by committing real commands through `MemoryStore`;
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, ParamSpec
 
 from llmgw.domain import commands
@@ -153,6 +153,11 @@ class ModelBuilder:
 
     def source(self, source: str) -> ModelBuilder:
         self._doc["source"] = source
+        return self
+
+    def adapter_of(self, base: str, source: str | None = None, engine: str = "sim") -> ModelBuilder:
+        """A LoRA adapter of `base` (of engine `engine`, the base's), its file at `source`."""
+        self._doc.update(base=base, engine=engine, source=source or f"/models/lora/{self._doc['name']}.safetensors")
         return self
 
     def role(self, role: str) -> ModelBuilder:
@@ -342,6 +347,10 @@ class ReconcileLoop:
                 continue
             if action.kind == "stop":
                 self.replicas.pop(action.replica_id, None)
+                continue
+            if action.kind == "adapters":  # an obedient engine: each adapter listed once asked
+                if (obs := self.replicas.get(action.replica_id)) is not None:
+                    self.replicas[action.replica_id] = replace(obs, adapters={n: "loaded" for n in action.adapters})
                 continue
             state = self.outcome(action)
             if state is None:

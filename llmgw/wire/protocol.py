@@ -34,7 +34,7 @@ from llmgw.domain.frozen import freeze, thaw
 from llmgw.domain.guard import GuardPolicy
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.priority import DEFAULT, class_problem
-from llmgw.domain.observed import ROUTE_STATES, Endpoint, ModelRoute
+from llmgw.domain.observed import MAX_ADAPTERS, ROUTE_STATES, Endpoint, ModelRoute
 from llmgw.domain.state import ApiKey, ClusterState
 
 PROTOCOL_VERSION = 1
@@ -99,12 +99,16 @@ def route_doc(route: ModelRoute) -> dict[str, Any]:
     """A route on the wire; `activation` and `window_s` only when set (an older gateway reads no more than
     it knows, and a route without them is the same bytes as before them)."""
     doc: dict[str, Any] = {"model": route.model, "role": route.role, "state": route.state, "reason": route.reason,
-                           "endpoints": [{"replica_id": e.replica_id, "url": e.url, "node": e.node}
-                                         for e in route.endpoints]}
+                           "endpoints": [{"replica_id": e.replica_id, "url": e.url, "node": e.node,
+                                          **({"loras": e.loras} if e.loras else {})} for e in route.endpoints]}
     if route.activation is not None:
         doc["activation"] = route.activation.to_doc()
     if route.window_s:
         doc["window_s"] = route.window_s
+    if route.base:
+        doc["base"] = route.base
+    if route.lora_id is not None:
+        doc["lora_id"] = route.lora_id
     return doc
 
 
@@ -112,12 +116,16 @@ def route_from_doc(doc: Mapping[str, Any]) -> ModelRoute:
     state = str(doc["state"])
     if state not in ROUTE_STATES:
         raise ProtocolError(f"unknown route state {state!r}")
-    endpoints = tuple(Endpoint(str(e["replica_id"]), str(e["url"]), str(e.get("node", ""))) for e in doc.get("endpoints", ()))
+    endpoints = tuple(Endpoint(str(e["replica_id"]), str(e["url"]), str(e.get("node", "")),
+                               n if type(n := e.get("loras", 0)) is int and 0 <= n <= MAX_ADAPTERS else 0)
+                      for e in doc.get("endpoints", ()))
     progress = doc.get("activation")
     window: Any = doc.get("window_s")
     return ModelRoute(str(doc["model"]), str(doc.get("role", "")), state, endpoints, str(doc.get("reason", "")),
                       activation=Progress.from_doc(progress) if isinstance(progress, Mapping) else None,
-                      window_s=float(window) if type(window) in (int, float) and 0 < window < 1e9 else 0.0)
+                      window_s=float(window) if type(window) in (int, float) and 0 < window < 1e9 else 0.0,
+                      base=str(doc.get("base", "")),
+                      lora_id=lora if type(lora := doc.get("lora_id")) is int and 0 <= lora < 1 << 16 else None)
 
 
 def table_message(version: int, leader: str, state: ClusterState,

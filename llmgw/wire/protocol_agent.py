@@ -6,7 +6,7 @@ its type's schema and return the typed value, `Unknown` for a type this side doe
 
 Up: hello, inventory (again whenever it changes), replicas (the full list, on every change),
 renew (a certificate request, at two thirds of its certificate's life), heartbeat, rejected. Down:
-welcome, start_replica, stop_replica, restart_agent, upgrade_agent, certificate (the renewed one, with the trust bundle), refused
+welcome, start_replica, stop_replica, load_adapters (a replica's LoRA adapters), restart_agent, upgrade_agent, certificate (the renewed one, with the trust bundle), refused
 (not the leader, or stepped down), heartbeat, rejected. `rejected` answers a malformed message of a known type
 (`message_type`, `reason`, `replica_id` when one was readable); the stream goes on.
 """
@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Union
 
-from llmgw.domain.model import DefinitionError, ModelDef
-from llmgw.domain.observed import REPLICA_STATES, NodeInfo, ReplicaObs
+from llmgw.domain.model import DefinitionError, ModelDef, check_adapter_source
+from llmgw.domain.observed import MAX_ADAPTERS, REPLICA_STATES, NodeInfo, ReplicaObs
 from llmgw.wire.protocol import ProtocolError
 
 # Replica ids (`<model>-r<n>`) and node names: no slash, no leading dot, nothing a shell or a path
@@ -118,6 +118,15 @@ class StopReplica:
 
 
 @dataclass(frozen=True)
+class LoadAdapters:
+    """The LoRA adapters a replica's engine should have loaded (the whole set, name -> source): the agent loads
+    the missing ones, unloads the others, and reports each as loaded only once its engine lists it."""
+
+    replica_id: str
+    adapters: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class RestartAgent:
     """Control asks the agent to restart itself (`ctl nodes restart`): it ends its stream, leaves its
     engines running, and runs again as the same process (same pid, same flags), adopting them."""
@@ -143,7 +152,7 @@ class Refused:
 
 
 UpMessage = Union[Hello, Inventory, Replicas, Renew, Heartbeat, Rejected, Unknown]
-DownMessage = Union[Welcome, StartReplica, StopReplica, RestartAgent, UpgradeAgent, Certificate, Refused, Heartbeat,
+DownMessage = Union[Welcome, StartReplica, StopReplica, LoadAdapters, RestartAgent, UpgradeAgent, Certificate, Refused, Heartbeat,
                     Rejected, Unknown]
 PEM_MAX_CHARS = 20_000
 
@@ -193,6 +202,8 @@ def read_down(message: Mapping[str, Any]) -> DownMessage:
                             _group(message.get("group"), kind))
     if kind == "stop_replica":
         return StopReplica(_id(message, "replica_id", kind))
+    if kind == "load_adapters":
+        return LoadAdapters(_id(message, "replica_id", kind), _adapters(message.get("adapters"), kind))
     if kind == "certificate":
         return Certificate(_pem(message, "certificate", kind), _pem(message, "ca", kind))
     if kind == "restart_agent":
@@ -306,6 +317,23 @@ def _group(value: Any, kind: str) -> GroupSpec | None:
     if address is not None:
         _host_port(address, f"{where}.address")
     return GroupSpec(rank, size, leader, tuple(members), address)
+
+
+def _adapters(value: Any, kind: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list) or len(value) > MAX_ADAPTERS:
+        raise ProtocolError(f"{kind}.adapters: must be a list of at most {MAX_ADAPTERS} {{name, source}}")
+    found = []
+    for i, item in enumerate(value):
+        where = f"{kind}.adapters[{i}]"
+        if not isinstance(item, dict):
+            raise ProtocolError(f"{where}: must be an object, not {type(item).__name__}")
+        name, source = _id(item, "name", where), _str(item, "source", where)
+        try:
+            check_adapter_source(source)
+        except DefinitionError as e:
+            raise ProtocolError(f"{where}.source: {e.message}") from None
+        found.append((name, source))
+    return tuple(found)
 
 
 def _host_port(value: Any, where: str) -> str:

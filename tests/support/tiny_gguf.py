@@ -15,6 +15,9 @@ API (stable; the llama.cpp integration tests and the storage benchmark use it):
 - `truncate(path, keep_bytes) -> Path`: cut a file to its first `keep_bytes` bytes.
 - `write_lying_header(path, *, seed=0) -> Path`: a complete-looking tiny llama whose
   header declares more tensor data (a larger `output.weight`) than the file holds.
+- `write_tiny_lora(path, *, rank=4, seed=1) -> Path`: a LoRA adapter GGUF for the tiny llama
+  (`general.type = adapter`, `adapter.type = lora`, `.lora_a`/`.lora_b` for each layer's
+  attn_q and attn_output), strong enough that llama.cpp's answers change when it is applied.
 - `minimal_gguf(arch="llama", *, tensors=1, elements=32) -> bytes`: a valid GGUF (v3) with
   `tensors` small F32 tensors, written with the standard library only (fast: the
   benchmark writes hundreds of them).
@@ -29,7 +32,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-__all__ = ["minimal_gguf", "truncate", "write_lying_header", "write_tiny_llama", "write_tiny_reranker"]
+__all__ = ["minimal_gguf", "truncate", "write_lying_header", "write_tiny_llama", "write_tiny_lora",
+           "write_tiny_reranker"]
 
 N_EMBD = 64
 N_FF = 128
@@ -140,6 +144,29 @@ def write_tiny_llama(path: str | os.PathLike[str], *, arch: str = "llama", seed:
     wr = _writer(p, arch)
     for name, array in _tensors(seed).items():
         wr.add_tensor(name, array)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return p
+
+
+def write_tiny_lora(path: str | os.PathLike[str], *, rank: int = 4, seed: int = 1) -> Path:
+    """A LoRA adapter of the tiny llama, as llama.cpp's convert_lora_to_gguf writes one: for a base weight of
+    shape (out, in), `lora_a` is (rank, in) and `lora_b` (out, rank) (numpy order; GGUF's dims reversed)."""
+    import gguf
+    import numpy as np
+
+    p = Path(path)
+    rng = np.random.default_rng(seed)
+    wr = gguf.GGUFWriter(str(p), "llama")
+    wr.add_string("general.type", "adapter")
+    wr.add_string("adapter.type", "lora")
+    wr.add_float32("adapter.lora.alpha", float(rank))
+    for i in range(N_LAYER):
+        for name in ("attn_q", "attn_output"):
+            wr.add_tensor(f"blk.{i}.{name}.weight.lora_a", (rng.standard_normal((rank, N_EMBD)) * 0.5).astype(np.float32))
+            wr.add_tensor(f"blk.{i}.{name}.weight.lora_b", (rng.standard_normal((N_EMBD, rank)) * 0.5).astype(np.float32))
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()

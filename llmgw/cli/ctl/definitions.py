@@ -34,6 +34,9 @@ class ModelFlags:
     """chat, embedding, guard or rerank."""
     mode: str | None = None
     """always or on-demand."""
+    base: str | None = None
+    """Serve a LoRA adapter of this defined model: --source is the adapter file's absolute path; the engine
+    and role are the base's (no --engine needed)."""
 
     def given(self) -> dict[str, str]:
         """The flags given, as a definition's fields."""
@@ -41,7 +44,7 @@ class ModelFlags:
 
     def missing(self) -> list[str]:
         """The flags a definition from flags alone needs and that were not given."""
-        values = (self.name, self.engine, self.source)
+        values = (self.name, self.engine or self.base, self.source)  # an adapter takes its base's engine
         return [flag for flag, value in zip(REQUIRED_FLAGS, values, strict=True) if not value]
 
 

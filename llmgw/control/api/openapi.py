@@ -90,7 +90,8 @@ _WAIT = _null({"type": "number", "exclusiveMinimum": 0, "maximum": model.LONGEST
 
 
 def _definition() -> Schema:
-    """A model definition as `ModelDef.from_doc` takes it: `name`, `engine`, `source` required."""
+    """A model definition as `ModelDef.from_doc` takes it: `name`, `source` required, and `engine` but for a LoRA
+    adapter (`base` set), which takes its base's engine and role."""
     size = _int(1, 64)
     return _obj({
         "name": _MODEL_NAME,
@@ -115,7 +116,9 @@ def _definition() -> Schema:
         # null or absent: prefix for chat and guard models, off for embedding models.
         "routing": _obj({"affinity": _null({"type": "string", "enum": list(model.AFFINITIES)}),
                          "prefix_chars": _int(1, model.MAX_PREFIX_CHARS)}, (), closed=True),
-    }, ("name", "engine", "source"), closed=True)
+        # A LoRA adapter of this defined model: `source` is the adapter file's absolute path.
+        "base": _MODEL_NAME,
+    }, ("name", "source"), closed=True)
 
 
 def _stored_definition() -> Schema:
@@ -136,6 +139,7 @@ def _stored_definition() -> Schema:
         "timeouts": _obj({name: _null(_NUM) for name in ("connect_s", "first_byte_s", "chunk_s")}),
         "fallbacks": _arr(_STR), "aliases": _arr(_STR),
         "routing": _obj({"affinity": _null(_STR), "prefix_chars": _INT}),
+        "base": _STR,  # a LoRA adapter's base model: only on adapters
     }, shown)
 
 
@@ -156,6 +160,8 @@ def _model() -> Schema:
     status = _obj({"desired": _null(_INT), "ready": _null(_INT), "starting": _null(_INT), "state": _STR,
                    "reason": _STR, "parked": _BOOL, "failures_in_row": _INT, "last_error": _STR,
                    "replicas": _arr(_OBJ), "activation": _null(_activation()), "window_s": _null(_NUM),
+                   # A LoRA adapter's state per replica of its base (loaded, loading, "failed: why"); a base's adapters.
+                   "adapter_on": {"type": "object", "additionalProperties": _STR}, "adapters": _arr(_STR),
                    "breakers": _arr(_obj({"replica_id": _STR, "gateway": _STR, "reason": _STR, "since": _NUM,
                                           "half_open": _BOOL}))},
                   ("desired", "ready", "starting", "state", "reason", "parked", "failures_in_row", "last_error",

@@ -14,7 +14,7 @@ from llmgw.domain.model import DefinitionError, ModelDef, catalog_problems
 from llmgw.domain.observed import BreakerSeen, Observed
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState
-from llmgw.engines.admission import allowed_weights_dirs, definition_problems
+from llmgw.engines.admission import adapter_source_problem, allowed_weights_dirs, definition_problems
 from llmgw.errors import AdminError
 
 log = logging.getLogger("llmgw.control.admin")
@@ -56,20 +56,42 @@ def admitted(ctx: Context, doc: Any) -> ModelDef:
     `invalid_model` naming every problem of both at once."""
     problems: list[tuple[str, str]] = []
     model: ModelDef | None = None
+    doc = with_base(ctx.state(), doc)
+    if isinstance(doc, dict) and "lora" in doc:  # the reconciler's, from the adapters defined with `base`
+        problems.append(("lora", "is set by llmgw from the adapters defined on this model (their `base`), not "
+                                 "by a definition"))
+    adapter = isinstance(doc, dict) and bool(doc.get("base"))
     try:
         model = ModelDef.from_doc(doc)
     except DefinitionError as e:
         problems += e.errors
+        if adapter and doc["base"] not in ctx.state().models:  # an engine it lacks is its base's: say that
+            problems = [("base", f"{doc['base']!r} is not a defined model")] + [
+                p for p in problems if p != ("engine", "is required")]
     if isinstance(doc, dict):
         judged = {f for f, _ in problems}  # a field already refused for its shape is not judged twice
-        problems += [(f, m) for f, m in definition_problems(doc.get("engine"), doc.get("source"),
+        problems += [(f, m) for f, m in definition_problems(doc.get("engine"), None if adapter else doc.get("source"),
                                                             doc.get("args", []), weights_dirs(ctx))
                      if f not in judged and "engine" not in judged]
+        if adapter and "source" not in judged and (problem := adapter_source_problem(doc.get("source"),
+                                                                                      weights_dirs(ctx))):
+            problems.append(("source", problem))
     if model is not None:
         problems += catalog_problems(model, ctx.state().models)  # its fallbacks and aliases among the others
     if problems or model is None:
         raise AdminError(400, "invalid_model", "; ".join(f"{f}: {m}" for f, m in problems))
     return model
+
+
+def with_base(state: ClusterState, doc: Any) -> Any:
+    """A LoRA adapter's definition (one with `base`) takes the engine and role of its base where it says
+    none; any other document is returned as it is."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("base"), str):
+        return doc
+    base = state.models.get(doc["base"])
+    if base is None:
+        return doc
+    return {"engine": base.engine, "role": base.role, **doc}
 
 
 async def list_models(ctx: Context) -> dict[str, Any]:

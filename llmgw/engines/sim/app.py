@@ -25,6 +25,7 @@ import trio
 
 from llmgw.domain.model import ROLES
 from llmgw.engines.sim.group import GroupRole
+from llmgw.engines.sim.lora import LOAD_PATH, UNLOAD_PATH, SimAdapters
 from llmgw.engines.sim.prefix import PrefixCache
 from llmgw.engines.sim import tokens as sim_tokens
 from llmgw.engines.sim.requests import (check_input, check_messages, check_optional, check_prompt, content_text,
@@ -46,6 +47,8 @@ _ROUTES: dict[str, str] = {
     "/v1/chat/completions": "POST",
     "/v1/completions": "POST",
     "/v1/embeddings": "POST",
+    LOAD_PATH: "POST",
+    UNLOAD_PATH: "POST",
     "/v1/rerank": "POST",  # llama.cpp's paths and shapes (tokens.py)
     "/tokenize": "POST",
     "/detokenize": "POST",
@@ -68,6 +71,7 @@ class SimOptions:
     unsafe: tuple[tuple[str, str], ...] = ()  # as a judge: (word, hazard code) pairs, `--unsafe WORD=S6`
     prefill_tokens_per_s: float = 0.0  # prompt reading speed past what the prefix cache holds; 0: instant
     prefix_cache_blocks: int = 4096  # the prefix cache's size (prefix.py), with prefill_tokens_per_s
+    lora_lie: bool = False  # a LoRA adapter load answers 200 and loads nothing (lora.py)
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,7 @@ class SimApp(RawApp):
         # with earlier prompts still in this replica's cache.
         self.prefix = PrefixCache(opts.prefix_cache_blocks) if opts.prefill_tokens_per_s > 0 else None
         self._prefilling = trio.Lock()  # one prompt read at a time: a replica's compute, as prefill is on a GPU
+        self.adapters = SimAdapters(opts.model, opts.lora_lie)  # LoRA adapters, vLLM's runtime API (lora.py)
         self.vocabulary = sim_tokens.Vocabulary()
         self.reranked = 0  # rerank requests answered
 
@@ -144,6 +149,8 @@ class SimApp(RawApp):
                 body = parse_object(await read_body(scope, receive, ex))
                 if path == "/v1/embeddings":
                     await send_json(send, 200, dumps(self._embeddings(body)))
+                elif path in (LOAD_PATH, UNLOAD_PATH):
+                    await send_json(send, 200, dumps(self.adapters.answer(path, body)))
                 elif path in ("/v1/rerank", "/tokenize", "/detokenize"):
                     await send_json(send, 200, dumps(self._tokens(path, body)))
                 else:
@@ -154,7 +161,8 @@ class SimApp(RawApp):
     def _models(self) -> dict[str, Any]:
         return {
             "object": "list",
-            "data": [{"id": self.opts.model, "object": "model", "created": 0, "owned_by": "llmgw-sim"}],
+            "data": [{"id": self.opts.model, "object": "model", "created": 0, "owned_by": "llmgw-sim"},
+                     *self.adapters.models()],
         }
 
     # -- chat and completions -------------------------------------------------
@@ -189,6 +197,7 @@ class SimApp(RawApp):
             if uncached:
                 async with self._prefilling:  # before any byte: the time to first token, queued behind others'
                     await trio.sleep(uncached / self.opts.prefill_tokens_per_s)
+        speaker = self.adapters.speaker(body.get("model"))  # "sim[NAME]" for a loaded LoRA adapter
         n = check_optional(body, "n", int)
         if n is not None and not 1 <= n <= 128:
             raise OpenAIError(400, "invalid_value", "'n' must be in 1..128", param="n")
@@ -197,10 +206,11 @@ class SimApp(RawApp):
         if chat:
             fmt, schema = response_format(body)
             calls = tuple(tool_calls(body, prompts[0]))
-            replies = [self._reply(prompts[0], limit, stop, fmt, schema, calls) for _ in range(n or 1)]
+            replies = [self._reply(prompts[0], limit, stop, fmt, schema, calls, speaker=speaker)
+                       for _ in range(n or 1)]
         else:
             echo = check_optional(body, "echo", bool) is True
-            replies = [self._reply(text, limit, stop, echo=text if echo else "")
+            replies = [self._reply(text, limit, stop, echo=text if echo else "", speaker=speaker)
                        for text in prompts for _ in range(n or 1)]
         completion_tokens = sum(len(r.tokens) for r in replies)
         usage = {
@@ -256,7 +266,7 @@ class SimApp(RawApp):
         return count
 
     def _reply(self, text: str, limit: int, stop: list[str] | None = None, fmt: str = "text", schema: Any = None,
-               calls: tuple[ToolCall, ...] = (), echo: str = "") -> _Reply:
+               calls: tuple[ToolCall, ...] = (), echo: str = "", speaker: str = "sim") -> _Reply:
         if calls:
             return _Reply([p for call in calls for p in pieces(call.arguments)], "tool_calls", calls)
         if self.opts.role == "guard":
@@ -268,7 +278,7 @@ class SimApp(RawApp):
         elif fmt != "text":
             tokens = pieces(json_answer(fmt, schema, text))
         else:
-            words = ["sim", "says:", *text.split()]
+            words = [speaker, "says:", *text.split()]
             tokens = [words[0], *(" " + w for w in words[1:])]
         if stop and (stopped := cut(tokens[:limit], stop)) is not None:
             return _Reply(stopped[0], "stop", echo=echo, stop_reason=stopped[1])

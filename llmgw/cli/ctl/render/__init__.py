@@ -221,7 +221,7 @@ def render_models(doc: Mapping[str, Any]) -> str:
     return table(
         ["NAME", "ENGINE", "ROLE", "MODE", "REPLICAS", "READY/DESIRED", "STATE", "REASON"],
         (
-            [
+            _adapter_row(m) if dig(m, "base") else [
                 dig(m, "name"),
                 dig(m, "engine"),
                 dig(m, "role"),
@@ -231,9 +231,36 @@ def render_models(doc: Mapping[str, Any]) -> str:
                 _state(dig(m, "status")),
                 _short(_reason(dig(m, "status"))),
             ]
-            for m in models
+            for m in _adapters_under_bases(models)
         ),
     )
+
+
+def _adapters_under_bases(models: list[Any]) -> list[Any]:
+    """The models in the API's order, each LoRA adapter moved under its base (an adapter whose base is not
+    listed stays where it is)."""
+    names = {dig(m, "name") for m in models}
+    under: dict[Any, list[Any]] = {}
+    for m in models:
+        if dig(m, "base") in names:
+            under.setdefault(dig(m, "base"), []).append(m)
+    out = []
+    for m in models:
+        if dig(m, "base") in names:
+            continue
+        out.append(m)
+        out.extend(under.get(dig(m, "name"), []))
+    return out
+
+
+def _adapter_row(m: Any) -> list[Any]:
+    """A LoRA adapter, indented under its base: where it is loaded (`loaded` replicas of those asked)."""
+    on = dig(m, "status", "adapter_on")
+    states = list(on.values()) if isinstance(on, dict) else []
+    loaded = [rid for rid, state in (on.items() if isinstance(on, dict) else ()) if state == "loaded"]
+    reason = _reason(dig(m, "status")) or ("loaded on " + ", ".join(map(str, loaded)) if loaded else "")
+    return [f"  └ {cell(dig(m, 'name'))}", dig(m, "engine"), dig(m, "role"), "adapter", "-",
+            f"{len(loaded)} loaded / {len(states)}", _state(dig(m, "status")), _short(reason)]
 
 
 def render_model(model: Mapping[str, Any]) -> str:
@@ -252,6 +279,9 @@ def render_model(model: Mapping[str, Any]) -> str:
         ("request limits", _limits(dig(model, "limits"))),
         ("upstream timeouts", _timeouts(dig(model, "timeouts"))),
         ("routing", _routing(model)),
+        *([("adapter of", dig(model, "base"))] if dig(model, "base") else []),
+        *[("adapters", ", ".join(map(str, names))) for names in [dig(status, "adapters")]
+          if isinstance(names, list) and names],
         # Shown only when set (the API leaves them out otherwise): in the order the gateway tries them.
         *[(label, ", ".join(map(str, names))) for label, key in (("fallbacks", "fallbacks"), ("aliases", "aliases"))
           if isinstance(names := dig(model, key), list) and names],
@@ -267,6 +297,12 @@ def render_model(model: Mapping[str, Any]) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     out = [f"{k + ':':<{width + 1}}  {cell(v)}" for k, v in rows]
+    on = dig(status, "adapter_on")
+    if dig(model, "base"):  # a LoRA adapter: its state on each replica of its base
+        out += ["", f"ON THE REPLICAS OF {cell(dig(model, 'base'))}"]
+        out.append(table(["REPLICA", "ADAPTER"], ([rid, _short(state)] for rid, state in sorted(on.items())))
+                   if isinstance(on, dict) and on else "none asked yet")
+        return "\n".join(out)
     replicas = dig(status, "replicas")
     out += ["", "REPLICAS"]
     if isinstance(replicas, list) and replicas:
