@@ -40,6 +40,8 @@ log = logging.getLogger("llmgw.agent.supervisor")
 # under load is no reason to stop an engine that serves.
 LIVENESS_FAILURES = 3
 
+PROPS_PATH = "/props"  # llama.cpp's server properties, its chat template's capabilities among them
+
 # Engines left running for the next agent: their process objects are kept until this process
 # exits, since one collected while its child runs warns (ResourceWarning) and closes its pidfd.
 _LEFT_RUNNING: list[object] = []
@@ -422,7 +424,8 @@ class Supervisor:
         if rep.obs.state != "ready":
             while proc.running():
                 if not await self._probe(record, t.engine_health_request_s):
-                    self._set(rep, "ready", url=record.url)
+                    # Ready with what its engine says it does (llama.cpp's /props): no request meets it unknown.
+                    self._set(rep, "ready", url=record.url, tool_calls=await self._tool_calls(record))
                     if record.start_ticks:
                         await self._save(replace(record, ready_since=rep.obs.since))
                     log.info("replica %s ready at %s", rid, record.url)
@@ -438,6 +441,11 @@ class Supervisor:
                 reason = start_failure(record.engine, engine_log.tail(rep.log_path))
                 self._fail(rep, f"engine {_exit_words(proc.returncode, adopted)} before serving: {reason}")
                 return
+        elif record.engine == "llama.cpp" and rep.obs.tool_calls is None:  # adopted while it serves
+            tools = await self._tool_calls(record)
+            if self._replicas.get(rid) is rep and rep.obs.state == "ready":
+                rep.obs = replace(rep.obs, tool_calls=tools)
+                self._changed()
         unanswered = ""
         async with trio.open_nursery() as watchers:
             async def liveness() -> None:
@@ -467,6 +475,24 @@ class Supervisor:
                 return f"{failures} probes in a row failed, the last: {problem}"
             await _rotate(rep.log_path)
             await trio.sleep(t.engine_liveness_poll_s)
+
+    async def _tool_calls(self, record: EngineRecord) -> bool | None:
+        """llama.cpp: whether its chat template turns `tools` into tool calls, as `GET /props` says
+        (`chat_template_caps.supports_tool_calls`); another template answers in text, the tools ignored. None:
+        another engine, or /props unanswered (the gateway then passes tools on, as before it knew)."""
+        if record.engine != "llama.cpp":
+            return None
+        timeout_s = self._timeouts.engine_health_request_s
+        try:
+            with trio.fail_after(timeout_s):
+                r = await self._http.get(record.url + PROPS_PATH, timeout=timeout_s)
+            caps = r.json().get("chat_template_caps") if r.status_code == 200 else None
+            found = caps.get("supports_tool_calls") if isinstance(caps, dict) else None
+        except (trio.TooSlowError, httpx.HTTPError, OSError, ValueError, AttributeError) as e:
+            log.warning("replica %s: llama.cpp's %s unread (%s): whether it calls tools is unknown",
+                        record.replica_id, PROPS_PATH, "timed out" if isinstance(e, trio.TooSlowError) else describe(e))
+            return None
+        return found if type(found) is bool else None
 
     async def _probe(self, record: EngineRecord, timeout_s: float) -> str:
         """One probe of the engine as its launch says: "" when it serves, else what went wrong.

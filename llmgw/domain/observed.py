@@ -152,6 +152,10 @@ class ReplicaObs:
     adapter_ids: Mapping[str, int] = field(default_factory=dict)
     # How many adapters its engine lists (llama.cpp: those it loaded at launch, ids 0..n-1); 0: none, or unknown.
     loras: int = 0
+    # Whether its engine turns a request's `tools` into tool calls: llama.cpp's `GET /props` says so of its chat
+    # template (`chat_template_caps.supports_tool_calls`), read once it is ready. None: unknown (another engine,
+    # /props unanswered, an agent that predates it).
+    tool_calls: bool | None = None
 
     def adapter(self, name: str) -> str:
         """The adapter's state on this replica ("" when it was not asked to load it)."""
@@ -179,6 +183,7 @@ class ReplicaObs:
             adapters={str(k)[:128]: str(v)[:500] for k, v in adapters.items()},
             adapter_ids=_ids(d.get("adapter_ids")),
             loras=loras if type(loras := d.get("loras")) is int and 0 <= loras <= MAX_ADAPTERS else 0,
+            tool_calls=tools if type(tools := d.get("tool_calls")) is bool else None,
         )
 
     def to_doc(self) -> dict[str, Any]:
@@ -237,6 +242,8 @@ class Endpoint:
     # The LoRA adapters its engine holds when requests must set each one's scale (llama.cpp keeps a request's
     # scales for the next ones on its slot): ids 0..loras-1, each sent at scale 0 but the adapter asked for.
     loras: int = 0
+    # Whether its engine makes tool calls of a request's `tools` (ReplicaObs.tool_calls); None: unknown.
+    tool_calls: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from llmgw.errors import OpenAIError, describe
 from llmgw.gateway.checks import (POST_PATHS, ROLES_FOR, allow, check_limits, check_request, model_doc, role_refusal,
                                   wait_budget, within_limits)
 from llmgw.gateway import engine_paths, upstream
-from llmgw.gateway.capabilities import fit, fitting
+from llmgw.gateway.capabilities import asks_tools, calls_no_tools, fit, fitting, no_tools
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
 from llmgw.gateway.affinity import affinity_key
@@ -246,6 +246,9 @@ class GatewayApp(RawApp):
         call = engine_paths.plan(kind, model.engine, model.name, path, body)  # None: the body goes as it came
         check_limits(body, model.limits, name)  # the definition's max_tokens / max_n
         fitted = fit(kind, model.engine, body, name)  # a field its engine cannot honour: refused by name
+        tools = asks_tools(kind, body)  # and tools its replicas' chat template would ignore (llama.cpp's /props)
+        if tools and calls_no_tools(self.deps.router.route(model.name)):
+            raise no_tools(name)
         ex.guard = self.guard.plan(snap, model.name, kind, body, ex)  # None (one lookup) when no policy applies
         if ex.guard is not None:
             await ex.guard.check_prompt()  # before the engine sees the request
@@ -260,7 +263,8 @@ class GatewayApp(RawApp):
                     if i:  # a fallback (or a group's next model): only one that would take this request
                         if (model.role not in ROLES_FOR[kind] or not within_limits(body, model.limits)
                                 or not engine_paths.serves(kind, model.engine)
-                                or (its := fitting(kind, model.engine, body)) is None):
+                                or (its := fitting(kind, model.engine, body)) is None
+                                or (tools and calls_no_tools(self.deps.router.route(model.name)))):
                             continue
                         call = engine_paths.plan(kind, model.engine, model.name, path, body)
                         fitted = its  # the body as this model's engine is to get it
@@ -277,6 +281,9 @@ class GatewayApp(RawApp):
                                                      affinity=affinity, load_factor=limits.affinity_load_factor)
                     async with lease as endpoint:
                         ex.replica, ex.node = endpoint.replica_id, endpoint.node
+                        if tools and endpoint.tool_calls is False and calls_no_tools(
+                                self.deps.router.route(model.name)):  # known only once it became ready
+                            raise no_tools(name if i == 0 else model.name)
                         if endpoint.loras and call is None:  # llama.cpp holding LoRA adapters: each one's scale
                             sent = self._with_lora(fitted, model.name, self.deps.router.route(model.name),
                                                    endpoint.loras, stream)

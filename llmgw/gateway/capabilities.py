@@ -18,10 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from llmgw.domain.observed import ModelRoute
 from llmgw.errors import OpenAIError
 from llmgw.gateway.checks import FIELDS
 
-__all__ = ["ENGINES", "GATEWAY", "HONOURED", "asks", "describe", "fit", "fitting", "unsupported"]
+__all__ = ["ENGINES", "GATEWAY", "HONOURED", "asks", "asks_tools", "calls_no_tools", "describe", "fit", "fitting",
+           "no_tools", "unsupported"]
 
 ENGINES = ("sim", "llama.cpp", "vllm")
 
@@ -43,7 +45,9 @@ HONOURED: dict[str, dict[str, frozenset[str]]] = {
     # llama.cpp's server: one choice only (it refuses n > 1 itself), no echo/suffix/best_of (ignored), no
     # `dimensions` (ignored: its vectors keep the model's size). Tools become tool calls for the chat templates
     # llama.cpp recognises (Llama 3.x, Qwen, Hermes, Mistral...); another template answers in text, even with
-    # tool_choice "required" (seen on the tiny GGUF): passed anyway, or llama.cpp could serve no tools at all.
+    # tool_choice "required" (seen on the tiny GGUF). Its /props says which (the agent reads it: each
+    # endpoint's `tool_calls`), and a request that asks for tools of a model none of whose replicas can call
+    # them is refused by name (`calls_no_tools`); unknown (an older agent, /props unread): passed.
     "llama.cpp": {
         "chat": _CHAT | {"logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
                          "parallel_tool_calls", "logit_bias", "frequency_penalty", "presence_penalty"},
@@ -176,6 +180,25 @@ def fitting(kind: str, engine: str, body: dict[str, Any]) -> dict[str, Any] | No
         return fit(kind, engine, body, "")
     except OpenAIError:
         return None
+
+
+def asks_tools(kind: str, body: dict[str, Any]) -> bool:
+    """Whether a request asks its engine for tool calls: a chat request's non-empty `tools` that `tool_choice`
+    does not turn off ("none"). One lookup for a body without tools."""
+    return kind == "chat" and asks("tools", body.get("tools")) and body.get("tool_choice") != "none"
+
+
+def calls_no_tools(route: ModelRoute | None) -> bool:
+    """Whether every ready endpoint of the model says its engine makes no tool calls (llama.cpp's /props of a
+    chat template without tools): a request's tools would be ignored. False while unknown (no ready endpoint,
+    or one that does not say) or where any endpoint calls them."""
+    return route is not None and bool(route.endpoints) and all(e.tool_calls is False for e in route.endpoints)
+
+
+def no_tools(model: str) -> OpenAIError:
+    return OpenAIError(400, "unsupported_parameter",
+                       f"'tools' is not supported by model {model!r}: its chat template (llama.cpp's /props) calls "
+                       "no tools, so the tools would be ignored", param="tools")
 
 
 def unsupported(field: str, model: str, engine: str, why: str) -> OpenAIError:

@@ -100,7 +100,9 @@ def route_doc(route: ModelRoute) -> dict[str, Any]:
     it knows, and a route without them is the same bytes as before them)."""
     doc: dict[str, Any] = {"model": route.model, "role": route.role, "state": route.state, "reason": route.reason,
                            "endpoints": [{"replica_id": e.replica_id, "url": e.url, "node": e.node,
-                                          **({"loras": e.loras} if e.loras else {})} for e in route.endpoints]}
+                                          **({"loras": e.loras} if e.loras else {}),
+                                          **({"tool_calls": e.tool_calls} if e.tool_calls is not None else {})}
+                                         for e in route.endpoints]}
     if route.activation is not None:
         doc["activation"] = route.activation.to_doc()
     if route.window_s:
@@ -117,7 +119,8 @@ def route_from_doc(doc: Mapping[str, Any]) -> ModelRoute:
     if state not in ROUTE_STATES:
         raise ProtocolError(f"unknown route state {state!r}")
     endpoints = tuple(Endpoint(str(e["replica_id"]), str(e["url"]), str(e.get("node", "")),
-                               n if type(n := e.get("loras", 0)) is int and 0 <= n <= MAX_ADAPTERS else 0)
+                               n if type(n := e.get("loras", 0)) is int and 0 <= n <= MAX_ADAPTERS else 0,
+                               t if type(t := e.get("tool_calls")) is bool else None)
                       for e in doc.get("endpoints", ()))
     progress = doc.get("activation")
     window: Any = doc.get("window_s")
