@@ -12,10 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmgw.domain.observed import Endpoint, ModelRoute, ReplicaObs
 from llmgw.errors import OpenAIError
 from llmgw.gateway import checks
-from llmgw.gateway.capabilities import ENGINES, GATEWAY, HONOURED, asks, describe, fit
+from llmgw.gateway.capabilities import (ENGINES, GATEWAY, HONOURED, asks, asks_tools, calls_no_tools, describe, fit,
+                                        no_tools)
 from llmgw.gateway.checks import FIELDS, check_request
+from llmgw.wire.protocol import route_doc, route_from_doc
 
 KINDS = ("chat", "completion", "embedding")
 BASE: dict[str, dict[str, Any]] = {"chat": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
@@ -158,3 +161,51 @@ def markdown_table() -> str:
 def test_docs_api_has_the_table() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
     assert markdown_table() in docs, "regenerate it: tests.unit.test_capabilities.markdown_table()"
+
+
+# --- tools on a model whose chat template calls none (llama.cpp's /props) ------------------------------------
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def _route(*calls: bool | None) -> ModelRoute:
+    return ModelRoute("m", "chat", "ready", tuple(Endpoint(f"r{i}", f"http://h:{i}", tool_calls=c)
+                                                  for i, c in enumerate(calls)))
+
+
+def test_a_request_asks_for_tools_when_it_names_some_it_does_not_turn_off() -> None:
+    assert asks_tools("chat", {**BASE["chat"], "tools": [TOOL]})
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "f"}}, None):
+        assert asks_tools("chat", {**BASE["chat"], "tools": [TOOL], "tool_choice": choice})
+    assert not asks_tools("chat", {**BASE["chat"], "tools": [TOOL], "tool_choice": "none"})
+    for tools in ([], None):
+        assert not asks_tools("chat", {**BASE["chat"], "tools": tools})
+    assert not asks_tools("chat", BASE["chat"])
+    assert not asks_tools("completion", {**BASE["completion"], "tools": [TOOL]})
+
+
+def test_tools_are_refused_only_where_every_ready_endpoint_calls_none() -> None:
+    assert calls_no_tools(_route(False)) and calls_no_tools(_route(False, False))
+    for route in (_route(True), _route(None), _route(False, None), _route(False, True), _route(),
+                  ModelRoute("m", "chat", "starting"), None):
+        assert not calls_no_tools(route)
+    error = no_tools("tiny")
+    assert (error.status, error.code, error.param) == (400, "unsupported_parameter", "tools")
+    assert "'tiny'" in error.message and "chat template" in error.message and "/props" in error.message
+
+
+@given(st.lists(st.sampled_from([True, False, None]), max_size=4))
+def test_tools_pass_unless_every_endpoint_says_it_calls_none(calls: list[bool | None]) -> None:
+    assert calls_no_tools(_route(*calls)) == (bool(calls) and set(calls) == {False})
+
+
+def test_the_fact_travels_from_the_agents_report_to_remote_gateways() -> None:
+    for calls in (True, False, None):
+        obs = ReplicaObs("r1", "m", "n1", "ready", "http://h:1", tool_calls=calls)
+        assert ReplicaObs.from_doc(obs.to_doc(), "n1") == obs
+        route = _route(calls)
+        assert route_from_doc(route_doc(route)) == route
+    old = ReplicaObs("r1", "m", "n1", "ready", "http://h:1").to_doc()
+    del old["tool_calls"]  # an agent that predates it: unknown
+    assert ReplicaObs.from_doc(old, "n1").tool_calls is None
+    assert "tool_calls" not in route_doc(_route(None))["endpoints"][0]  # the same bytes as before it, unknown
