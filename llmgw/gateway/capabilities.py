@@ -126,10 +126,15 @@ _PLATFORM: dict[str, tuple[Callable[[Any], bool], str]] = {
 GATEWAY = frozenset(_PLATFORM)
 
 
+# Honoured only where the replicas say they can (their endpoints' `tool_calls`, `calls_no_tools`).
+_CONDITIONS = {("llama.cpp", "chat", "tools"): "honoured where the chat template calls tools (/props); "
+                                              "else refused by name"}
+
+
 def describe(engine: str, kind: str, field: str) -> str:
     """What happens to `field` of a `kind` request for a model on `engine`, in docs/api.md's words."""
     if field in HONOURED[engine][kind]:
-        return "honoured"
+        return _CONDITIONS.get((engine, kind, field), "honoured")
     platform = _PLATFORM.get(field)
     if platform is not None:
         taken = {"store": "false: taken out; true: refused", "service_tier": '"auto", "default": taken out; '

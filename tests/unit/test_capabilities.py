@@ -122,7 +122,8 @@ def test_any_subset_of_fields_is_refused_by_name_or_sent_without_the_gateways(ki
 # The test that shows each field's behaviour end to end (unit tests above show every cell).
 SHOWN_BY = {
     "tools": "test_gateway_fields.py::test_a_tool_call_whole_in_openai_shape, "
-             "::test_a_tool_call_streamed_as_openai_does_and_assembled_by_the_sdk",
+             "::test_a_tool_call_streamed_as_openai_does_and_assembled_by_the_sdk, "
+             "test_llamacpp_tools.py::test_a_llamacpp_template_without_tools_is_reported_and_tools_refused_by_name",
     "tool_choice": "test_gateway_fields.py::test_a_tool_call_streamed_as_openai_does_and_assembled_by_the_sdk",
     "response_format": "test_gateway_fields.py::test_json_schema_answers_parse_with_the_sdk, "
                        "test_llamacpp_fields.py::test_json_schema_logprobs_and_stop_reach_llama_cpp",
