@@ -26,3 +26,6 @@ print()
 
 vectors = client.embeddings.create(model="demo-embed", input=["llmgw", "gateway"])
 print(len(vectors.data), "vectors of", len(vectors.data[0].embedding), "dimensions")
+
+answer = client.responses.create(model="demo", input="hello from the Responses API")
+print(answer.output_text)

@@ -138,8 +138,8 @@ def chat_request(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     reasoning = body.get("reasoning")
     if reasoning is not None:
         for key, value in reasoning.items():
-            if value is None:
-                continue
+            if value is None or (key in ("summary", "generate_summary") and value == "auto"):
+                continue  # "auto": a summary where there is reasoning to sum up; llmgw answers carry none
             if key != "effort":
                 raise _unsupported(f"reasoning.{key}", "only 'reasoning.effort' is passed to the engine")
             _typed(value, STRING, "reasoning.effort")

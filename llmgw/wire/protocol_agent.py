@@ -105,11 +105,24 @@ class GroupSpec:
 
 
 @dataclass(frozen=True)
+class MirrorSource:
+    """Where an agent fetches a `mirror://NAME` source (the model mirror, docs/mirror.md): the file's sha256 and
+    size, and the blob URLs of the control planes holding it, the leader's first (each answers `GET` with
+    HTTP range requests, to machines of the cluster only)."""
+
+    name: str
+    sha256: str
+    size: int
+    urls: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class StartReplica:
     replica_id: str
     model: dict[str, Any]  # a definition ModelDef.from_doc accepts
     gpus: tuple[int, ...]
     group: GroupSpec | None = None
+    mirror: MirrorSource | None = None  # the model's source is `mirror://NAME`: where to fetch it
 
 
 @dataclass(frozen=True)
@@ -199,7 +212,7 @@ def read_down(message: Mapping[str, Any]) -> DownMessage:
         except DefinitionError as e:
             raise ProtocolError(f"{kind}.model: not a valid definition: {e}") from None
         return StartReplica(_id(message, "replica_id", kind), dict(model), _gpus(message.get("gpus"), kind),
-                            _group(message.get("group"), kind))
+                            _group(message.get("group"), kind), _mirror(message.get("mirror"), kind))
     if kind == "stop_replica":
         return StopReplica(_id(message, "replica_id", kind))
     if kind == "load_adapters":
@@ -317,6 +330,26 @@ def _group(value: Any, kind: str) -> GroupSpec | None:
     if address is not None:
         _host_port(address, f"{where}.address")
     return GroupSpec(rank, size, leader, tuple(members), address)
+
+
+MAX_MIRROR_URLS = 16
+
+
+def _mirror(value: Any, kind: str) -> MirrorSource | None:
+    if value is None:
+        return None
+    where = f"{kind}.mirror"
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{where}: must be an object, not {type(value).__name__}")
+    sha, size, urls = value.get("sha256"), value.get("size"), value.get("urls")
+    if not (isinstance(sha, str) and SHA256.fullmatch(sha)):
+        raise ProtocolError(f"{where}.sha256: must be a file's sha256 (64 lowercase hex digits)")
+    if type(size) is not int or size < 0:
+        raise ProtocolError(f"{where}.size: must be a count of bytes")
+    if (not isinstance(urls, list) or not 0 < len(urls) <= MAX_MIRROR_URLS
+            or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls)):
+        raise ProtocolError(f"{where}.urls: must be 1 to {MAX_MIRROR_URLS} http(s) URLs")
+    return MirrorSource(_str(value, "name", where), sha, size, tuple(urls))
 
 
 def _adapters(value: Any, kind: str) -> tuple[tuple[str, str], ...]:

@@ -43,7 +43,8 @@ EXEMPT = {
 EXPECT = {
     '"hello from curl"': "sim says: hello from curl",
     "capital of France": "Paris",
-    "examples/quickstart_openai.py": "sim says: hello from the SDK\nsim says: now stream it\n2 vectors of 16 dimensions",
+    "examples/quickstart_openai.py": "sim says: hello from the SDK\nsim says: now stream it\n2 vectors of 16 dimensions\n"
+                                     "sim says: hello from the Responses API\nsim says: hello from the anthropic SDK",
     "ctl status": "smollm2-135m",
     '"stream": true': "data: [DONE]",
     '"prompt": "Once upon a time"': '"object":"text_completion"',

@@ -256,7 +256,11 @@ def test_example_openai_script_runs(up: UpProcess) -> None:
                          timeout=60, env={**os.environ, "LLMGW_STATE_DIR": str(up.state_dir)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["sim says: hello from the SDK", "sim says: now stream it",
-                                       "2 vectors of 16 dimensions"]
+                                       "2 vectors of 16 dimensions", "sim says: hello from the Responses API"]
+    out = subprocess.run([sys.executable, str(EXAMPLES / "quickstart_anthropic.py")], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "LLMGW_STATE_DIR": str(up.state_dir)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["sim says: hello from the anthropic SDK", "sim says: now stream it"]
 
 
 def test_example_curl_script_runs(up: UpProcess) -> None:
@@ -268,7 +272,7 @@ def test_example_curl_script_runs(up: UpProcess) -> None:
 
 def test_readme_shows_the_examples_that_run() -> None:
     readme = (Path(__file__).parents[2] / "README.md").read_text()
-    for name in ("quickstart_openai.py", "quickstart_curl.sh"):
+    for name in ("quickstart_openai.py", "quickstart_anthropic.py", "quickstart_curl.sh"):
         body = (EXAMPLES / name).read_text()
         # the README shows the working part of each example verbatim
         snippet = body.split("\n\n", 1)[1].strip()

@@ -27,6 +27,10 @@ def test_a_start_is_read_into_its_typed_value() -> None:
     member = pa.read_down({**START, "group": {"rank": 2, "size": 3, "leader": "10.0.0.1:29500"}})
     assert isinstance(member, pa.StartReplica) and member.group == pa.GroupSpec(2, 3, "10.0.0.1:29500")
     assert pa.read_down({**START, "gpus": []}) == pa.StartReplica("demo-r1", MODEL, (), None)  # a CPU replica
+    fetched = pa.read_down({**START, "mirror": {"name": "tiny", "sha256": "ab" * 32, "size": 10,
+                                                "urls": ["https://10.0.0.1:7400/mirror/blobs/" + "ab" * 32]}})
+    assert isinstance(fetched, pa.StartReplica) and fetched.mirror == pa.MirrorSource(
+        "tiny", "ab" * 32, 10, ("https://10.0.0.1:7400/mirror/blobs/" + "ab" * 32,))
 
 
 @pytest.mark.parametrize(("change", "field"), [
@@ -55,6 +59,13 @@ def test_a_start_is_read_into_its_typed_value() -> None:
     ({"group": {"rank": 0, "size": 2, "leader": "h:1", "members": [1]}}, "start_replica.group.members[0]"),
     ({"group": {"rank": 0, "size": 2, "leader": "h:1", "members": ["gpu-2"]}}, "start_replica.group.members[0]"),
     ({"group": {"rank": 1, "size": 2, "leader": "h:1", "address": "h"}}, "start_replica.group.address"),
+    ({"mirror": "tiny"}, "start_replica.mirror: must be an object"),
+    ({"mirror": {"name": "t", "sha256": "AB" * 32, "size": 1, "urls": ["http://h/x"]}}, "start_replica.mirror.sha256"),
+    ({"mirror": {"name": "t", "sha256": "ab" * 32, "size": -1, "urls": ["http://h/x"]}}, "start_replica.mirror.size"),
+    ({"mirror": {"name": "t", "sha256": "ab" * 32, "size": 1, "urls": []}}, "start_replica.mirror.urls"),
+    ({"mirror": {"name": "t", "sha256": "ab" * 32, "size": 1, "urls": ["file:///etc/passwd"]}},
+     "start_replica.mirror.urls"),
+    ({"mirror": {"sha256": "ab" * 32, "size": 1, "urls": ["http://h/x"]}}, "start_replica.mirror.name: missing"),
 ])
 def test_a_malformed_start_is_refused_naming_the_field(change: dict[str, Any], field: str) -> None:
     message = {k: v for k, v in {**START, **change}.items() if v is not None}

@@ -102,7 +102,7 @@ def test_function_tools_text_format_and_reasoning_are_chats_fields() -> None:
      "input[0].content[0].type", "text only"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "unsupported_parameter", "input[0]", "no items"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "unsupported_value", "input[0].type", "input items"),
-    ({"reasoning": {"summary": "auto"}}, "unsupported_parameter", "reasoning.summary", "effort"),
+    ({"reasoning": {"summary": "detailed"}}, "unsupported_parameter", "reasoning.summary", "effort"),
     ({"grammar": "x"}, "unknown_parameter", "grammar", "unknown parameter"),
     ({"stream_options": {"include_usage": True}}, "unknown_parameter", "stream_options.include_usage", "unknown"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "missing_required_parameter", "text.format.schema",
