@@ -356,7 +356,8 @@ def _views(
             model=name,
             role=model.role,
             state=route_state,
-            endpoints=tuple(Endpoint(o.replica_id, o.url, o.node, o.loras, o.tool_calls) for o in ready) if not stopped else (),
+            endpoints=tuple(Endpoint(o.replica_id, o.url, o.node, o.loras, o.tool_calls) for o in ready)
+            if not stopped else (),
             reason=route_reason,
             activation=progress,
             window_s=window if window > model.activation_window_s else 0.0,

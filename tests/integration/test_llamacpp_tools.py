@@ -40,7 +40,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 
 no_xllamacpp = pytest.mark.skipif(importlib.util.find_spec("xllamacpp") is None,
                                   reason="the llamacpp extra is not installed")
-no_gguf = pytest.mark.skipif(importlib.util.find_spec("gguf") is None, reason="the gguf package (test extra) is missing")
+no_gguf = pytest.mark.skipif(importlib.util.find_spec("gguf") is None,
+                             reason="the gguf package (test extra) is missing")
 
 
 async def wait_for(predicate: Callable[[], object], timeout: float = 60.0) -> None:
@@ -108,7 +109,8 @@ async def test_tools_pass_where_an_endpoint_calls_them_or_does_not_say(nursery: 
     decides, including a fallback, and a model that was starting when the request came."""
     store = MemoryStore()
     for name, extra in (("calls", {}), ("unknown", {}), ("plain", {"fallbacks": ["calls"]}),
-                        ("plain-only", {"fallbacks": ["plain"]}), ("cold", {"mode": "on-demand", "activation_window_s": 30})):
+                        ("plain-only", {"fallbacks": ["plain"]}),
+                        ("cold", {"mode": "on-demand", "activation_window_s": 30})):
         store.submit_nowait(commands.put_model(ModelDef.from_doc(
             {"name": name, "engine": "llama.cpp", "source": f"/models/{name}.gguf", **extra}), at=0.0))
     store.submit_nowait(commands.add_key(hash_key(CLIENT), "test", "client", 0.0))
