@@ -9,6 +9,7 @@ import signal
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,35 @@ async def test_a_source_outside_the_storage_dirs_fails_the_start_and_starts_noth
         obs = only(supervisor)
         assert obs.state == "failed" and "outside" in obs.error and str(models) in obs.error, obs.error
         assert list((tmp_path / "engines").glob("*.json")) == [], "no engine was started"
+
+
+class LlamaCpp(Engine):
+    """A llama.cpp engine's /health and /props: what its chat template can do (None: /props answers 404)."""
+
+    def __init__(self, tool_calls: bool | None) -> None:
+        super().__init__()
+        self.tool_calls = tool_calls
+        self.props = 0
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        if str(request.url) != URL + "/props":
+            return await super().handle(request)
+        self.props += 1
+        if self.tool_calls is None:
+            return httpx.Response(404)
+        return httpx.Response(200, json={"chat_template_caps": {"supports_tool_calls": self.tool_calls,
+                                                                "supports_tools": self.tool_calls}})
+
+
+@pytest.mark.parametrize("ready", [True, False])
+@pytest.mark.parametrize("calls", [True, False, None])
+async def test_an_adopted_llamacpp_engine_says_whether_its_template_calls_tools(
+        tmp_path: Path, clock: trio.testing.MockClock, sleeper: subprocess.Popen[bytes], calls: bool | None,
+        ready: bool) -> None:
+    records = Records(tmp_path / "engines")
+    records.write(replace(leave(records, sleeper, ready=ready), engine="llama.cpp"))
+    engine = LlamaCpp(calls)
+    async with agent(tmp_path, engine, stop_on_exit=False) as supervisor:
+        await trio.sleep(10 * TIMEOUTS.engine_liveness_poll_s)
+        assert (only(supervisor).state, only(supervisor).tool_calls) == ("ready", calls)
+        assert engine.props == 1, "read once"
