@@ -8,7 +8,6 @@ over."""
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,6 @@ import httpx
 import pytest
 import trio
 
-from llmgw.agent import AgentConfig
-from llmgw.agent import serve as agent_serve
-from llmgw.control.service import ControlConfig, ControlHandle, Seed
-from llmgw.control.service import serve as control_serve
 from llmgw.domain import commands
 from llmgw.domain.keys import hash_key
 from llmgw.domain.model import ModelDef
@@ -29,8 +24,8 @@ from llmgw.engines import sim
 from llmgw.gateway.app import GatewayDeps
 from llmgw.gateway.app import serve as gateway_serve
 from llmgw.gateway.router import Router
-from llmgw.testing import FakeGpuProbe, MemoryStore
-from tests.support.processes import free_port
+from llmgw.testing import MemoryStore
+from tests.support.one_node import one_node, wait_for
 
 ADMIN = "sk-admin-llamacpp-tools"
 CLIENT = "sk-client-llamacpp-tools"
@@ -42,12 +37,6 @@ no_xllamacpp = pytest.mark.skipif(importlib.util.find_spec("xllamacpp") is None,
                                   reason="the llamacpp extra is not installed")
 no_gguf = pytest.mark.skipif(importlib.util.find_spec("gguf") is None,
                              reason="the gguf package (test extra) is missing")
-
-
-async def wait_for(predicate: Callable[[], object], timeout: float = 60.0) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.05)
 
 
 def chat(model: str, **extra: Any) -> dict[str, Any]:
@@ -69,24 +58,12 @@ async def test_a_llamacpp_template_without_tools_is_reported_and_tools_refused_b
     from tests.support.tiny_gguf import write_tiny_llama
 
     weights = write_tiny_llama(tmp_path / "tiny.gguf")
-    router = Router()
     base = ModelDef.from_doc({"name": "tiny", "engine": "llama.cpp", "source": str(weights),
                               "args": ["--ctx-size", "512"], "profile": {"cpu": True, "memory_gib": 0.01}})
-    control_cfg = ControlConfig(state_dir=tmp_path / "control", raft_addr=f"127.0.0.1:{free_port()}",
-                                admin_host="127.0.0.1", admin_port=free_port(),
-                                seed=Seed(admin_key=ADMIN, client_key=CLIENT, models=[base]), sinks=[router],
-                                demand=[router])
-    probe = FakeGpuProbe(NodeInfo("x", hostname="test-node", cpus=2, memory_total=8 << 30, engines=("llama.cpp",)))
-    async with trio.open_nursery() as nursery:
-        control: ControlHandle = await nursery.start(control_serve, control_cfg)
-        assert control.context is not None
-        credential = control.context.local_credential("agent", "n1")
-        await nursery.start(agent_serve, AgentConfig(controls=[control.admin_url], tls=None,
-                                                     local_credential=credential, state_dir=tmp_path / "agent",
-                                                     node="n1", probe=probe))
-        host, port = await nursery.start(partial(gateway_serve, "127.0.0.1", 0,
-                                                 GatewayDeps(router=router, state=control.store)))
-        async with httpx.AsyncClient(base_url=f"http://{host}:{port}", headers={"authorization": f"Bearer {CLIENT}"},
+    node = NodeInfo("x", hostname="test-node", cpus=2, memory_total=8 << 30, engines=("llama.cpp",))
+    async with one_node(tmp_path, [base], admin_key=ADMIN, client_key=CLIENT, node=node) as cluster:
+        router = cluster.router
+        async with httpx.AsyncClient(base_url=cluster.gateway_url, headers={"authorization": f"Bearer {CLIENT}"},
                                      timeout=120) as client:
             await wait_for(lambda: (r := router.route("tiny")) is not None and r.state == "ready")
             # The agent read llama.cpp's /props before it called the replica ready: the route says it at once.
@@ -101,7 +78,6 @@ async def test_a_llamacpp_template_without_tools_is_reported_and_tools_refused_b
             for extra in ({}, {"tools": [WEATHER], "tool_choice": "none"}, {"tools": []}):
                 r = await client.post("/v1/chat/completions", json=chat("tiny", **extra))
                 assert r.status_code == 200, (extra, r.text)
-        nursery.cancel_scope.cancel()
 
 
 async def test_tools_pass_where_an_endpoint_calls_them_or_does_not_say(nursery: trio.Nursery) -> None:

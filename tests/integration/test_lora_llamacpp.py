@@ -8,26 +8,15 @@ changes the answer; the base answers as before, on the same replica."""
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import trio
 
-from llmgw.agent import AgentConfig
-from llmgw.agent import serve as agent_serve
-from llmgw.control.service import ControlConfig, ControlHandle, Seed
-from llmgw.control.service import serve as control_serve
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo
-from llmgw.gateway.app import GatewayDeps
-from llmgw.gateway.app import serve as gateway_serve
-from llmgw.gateway.router import Router
-from llmgw.testing import FakeGpuProbe
-from tests.support.processes import free_port
+from tests.support.one_node import one_node, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,12 +26,6 @@ pytestmark = [
 
 ADMIN = "sk-admin-lora-llamacpp"
 CLIENT = "sk-client-lora-llamacpp"
-
-
-async def wait_for(predicate: Callable[[], object], timeout: float = 60.0) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.05)
 
 
 def chat(model: str) -> dict[str, Any]:
@@ -58,26 +41,14 @@ async def test_a_llamacpp_adapter_is_launched_with_its_base_listed_and_applied(t
     base_file = write_tiny_llama(weights / "tiny.gguf")
     lora_file = write_tiny_lora(weights / "pirate-lora.gguf")
     (weights / "not-an-adapter.gguf").write_bytes(base_file.read_bytes())  # a GGUF, but a model: left out
-    router = Router()
     base = ModelDef.from_doc({"name": "tiny", "engine": "llama.cpp", "source": str(base_file),
                               "args": ["--ctx-size", "512"], "profile": {"cpu": True, "memory_gib": 0.01}})
-    control_cfg = ControlConfig(state_dir=tmp_path / "control", raft_addr=f"127.0.0.1:{free_port()}",
-                                admin_host="127.0.0.1", admin_port=free_port(),
-                                seed=Seed(admin_key=ADMIN, client_key=CLIENT, models=[base]), sinks=[router],
-                                demand=[router])
-    probe = FakeGpuProbe(NodeInfo("x", hostname="test-node", cpus=2, memory_total=8 << 30, engines=("llama.cpp",)))
-    async with trio.open_nursery() as nursery:
-        control: ControlHandle = await nursery.start(control_serve, control_cfg)
-        assert control.context is not None
-        credential = control.context.local_credential("agent", "n1")
-        await nursery.start(agent_serve, AgentConfig(controls=[control.admin_url], tls=None,
-                                                     local_credential=credential, state_dir=tmp_path / "agent",
-                                                     node="n1", probe=probe))
-        host, port = await nursery.start(partial(gateway_serve, "127.0.0.1", 0,
-                                                 GatewayDeps(router=router, state=control.store)))
+    node = NodeInfo("x", hostname="test-node", cpus=2, memory_total=8 << 30, engines=("llama.cpp",))
+    async with one_node(tmp_path, [base], admin_key=ADMIN, client_key=CLIENT, node=node) as cluster:
+        router, control = cluster.router, cluster.control
         async with httpx.AsyncClient(base_url=control.admin_url, headers={"authorization": f"Bearer {ADMIN}"},
                                      timeout=30) as admin, \
-                httpx.AsyncClient(base_url=f"http://{host}:{port}", headers={"authorization": f"Bearer {CLIENT}"},
+                httpx.AsyncClient(base_url=cluster.gateway_url, headers={"authorization": f"Bearer {CLIENT}"},
                                   timeout=120) as client:
             assert (await admin.put("/api/v1/settings/models.weights_dirs", json=[str(weights)])).status_code == 200
             await wait_for(lambda: (r := router.route("tiny")) is not None and r.state == "ready")
@@ -103,4 +74,3 @@ async def test_a_llamacpp_adapter_is_launched_with_its_base_listed_and_applied(t
             assert r.status_code == 503 and "not a LoRA adapter GGUF" in r.json()["error"]["message"], r.text
             status = (await admin.get("/api/v1/models/pirate")).json()["model"]["status"]
             assert list(status["adapter_on"].values()) == ["loaded"]
-        nursery.cancel_scope.cancel()
