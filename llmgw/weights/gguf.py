@@ -1,5 +1,5 @@
 """The GGUF header reader: magic, version, metadata, tensor infos, and the size the data must have.
-Owns `check_gguf(path) -> GgufInfo`, which refuses bad magic, truncated files and lying headers.
+Owns `check_gguf(path) -> GgufInfo` (`check_gguf_from` an open file), which refuses bad magic, truncated files and lying headers.
 
 Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md. Only the
 header is read (at most `MAX_HEADER_BYTES`), never the tensor data; every
@@ -21,7 +21,7 @@ from llmgw.weights import WeightsError
 
 __all__ = [
     "FILE_TYPES", "GGML_TYPES", "MAX_HEADER_BYTES", "GgufArray", "GgufInfo", "TensorInfo",
-    "WeightsError", "check_gguf", "read_gguf",
+    "WeightsError", "check_gguf", "check_gguf_from", "read_gguf",
 ]
 
 MAGIC = b"GGUF"
@@ -203,14 +203,18 @@ def check_gguf(path: str | os.PathLike[str]) -> GgufInfo:
     p = Path(path)
     try:
         with p.open("rb", buffering=1 << 20) as f:
-            size = os.fstat(f.fileno()).st_size
-            info = read_gguf(f, size)
+            return check_gguf_from(f, os.fstat(f.fileno()).st_size, p.name)
     except OSError as error:
         raise WeightsError(f"cannot read {p}: {error.strerror or error}", transient=True) from None
+
+
+def check_gguf_from(f: BinaryIO, size: int, name: str) -> GgufInfo:
+    """`check_gguf` of an open file of `size` bytes positioned at 0 (`name` names it in the reasons)."""
+    info = read_gguf(f, size)
     needed = info.expected_size
     if needed is not None and size < needed:
         raise WeightsError(
-            f"GGUF {p.name} is {size} bytes but its header describes {needed} bytes of tensor data "
+            f"GGUF {name} is {size} bytes but its header describes {needed} bytes of tensor data "
             f"(truncated, or a header that does not match its data)"
         )
     return info
