@@ -262,12 +262,19 @@ class _Reader:
         value: int = self.scalar("Q", what)
         return value
 
-    def string(self, what: str, limit: int | None = None) -> str:
+    def string(self, what: str, limit: int | None = None, *, strict: bool = False) -> str:
+        """A string; `strict`: one that names something (a key, a tensor) must be UTF-8, as the format
+        says (a value's bad bytes are replaced: a tokenizer's are only data)."""
         n = self.u64(what)
         if limit is not None and n > limit:
             raise WeightsError(f"GGUF {what} is {n} bytes long (at most {limit})")
         self._reserve(n, what)
-        return self.read(n, what).decode("utf-8", errors="replace")
+        at = self.pos
+        raw = self.read(n, what)
+        try:
+            return raw.decode("utf-8", errors="strict" if strict else "replace")
+        except UnicodeDecodeError:
+            raise WeightsError(f"GGUF {what} at byte {at} is not UTF-8 ({raw[:40]!r})") from None
 
 
 def read_gguf(f: BinaryIO, file_size: int) -> GgufInfo:
@@ -291,7 +298,7 @@ def read_gguf(f: BinaryIO, file_size: int) -> GgufInfo:
         raise WeightsError(f"GGUF header claims {n_kv} metadata entries (at most {MAX_KV})")
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
-        key = r.string("metadata key", limit=1 << 16)
+        key = r.string("metadata key", limit=1 << 16, strict=True)
         if key in metadata:
             raise WeightsError(f"GGUF metadata key {key!r} appears twice")
         metadata[key] = _value(r, r.u32(f"type of {key}"), key, depth=0)
@@ -344,7 +351,7 @@ def _value(r: _Reader, type_id: int, key: str, depth: int) -> Any:
 
 
 def _tensor(r: _Reader) -> TensorInfo:
-    name = r.string("tensor name", limit=1 << 16)
+    name = r.string("tensor name", limit=1 << 16, strict=True)
     if len(name.encode()) > MAX_NAME:
         raise WeightsError(f"GGUF tensor name {name[:80]!r} is longer than {MAX_NAME} bytes")
     n_dims = r.u32(f"dimensions of {name}")
@@ -358,8 +365,9 @@ def _tensor(r: _Reader) -> TensorInfo:
             raise WeightsError(f"GGUF tensor {name!r} has an impossible shape {dims}")
     type_id = r.u32(f"type of {name}")
     known = GGML_TYPES.get(type_id)
-    if known and elements % known[1]:
-        raise WeightsError(f"GGUF tensor {name!r} has {elements} elements, not whole {known[0]} blocks")
+    row = dims[0] if dims else 1
+    if known and row % known[1]:  # ggml's rule: each row is whole blocks (gguf.cpp refuses the file otherwise)
+        raise WeightsError(f"GGUF tensor {name!r} has rows of {row} elements, not whole {known[0]} blocks")
     return TensorInfo(name=name, dims=dims, type_id=type_id, offset=r.u64(f"offset of {name}"))
 
 
