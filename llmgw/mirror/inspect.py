@@ -83,13 +83,19 @@ class FileFacts:
             kind = doc["kind"]
             if kind not in KINDS:
                 raise ValueError(f"unknown kind {kind!r}")
-            common = {k: int(doc[k]) for k in ("size", "tensor_count", "parameter_count", "data_bytes")}
+            size, tensors, params, data = (int(doc[k]) for k in ("size", "tensor_count", "parameter_count",
+                                                                 "data_bytes"))
+            guard = bool(doc["llama_guard"])
             if kind == "safetensors":
-                return cls(kind=kind, llama_guard=bool(doc["llama_guard"]), dtypes=tuple(map(str, doc["dtypes"])),
-                           **common)
-            extra = {k: doc.get(k) for k in _GGUF_KEYS if k != "memory"}
-            memory = tuple((str(k), int(v)) for k, v in dict(doc.get("memory") or {}).items())
-            return cls(kind=kind, llama_guard=bool(doc["llama_guard"]), memory=memory, **common, **extra)
+                return cls(kind, size, tensors, params, data, guard, dtypes=tuple(str(d) for d in doc["dtypes"]))
+            return cls(
+                kind, size, tensors, params, data, guard, version=_int(doc.get("version")),
+                architecture=_text(doc.get("architecture")), name=_text(doc.get("name")),
+                quantization=_text(doc.get("quantization")), context_length=_int(doc.get("context_length")),
+                general_type=_text(doc.get("general_type")), lora_adapter=bool(doc.get("lora_adapter")),
+                pooling=_text(doc.get("pooling")),
+                memory=tuple((str(k), int(v)) for k, v in dict(doc.get("memory") or {}).items()),
+            )
         except (KeyError, TypeError) as error:
             raise ValueError(f"not a file's facts: {error!r}") from None
 
@@ -230,3 +236,7 @@ def _config(p: Path) -> dict[str, Any]:
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

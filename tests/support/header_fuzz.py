@@ -6,11 +6,14 @@ API:
   and the fields the parser reads (`fields`: (offset, width) of each number: counts, lengths, type ids,
   dims, offsets), so that mutations hit the header's structure rather than a token's spelling.
   `gguf_corpus(path)` / `safetensors_corpus(path)` make one; for a small file `head` is the whole file.
+  `write_safetensors(path, tensors)` writes one (`SMALL_SAFETENSORS`: six tensors of six dtypes).
 - `Mutation(op, pos, length, payload)`: flip a bit, overwrite a field with a boundary value, overwrite,
   insert or delete bytes in the header, truncate the file anywhere, or append bytes to it.
   `mutations(corpus)` is its Hypothesis strategy, `random_mutation(rng, corpus)` the bench's.
 - `apply(corpus, mutation, base) -> Mutant`: the mutated file as a read-only raw file of `size` bytes (`open()`
   buffers it): the mutated head, then the original file's bytes after its head, so a 100 MB GGUF costs no copy.
+- `try_mutant(corpus, mutation, base) -> Outcome`: the mutant through `inspect_open` (what the mirror runs):
+  refused with its reason, accepted, or broken (another exception, or accepted though inconsistent), timed.
 - `gguf_consistent(f, size)` / `safetensors_consistent(data)`: the oracles for an accepted mutant,
   recomputing the size its header requires from sizes taken elsewhere (gguf-py's block table, a literal
   dtype table), and `None` when consistent, else what is wrong.
@@ -23,16 +26,19 @@ import json
 import os
 import random
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from hypothesis import strategies as st
 
+from llmgw.mirror.inspect import FileFacts, inspect_open
+from llmgw.weights import WeightsError
 from llmgw.weights.gguf import read_gguf
 
-__all__ = ["OPS", "Corpus", "Mutant", "Mutation", "apply", "gguf_consistent", "gguf_corpus", "mutations", "random_mutation",
-           "safetensors_consistent", "safetensors_corpus"]
+__all__ = ["OPS", "SMALL_SAFETENSORS", "Corpus", "Mutant", "Mutation", "Outcome", "apply", "gguf_consistent", "try_mutant", "gguf_corpus", "mutations", "random_mutation",
+           "safetensors_consistent", "safetensors_corpus", "write_safetensors"]
 
 OPS = ("flip", "field", "overwrite", "insert", "delete", "truncate", "append")
 # Values a field is overwritten with: each width's edges, and small numbers near real ones.
@@ -94,6 +100,26 @@ def safetensors_corpus(path: Path, name: str | None = None) -> Corpus:
         else:
             i += 1
     return Corpus(name or path.name, "safetensors", path, data, len(data), tuple(fields))
+
+
+# A small safetensors file of several dtypes: tensor name -> (dtype, shape).
+SMALL_SAFETENSORS = {"embed.weight": ("F16", [16, 8]), "norm.weight": ("F32", [8]), "head.weight": ("BF16", [3, 8]),
+                     "positions": ("I64", [5]), "mask": ("BOOL", [7]), "q": ("U8", [2, 3])}
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> Path:
+    widths = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U8": 1, "BOOL": 1}
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    at = 0
+    for name, (dtype, shape) in tensors.items():
+        n = widths[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + n]}
+        at += n
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(range(256)) * (at // 256) + b"\7" * (at % 256))
+    return path
 
 
 @dataclass(frozen=True)
@@ -314,3 +340,34 @@ def safetensors_consistent(data: bytes) -> str | None:
     if 8 + n + at != len(data):
         return f"{len(data)} bytes, header describes {8 + n + at}"
     return None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the mirror's inspection made of a mutant: `facts` when accepted, `refusal` (the reason) when
+    refused, `broken` when it did neither properly (the exception, or why an accepted mutant is inconsistent)."""
+
+    mutant: Mutant
+    seconds: float
+    facts: FileFacts | None = None
+    refusal: str = ""
+    broken: str = ""
+
+
+def try_mutant(corpus: Corpus, m: Mutation, base: BinaryIO | None) -> Outcome:
+    mutant = apply(corpus, m, base)
+    started = time.perf_counter()
+    try:
+        facts = inspect_open(mutant.open(), mutant.size, corpus.name)
+    except WeightsError as error:
+        return Outcome(mutant, time.perf_counter() - started, refusal=error.reason)
+    except BaseException as error:  # noqa: BLE001 - MemoryError, RecursionError ...: what this hunts
+        return Outcome(mutant, time.perf_counter() - started, broken=f"{type(error).__name__}: {error}")
+    seconds = time.perf_counter() - started
+    if facts.size != mutant.size:
+        return Outcome(mutant, seconds, facts, broken=f"accepted with size {facts.size}, file is {mutant.size}")
+    if facts.kind == "gguf":
+        problem = gguf_consistent(mutant.open(), mutant.size)
+    else:
+        problem = safetensors_consistent(mutant.all_bytes())
+    return Outcome(mutant, seconds, facts, broken=f"accepted but {problem}" if problem else "")
