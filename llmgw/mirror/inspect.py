@@ -37,7 +37,7 @@ POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 MAX_CONFIG_BYTES = 1 << 20  # a checkpoint's config.json (a few KiB)
 
 _GGUF_KEYS = ("version", "architecture", "name", "quantization", "context_length", "general_type", "lora_adapter",
-              "pooling", "memory")
+              "pooling", "split_part", "split_count", "memory")
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class FileFacts:
     general_type: str | None = None  # general.type: model, adapter, mmproj ...
     lora_adapter: bool = False
     pooling: str | None = None
+    split_part: int | None = None  # a GGUF split in parts (llama-gguf-split): this one's number, from 1
+    split_count: int | None = None
     memory: tuple[tuple[str, int], ...] = ()
     dtypes: tuple[str, ...] = ()
 
@@ -93,7 +95,8 @@ class FileFacts:
                 architecture=_text(doc.get("architecture")), name=_text(doc.get("name")),
                 quantization=_text(doc.get("quantization")), context_length=_int(doc.get("context_length")),
                 general_type=_text(doc.get("general_type")), lora_adapter=bool(doc.get("lora_adapter")),
-                pooling=_text(doc.get("pooling")),
+                pooling=_text(doc.get("pooling")), split_part=_int(doc.get("split_part")),
+                split_count=_int(doc.get("split_count")),
                 memory=tuple((str(k), int(v)) for k, v in dict(doc.get("memory") or {}).items()),
             )
         except (KeyError, TypeError) as error:
@@ -134,11 +137,10 @@ def inspect_file(path: str | os.PathLike[str], *, name: str | None = None) -> Fi
     if p.is_dir():
         raise WeightsError(f"{label} is a directory, not a file (a safetensors checkpoint directory is read whole)")
     try:
+        if not stat.S_ISREG(p.stat().st_mode):  # before opening: a FIFO would block the open
+            raise WeightsError(f"{label} is not a regular file")
         with p.open("rb", buffering=1 << 20) as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise WeightsError(f"{label} is not a regular file")
-            return inspect_open(f, st.st_size, label)
+            return inspect_open(f, os.fstat(f.fileno()).st_size, label)
     except OSError as error:
         raise WeightsError(f"cannot read {p}: {error.strerror or error}", transient=True) from None
 
@@ -157,16 +159,14 @@ def inspect_open(f: BinaryIO, size: int, name: str) -> FileFacts:
 
 
 def _gguf_facts(info: GgufInfo, size: int, name: str) -> FileFacts:
-    unknown = [t for t in info.tensors if t.nbytes is None]
-    if unknown or info.expected_size is None:
-        t = unknown[0]
-        raise WeightsError(f"GGUF {name}: tensor {t.name!r} has {t.type_name}, unknown to this llmgw, so its "
-                           f"size cannot be checked against the file ({len(unknown)} such tensors)")
-    padded = -(-info.expected_size // info.alignment) * info.alignment
-    if size > padded:
-        raise WeightsError(f"GGUF {name} is {size} bytes but its header describes {info.expected_size} "
-                           f"({size - info.expected_size} bytes after the tensor data: not the file its header "
-                           "describes)")
+    needed = info.expected_size
+    if needed is None:
+        unknown = [t for t in info.tensors if t.nbytes is None]
+        raise WeightsError(f"GGUF {name}: tensor {unknown[0].name!r} has {unknown[0].type_name}, unknown to this "
+                           f"llmgw, so its size cannot be checked against the file ({len(unknown)} such tensors)")
+    if size > -(-needed // info.alignment) * info.alignment:  # more than the last tensor's padding
+        raise WeightsError(f"GGUF {name} is {size} bytes but its header describes {needed} "
+                           f"({size - needed} bytes after the tensor data: not the file its header describes)")
     meta = info.metadata
     general_type = _text(meta.get("general.type"))
     lora = general_type == "adapter"
@@ -174,12 +174,15 @@ def _gguf_facts(info: GgufInfo, size: int, name: str) -> FileFacts:
     template = _text(meta.get("tokenizer.chat_template")) or ""
     guard = not lora and (any(n and GUARD_NAME.search(n) for n in names) or GUARD_TEMPLATE in template)
     pooling = meta.get(f"{info.architecture}.pooling_type")
+    part, count = _int(meta.get("split.no")), _int(meta.get("split.count"))
+    split = part is not None and count is not None and count > 1
     return FileFacts(
         kind="gguf", size=size, tensor_count=info.tensor_count, parameter_count=info.parameter_count,
         data_bytes=info.tensor_bytes or 0, llama_guard=guard, version=info.version, architecture=info.architecture,
         name=info.name, quantization=info.quantization, context_length=info.context_length,
         general_type=general_type, lora_adapter=lora,
         pooling=POOLING.get(pooling) if isinstance(pooling, int) and not isinstance(pooling, bool) else None,
+        split_part=part + 1 if split and part is not None else None, split_count=count if split else None,
         memory=tuple(info.memory_facts().items()),
     )
 

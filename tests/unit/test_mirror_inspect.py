@@ -94,6 +94,17 @@ def test_the_name_given_counts_and_an_ordinary_model_is_not_a_guard(tmp_path: Pa
     assert inspect_file(p, name="llama_guard_3_1b-q8_0.gguf").llama_guard  # a blob named by its sha256
 
 
+def test_a_part_of_a_split_gguf_says_which(tmp_path: Path) -> None:
+    p = tmp_path / "m-00002-of-00003.gguf"
+    w = gguf.GGUFWriter(str(p), "llama")
+    w.add_uint16("split.no", 1), w.add_uint16("split.count", 3), w.add_int32("split.tensors.count", 3)
+    w.add_tensor("t", gguf.np.zeros(32, dtype=gguf.np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    facts = inspect_file(p)
+    assert (facts.split_part, facts.split_count) == (2, 3)
+    assert FileFacts.from_doc(facts.to_doc()) == facts
+
+
 def test_a_safetensors_file_facts(tmp_path: Path) -> None:
     p = shard(tmp_path / "model.safetensors", {
         "__metadata__": {"format": "pt"},
@@ -231,3 +242,6 @@ def test_what_cannot_be_read_is_transient_and_a_directory_is_not_a_file(tmp_path
     assert refused.value.transient
     with pytest.raises(WeightsError, match="is a directory"):
         inspect_file(tmp_path)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(WeightsError, match="fifo is not a regular file"):
+        inspect_file(tmp_path / "fifo")
