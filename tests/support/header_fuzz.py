@@ -5,7 +5,7 @@ API:
 - `Corpus`: one real file to mutate: its kind, its bytes up to the end of its header (`head`), its size,
   and the fields the parser reads (`fields`: (offset, width) of each number: counts, lengths, type ids,
   dims, offsets), so that mutations hit the header's structure rather than a token's spelling.
-  `gguf_corpus(path)` / `safetensors_corpus(path)` make one; for a small file `head` is the whole file.
+  `gguf_corpus(path)` / `safetensors_corpus(path)` make one (a GGUF's head ends where its data starts; a safetensors file is all head).
   `write_safetensors(path, tensors)` writes one (`SMALL_SAFETENSORS`: six tensors of six dtypes).
 - `Mutation(op, pos, length, payload)`: flip a bit, overwrite a field with a boundary value, overwrite,
   insert or delete bytes in the header, truncate the file anywhere, or append bytes to it.
@@ -37,8 +37,9 @@ from llmgw.mirror.inspect import FileFacts, inspect_open
 from llmgw.weights import WeightsError
 from llmgw.weights.gguf import read_gguf
 
-__all__ = ["OPS", "SMALL_SAFETENSORS", "Corpus", "Mutant", "Mutation", "Outcome", "apply", "gguf_consistent", "try_mutant", "gguf_corpus", "mutations", "random_mutation",
-           "safetensors_consistent", "safetensors_corpus", "write_safetensors"]
+__all__ = ["OPS", "SMALL_SAFETENSORS", "Corpus", "Mutant", "Mutation", "Outcome", "apply", "gguf_consistent",
+           "gguf_corpus", "mutations", "random_mutation", "safetensors_consistent", "safetensors_corpus", "try_mutant",
+           "write_safetensors"]
 
 OPS = ("flip", "field", "overwrite", "insert", "delete", "truncate", "append")
 # Values a field is overwritten with: each width's edges, and small numbers near real ones.
@@ -108,6 +109,7 @@ SMALL_SAFETENSORS = {"embed.weight": ("F16", [16, 8]), "norm.weight": ("F32", [8
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> Path:
+    """A complete safetensors file of `tensors` (name -> (dtype, shape)), laid end to end, data not all zeros."""
     widths = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U8": 1, "BOOL": 1}
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     at = 0
