@@ -1,5 +1,5 @@
 """The GGUF header reader: magic, version, metadata, tensor infos, and the size the data must have.
-Owns `check_gguf(path) -> GgufInfo`, which refuses bad magic, truncated files and lying headers.
+Owns `check_gguf(path) -> GgufInfo` (`check_gguf_from` an open file), which refuses bad magic, truncated files and lying headers.
 
 Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md. Only the
 header is read (at most `MAX_HEADER_BYTES`), never the tensor data; every
@@ -21,7 +21,7 @@ from llmgw.weights import WeightsError
 
 __all__ = [
     "FILE_TYPES", "GGML_TYPES", "MAX_HEADER_BYTES", "GgufArray", "GgufInfo", "TensorInfo",
-    "WeightsError", "check_gguf", "read_gguf",
+    "WeightsError", "check_gguf", "check_gguf_from", "read_gguf",
 ]
 
 MAGIC = b"GGUF"
@@ -203,14 +203,18 @@ def check_gguf(path: str | os.PathLike[str]) -> GgufInfo:
     p = Path(path)
     try:
         with p.open("rb", buffering=1 << 20) as f:
-            size = os.fstat(f.fileno()).st_size
-            info = read_gguf(f, size)
+            return check_gguf_from(f, os.fstat(f.fileno()).st_size, p.name)
     except OSError as error:
         raise WeightsError(f"cannot read {p}: {error.strerror or error}", transient=True) from None
+
+
+def check_gguf_from(f: BinaryIO, size: int, name: str) -> GgufInfo:
+    """`check_gguf` of an open file of `size` bytes positioned at 0 (`name` names it in the reasons)."""
+    info = read_gguf(f, size)
     needed = info.expected_size
     if needed is not None and size < needed:
         raise WeightsError(
-            f"GGUF {p.name} is {size} bytes but its header describes {needed} bytes of tensor data "
+            f"GGUF {name} is {size} bytes but its header describes {needed} bytes of tensor data "
             f"(truncated, or a header that does not match its data)"
         )
     return info
@@ -258,12 +262,19 @@ class _Reader:
         value: int = self.scalar("Q", what)
         return value
 
-    def string(self, what: str, limit: int | None = None) -> str:
+    def string(self, what: str, limit: int | None = None, *, strict: bool = False) -> str:
+        """A string; `strict`: one that names something (a key, a tensor) must be UTF-8, as the format
+        says (a value's bad bytes are replaced: a tokenizer's are only data)."""
         n = self.u64(what)
         if limit is not None and n > limit:
             raise WeightsError(f"GGUF {what} is {n} bytes long (at most {limit})")
         self._reserve(n, what)
-        return self.read(n, what).decode("utf-8", errors="replace")
+        at = self.pos
+        raw = self.read(n, what)
+        try:
+            return raw.decode("utf-8", errors="strict" if strict else "replace")
+        except UnicodeDecodeError:
+            raise WeightsError(f"GGUF {what} at byte {at} is not UTF-8 ({raw[:40]!r})") from None
 
 
 def read_gguf(f: BinaryIO, file_size: int) -> GgufInfo:
@@ -287,7 +298,7 @@ def read_gguf(f: BinaryIO, file_size: int) -> GgufInfo:
         raise WeightsError(f"GGUF header claims {n_kv} metadata entries (at most {MAX_KV})")
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
-        key = r.string("metadata key", limit=1 << 16)
+        key = r.string("metadata key", limit=1 << 16, strict=True)
         if key in metadata:
             raise WeightsError(f"GGUF metadata key {key!r} appears twice")
         metadata[key] = _value(r, r.u32(f"type of {key}"), key, depth=0)
@@ -340,7 +351,7 @@ def _value(r: _Reader, type_id: int, key: str, depth: int) -> Any:
 
 
 def _tensor(r: _Reader) -> TensorInfo:
-    name = r.string("tensor name", limit=1 << 16)
+    name = r.string("tensor name", limit=1 << 16, strict=True)
     if len(name.encode()) > MAX_NAME:
         raise WeightsError(f"GGUF tensor name {name[:80]!r} is longer than {MAX_NAME} bytes")
     n_dims = r.u32(f"dimensions of {name}")
@@ -354,8 +365,9 @@ def _tensor(r: _Reader) -> TensorInfo:
             raise WeightsError(f"GGUF tensor {name!r} has an impossible shape {dims}")
     type_id = r.u32(f"type of {name}")
     known = GGML_TYPES.get(type_id)
-    if known and elements % known[1]:
-        raise WeightsError(f"GGUF tensor {name!r} has {elements} elements, not whole {known[0]} blocks")
+    row = dims[0] if dims else 1
+    if known and row % known[1]:  # ggml's rule: each row is whole blocks (gguf.cpp refuses the file otherwise)
+        raise WeightsError(f"GGUF tensor {name!r} has rows of {row} elements, not whole {known[0]} blocks")
     return TensorInfo(name=name, dims=dims, type_id=type_id, offset=r.u64(f"offset of {name}"))
 
 

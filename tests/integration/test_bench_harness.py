@@ -261,3 +261,16 @@ def test_the_routing_bench_runs() -> None:
     on a toy size: every kind measured; the 20 µs goal is the bench's to print, not a timed test's."""
     result = load_bench("routing").measure(replicas=8, decisions=50, keys=5, rounds=1, waiting=20)
     assert set(result) == {"before", "free", "full"} and all(v > 0 for v in result.values())
+
+
+def test_the_header_fuzz_runs(tmp_path: Path) -> None:
+    """tests/bench/fuzz_headers.py (mutated real weights headers through the mirror's inspection) on a toy
+    budget: every corpus is fuzzed, nothing is broken, and the table has its columns."""
+    import random
+
+    bench = load_bench("fuzz_headers")
+    found = bench.corpora(tmp_path)
+    assert {"tiny-llama", "tiny-reranker", "tiny-lora", "safetensors"} <= set(found)
+    for corpus in found.values():
+        row, broken = bench.fuzz(corpus, 0.05, random.Random(1))
+        assert broken == [] and len(row) == 10 and int(row[2]) >= 1

@@ -1,0 +1,3 @@
+"""The model mirror: model files kept by the control planes for air-gapped fleets (docs/mirror.md).
+inspect.py reads and validates a file before the mirror accepts it (`inspect_file`, `inspect_dir`).
+"""
