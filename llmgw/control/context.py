@@ -107,6 +107,9 @@ class Context:
     # This member's state dir: where the releases uploaded by `ctl upgrade` are kept (llmgw/release.py); None: none
     # (a test's store without a directory).
     state_dir: Path | None = None
+    # The model mirror's blobs the other members hold, as they last reported (member id -> sha256 -> size), for
+    # `GET /api/v1/mirror` (control/ops/mirror.py); this member's own are read from its disk.
+    mirror_held: dict[str, dict[str, int]] = field(default_factory=dict)
 
     # Machines inside this very process (`llmgw up`'s own agent): a random credential each, held in memory
     # only, by its hash (`local_credential`). Never written, never sent off this host.

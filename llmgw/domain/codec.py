@@ -80,6 +80,7 @@ LATER_FIELDS: Mapping[tuple[type, str], int] = {
     (ModelDef, "fallbacks"): 2, (ModelDef, "aliases"): 2, (ModelDef, "routing"): 2, (ApiKey, "priority"): 2,
     (Limits, "concurrency_per_replica"): 2,
     (ModelDef, "base"): 3, (ModelDef, "lora"): 3,  # LoRA adapters (reconcile/adapters.py)
+    (ClusterState, "mirror"): 3,  # the model mirror's catalog (domain/mirror.py)
 }
 # New values of fields every release reads, with the level that brought them: an earlier release reads the
 # value but cannot serve it (a model role it does not know).

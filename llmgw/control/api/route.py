@@ -86,6 +86,7 @@ class Call:
     authorization: str | None
     body: Any = None  # the parsed JSON body (routes with `body=True`)
     chunks: AsyncIterator[bytes] | None = None  # the body as it arrives (routes with `stream=True`)
+    headers: Mapping[str, str] = field(default_factory=dict)  # the request's headers (`Content-Range`)
     commit: Callable[[dict[str, Any]], Awaitable[Any]] = field(default=lambda c: _no_write())
     note: Callable[[str], None] = field(default=lambda d: None)
 
@@ -305,7 +306,7 @@ class Router:
 
         async def answer(path: dict[str, str]) -> Response:
             call = Call(ctx, path, request.args, request.headers.get("authorization"),
-                        commit=self._commit, note=self._note)
+                        commit=self._commit, note=self._note, headers=request.headers)
             if route.body:
                 call.body = await body_json()
             if route.stream:

@@ -1,0 +1,135 @@
+"""The model mirror's store through the admin API of a real control plane (docs/mirror.md): an upload in pieces
+with an interruption, the commit, the listing, a removal refused while a model uses the file, garbage collection
+after the removal, a refused file, and the budget."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from llmgw.control.service import ControlConfig, ControlHandle, Seed, serve
+from tests.support.processes import free_port
+from tests.support.tiny_gguf import minimal_gguf
+
+pytestmark = pytest.mark.slow
+
+ADMIN = "sk-admin-mirror"
+GGUF = minimal_gguf(elements=64 * 1024)  # 256 KiB of tensor data
+
+
+@pytest.fixture
+async def control(tmp_path: Path) -> AsyncIterator[ControlHandle]:
+    cfg = ControlConfig(state_dir=tmp_path, raft_addr=f"127.0.0.1:{free_port()}", admin_host="127.0.0.1",
+                        admin_port=0, seed=Seed(admin_key=ADMIN))
+    async with trio.open_nursery() as nursery:
+        handle = await nursery.start(serve, cfg)
+        yield handle
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def api(control: ControlHandle) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=control.admin_url, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        for _ in range(200):  # mirror.* commands need the group's store level 3 (announced at the first start)
+            r = await c.post("/api/v1/mirror/x/pin", json={"pinned": True})
+            if r.json()["error"]["code"] != "upgrade_pending":
+                break
+            await trio.sleep(0.05)
+        yield c
+
+
+def piece(start: int, data: bytes, total: int) -> dict[str, str]:
+    return {"Content-Range": f"bytes {start}-{start + len(data) - 1}/{total}"}
+
+
+async def upload(api: httpx.AsyncClient, name: str, data: bytes) -> httpx.Response:
+    r = await api.post("/api/v1/mirror/uploads", json={"name": name, "size": len(data)})
+    assert r.status_code == 200, r.text
+    uid, offset = r.json()["id"], r.json()["offset"]
+    r = await api.put(f"/api/v1/mirror/uploads/{uid}", content=data[offset:],
+                      headers=piece(offset, data[offset:], len(data)))
+    assert r.status_code == 200, r.text
+    return await api.post(f"/api/v1/mirror/uploads/{uid}/commit")
+
+
+async def test_an_interrupted_upload_continues_at_its_offset_and_commits(api: httpx.AsyncClient,
+                                                                         tmp_path: Path) -> None:
+    total = len(GGUF)
+    sha = hashlib.sha256(GGUF).hexdigest()
+    r = await api.post("/api/v1/mirror/uploads", json={"name": "tiny", "size": total, "sha256": sha})
+    uid = r.json()["id"]
+    assert r.json()["offset"] == 0
+    first = GGUF[:100_000]
+    assert (await api.put(f"/api/v1/mirror/uploads/{uid}", content=first,
+                          headers=piece(0, first, total))).json()["offset"] == 100_000
+    # the client lost its place: a piece at the wrong offset is refused with the offset held
+    wrong = await api.put(f"/api/v1/mirror/uploads/{uid}", content=GGUF[50_000:60_000],
+                          headers=piece(50_000, GGUF[50_000:60_000], total))
+    assert wrong.status_code == 409
+    assert wrong.json()["error"]["code"] == "upload_offset_mismatch" and wrong.json()["error"]["offset"] == 100_000
+    # starting the same upload again finds it, with its offset
+    again = await api.post("/api/v1/mirror/uploads", json={"name": "tiny", "size": total, "sha256": sha})
+    assert again.json() == {"id": uid, "offset": 100_000, "size": total, "name": "tiny"}
+    early = await api.post(f"/api/v1/mirror/uploads/{uid}/commit")
+    assert early.status_code == 409 and early.json()["error"]["code"] == "upload_incomplete"
+    rest = GGUF[100_000:]
+    assert (await api.put(f"/api/v1/mirror/uploads/{uid}", content=rest,
+                          headers=piece(100_000, rest, total))).json()["offset"] == total
+    done = await api.post(f"/api/v1/mirror/uploads/{uid}/commit")
+    assert done.status_code == 201, done.text
+    file = done.json()["file"]
+    assert (file["name"], file["sha256"], file["size"], file["kind"]) == ("tiny", sha, total, "gguf")
+    assert file["metadata"]["architecture"] == "llama" and file["used_by"] == [] and file["collectable"]
+    assert (tmp_path / "mirror" / "blobs" / sha).read_bytes() == GGUF
+    listing = (await api.get("/api/v1/mirror")).json()
+    assert [f["name"] for f in listing["files"]] == ["tiny"] and listing["uploads"] == []
+    assert listing["files"][0]["members"]["holding"] == listing["members"] and listing["stored_bytes"] == total
+    assert (await api.get("/api/v1/mirror/tiny")).json()["file"]["sha256"] == sha
+
+
+async def test_a_file_in_use_is_not_removed_and_an_unused_blob_is_collected(api: httpx.AsyncClient,
+                                                                           tmp_path: Path) -> None:
+    assert (await upload(api, "tiny", GGUF)).status_code == 201
+    assert (await upload(api, "tiny-too", GGUF)).status_code == 201  # two names, one blob
+    sha = hashlib.sha256(GGUF).hexdigest()
+    r = await api.post("/api/v1/models", json={"name": "m", "engine": "llama.cpp", "source": "mirror://tiny"})
+    assert r.status_code == 201, r.text
+    assert (await api.get("/api/v1/mirror/tiny")).json()["file"]["used_by"] == ["model m"]
+    refused = await api.delete("/api/v1/mirror/tiny")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "mirror_file_in_use"
+    assert "model m" in refused.json()["error"]["message"]
+    assert (await api.delete("/api/v1/mirror/tiny-too")).json() == {"removed": "tiny-too", "collected": []}
+    assert (await api.delete("/api/v1/models/m")).status_code == 200
+    assert (await api.delete("/api/v1/mirror/tiny")).json() == {"removed": "tiny", "collected": [sha]}
+    assert not (tmp_path / "mirror" / "blobs" / sha).exists()
+    assert (await api.delete("/api/v1/mirror/tiny")).status_code == 404
+
+
+async def test_pin(api: httpx.AsyncClient) -> None:
+    assert (await upload(api, "tiny", GGUF)).status_code == 201
+    r = await api.post("/api/v1/mirror/tiny/pin", json={"pinned": True})
+    assert r.json() == {"name": "tiny", "pinned": True, "changed": True}
+    file = (await api.get("/api/v1/mirror/tiny")).json()["file"]
+    assert file["pinned"] and not file["collectable"]
+
+
+async def test_a_refused_file_is_deleted_with_the_reason(api: httpx.AsyncClient, tmp_path: Path) -> None:
+    r = await upload(api, "broken", GGUF[:-1000])  # its header promises more tensor data than it holds
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_file"
+    assert "truncated" in r.json()["error"]["message"]
+    assert list((tmp_path / "mirror" / "uploads").iterdir()) == []
+    assert list((tmp_path / "mirror" / "blobs").iterdir()) == []
+    assert (await api.get("/api/v1/mirror")).json()["files"] == []
+
+
+async def test_an_upload_past_the_budget_is_refused_at_its_start(api: httpx.AsyncClient) -> None:
+    assert (await api.put("/api/v1/settings/mirror.budget_gib", json=0.0004)).status_code == 200  # ~429 KB
+    assert (await upload(api, "tiny", GGUF)).status_code == 201
+    r = await api.post("/api/v1/mirror/uploads", json={"name": "second", "size": len(GGUF) + 10})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "mirror_budget_exceeded"
+    assert "GiB" in r.json()["error"]["message"] and "mirror.budget_gib" in r.json()["error"]["message"]
