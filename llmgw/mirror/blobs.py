@@ -164,12 +164,12 @@ class BlobStore:
         found = self.upload(uid)
         if found is not None:
             return found
-        meta = {"name": name, "size": size, "sha256": sha256, "started_at": self.clock()}
+        started = self.clock()
         self._data(uid).touch(mode=0o600)
         tmp = self.uploads / f"{uid}.json.tmp"
-        tmp.write_text(json.dumps(meta))
+        tmp.write_text(json.dumps({"name": name, "size": size, "sha256": sha256, "started_at": started}))
         os.replace(tmp, self._meta(uid))
-        return Upload(uid, name, size, sha256, 0, meta["started_at"])
+        return Upload(uid, name, size, sha256, 0, started)
 
     def upload(self, uid: str) -> Upload | None:
         """The upload with this id, as on disk; None when there is none."""

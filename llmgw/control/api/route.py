@@ -86,7 +86,7 @@ class Call:
     authorization: str | None
     body: Any = None  # the parsed JSON body (routes with `body=True`)
     chunks: AsyncIterator[bytes] | None = None  # the body as it arrives (routes with `stream=True`)
-    headers: Mapping[str, str] = field(default_factory=dict)  # the request's headers (`Content-Range`)
+    headers: Any = field(default_factory=dict)  # the request's headers (`Content-Range`): a read-only mapping
     commit: Callable[[dict[str, Any]], Awaitable[Any]] = field(default=lambda c: _no_write())
     note: Callable[[str], None] = field(default=lambda d: None)
 
