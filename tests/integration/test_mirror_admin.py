@@ -5,6 +5,7 @@ after the removal, a refused file, and the budget."""
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -133,3 +134,55 @@ async def test_an_upload_past_the_budget_is_refused_at_its_start(api: httpx.Asyn
     r = await api.post("/api/v1/mirror/uploads", json={"name": "second", "size": len(GGUF) + 10})
     assert r.status_code == 409 and r.json()["error"]["code"] == "mirror_budget_exceeded"
     assert "GiB" in r.json()["error"]["message"] and "mirror.budget_gib" in r.json()["error"]["message"]
+
+
+# --- `llmgw ctl mirror`: the progress bar and the resume, against this control plane ------------------------------
+
+
+class CutOnce(httpx.BaseTransport):
+    """The real transport, but the `cut`-th PUT fails before it is sent (a link that drops)."""
+
+    def __init__(self, cut: int) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.cut = cut
+        self.puts = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            self.puts += 1
+            if self.puts == self.cut:
+                raise httpx.WriteError("the link dropped")
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def test_ctl_mirror_add_resumes_an_interrupted_upload_with_a_progress_bar(
+        api: httpx.AsyncClient, control: ControlHandle, tmp_path: Path) -> None:
+    import io
+
+    from llmgw.cli.ctl import run_ctl
+
+    data = minimal_gguf(elements=768 * 1024)  # 3 MiB: three pieces of 1 MiB
+    file = tmp_path / "big.gguf"
+    file.write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    # an earlier run got 1000 bytes across, then stopped
+    started = (await api.post("/api/v1/mirror/uploads", json={"name": "big", "size": len(data), "sha256": sha})).json()
+    await api.put(f"/api/v1/mirror/uploads/{started['id']}", content=data[:1000], headers=piece(0, data[:1000],
+                                                                                                len(data)))
+    out, err = io.StringIO(), io.StringIO()
+    transport = CutOnce(cut=2)
+    env = {"LLMGW_URL": control.admin_url, "LLMGW_KEY": ADMIN}
+    rc = await trio.to_thread.run_sync(lambda: run_ctl(["mirror", "add", str(file), "--piece-mib", "1"],
+                                                       transport=transport, env=env, stdout=out, stderr=err))
+    assert rc == 0, err.getvalue()
+    assert "resuming the upload of big at 0.0 MiB" in err.getvalue()
+    assert "uploading [########################] 100%  3.0/3.0 MiB" in err.getvalue()
+    assert transport.puts >= 4  # three pieces and the one the link dropped
+    assert out.getvalue().startswith("added big (gguf, 3.0 MiB, sha256 " + sha[:12])
+    assert (tmp_path / "mirror" / "blobs" / sha).read_bytes() == data
+    listed = io.StringIO()
+    rc = await trio.to_thread.run_sync(lambda: run_ctl(["mirror", "list", "--json"], env=env, stdout=listed))
+    assert rc == 0 and [f["name"] for f in json.loads(listed.getvalue())["files"]] == ["big"]

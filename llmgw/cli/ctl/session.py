@@ -122,6 +122,10 @@ class Session:
                 f" (Idempotency-Key {key})"
             ) from None
 
+    def client(self) -> httpx.Client:
+        """The HTTP client, for a command that drives its own requests (`ctl mirror add`'s pieces)."""
+        return self._http()
+
     def _http(self) -> httpx.Client:
         if self._client is None:
             target = self.target()
