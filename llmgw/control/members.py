@@ -294,6 +294,10 @@ class Members:
             raise CommitUnknown(what) from None
         return Forwarded(r.status_code, r.content, r.headers.get("content-type", "application/json"), leader)
 
+    def client(self) -> contextlib.AbstractAsyncContextManager[httpx.AsyncClient]:
+        """The client members talk to each other with (their control certificate when the group speaks TLS)."""
+        return self._client()
+
     def _client(self) -> contextlib.AbstractAsyncContextManager[httpx.AsyncClient]:
         """The kept client (left open), or a client of its own for one call."""
         if self.http is not None:

@@ -19,7 +19,7 @@ KINDS = ("gguf", "safetensors")
 NAME_MAX_CHARS = 128
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # a model's name's alphabet: `mirror://NAME` reads
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
-METADATA_MAX_CHARS = 64_000  # the header facts, as JSON: a summary of a header, never the header
+RESERVED = ("blobs", "held", "uploads")  # the admin API's own paths under /api/v1/mirror/
 
 
 def name_problem(name: Any) -> str | None:
@@ -27,6 +27,8 @@ def name_problem(name: Any) -> str | None:
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         return ("a mirror name is 1..128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
                 f" (not {name!r:.80})")
+    if name in RESERVED:
+        return f"{name!r} is reserved (the admin API's path); pick another name"
     return None
 
 

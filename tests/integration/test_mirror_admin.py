@@ -106,7 +106,8 @@ async def test_a_file_in_use_is_not_removed_and_an_unused_blob_is_collected(api:
     assert "model m" in refused.json()["error"]["message"]
     assert (await api.delete("/api/v1/mirror/tiny-too")).json() == {"removed": "tiny-too", "collected": []}
     assert (await api.delete("/api/v1/models/m")).status_code == 200
-    assert (await api.delete("/api/v1/mirror/tiny")).json() == {"removed": "tiny", "collected": [sha]}
+    removed = (await api.delete("/api/v1/mirror/tiny")).json()
+    assert removed["removed"] == "tiny" and removed["collected"] in ([sha], [])  # [] when the mirror's pass was first
     assert not (tmp_path / "mirror" / "blobs" / sha).exists()
     assert (await api.delete("/api/v1/mirror/tiny")).status_code == 404
 

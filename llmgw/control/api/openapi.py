@@ -573,6 +573,12 @@ def _mirror_paths() -> Schema:
                                       "which control planes hold or lack it), the budget and the uploads in progress",
                                       _obj({"files": _arr(file), "budget_bytes": _INT, "stored_bytes": _INT,
                                             "uploads": _arr(upload), "members": _arr(_STR)}))},
+        "/api/v1/mirror/held": {"get": _op(
+            "the mirror's blobs on the disk of the member asked (answered by it, never forwarded): sha256 -> size, "
+            "its pulls from the leader in progress (bytes so far) and their last failures",
+            _obj({"member": _STR, "blobs": {"type": "object", "additionalProperties": _INT},
+                  "pulling": {"type": "object", "additionalProperties": _INT},
+                  "errors": {"type": "object", "additionalProperties": _STR}}))},
         "/api/v1/mirror/{name}": {
             "get": _op("one mirror file", _obj({"file": file}), errors=("404",), params=(name,)),
             "delete": _op("remove a mirror file (409 `mirror_file_in_use` names who uses it); a blob no name refers "

@@ -114,7 +114,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/v1/releases/<sha256>", MACHINE, lambda c: _file(upgrade.download(c.ctx, c.path["sha256"])),
           local=True),
     # The model mirror (docs/mirror.md): its catalog, resumable uploads (to the leader), blobs between control planes.
-    Route("GET", "/api/v1/mirror", VIEWER, lambda c: mirror.list_files(c.ctx)),
+    Route("GET", "/api/v1/mirror", VIEWER, lambda c: mirror.list_files(c.ctx, c.authorization)),
+    Route("GET", "/api/v1/mirror/held", VIEWER, lambda c: mirror.held(c.ctx), local=True),
     Route("POST", "/api/v1/mirror/uploads", ADMIN, lambda c: mirror.start_upload(c.ctx, c.body), body=True),
     Route("GET", "/api/v1/mirror/uploads/<upload_id>", VIEWER,
           lambda c: mirror.upload_status(c.ctx, c.path["upload_id"])),
@@ -126,7 +127,7 @@ ROUTES: tuple[Route, ...] = (
           lambda c: mirror.commit_upload(c.ctx, c.commit, c.path["upload_id"])),
     Route("GET", "/api/v1/mirror/blobs/<sha256>", MACHINE, lambda c: _file(mirror.blob(c.ctx, c.path["sha256"])),
           local=True),
-    Route("GET", "/api/v1/mirror/<name>", VIEWER, lambda c: mirror.show(c.ctx, c.path["name"])),
+    Route("GET", "/api/v1/mirror/<name>", VIEWER, lambda c: mirror.show(c.ctx, c.path["name"], c.authorization)),
     Route("DELETE", "/api/v1/mirror/<name>", ADMIN, lambda c: mirror.remove(c.ctx, c.commit, c.path["name"])),
     Route("POST", "/api/v1/mirror/<name>/pin", ADMIN,
           lambda c: mirror.pin(c.ctx, c.commit, c.path["name"], c.body), body=True),

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 
 from llmgw.control.context import Context
@@ -74,18 +75,50 @@ def _file_doc(state: ClusterState, f: MirrorFile, holders: Mapping[str, Mapping[
             "members": {"holding": holding, "missing": sorted(m for m in holders if m not in holding)}}
 
 
-async def holdings(ctx: Context) -> dict[str, dict[str, int]]:
-    """Which blobs each member holds, by member: this member's from its disk, the others' as they last reported
-    (`Context.mirror_held`)."""
-    held = dict(ctx.mirror_held)
-    if ctx.state_dir is not None:
-        held[ctx.self_id] = await trio.to_thread.run_sync(blob_store(ctx).held)
-    return held
+async def held(ctx: Context) -> dict[str, Any]:
+    """`GET /api/v1/mirror/held`, answered by the member asked: the blobs on its disk (sha256 -> size), the pulls in
+    progress (sha256 -> bytes so far) and the last failure of each pull that failed."""
+    blobs = await trio.to_thread.run_sync(blob_store(ctx).held) if ctx.state_dir is not None else {}
+    sync = ctx.mirror_sync
+    return {"member": ctx.self_id, "blobs": blobs, "pulling": dict(sync.pulling) if sync is not None else {},
+            "errors": dict(sync.errors) if sync is not None else {}}
 
 
-async def list_files(ctx: Context) -> dict[str, Any]:
+async def holdings(ctx: Context, authorization: str | None) -> dict[str, dict[str, int]]:
+    """Which blobs each member holds, by member: this one's from its disk, each other member of the group asked
+    (`GET /api/v1/mirror/held`, with the caller's key, within `member_probe_s`); one that does not answer is left
+    out (it shows in `ctl members`)."""
+    out: dict[str, dict[str, int]] = {ctx.self_id: (await held(ctx))["blobs"]}
+    members = ctx.members
+    if members is None:
+        return out
     state = ctx.state()
-    holders = await holdings(ctx)
+    others = [m for m in members.addresses(members.group.status()) if m != ctx.self_id]
+
+    async def ask(member: str) -> None:
+        announced = state.members.get(member)
+        if announced is None:
+            return
+        headers = {"Authorization": authorization} if authorization else {}
+        try:
+            async with members.client() as client:
+                r = await client.get(announced.admin_url + "/api/v1/mirror/held", headers=headers,
+                                     timeout=ctx.timeouts.member_probe_s)
+            doc = r.json()
+        except (httpx.HTTPError, ValueError):
+            return
+        if r.status_code == 200 and isinstance(doc, dict) and isinstance(doc.get("blobs"), dict):
+            out[member] = {k: v for k, v in doc["blobs"].items() if isinstance(v, int)}
+
+    async with trio.open_nursery() as nursery:
+        for member in others:
+            nursery.start_soon(ask, member)
+    return out
+
+
+async def list_files(ctx: Context, authorization: str | None = None) -> dict[str, Any]:
+    state = ctx.state()
+    holders = await holdings(ctx, authorization)
     files = [_file_doc(state, f, holders) for _, f in sorted(state.mirror.items())]
     uploads = await trio.to_thread.run_sync(blob_store(ctx).in_progress) if ctx.state_dir is not None else []
     return {"files": files, "budget_bytes": budget_bytes(state), "stored_bytes": stored_bytes(state),
@@ -99,17 +132,17 @@ def _find(state: ClusterState, name: str) -> MirrorFile:
     return found
 
 
-async def show(ctx: Context, name: str) -> dict[str, Any]:
+async def show(ctx: Context, name: str, authorization: str | None = None) -> dict[str, Any]:
     state = ctx.state()
-    return {"file": _file_doc(state, _find(state, name), await holdings(ctx))}
+    return {"file": _file_doc(state, _find(state, name), await holdings(ctx, authorization))}
 
 
 async def collect(ctx: Context) -> list[str]:
     """Delete this member's blobs that no name of the catalog refers to any more."""
     if ctx.state_dir is None:
         return []
-    keep = referenced_blobs(ctx.state())
-    gone = await trio.to_thread.run_sync(blob_store(ctx).collect, keep)
+    async with ctx.mirror_lock:
+        gone = await trio.to_thread.run_sync(blob_store(ctx).collect, referenced_blobs(ctx.state()))
     for sha in gone:
         log.info("mirror: blob %s deleted (no name refers to it)", sha[:12])
     return gone
@@ -196,14 +229,16 @@ async def commit_upload(ctx: Context, commit: Commit, uid: str) -> dict[str, Any
     """`POST /api/v1/mirror/uploads/ID/commit`: hash, inspect and keep the file, and add its name to the catalog.
     A refused file is deleted (400 `invalid_file` with the reason)."""
     store = blob_store(ctx)
-    try:
-        up, sha, facts, _ = await trio.to_thread.run_sync(store.finish, uid, INSPECT)
-    except MirrorError as e:
-        raise _refusal(e) from None
-    result = await commit(commands.put_file(up.name, sha, up.size, facts.kind, facts.metadata, ctx.clock()))
+    async with ctx.mirror_lock:  # no collection deletes the blob before its name is in the catalog
+        try:
+            up, sha, facts, _ = await trio.to_thread.run_sync(store.finish, uid, INSPECT)
+        except MirrorError as e:
+            raise _refusal(e) from None
+        result = await commit(commands.put_file(up.name, sha, up.size, facts.kind, facts.metadata, ctx.clock()))
     log.info("mirror file %s added (%s, %d bytes, sha256 %s)", up.name, facts.kind, up.size, sha[:12])
     state = ctx.state()
-    doc = {"file": _file_doc(state, _find(state, up.name), await holdings(ctx)), "added": result["added"]}
+    doc = {"file": _file_doc(state, _find(state, up.name), {ctx.self_id: (await held(ctx))["blobs"]}),
+           "added": result["added"]}
     return Created(doc) if result["added"] else doc
 
 
