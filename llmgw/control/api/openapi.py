@@ -594,7 +594,8 @@ def _mirror_paths() -> Schema:
             "start when the file would pass `mirror.budget_gib` (409 `mirror_budget_exceeded`)",
             _obj({"id": _STR, "offset": _INT, "size": _INT, "name": _STR}),
             body=_obj({"name": mname, "size": {"type": "integer", "minimum": 1},
-                       "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}, ("name", "size"), closed=True),
+                       "sha256": _null({"type": "string", "pattern": "^[0-9a-f]{64}$"})}, ("name", "size"),
+                      closed=True),
             write=True, example={"name": "smollm2", "size": 1048576})},
         "/api/v1/mirror/uploads/{upload_id}": {
             "get": _op("an upload in progress: the offset it holds", upload, errors=("404",), params=(upload_id,)),
