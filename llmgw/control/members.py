@@ -47,7 +47,7 @@ _STARTED_AT = time.time()  # when this process started (a restart in place keeps
 FORWARDED_BY = "x-llmgw-forwarded-by"
 # Set on the answer a standby relays: which member answered it.
 ANSWERED_BY = "x-llmgw-answered-by"
-_FORWARDED_HEADERS = ("authorization", "idempotency-key", "content-type", "accept")
+_FORWARDED_HEADERS = ("authorization", "idempotency-key", "content-type", "accept", "content-range")
 _READS = frozenset({"GET", "HEAD"})
 
 

@@ -1,5 +1,6 @@
 """The model mirror across three real control planes (tests/support/cluster.py, TLS between them): the standbys
-pull every blob from the leader with their control certificates and verify it, `GET /api/v1/mirror` shows which
+pull every blob from the leader with their control certificates and verify it, an upload sent to a standby is
+forwarded to the leader, `GET /api/v1/mirror` shows which
 members hold each file, and a failover of the leader loses no file."""
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def test_standbys_pull_every_blob_and_a_failover_loses_no_file(tmp_path: Path) -
             return r.json().get("group_store_level") == 3 or None
 
         await cluster.wait_for("store level 3", level_3, 30.0)
-        await upload(cluster, leader)
+        standby = next(m for m in cluster.members if m is not leader)
+        await upload(cluster, standby)  # forwarded to the leader, piece and commit alike
         everyone = sorted(m.raft_addr for m in cluster.members)
 
         async def all_hold() -> bool | None:

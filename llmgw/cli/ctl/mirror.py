@@ -212,7 +212,8 @@ def mirror_pin(name: Annotated[str, Parameter(help="The file's name in the mirro
                session: SessionParam) -> int:
     """Pin a file: it is kept whether or not anything uses it (or, with --off, no longer)."""
     return session.show_answer("POST", api_path("mirror", name, "pin"), body={"pinned": not off}, send_body=True,
-                               render=lambda d: f"{cell(dig(d, 'name'))}: {'pinned' if dig(d, 'pinned') else 'unpinned'}")
+                               render=lambda d: f"{cell(dig(d, 'name'))}: "
+                                                f"{'pinned' if dig(d, 'pinned') else 'unpinned'}")
 
 
 # --- rendering: pure functions of the JSON ---------------------------------------------------------

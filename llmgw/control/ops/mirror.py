@@ -179,7 +179,8 @@ async def start_upload(ctx: Context, body: Any) -> dict[str, Any]:
     old = state.mirror.get(name) if isinstance(name, str) else None
     if old is not None and old.sha256 != sha:
         raise AdminError(409, "mirror_name_taken", f"the mirror already holds a file named {name} (sha256 "
-                         f"{old.sha256[:12]}): remove it first (`llmgw ctl mirror remove {name}`), or pick another name")
+                         f"{old.sha256[:12]}): remove it first (`llmgw ctl mirror remove {name}`), or pick another "
+                         "name")
     store = blob_store(ctx)
     try:
         uploads = await trio.to_thread.run_sync(store.in_progress)
