@@ -22,6 +22,7 @@ from cyclopts import Parameter
 from llmgw.cli.ctl.errors import EXIT_OK, CtlError, UsageError
 from llmgw.cli.ctl.render import cell, dig, table
 from llmgw.cli.ctl.session import Session, SessionParam, api_path
+from llmgw.domain.timeouts import TIMEOUTS
 
 MIB = 1 << 20
 READ = 1 << 20
@@ -125,7 +126,7 @@ def mirror_add(
     offset = _send(session, file, uid, offset, size, piece_mib * MIB, bar)
     if bar is not None:
         bar.finish()
-    _, done = session.request("POST", api_path("mirror", "uploads", uid, "commit"))
+    _, done = session.request("POST", api_path("mirror", "uploads", uid, "commit"), timeout=TIMEOUTS.mirror_commit_s)
     session.show(done, render_added)
     return EXIT_OK
 
