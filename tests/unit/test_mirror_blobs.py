@@ -5,10 +5,14 @@ and keeps the file, a refused file is deleted, a corrupt blob is detected, and u
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmgw.mirror.blobs import BlobStore, Facts, MirrorError, inspect_file, upload_id
 from llmgw.weights import WeightsError
@@ -115,3 +119,34 @@ def test_the_stand_in_inspection_refuses_what_is_neither_gguf_nor_safetensors(tm
     p.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
     with pytest.raises(WeightsError):
         inspect_file(p)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3000), st.sampled_from(["ok", "torn", "wrong"])), min_size=1,
+                max_size=30))
+def test_any_pieces_cuts_and_wrong_offsets_end_in_the_exact_file(steps: list[tuple[int, str]]) -> None:
+    """Whatever pieces a client sends, cut or at a wrong offset, continuing from the offset the store says always
+    ends in exactly the file's bytes."""
+
+    async def main(root: Path) -> None:
+        s = BlobStore(root)
+        up = s.start("tiny", len(DATA), SHA)
+        for n, how in [*steps, (len(DATA), "ok")]:
+            at = s.get(up.id).offset
+            if at == len(DATA):
+                break
+            if how == "wrong":
+                with pytest.raises(MirrorError):
+                    await s.write(up.id, (at + 1 + n) % len(DATA) if (at + 1 + n) % len(DATA) != at else at + 1,
+                                  len(DATA), body(b"x"))
+            elif how == "torn":
+                with pytest.raises(ConnectionResetError):
+                    await s.write(up.id, at, len(DATA), torn(DATA[at:at + n], n // 2))
+            else:
+                await s.write(up.id, at, len(DATA), body(DATA[at:at + n]))
+        while (at := s.get(up.id).offset) < len(DATA):
+            await s.write(up.id, at, len(DATA), body(DATA[at:]))
+        assert s.finish(up.id, inspect_file)[3].read_bytes() == DATA
+
+    with tempfile.TemporaryDirectory() as root:
+        trio.run(main, Path(root))
