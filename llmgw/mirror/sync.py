@@ -74,7 +74,7 @@ class MirrorSync:
         url = self.leader_url()
         for sha in sorted(referenced_blobs(state) - set(held)):
             if url is None:
-                return
+                break
             try:
                 await self.pull(url, sha)
             except PullFailed as e:
@@ -85,6 +85,14 @@ class MirrorSync:
                 self.errors.pop(sha, None)
         for sha in set(self.pulling) - referenced_blobs(state):
             self.pulling.pop(sha, None)
+        await trio.to_thread.run_sync(self._drop_stale_pulls, referenced_blobs(self.store.snapshot()))
+
+    def _drop_stale_pulls(self, keep: frozenset[str]) -> None:
+        """Delete what a pull of a blob no longer in the catalog left in `pulls/`."""
+        if self.pulls.is_dir():
+            for p in self.pulls.iterdir():
+                if p.name not in keep:
+                    p.unlink(missing_ok=True)
 
     async def pull(self, leader_url: str, sha: str) -> Path:
         """Fetch one blob from the leader into `pulls/`, resuming what an earlier pull left; verify; keep."""

@@ -187,7 +187,8 @@ async def start_upload(ctx: Context, body: Any) -> dict[str, Any]:
         stored = stored_bytes(state)
         pending = sum(u.size for u in uploads if not (u.name == name and u.size == size and u.sha256 == sha))
         budget = budget_bytes(state)
-        if isinstance(size, int) and not isinstance(size, bool) and stored + pending + size > budget:
+        adds = 0 if sha is not None and any(f.sha256 == sha for f in state.mirror.values()) else size  # one blob
+        if isinstance(adds, int) and not isinstance(adds, bool) and stored + pending + adds > budget:
             raise AdminError(409, "mirror_budget_exceeded", f"{name} ({_gib(size)}) would pass the mirror's budget: "
                              f"{_gib(stored)} stored and {_gib(pending)} being uploaded of {_gib(budget)} "
                              "(mirror.budget_gib); remove files (`llmgw ctl mirror remove`) or raise the budget")
