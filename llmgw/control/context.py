@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from llmgw import __version__
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members
@@ -33,6 +35,7 @@ from llmgw.domain.state import ClusterState
 from llmgw.domain.summary import Summary
 from llmgw.domain.timeouts import Timeouts
 from llmgw.interfaces import BreakerReport, WritableStore
+from llmgw.mirror.sync import MirrorSync
 from llmgw.notify.notifier import Notifier
 from llmgw.wire.gate import GateStats
 
@@ -107,6 +110,11 @@ class Context:
     # This member's state dir: where the releases uploaded by `ctl upgrade` are kept (llmgw/release.py); None: none
     # (a test's store without a directory).
     state_dir: Path | None = None
+    # Held by an upload's commit (its blob moved in, its `mirror.put` not yet applied) and by each garbage collection
+    # of the mirror's blobs, so none deletes a blob whose name is being added (control/ops/mirror.py, mirror/sync.py).
+    mirror_lock: trio.Lock = field(default_factory=trio.Lock)
+    # This member's mirror pass (pulls from the leader, with their progress and failures); None: none runs.
+    mirror_sync: MirrorSync | None = None
 
     # Machines inside this very process (`llmgw up`'s own agent): a random credential each, held in memory
     # only, by its hash (`local_credential`). Never written, never sent off this host.

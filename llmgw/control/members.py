@@ -47,7 +47,7 @@ _STARTED_AT = time.time()  # when this process started (a restart in place keeps
 FORWARDED_BY = "x-llmgw-forwarded-by"
 # Set on the answer a standby relays: which member answered it.
 ANSWERED_BY = "x-llmgw-answered-by"
-_FORWARDED_HEADERS = ("authorization", "idempotency-key", "content-type", "accept")
+_FORWARDED_HEADERS = ("authorization", "idempotency-key", "content-type", "accept", "content-range")
 _READS = frozenset({"GET", "HEAD"})
 
 
@@ -293,6 +293,10 @@ class Members:
                 raise AdminError(503, "leader_unreachable", f"this member is a standby; the request was {what}")
             raise CommitUnknown(what) from None
         return Forwarded(r.status_code, r.content, r.headers.get("content-type", "application/json"), leader)
+
+    def client(self) -> contextlib.AbstractAsyncContextManager[httpx.AsyncClient]:
+        """The client members talk to each other with (their control certificate when the group speaks TLS)."""
+        return self._client()
 
     def _client(self) -> contextlib.AbstractAsyncContextManager[httpx.AsyncClient]:
         """The kept client (left open), or a client of its own for one call."""

@@ -33,6 +33,8 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import DemandReport, EndpointSink, FloatingAddress, WritableStore
 from llmgw.logs import role_var
+from llmgw.mirror.blobs import BlobStore
+from llmgw.mirror.sync import MirrorSync
 from llmgw.statedir import FIRST_ADMIN_FILE
 from llmgw.notify.notifier import Notifier
 from llmgw.notify.watch import control_conditions, http_post, watch
@@ -276,6 +278,11 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
                       notifier=notifier, webhook_deliveries=notifier.deliveries, trust=trust,
                       restart=(functools.partial(ask_restart, config) if config.restart_asked is not None else None),
                       state_dir=config.state_dir)
+        # The model mirror's pass: pull what this member lacks from the leader, delete what no name refers to.
+        mirror_sync = MirrorSync(store, BlobStore(config.state_dir / "mirror", config.clock), member_client,
+                                 leader_url=lambda: None if store.is_leader() else members.status().get("leader_url"),
+                                 lock=ctx.mirror_lock, timeouts=timeouts)
+        ctx.mirror_sync = mirror_sync
         app = make_app(ctx, config.mounts)
         # graceful_s: agents' streams close at once, not drained.
         hc = hypercorn_config(config.admin_host, config.admin_port, logger="llmgw.control.server",
@@ -301,6 +308,7 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
             await nursery.start(store.raise_when_halted)  # an entry of a newer release: this role stops, saying so
             await nursery.start(members.announce_forever)  # so the others can forward here
             await nursery.start(members.raise_level_forever)
+            await nursery.start(mirror_sync.run)
             task_status.started(ControlHandle(url, store, hub, reconciler, floating, gateways, notifier, ctx))
     finally:
         with trio.CancelScope(shield=True):

@@ -80,6 +80,7 @@ LATER_FIELDS: Mapping[tuple[type, str], int] = {
     (ModelDef, "fallbacks"): 2, (ModelDef, "aliases"): 2, (ModelDef, "routing"): 2, (ApiKey, "priority"): 2,
     (Limits, "concurrency_per_replica"): 2,
     (ModelDef, "base"): 3, (ModelDef, "lora"): 3,  # LoRA adapters (reconcile/adapters.py)
+    (ClusterState, "mirror"): 3,  # the model mirror's catalog (domain/mirror.py)
 }
 # New values of fields every release reads, with the level that brought them: an earlier release reads the
 # value but cannot serve it (a model role it does not know).
@@ -95,7 +96,7 @@ def later_level(value: Any) -> int:
         level = 1
         for f in dataclasses.fields(value):
             item = getattr(value, f.name)
-            if item != f.default:
+            if item != _default(f):
                 level = max(level, LATER_FIELDS.get((kind, f.name), 1))
             if isinstance(item, str):
                 level = max(level, LATER_VALUES.get((kind, f.name, item), 1))
@@ -109,11 +110,18 @@ def later_level(value: Any) -> int:
     return 1
 
 
+def _default(f: dataclasses.Field[Any]) -> Any:
+    """A field's default, made by its factory when it has one (an empty mapping)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
 def _encode(value: Any, path: str) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         kind = type(value)
         return {f.name: _encode(getattr(value, f.name), f"{path}.{f.name}") for f in dataclasses.fields(value)
-                if (kind, f.name) not in LATER_FIELDS or getattr(value, f.name) != f.default}
+                if (kind, f.name) not in LATER_FIELDS or getattr(value, f.name) != _default(f)}
     if isinstance(value, Mapping):
         out = {}
         for key, item in value.items():

@@ -16,6 +16,7 @@ from typing import Any
 from llmgw.domain.frozen import freeze, thaw
 from llmgw.domain.guard import GuardPolicy
 from llmgw.domain.keys import legacy_key_id
+from llmgw.domain.mirror import MirrorFile
 from llmgw.domain.model import ModelDef
 from llmgw.domain.trust import Authority, JoinToken, MachineCert, Revocation
 from llmgw.domain.usage import UsageHour, UsageMark
@@ -174,7 +175,7 @@ class Member:
 
 # The mappings whose values are frozen dataclasses; `settings` holds JSON values, frozen deeply.
 _MAPPINGS = ("models", "keys", "placements", "health", "members", "usage", "usage_marks", "guard_policies",
-             "authorities", "join_tokens", "machines", "revoked")
+             "authorities", "join_tokens", "machines", "revoked", "mirror")
 
 
 def _empty() -> MappingProxyType[str, Any]:
@@ -220,6 +221,9 @@ class ClusterState:
     # The store level the group writes at (`llmgw.domain.levels`; `cluster.level`, raised by the leader once
     # every member announced at least it). Never goes back.
     store_level: int = 1
+    # The model mirror's catalog by name (domain/mirror.py; `mirror.put`, `mirror.remove`, `mirror.pin`): each file's
+    # blob sha256, size, kind and header facts. The blobs themselves are on each control plane's disk (llmgw/mirror/).
+    mirror: MappingProxyType[str, MirrorFile] = field(default_factory=_empty)
 
     def __post_init__(self) -> None:
         # A read-only mapping is kept as is: `replace` passes the unchanged fields on, and

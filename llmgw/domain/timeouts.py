@@ -98,6 +98,8 @@ class Timeouts:
     admin_shutdown_grace_s: float = _t(1.0, "control", "on stop, the admin API's open requests get this long (streams close at once)")
     admin_forward_s: float = _t(15.0, "control", "a standby waits this long for the leader's answer to a request it forwarded (longer than store_commit_s, so the leader's own answer comes first)")
     member_probe_s: float = _t(1.0, "control", "listing the members, each member's /api/v1/cluster/self gets this long to answer; one that does not shows as missing")
+    mirror_sync_s: float = _t(5.0, "control", "each control plane looks at least this often for mirror blobs it lacks (pulled from the leader) and blobs no name refers to (deleted); a change of the catalog wakes it at once")
+    mirror_pull_read_s: float = _t(30.0, "control", "a standby's pull of a mirror blob from the leader gives up when no byte arrives for this long (and resumes at the next pass)")
     member_announce_retry_s: float = _t(1.0, "control", "a member whose announcement (admin URL, version) did not commit tries again after this long")
     floating_leader_poll_s: float = _t(0.1, "control", "how often control checks whether it leads, to claim or release the floating address")
     floating_verify_s: float = _t(2.0, "control", "the floating address is checked at least this often (claimed again if removed, released if not leading)")
@@ -217,6 +219,7 @@ class Timeouts:
     upgrade_transfer_s: float = _t(300.0, "ctl", "`llmgw ctl upgrade` gives the upload of a release to each control plane this long, and an agent or a gateway its fetch of the release from the control plane it follows")
     ctl_poll_s: float = _t(0.2, "ctl", "`llmgw ctl` asks again this often while it waits for a change it asked for (an agent back after its restart)")
     ctl_request_s: float = _t(30.0, "ctl", "`llmgw ctl` waits this long for the admin API's answer")
+    mirror_commit_s: float = _t(900.0, "ctl", "`llmgw ctl mirror add` waits this long for the commit of an upload (the leader hashes and validates the whole file: about a second per GiB)")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -22,6 +22,7 @@ COMMAND_GROUPS = (
     "guard",
     "keys",
     "members",
+    "mirror",
     "models",
     "nodes",
     "notify",

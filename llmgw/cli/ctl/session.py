@@ -88,7 +88,8 @@ class Session:
                                           ca_file=self._ca_file)
         return self._target
 
-    def request(self, method: str, path: str, *, body: Any = None, send_body: bool = False) -> tuple[int, Any]:
+    def request(self, method: str, path: str, *, body: Any = None, send_body: bool = False,
+                timeout: float | None = None) -> tuple[int, Any]:
         """(status, decoded JSON) of a 2xx answer; anything else raises CtlError.
 
         A write (any method but GET) carries a fresh Idempotency-Key. When its outcome is
@@ -104,16 +105,16 @@ class Session:
             content = json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
             headers["Content-Type"] = "application/json"
         if method.upper() == "GET":
-            return self._send(method, path, content, headers)
+            return self._send(method, path, content, headers, timeout=timeout)
         key = str(uuid.uuid4())
         headers["Idempotency-Key"] = key
         try:
-            return self._send(method, path, content, headers)
+            return self._send(method, path, content, headers, timeout=timeout)
         except _Unknown as first:
             first_why = first.why
             self.note(f"note: {first.why}; sending the same {method} again (Idempotency-Key {key}: applied at most once)")
         try:
-            return self._send(method, path, content, headers, retry=True)
+            return self._send(method, path, content, headers, retry=True, timeout=timeout)
         except _Unknown as second:
             raise CtlError(
                 f"the outcome of {method} {(path if path.startswith(('http://', 'https://')) else target.url + path)} is unknown: {first_why}; retried: {second.why}. The"
@@ -121,6 +122,10 @@ class Session:
                 f" writing again"
                 f" (Idempotency-Key {key})"
             ) from None
+
+    def client(self) -> httpx.Client:
+        """The HTTP client, for a command that drives its own requests (`ctl mirror add`'s pieces)."""
+        return self._http()
 
     def _http(self) -> httpx.Client:
         if self._client is None:
@@ -155,7 +160,7 @@ class Session:
         return _decode(response, url)
 
     def _send(self, method: str, path: str, content: bytes | None, headers: dict[str, str], *,
-              retry: bool = False) -> tuple[int, Any]:
+              retry: bool = False, timeout: float | None = None) -> tuple[int, Any]:
         """One request. Raises `_Unknown` when a write may or may not have reached the API; on a
         `retry`, also when this attempt says nothing of the first one (not sent, or a 5xx)."""
         assert self._client is not None
@@ -163,7 +168,8 @@ class Session:
         url = (path if path.startswith(('http://', 'https://')) else target.url + path)
         write = "Idempotency-Key" in headers
         try:
-            response = self._client.request(method, path, content=content, headers=headers)
+            response = self._client.request(method, path, content=content, headers=headers,
+                                            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # nothing was sent
             why = _why(e) if isinstance(e, httpx.ConnectError) else f"no connection within {TIMEOUTS.ctl_request_s:g} s"
             if retry:

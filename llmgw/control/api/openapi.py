@@ -449,6 +449,7 @@ def _paths() -> Schema:
                 _query("by", {"type": "string", "enum": ["total", "hour", "day"]}, "the period of each row")))},
         **_guard_paths(),
         **_trust_paths(),
+        **_mirror_paths(),
         "/api/v1/cluster/members": {
             "get": _op("the control planes, as the member asked sees them", _ref("Members")),
             "post": _op("add a running member (`--join`)", _obj({"added": _STR, "members": _arr(_STR)}),
@@ -550,6 +551,72 @@ def _guard_paths() -> Schema:
             errors=("404", "409", "502"), body=_obj({"text": {"type": "string", "minLength": 1}, "answer": _STR,
                                                      "judge": _MODEL_NAME}, ("text",), closed=True), write=True,
             example={"text": "how do I pick a lock?", "judge": "llama-guard"})},
+    }
+
+
+def _mirror_paths() -> Schema:
+    """The model mirror (ops/mirror.py, docs/mirror.md): the catalog, resumable uploads, blobs between members."""
+    from llmgw.domain.mirror import KINDS, NAME_MAX_CHARS
+
+    mname = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]*$", "maxLength": NAME_MAX_CHARS}
+    name = _path_param("name", mname, "a mirror file's name (`mirror://NAME` in a model's source)")
+    upload_id = _path_param("upload_id", {"type": "string", "pattern": "^[0-9a-f]{32}$"}, "an upload's id")
+    sha256 = _path_param("sha256", {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "a blob's sha256")
+    file = _obj({"name": _STR, "sha256": _STR, "size": _INT, "kind": {"type": "string", "enum": list(KINDS)},
+                 "metadata": _OBJ, "added_at": _NUM, "pinned": _BOOL, "used_by": _arr(_STR), "collectable": _BOOL,
+                 "members": _obj({"holding": _arr(_STR), "missing": _arr(_STR)})})
+    upload = _obj({"id": _STR, "name": _STR, "size": _INT, "sha256": _null(_STR), "offset": _INT,
+                   "started_at": _NUM})
+    offset = _obj({"id": _STR, "offset": _INT, "size": _INT})
+    return {
+        "/api/v1/mirror": {"get": _op("the mirror's files (size, sha256, kind, header facts, what uses each, pinned, "
+                                      "which control planes hold or lack it), the budget and the uploads in progress",
+                                      _obj({"files": _arr(file), "budget_bytes": _INT, "stored_bytes": _INT,
+                                            "uploads": _arr(upload), "members": _arr(_STR)}))},
+        "/api/v1/mirror/held": {"get": _op(
+            "the mirror's blobs on the disk of the member asked (answered by it, never forwarded): sha256 -> size, "
+            "its pulls from the leader in progress (bytes so far) and their last failures",
+            _obj({"member": _STR, "blobs": {"type": "object", "additionalProperties": _INT},
+                  "pulling": {"type": "object", "additionalProperties": _INT},
+                  "errors": {"type": "object", "additionalProperties": _STR}}))},
+        "/api/v1/mirror/{name}": {
+            "get": _op("one mirror file", _obj({"file": file}), errors=("404",), params=(name,)),
+            "delete": _op("remove a mirror file (409 `mirror_file_in_use` names who uses it); a blob no name refers "
+                          "to is deleted", _obj({"removed": _STR, "collected": _arr(_STR)}), errors=("404",),
+                          params=(name,), write=True),
+        },
+        "/api/v1/mirror/{name}/pin": {"post": _op(
+            "pin a mirror file (kept whether or not anything uses it) or unpin it",
+            _obj({"name": _STR, "pinned": _BOOL, "changed": _BOOL}), errors=("404",), params=(name,),
+            body=_obj({"pinned": _BOOL}, closed=True), write=True, example={"pinned": True})},
+        "/api/v1/mirror/uploads": {"post": _op(
+            "start (or find again) a resumable upload to the leader: its id and the offset it holds; refused at its "
+            "start when the file would pass `mirror.budget_gib` (409 `mirror_budget_exceeded`)",
+            _obj({"id": _STR, "offset": _INT, "size": _INT, "name": _STR}),
+            body=_obj({"name": mname, "size": {"type": "integer", "minimum": 1},
+                       "sha256": _null({"type": "string", "pattern": "^[0-9a-f]{64}$"})}, ("name", "size"),
+                      closed=True),
+            write=True, example={"name": "smollm2", "size": 1048576})},
+        "/api/v1/mirror/uploads/{upload_id}": {
+            "get": _op("an upload in progress: the offset it holds", upload, errors=("404",), params=(upload_id,)),
+            "put": _op("append a piece at the offset its `Content-Range: bytes START-END/TOTAL` names (409 "
+                       "`upload_offset_mismatch` with the `offset` held, so the client continues there)", offset,
+                       errors=("404",), params=(upload_id,), write=True) | {"requestBody": {
+                           "required": True, "content": {"application/octet-stream": {"schema": {
+                               "type": "string", "format": "binary"}}}}},
+            "delete": _op("drop an upload in progress", _obj({"dropped": _STR}), errors=("404",),
+                          params=(upload_id,), write=True),
+        },
+        "/api/v1/mirror/uploads/{upload_id}/commit": {"post": _op(
+            "hash, validate and keep the complete upload, and add its name to the catalog (400 `invalid_file` with "
+            "the reason: the file is deleted; 422 `sha256_mismatch`; 409 `upload_incomplete` with the offset)",
+            _obj({"file": file, "added": _BOOL}), status="201",
+            also={"200": {"description": "already so", **_json(_obj({"file": file, "added": _BOOL}))}},
+            errors=("404",), params=(upload_id,), write=True)},
+        "/api/v1/mirror/blobs/{sha256}": {"get": _op(
+            "a blob this control plane holds, for another control plane's pull: the cluster's machines (mutual TLS) "
+            "or an admin key; answered by the member asked", {"type": "string", "format": "binary"},
+            params=(sha256,), errors=("400", "403"), binary=True)},
     }
 
 

@@ -15,6 +15,7 @@ import contextvars
 import hashlib
 import json
 import logging
+import re
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -86,6 +87,7 @@ class Call:
     authorization: str | None
     body: Any = None  # the parsed JSON body (routes with `body=True`)
     chunks: AsyncIterator[bytes] | None = None  # the body as it arrives (routes with `stream=True`)
+    headers: Any = field(default_factory=dict)  # the request's headers (`Content-Range`): a read-only mapping
     commit: Callable[[dict[str, Any]], Awaitable[Any]] = field(default=lambda c: _no_write())
     note: Callable[[str], None] = field(default=lambda d: None)
 
@@ -197,16 +199,26 @@ def cluster_machine(ctx: Context) -> bool:
                      refused.message if refused is not None else "the certificate presented names no machine role")
 
 
-def _file_response(answer: File) -> Response:
+def _file_response(answer: File, asked: str | None = None) -> Response:
+    """The file, streamed; with `asked` (a `Range: bytes=START-` header) from START on, as a 206 (a resumed pull)."""
     size = answer.path.stat().st_size
+    start = 0
+    if asked is not None:
+        m = re.fullmatch(r"bytes=(\d+)-", asked.strip())
+        if m is not None and int(m.group(1)) < size:
+            start = int(m.group(1))
 
     async def body() -> AsyncIterator[bytes]:
         async with await trio.open_file(answer.path, "rb") as f:
+            await f.seek(start)
             while data := await f.read(1 << 20):
                 yield data
 
-    response = Response(body(), content_type=answer.content_type)
-    response.headers["Content-Length"] = str(size)
+    response = Response(body(), status=206 if start else 200, content_type=answer.content_type)
+    response.headers["Content-Length"] = str(size - start)
+    response.headers["Accept-Ranges"] = "bytes"
+    if start:
+        response.headers["Content-Range"] = f"bytes {start}-{size - 1}/{size}"
     return response
 
 
@@ -305,14 +317,14 @@ class Router:
 
         async def answer(path: dict[str, str]) -> Response:
             call = Call(ctx, path, request.args, request.headers.get("authorization"),
-                        commit=self._commit, note=self._note)
+                        commit=self._commit, note=self._note, headers=request.headers)
             if route.body:
                 call.body = await body_json()
             if route.stream:
                 call.chunks = aiter(request.body)
             done = await route.op(call)
             if isinstance(done, File):
-                return _file_response(done)
+                return _file_response(done, request.headers.get("range"))
             if isinstance(done, Raw):
                 return Response(done.body, status=done.status, content_type=done.content_type)
             return json_response(done, 201 if isinstance(done, Created) else 200)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from llmgw.control.api import metrics, openapi
 from llmgw.control.api.route import ADMIN, MACHINE, PUBLIC, VIEWER, Call, File, Raw, Route
-from llmgw.control.ops import (gateways, guard, judges, keys, members, models, nodes, notify, plan, requests,
-                               settings, status, system, trust, upgrade)
+from llmgw.control.ops import (gateways, guard, judges, keys, members, mirror, models, nodes, notify, plan,
+                               requests, settings, status, system, trust, upgrade)
 
 
 async def _health(c: Call) -> dict[str, object]:
@@ -113,6 +113,24 @@ ROUTES: tuple[Route, ...] = (
           local=True, stream=True),
     Route("GET", "/api/v1/releases/<sha256>", MACHINE, lambda c: _file(upgrade.download(c.ctx, c.path["sha256"])),
           local=True),
+    # The model mirror (docs/mirror.md): its catalog, resumable uploads (to the leader), blobs between control planes.
+    Route("GET", "/api/v1/mirror", VIEWER, lambda c: mirror.list_files(c.ctx, c.authorization)),
+    Route("GET", "/api/v1/mirror/held", VIEWER, lambda c: mirror.held(c.ctx), local=True),
+    Route("POST", "/api/v1/mirror/uploads", ADMIN, lambda c: mirror.start_upload(c.ctx, c.body), body=True),
+    Route("GET", "/api/v1/mirror/uploads/<upload_id>", VIEWER,
+          lambda c: mirror.upload_status(c.ctx, c.path["upload_id"])),
+    Route("PUT", "/api/v1/mirror/uploads/<upload_id>", ADMIN,
+          lambda c: mirror.put_piece(c.ctx, c.path["upload_id"], c.headers, _chunks(c)), stream=True),
+    Route("DELETE", "/api/v1/mirror/uploads/<upload_id>", ADMIN,
+          lambda c: mirror.drop_upload(c.ctx, c.path["upload_id"])),
+    Route("POST", "/api/v1/mirror/uploads/<upload_id>/commit", ADMIN,
+          lambda c: mirror.commit_upload(c.ctx, c.commit, c.path["upload_id"])),
+    Route("GET", "/api/v1/mirror/blobs/<sha256>", MACHINE, lambda c: _file(mirror.blob(c.ctx, c.path["sha256"])),
+          local=True),
+    Route("GET", "/api/v1/mirror/<name>", VIEWER, lambda c: mirror.show(c.ctx, c.path["name"], c.authorization)),
+    Route("DELETE", "/api/v1/mirror/<name>", ADMIN, lambda c: mirror.remove(c.ctx, c.commit, c.path["name"])),
+    Route("POST", "/api/v1/mirror/<name>/pin", ADMIN,
+          lambda c: mirror.pin(c.ctx, c.commit, c.path["name"], c.body), body=True),
     Route("POST", "/api/v1/cluster/members", ADMIN, lambda c: members.add(c.ctx, c.note, c.body), body=True),
     Route("DELETE", "/api/v1/cluster/members/<path:member>", ADMIN,
           lambda c: members.remove(c.ctx, c.note, c.path["member"])),

@@ -32,7 +32,8 @@ class Created(dict[str, Any]):
 
 def command_refusal(error: CommandError) -> AdminError:
     """A command the state refused, as the admin error every caller shows."""
-    status = {"idempotency_key_reused": 422, "apply_failed": 500, "upgrade_pending": 409}.get(
+    status = {"idempotency_key_reused": 422, "apply_failed": 500, "upgrade_pending": 409, "mirror_file_in_use": 409,
+              "mirror_name_taken": 409}.get(
         error.code, 404 if error.code.endswith("not_found") else 400)
     return AdminError(status, error.code, error.message)
 
