@@ -65,7 +65,8 @@ def admitted(ctx: Context, doc: Any) -> ModelDef:
         model = ModelDef.from_doc(doc)
     except DefinitionError as e:
         problems += e.errors
-        if adapter and doc["base"] not in ctx.state().models:  # an engine it lacks is its base's: say that
+        base = doc["base"] if adapter else None
+        if isinstance(base, str) and base not in ctx.state().models:  # an engine it lacks is its base's: say that
             problems = [("base", f"{doc['base']!r} is not a defined model")] + [
                 p for p in problems if p != ("engine", "is required")]
     if isinstance(doc, dict):
