@@ -288,12 +288,24 @@ async def _one(http: httpx.AsyncClient, url: str, part: Path, held: int, total: 
             async with await trio.open_file(part, "r+b" if part.exists() else "wb") as f:
                 await f.truncate(start)
                 await f.seek(start)
-                async for chunk in response.aiter_bytes(CHUNK):
-                    if done + len(chunk) > total:
-                        raise _Next(f"sent more than the file's {total} bytes")
-                    await f.write(chunk)
-                    done += len(chunk)
-                    on_bytes(done)
+                pending: list[bytes] = []  # received, not written yet: written every CHUNK, and when the answer ends
+                size = 0
+                try:
+                    async for chunk in response.aiter_bytes():  # as received: a drop loses nothing received
+                        if done + size + len(chunk) > total:
+                            raise _Next(f"sent more than the file's {total} bytes")
+                        pending.append(chunk)
+                        size += len(chunk)
+                        if size >= CHUNK:
+                            await f.write(b"".join(pending))
+                            done, pending, size = done + size, [], 0
+                            on_bytes(done)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        if pending:
+                            await f.write(b"".join(pending))
+                            done += size
+                            on_bytes(done)
     except httpx.HTTPError as e:
         raise _Next(describe(e)) from None
     except OSError as e:
