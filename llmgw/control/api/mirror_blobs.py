@@ -98,10 +98,12 @@ def who_may_fetch(ctx: Context, cert_der: bytes | None, local: str | None) -> Id
     who = authenticate(ctx, "agent", cert_der, local=local)
     if isinstance(who, AdminError) and who.code == "forbidden":  # another role's credential: a control plane's?
         other = authenticate(ctx, "control", cert_der, local=local)
-        if not (isinstance(other, AdminError) and other.code == "forbidden"):
-            return other
-        return AdminError(403, "forbidden", "the mirror serves agents and control planes only: "
-                          f"{who.message.split(' cannot ')[0]} cannot fetch from it")
+        if isinstance(other, AdminError) and other.code == "forbidden":
+            return AdminError(403, "forbidden", "the mirror serves agents and control planes only: "
+                              f"{who.message.split(' cannot ')[0]} cannot fetch from it")
+        who = other
+    if isinstance(who, AdminError) and who.code == "revoked":  # its machine is refused, as on every route
+        return AdminError(403, "revoked", who.message)
     return who
 
 
