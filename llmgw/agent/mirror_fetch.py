@@ -296,6 +296,7 @@ async def _one(http: httpx.AsyncClient, url: str, part: Path, held: int, total: 
                             raise _Next(f"sent more than the file's {total} bytes")
                         pending.append(chunk)
                         size += len(chunk)
+                        on_bytes(done + size)  # received: what the progress shows (written within CHUNK)
                         if size >= CHUNK:
                             await f.write(b"".join(pending))
                             done, pending, size = done + size, [], 0
