@@ -341,7 +341,7 @@ async def _observe_once(config: AgentConfig, scanner: StorageScanner, cache: Mir
     return await trio.to_thread.run_sync(observe)
 
 
-async def _observe(config: AgentConfig, scanner: StorageScanner, link: _Link, cache: MirrorCache | None) -> None:
+async def _observe(config: AgentConfig, scanner: StorageScanner, link: _Link, cache: MirrorCache | None = None) -> None:
     while True:
         await trio.sleep(config.timeouts.storage_rescan_s)
         try:

@@ -316,7 +316,8 @@ class Supervisor:
             return model.source
         name = model.source[len("mirror://"):]
         if mirror is None:
-            self._fail(rep, f"mirror file {name} is not in the mirror (add it: llmgw ctl mirror add FILE --name {name})")
+            self._fail(rep, f"mirror file {name} is not in the mirror (add it: llmgw ctl mirror add FILE "
+                            f"--name {name})")
             return None
         if self._fetcher is None:
             self._fail(rep, f"mirror file {name}: this agent keeps no mirror cache (--mirror-cache-bytes 0)")
