@@ -279,7 +279,8 @@ class Supervisor:
             rid = record.replica_id
             # Its process runs: loading, if not ready (the checkpoint's size is unknown here).
             rep = _Replica(ReplicaObs(rid, record.model, self.node, "starting", since=record.started, phase="loading"),
-                           launch=record.launch, log_path=self._records.log_path(rid), engine=record.engine)
+                           launch=record.launch, log_path=self._records.log_path(rid), engine=record.engine,
+                           mirror_sha256=record.mirror_sha256)
             self._replicas[rid] = rep
             if not same_process(record.pid, record.start_ticks):
                 # Reported once: the record goes now, the log when control stops the replica.
@@ -401,7 +402,8 @@ class Supervisor:
                     return
                 ticks = start_ticks(proc.pid)
                 record = EngineRecord(rid, model.name, model.engine, proc.pid, ticks or 0, url, spec.probe,
-                                      spec.health_path or "", rep.launch, time.time())
+                                      spec.health_path or "", rep.launch, time.time(),
+                                      mirror_sha256=rep.mirror_sha256)
                 if ticks is not None:
                     # Shielded: a stop arriving during the write must still find the engine supervised
                     # (`_supervise` stops it, or leaves it recorded for the next agent), never orphaned.
