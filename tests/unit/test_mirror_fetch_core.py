@@ -184,3 +184,12 @@ def test_a_replica_fetching_shows_its_bytes_and_an_eta() -> None:
     assert (progress.bytes_done, progress.bytes_total) == (250, 1000)
     assert progress.expected_s is not None and progress.expected_s > 40.0
     assert "(25%)" in progress.words(110.0) and "left" in progress.words(110.0)
+    # What `ctl status`, the API and the console's model page show of it.
+    from llmgw.console.models import phase_html
+    from llmgw.domain import summary
+
+    plan = decide(state, observed, 110.0)
+    status = summary.model_status(state, observed, "m", plan.views["m"], 110.0)
+    assert status["activation"]["phase"] == "fetching" and status["activation"]["bytes_done"] == 250
+    html = phase_html(status)
+    assert 'data-bytes-done="250"' in html and "(25%)" in html
