@@ -261,3 +261,11 @@ def test_the_routing_bench_runs() -> None:
     on a toy size: every kind measured; the 20 µs goal is the bench's to print, not a timed test's."""
     result = load_bench("routing").measure(replicas=8, decisions=50, keys=5, rounds=1, waiting=20)
     assert set(result) == {"before", "free", "full"} and all(v > 0 for v in result.values())
+
+
+def test_the_mirror_fetch_bench_runs() -> None:
+    """A 1 MiB file fetched from a control plane on loopback, verified, and `cp`'d: the table has each row."""
+    bench = load_bench("mirror_fetch")
+    result = bench.measure(1)
+    assert result["mib"] == 1 and min(result["fetch_s"], result["verify_s"], result["cp_s"]) > 0
+    assert "x cp" in bench.table(result) and "verify" in bench.table(result)
