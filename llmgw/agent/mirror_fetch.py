@@ -96,6 +96,10 @@ class MirrorCache:
         self.dir = directory
         self.budget_bytes = budget_bytes
         self.in_use = in_use
+        self._locks: dict[str, trio.Lock] = {}  # one fetch of a file at a time (replicas of one model share it)
+
+    def lock(self, sha256: str) -> trio.Lock:
+        return self._locks.setdefault(sha256, trio.Lock())
 
     def path(self, sha256: str) -> Path:
         return self.dir / sha256
@@ -158,18 +162,27 @@ class MirrorCache:
         held = part.stat().st_size if part.exists() else 0
         need = self.used_bytes() - held + size - self.budget_bytes
         busy = set(self.in_use()) | {sha256}
+        # Complete files and the partial fetches of other files (an abandoned one holds bytes too), oldest first.
+        candidates = [(c.used_at, c.sha256, self.path(c.sha256), c.size, c.name or "?") for c in self.files()]
+        for p in self.dir.glob("*.part"):
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            candidates.append((st.st_mtime, p.name[:-len(".part")], p, st.st_size, "a partial fetch"))
         removed = []
-        for c in self.files():
+        for _, sha, path, size, what in sorted(candidates):
             if need <= 0:
                 break
-            if c.sha256 in busy:
+            if sha in busy:
                 continue
-            self.path(c.sha256).unlink(missing_ok=True)
-            (self.dir / f"{c.sha256}.name").unlink(missing_ok=True)
-            removed.append(c.sha256)
-            need -= c.size
-            log.info("mirror cache: removed %s (%s, %d bytes, the least recently used) to make room", c.sha256[:12],
-                     c.name or "?", c.size)
+            path.unlink(missing_ok=True)
+            if path == self.path(sha):
+                (self.dir / f"{sha}.name").unlink(missing_ok=True)
+            removed.append(sha)
+            need -= size
+            log.info("mirror cache: removed %s (%s, %d bytes, the least recently used) to make room", sha[:12], what,
+                     size)
         if need > 0:
             raise FetchError(f"no room in this node's mirror cache for {size} bytes: its budget is "
                              f"{self.budget_bytes} bytes and the files left are in use by replicas")
@@ -204,6 +217,12 @@ async def fetch(source: MirrorSource, cache: MirrorCache, *, tls: ssl.SSLContext
                 on_bytes: Callable[[int], None] = lambda n: None, timeouts: Timeouts = TIMEOUTS) -> Path:
     """The cache's verified file for `source`: at once when held, else fetched (see the module). `tls`: this
     machine's context (its certificate is its credential); `local`: the in-process credential (`llmgw up`)."""
+    async with cache.lock(source.sha256):  # a second replica of the model waits for the first one's fetch
+        return await _fetch(source, cache, tls=tls, local=local, on_bytes=on_bytes, timeouts=timeouts)
+
+
+async def _fetch(source: MirrorSource, cache: MirrorCache, *, tls: ssl.SSLContext | None, local: str | None,
+                 on_bytes: Callable[[int], None], timeouts: Timeouts) -> Path:
     sha, total = source.sha256, source.size
     if cache.holds(sha, total):
         cache.touch(sha)

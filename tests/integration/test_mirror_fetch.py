@@ -124,3 +124,20 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def test_two_replicas_fetching_one_file_at_once_fetch_it_once(tmp_path: Path) -> None:
+    server = MirrorServer(DATA)
+    cache = MirrorCache(tmp_path, 10 << 20)
+    paths: list[Path] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+
+        async def one() -> None:
+            paths.append(await fetch(source(server), cache, tls=None, local=None, timeouts=FAST))
+
+        async with trio.open_nursery() as both:
+            both.start_soon(one)
+            both.start_soon(one)
+        nursery.cancel_scope.cancel()
+    assert paths[0] == paths[1] and paths[0].read_bytes() == DATA and server.ranges == [None]

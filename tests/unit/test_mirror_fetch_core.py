@@ -128,6 +128,15 @@ def test_a_part_file_counts_for_what_it_holds_once(tmp_path: Path) -> None:
     assert cache.make_room(SHA, 50) == []
 
 
+def test_an_abandoned_partial_fetch_makes_room_too_a_fetch_in_progress_never(tmp_path: Path) -> None:
+    in_use = {"4" * 64}
+    cache = MirrorCache(tmp_path, 100, in_use=lambda: in_use)
+    cache.part("3" * 64).write_bytes(b"y" * 50)  # abandoned
+    cache.part("4" * 64).write_bytes(b"y" * 40)  # a replica starts from it: fetching now
+    assert cache.make_room(SHA, 50) == ["3" * 64]
+    assert not cache.part("3" * 64).exists() and cache.part("4" * 64).exists()
+
+
 def test_the_cache_reports_its_verified_files_by_name(tmp_path: Path) -> None:
     cache = MirrorCache(tmp_path, 100)
     put(cache, SHA, 10, 1.0, name="llama-guard")
