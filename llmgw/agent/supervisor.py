@@ -363,6 +363,8 @@ class Supervisor:
                 if source is None:
                     return
                 deadline = trio.current_time() + self._timeouts.engine_start_s  # from the end of a fetch
+                # A mirror file lies in the mirror cache, outside the --storage dirs: allowed, it was checked.
+                roots = (*self._roots, os.path.dirname(source)) if mirror is not None and self._roots else self._roots
                 try:
                     devices = self._devices(gpus)
                     port = free_port(self.host)
@@ -370,7 +372,7 @@ class Supervisor:
                     build = functools.partial(
                         launch_spec, model.engine, model=model.name, role=model.role, source=source,
                         host=self.host, port=port, args=model.args, devices=devices, group=group,
-                        roots=self._roots, cwd=str(self._records.dir.resolve()), lora=model.lora)
+                        roots=roots, cwd=str(self._records.dir.resolve()), lora=model.lora)
                     # Off the loop where it reads and checks the weights' header (up to 64 MiB, maybe
                     # on a network filer): the stream's heartbeats must not wait for it. The sim
                     # reads no weights.

@@ -202,3 +202,45 @@ def test_a_replica_fetching_shows_its_bytes_and_an_eta() -> None:
     assert status["activation"]["phase"] == "fetching" and status["activation"]["bytes_done"] == 250
     html = phase_html(status)
     assert 'data-bytes-done="250"' in html and "(25%)" in html
+
+
+# --- the supervisor starts the engine from the cached file ------------------------------------------------
+
+
+async def test_the_engine_gets_the_cached_file_even_outside_the_storage_dirs(tmp_path: Path) -> None:
+    """The fetched file is handed to the engine in place of mirror://NAME (checked as any local file: here a
+    file that is no GGUF is refused by its header, not for lying outside --storage)."""
+    import httpx
+    import trio
+
+    from llmgw.agent.supervisor import Supervisor
+
+    cached = tmp_path / "cache" / SHA
+    cached.parent.mkdir()
+    cached.write_bytes(b"not a gguf at all")
+    asked: list[pa.MirrorSource] = []
+
+    async def fetcher(source: pa.MirrorSource, on_bytes: object) -> Path:
+        asked.append(source)
+        return cached
+
+    mirror = pa.MirrorSource("m.gguf", SHA, 17, ("http://127.0.0.1:1/mirror/blobs/" + SHA,))
+    doc = {"name": "m", "engine": "llama.cpp", "source": "mirror://m.gguf"}
+    async with httpx.AsyncClient() as http, trio.open_nursery() as nursery:
+        supervisor = Supervisor(nursery, node="n1", host="127.0.0.1", engine_dir=tmp_path / "engines",
+                                on_change=lambda: None, http=http, roots=[str(tmp_path / "models")], fetcher=fetcher)
+        supervisor.start("m-r1", doc, [], mirror=mirror)
+        assert supervisor.mirror_in_use() == {SHA}
+        while supervisor.replicas()[0].state == "starting":
+            await trio.sleep(0.01)
+        [obs] = supervisor.replicas()
+        assert asked == [mirror]
+        assert obs.state == "failed" and "outside" not in obs.error and str(cached) in obs.error, obs.error
+        supervisor.start("m-r2", doc, [])  # no `mirror`: the leader's catalog lacks the name
+        [_, absent] = sorted(supervisor.replicas(), key=lambda r: r.replica_id)
+        while absent.state == "starting":
+            await trio.sleep(0.01)
+            [_, absent] = sorted(supervisor.replicas(), key=lambda r: r.replica_id)
+        assert "mirror file m.gguf is not in the mirror" in absent.error
+        supervisor.close()
+        nursery.cancel_scope.cancel()
