@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from llmgw.gateway.pool import Ticket
     from llmgw.remote import Ran
     from llmgw.service.manager import ServiceStatus
+    from llmgw.wire.protocol_agent import MirrorSource
 
 
 class EndpointSink(Protocol):
@@ -170,8 +171,9 @@ class ReplicaRunner(Protocol):
         ...
 
     def start(self, replica_id: str, model_doc: dict[str, Any], gpus: Sequence[int],
-              group: Group | None = None) -> None:
-        """Start a replica (a no-op when the same launch is starting or ready); a refusal is a failed replica."""
+              group: Group | None = None, mirror: MirrorSource | None = None) -> None:
+        """Start a replica (a no-op when the same launch is starting or ready); a refusal is a failed replica.
+        `mirror`: where a `mirror://NAME` source is fetched from (agent/mirror_fetch.py) before the engine starts."""
         ...
 
     def stop(self, replica_id: str) -> None: ...

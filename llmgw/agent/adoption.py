@@ -96,6 +96,9 @@ class EngineRecord:
     started: float  # wall clock
     ready_since: float = 0.0  # wall clock; 0.0 while it has not served yet
     version: int = RECORD_VERSION
+    # The mirror cache's file it runs from (agent/mirror_fetch.py), kept from eviction by the next agent too;
+    # "" for none (and in a record written before the mirror).
+    mirror_sha256: str = ""
 
     @classmethod
     def from_doc(cls, doc: Any) -> EngineRecord:
@@ -104,10 +107,11 @@ class EngineRecord:
         number = (int, float)
         types: dict[str, type | tuple[type, ...]] = {
             "replica_id": str, "model": str, "engine": str, "pid": int, "start_ticks": int, "url": str, "probe": str,
-            "health": str, "launch": str, "started": number, "ready_since": number, "version": int}
+            "health": str, "launch": str, "started": number, "ready_since": number, "version": int,
+            "mirror_sha256": str}
         values: dict[str, Any] = {}
         for f in fields(cls):
-            value = doc.get(f.name)
+            value = doc.get(f.name, "" if f.name == "mirror_sha256" else None)
             if isinstance(value, bool) or not isinstance(value, types[f.name]):
                 raise ValueError(f"field {f.name} is missing or of the wrong type")
             values[f.name] = value

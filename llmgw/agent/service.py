@@ -22,6 +22,8 @@ import trio
 
 from llmgw import __version__, release
 from llmgw.agent.inventory import NvmlProbe
+from llmgw.agent.mirror_fetch import MirrorCache
+from llmgw.agent.mirror_fetch import fetch as mirror_fetch
 from llmgw.agent.storage import StorageDir, StorageScanner
 from llmgw.agent.supervisor import Supervisor
 from llmgw.domain.observed import NodeInfo
@@ -41,6 +43,8 @@ log = logging.getLogger("llmgw.agent")
 # Builds the runner of this agent's replicas from (the nursery they run in, the callback for each
 # change, this node's latest inventory). The default runs engine processes (`Supervisor`);
 # `llmgw sim-fleet` passes one that runs simulated engines in-process.
+DEFAULT_MIRROR_CACHE_BYTES = 100 << 30  # the mirror cache's budget unless told (--mirror-cache-bytes)
+
 RunnerFactory = Callable[[trio.Nursery, Callable[[], None], Callable[[], NodeInfo]], ReplicaRunner]
 
 
@@ -72,6 +76,13 @@ class AgentConfig:
     restart_asked: list[str] = field(default_factory=list)
     # Set with `restart_asked` by an upgrade (`ctl upgrade`): the release file `llmgw agent` runs next.
     restart_into: list[Path] = field(default_factory=list)
+    # The mirror cache: where `mirror://NAME` sources are fetched to (`--mirror-cache`; None: STATE_DIR/mirror-cache),
+    # within this many bytes (`--mirror-cache-bytes`; 0: no cache, such a source fails). docs/mirror.md.
+    mirror_cache: Path | None = None
+    mirror_cache_bytes: int = DEFAULT_MIRROR_CACHE_BYTES
+
+    def mirror_dir(self) -> Path:
+        return self.mirror_cache if self.mirror_cache is not None else self.state_dir / "mirror-cache"
 
 
 class _Link:
@@ -95,19 +106,31 @@ async def serve(config: AgentConfig, *, task_status: Any = trio.TASK_STATUS_IGNO
     """Run the agent until cancelled; `task_status.started()` once control has welcomed it."""
     role_var.set("agent")
     scanner = StorageScanner(config.storage)
-    link = _Link(await _observe_once(config, scanner))
+    supervisors: list[Supervisor] = []
+    cache = (MirrorCache(config.mirror_dir(), config.mirror_cache_bytes,
+                         in_use=lambda: set().union(*(s.mirror_in_use() for s in supervisors)))
+             if config.mirror_cache_bytes > 0 else None)
+    link = _Link(await _observe_once(config, scanner, cache))
     timeouts = config.timeouts
     if config.runner is not None:
         async with trio.open_nursery() as engines:
-            await _run(config, scanner, link, config.runner(engines, link.mark, lambda: link.inventory), task_status)
+            await _run(config, scanner, link, config.runner(engines, link.mark, lambda: link.inventory), task_status,
+                       cache)
         return
     # The client only probes engines' /health.
     async with httpx.AsyncClient(timeout=timeouts.engine_health_request_s) as http, trio.open_nursery() as engines:
+        fetcher = None
+        if cache is not None:
+            def fetcher(source: pa.MirrorSource, on_bytes: Callable[[int], None]) -> Awaitable[Path]:
+                return mirror_fetch(source, cache, tls=config.tls, local=config.local_credential, on_bytes=on_bytes,
+                                    timeouts=timeouts)
         supervisor = Supervisor(engines, node=config.node, host=config.engine_host,
                                 engine_dir=config.state_dir / "engines", on_change=link.mark, http=http,
                                 timeouts=timeouts, stop_on_exit=config.stop_engines_on_exit,
-                                inventory=lambda: link.inventory, roots=[str(d.path) for d in config.storage])
-        await _run(config, scanner, link, supervisor, task_status)
+                                inventory=lambda: link.inventory, roots=[str(d.path) for d in config.storage],
+                                fetcher=fetcher)
+        supervisors.append(supervisor)
+        await _run(config, scanner, link, supervisor, task_status, cache)
         if config.restart_asked:  # the engines' watchers end; the engines, left running, are adopted next
             engines.cancel_scope.cancel()
 
@@ -117,10 +140,10 @@ class _RestartAsked(Exception):
 
 
 async def _run(config: AgentConfig, scanner: StorageScanner, link: _Link, supervisor: ReplicaRunner,
-               task_status: Any) -> None:
+               task_status: Any, cache: MirrorCache | None) -> None:
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_observe, config, scanner, link)
+            nursery.start_soon(_observe, config, scanner, link, cache)
             nursery.start_soon(_follow, config, supervisor, link)
             await link.welcomed.wait()
             task_status.started()
@@ -273,11 +296,11 @@ def _act(message: pa.DownMessage, supervisor: ReplicaRunner, link: _Link) -> Non
 
 def _start(supervisor: ReplicaRunner, message: pa.StartReplica) -> None:
     if message.group is None:
-        supervisor.start(message.replica_id, message.model, list(message.gpus))
+        supervisor.start(message.replica_id, message.model, list(message.gpus), mirror=message.mirror)
         return
     spec = message.group
     group = Group(rank=spec.rank, size=spec.size, leader=spec.leader, members=spec.members, address=spec.address or "")
-    supervisor.start(message.replica_id, message.model, list(message.gpus), group=group)
+    supervisor.start(message.replica_id, message.model, list(message.gpus), group=group, mirror=message.mirror)
 
 
 async def _report(send: Send, supervisor: ReplicaRunner, link: _Link, sent: NodeInfo, heartbeat_s: float) -> None:
@@ -302,25 +325,27 @@ async def _report(send: Send, supervisor: ReplicaRunner, link: _Link, sent: Node
 # --- what this node is: probed and scanned, again every storage_rescan_s ---------------------------
 
 
-async def _observe_once(config: AgentConfig, scanner: StorageScanner) -> NodeInfo:
+async def _observe_once(config: AgentConfig, scanner: StorageScanner, cache: MirrorCache | None = None) -> NodeInfo:
     """The inventory: the GPU probe's and the storage scan's (both blocking I/O: in a thread),
-    with what the agent was told (address, fabric)."""
+    with what the agent was told (address, fabric), and the mirror cache's verified files (held by name)."""
 
     def observe() -> NodeInfo:
         info = config.probe.inventory(config.node)
         # Told no --storage directory, the probe's own word on storage stands (sim-fleet's nodes).
         storage = scanner.scan() if config.storage else info.storage
+        if cache is not None and cache.dir.is_dir():
+            storage = (*storage, cache.storage_report())
         return dataclasses.replace(info, address=config.engine_host, fabric=config.fabric or info.fabric,
                                    storage=storage)
 
     return await trio.to_thread.run_sync(observe)
 
 
-async def _observe(config: AgentConfig, scanner: StorageScanner, link: _Link) -> None:
+async def _observe(config: AgentConfig, scanner: StorageScanner, link: _Link, cache: MirrorCache | None = None) -> None:
     while True:
         await trio.sleep(config.timeouts.storage_rescan_s)
         try:
-            info = await _observe_once(config, scanner)
+            info = await _observe_once(config, scanner, cache)
         except Exception:  # a probe or scan that fails once: report the last known, try again
             log.exception("observing this node failed; the inventory last reported stands")
             continue

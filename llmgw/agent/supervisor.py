@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,13 @@ from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.engines import PARENT_ENV, EngineError, Group, launch_spec, start_failure
 from llmgw.errors import describe
 from llmgw.net import free_port, url_host
+from llmgw.wire.protocol_agent import MirrorSource
 
 log = logging.getLogger("llmgw.agent.supervisor")
+
+# Fetches a `mirror://` source into the node's mirror cache (agent/mirror_fetch.py), telling the bytes it holds as
+# it goes; the cached file's path, or MirrorFetchFailed with the reason.
+Fetcher = Callable[[MirrorSource, Callable[[int], None]], Awaitable[Path]]
 
 # A ready engine is failed after this many /health probes in a row that fail or hang
 # (`engine_liveness_poll_s` apart, each `engine_liveness_request_s` at most): one slow answer
@@ -45,6 +50,10 @@ PROPS_PATH = "/props"  # llama.cpp's server properties, its chat template's capa
 # Engines left running for the next agent: their process objects are kept until this process
 # exits, since one collected while its child runs warns (ResourceWarning) and closes its pidfd.
 _LEFT_RUNNING: list[object] = []
+
+
+class MirrorFetchFailed(Exception):
+    """A `mirror://` source could not be fetched: the replica fails with this reason."""
 
 
 class _Child:
@@ -88,6 +97,7 @@ class _Replica:
     # llama.cpp: the adapter files it was started with (None: unknown, an adopted engine) and those left out, why.
     launch_lora: tuple[str, ...] | None = None
     lora_skipped: dict[str, str] = field(default_factory=dict)
+    mirror_sha256: str = ""  # the mirror cache's file it starts or runs from ("" : none); never evicted meanwhile
 
 
 class Supervisor:
@@ -111,6 +121,7 @@ class Supervisor:
         stop_on_exit: bool = True,
         inventory: Callable[[], NodeInfo] | None = None,
         roots: Sequence[str] = (),
+        fetcher: Fetcher | None = None,
     ) -> None:
         self._nursery = nursery
         self.node = node
@@ -124,15 +135,21 @@ class Supervisor:
         self._stop_on_exit = stop_on_exit
         self._inventory = inventory
         self._roots = tuple(roots)
+        self._fetcher = fetcher  # None: this agent has no mirror cache (a `mirror://` source fails)
         self._adopt()
 
     def replicas(self) -> list[ReplicaObs]:
         return [r.obs for r in self._replicas.values()]
 
+    def mirror_in_use(self) -> set[str]:
+        """The sha256 of the mirror cache's files replicas start or run from: never evicted."""
+        return {r.mirror_sha256 for r in [*self._replicas.values(), *self._ending.values()] if r.mirror_sha256}
+
     def start(self, replica_id: str, model_doc: dict[str, Any], gpus: Sequence[int],
-              group: Group | None = None) -> None:
+              group: Group | None = None, mirror: MirrorSource | None = None) -> None:
         """Start a replica. One starting or ready from the same launch is left as it is (a no-op);
-        one from another launch is stopped first. A refusal is reported as a failed replica."""
+        one from another launch is stopped first. A refusal is reported as a failed replica.
+        `mirror`: where its `mirror://NAME` source is fetched from, first (into the mirror cache)."""
         try:
             model, launch = read_start(replica_id, model_doc, gpus, group)
         except StartRefused as e:
@@ -146,9 +163,10 @@ class Supervisor:
             log.info("replica %s: asked to start from another launch: its engine is replaced", replica_id)
         rep = _Replica(ReplicaObs(replica_id, model.name, self.node, "starting", since=time.time(), phase="starting"),
                        launch=launch,
-                       log_path=self._records.log_path(replica_id))
+                       log_path=self._records.log_path(replica_id),
+                       mirror_sha256=mirror.sha256 if mirror is not None else "")
         previous = self._replace(replica_id, rep)
-        self._nursery.start_soon(self._run, rep, model, list(gpus), group, previous)
+        self._nursery.start_soon(self._run, rep, model, list(gpus), group, previous, mirror)
 
     def load_adapters(self, replica_id: str, adapters: Mapping[str, str]) -> None:
         """Make a ready replica's engine hold these LoRA adapters (name -> file; agent/adapters.py), each reported
@@ -263,7 +281,8 @@ class Supervisor:
             rid = record.replica_id
             # Its process runs: loading, if not ready (the checkpoint's size is unknown here).
             rep = _Replica(ReplicaObs(rid, record.model, self.node, "starting", since=record.started, phase="loading"),
-                           launch=record.launch, log_path=self._records.log_path(rid), engine=record.engine)
+                           launch=record.launch, log_path=self._records.log_path(rid), engine=record.engine,
+                           mirror_sha256=record.mirror_sha256)
             self._replicas[rid] = rep
             if not same_process(record.pid, record.start_ticks):
                 # Reported once: the record goes now, the log when control stops the replica.
@@ -293,22 +312,69 @@ class Supervisor:
         finally:
             self._done(rep)
 
+    async def _source(self, rep: _Replica, model: ModelDef, mirror: MirrorSource | None) -> str | None:
+        """What the engine opens: the definition's source, or for `mirror://NAME` the mirror cache's verified file
+        (fetched first, reported `fetching` with its bytes); None once the replica failed."""
+        if not model.source.startswith("mirror://"):
+            return model.source
+        name = model.source[len("mirror://"):]
+        if mirror is None:
+            self._fail(rep, f"mirror file {name} is not in the mirror (add it: llmgw ctl mirror add FILE "
+                            f"--name {name})")
+            return None
+        if self._fetcher is None:
+            self._fail(rep, f"mirror file {name}: this agent keeps no mirror cache (--mirror-cache-bytes 0)")
+            return None
+        started, total = trio.current_time(), mirror.size
+        step = max(1, total // 100)  # reported at each percent (and the last byte): ~100 reports a fetch
+        shown = -1
+
+        def on_bytes(done: int) -> None:
+            nonlocal shown
+            if self._replicas.get(rep.obs.replica_id) is not rep or rep.obs.state != "starting":
+                return
+            if done // step == shown and done < total:
+                return
+            shown = done // step
+            elapsed = trio.current_time() - started
+            ahead = None
+            if done > 0 and elapsed > 0:
+                ahead = (time.time() - rep.obs.since) + (total - done) / (done / elapsed)
+            rep.obs = replace(rep.obs, phase="fetching", bytes_done=done, weights_bytes=total, fetch_expected_s=ahead)
+            self._changed()
+
+        on_bytes(0)
+        try:
+            path = await self._fetcher(mirror, on_bytes)
+        except MirrorFetchFailed as e:
+            self._fail(rep, str(e))
+            return None
+        if self._replicas.get(rep.obs.replica_id) is rep and rep.obs.state == "starting":
+            rep.obs = replace(rep.obs, phase="starting", bytes_done=None, fetch_expected_s=None)
+            self._changed()
+        return str(path)
+
     async def _run(self, rep: _Replica, model: ModelDef, gpus: list[int], group: Group | None,
-                   previous: _Replica | None) -> None:
+                   previous: _Replica | None, mirror: MirrorSource | None = None) -> None:
         rid = rep.obs.replica_id
         try:
             with rep.cancel:
                 if previous is not None:
                     await previous.done.wait()  # its files have the same names as ours
-                deadline = trio.current_time() + self._timeouts.engine_start_s
+                source = await self._source(rep, model, mirror)
+                if source is None:
+                    return
+                deadline = trio.current_time() + self._timeouts.engine_start_s  # from the end of a fetch
+                # A mirror file lies in the mirror cache, outside the --storage dirs: allowed, it was checked.
+                roots = (*self._roots, os.path.dirname(source)) if mirror is not None and self._roots else self._roots
                 try:
                     devices = self._devices(gpus)
                     port = free_port(self.host)
                     self._records.dir.mkdir(parents=True, exist_ok=True)
                     build = functools.partial(
-                        launch_spec, model.engine, model=model.name, role=model.role, source=model.source,
+                        launch_spec, model.engine, model=model.name, role=model.role, source=source,
                         host=self.host, port=port, args=model.args, devices=devices, group=group,
-                        roots=self._roots, cwd=str(self._records.dir.resolve()), lora=model.lora)
+                        roots=roots, cwd=str(self._records.dir.resolve()), lora=model.lora)
                     # Off the loop where it reads and checks the weights' header (up to 64 MiB, maybe
                     # on a network filer): the stream's heartbeats must not wait for it. The sim
                     # reads no weights.
@@ -340,7 +406,8 @@ class Supervisor:
                     return
                 ticks = start_ticks(proc.pid)
                 record = EngineRecord(rid, model.name, model.engine, proc.pid, ticks or 0, url, spec.probe,
-                                      spec.health_path or "", rep.launch, time.time())
+                                      spec.health_path or "", rep.launch, time.time(),
+                                      mirror_sha256=rep.mirror_sha256)
                 if ticks is not None:
                     # Shielded: a stop arriving during the write must still find the engine supervised
                     # (`_supervise` stops it, or leaves it recorded for the next agent), never orphaned.

@@ -286,6 +286,8 @@ def agent(
     storage: list[str] | None = None,
     fabric: str | None = None,
     stop_engines_on_exit: bool = False,
+    mirror_cache: Path | None = None,
+    mirror_cache_gib: float = 100.0,
     log: LogFlags = LogFlags(),
 ) -> None:
     """Run an agent: report this node, start and stop engines as the leading control plane says.
@@ -318,6 +320,12 @@ def agent(
     stop_engines_on_exit
         Stop the engines when the agent stops. By default they keep serving, and the next agent
         on this state dir adopts them (an agent restart or upgrade does not interrupt serving).
+    mirror_cache
+        Where model files fetched from the cluster's mirror (`mirror://NAME` sources) are kept
+        (default: STATE_DIR/mirror-cache); docs/mirror.md.
+    mirror_cache_gib
+        The mirror cache's budget in GiB: the least recently used files are removed to make room,
+        never one a replica uses; 0: no cache (a mirror:// model cannot start here).
     """
     import socket
 
@@ -330,6 +338,8 @@ def agent(
     if key is not None:
         raise SystemExit(_MACHINE_KEY_REFUSED.format(flag="--key", role="agent"))
     dirs = _storage(storage or [])
+    if not mirror_cache_gib >= 0:
+        raise SystemExit(f"--mirror-cache-gib must be 0 or more, not {mirror_cache_gib}")
     timeouts = env_timeouts()
     node = node or socket.gethostname()
     with statedir.acquire_or_exit(state_dir, "llmgw agent") as lock:  # before anything in the dir is touched
@@ -340,7 +350,8 @@ def agent(
                                ca_file=ca_file, hosts=(engine_host, node))
         cfg = AgentConfig(controls=control, tls=renewal.context, renewal=renewal, state_dir=state_dir, node=node,
                           engine_host=engine_host, storage=dirs, fabric=fabric or "", timeouts=timeouts,
-                          stop_engines_on_exit=stop_engines_on_exit)
+                          stop_engines_on_exit=stop_engines_on_exit, mirror_cache=mirror_cache,
+                          mirror_cache_bytes=int(mirror_cache_gib * 2**30))
         status = trio.run(serve_until_signal, serve, cfg)
     if cfg.restart_asked:  # out of the state dir's lock: the program that runs next takes it again
         restart_in_place(cfg.restart_into[-1] if cfg.restart_into else None)

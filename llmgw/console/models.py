@@ -239,8 +239,8 @@ def phase_html(status: Mapping[str, Any]) -> str:
     window_words = f" (activation window {window:.0f} s)" if isinstance(window, (int, float)) else ""
     if not isinstance(doc, Mapping):
         return f'<span data-testid="activation-phase">not activating{esc(window_words)}</span>'
-    attrs = "".join(f' data-{k.replace("_", "-")}="{esc(str(doc[k]))}"' for k in ("phase", "bytes_total", "eta_s")
-                    if doc.get(k) is not None)
+    attrs = "".join(f' data-{k.replace("_", "-")}="{esc(str(doc[k]))}"'
+                    for k in ("phase", "bytes_done", "bytes_total", "eta_s") if doc.get(k) is not None)
     return (f'<span data-testid="activation-phase"{attrs}>{esc(str(doc.get("words", doc.get("phase", ""))))}'
             f'{esc(window_words)}</span>')
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 import trio
 
 from llmgw.control.hub import AgentHub
+from llmgw.control.mirror_starts import MirrorCatalog, catalog_of, with_mirror
 from llmgw.domain.commands import CommandError
 from llmgw.domain.observed import ModelRoute, Observed
 from llmgw.domain.settings import effective
@@ -51,6 +52,10 @@ class Reconciler:
     demand: list[DemandReport] = field(default_factory=list)
     clock: Callable[[], float] = time.time
     timeouts: Timeouts = TIMEOUTS
+    # The model mirror: its files by name (control/mirror_starts.py), and the control planes' admin base URLs, the
+    # leader's first, where agents fetch them.
+    mirror_catalog: MirrorCatalog | None = None  # None: the replicated state's (`ClusterState.mirror`)
+    mirror_bases: Callable[[], list[str]] = list
     last_plan: Plan | None = None
     _routes: Mapping[str, ModelRoute] | None = None
     # model -> (the reason last logged, when, passes since that found no placement unlogged)
@@ -158,7 +163,13 @@ class Reconciler:
         for action in plan.actions:
             if action.replica_id in self._held:
                 continue  # its node has not said yet whether it runs it: no start on a guess
-            if not self.hub.send(action.node, action.message()):
+            catalog = self.mirror_catalog or catalog_of(self.store.snapshot())
+            message = with_mirror(action.message(), catalog, self.mirror_bases())
+            if message is None:
+                log.info("replica %s waits for this member's admin URL: its mirror file is fetched from there",
+                         action.replica_id)
+                continue
+            if not self.hub.send(action.node, message):
                 log.warning("could not tell node %s to %s %s", action.node, action.kind, action.replica_id)
         # Routes only from what agents say now: an agent that reported while the plan was being
         # committed makes the next pass (at once) publish, not this one. A sink may take routes as

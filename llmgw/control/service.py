@@ -25,6 +25,7 @@ from llmgw.control.floating import FloatingDuty
 from llmgw.control.gateway_stream import GatewayHub
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members, advertised_url
+from llmgw.control.mirror_starts import member_bases
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.trust import RaftPeers, Trust
 from llmgw.domain import commands
@@ -257,7 +258,9 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
         gateways = GatewayHub(store, config.raft_addr, wake=hub.changed, agents=hub, clock=config.clock,
                               timeouts=timeouts)
         reconciler = Reconciler(store, hub, sinks=[*config.sinks, gateways], demand=[*config.demand, gateways],
-                                clock=config.clock, timeouts=timeouts)
+                                clock=config.clock, timeouts=timeouts,
+                                mirror_bases=lambda: member_bases(members.admin_url, {
+                                    a: m.admin_url for a, m in store.snapshot().members.items()}, config.raft_addr))
         floating = (FloatingDuty(config.floating, store.is_leader, timeouts=timeouts, clock=config.clock)
                     if config.floating is not None else None)
         # Forwards to the leader and probes of the other members, over kept connections (closed by

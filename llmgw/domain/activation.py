@@ -9,8 +9,9 @@ Phases, in the order a replica goes through them (docs/operations.md, "Cold star
 
 - `placing`: the model is wanted but no agent has said it is starting a replica (no placement yet, or the
   agent has not answered the start).
-- `fetching`: the node copies the checkpoint before loading it. Nothing fetches today (sources are local
-  paths and package files): the phase is kept for the weights mirror (issue 24), and `bytes_done` with it.
+- `fetching`: the node copies a `mirror://NAME` checkpoint from the control planes into its mirror cache before
+  loading it (docs/mirror.md): `bytes_done` of `bytes_total`; the ETA is the copy at the rate it goes (as the
+  agent measures it), then the load at the nominal rate.
 - `starting`: the agent prepares the engine (checks the source and the weights' header); also what an
   agent that says no phase reports for a replica starting.
 - `loading`: the engine process runs and loads the checkpoint until its health check answers. The agent
@@ -83,6 +84,8 @@ class Progress:
         elif self.phase == "fetching":
             done = "?" if self.bytes_done is None else gib(self.bytes_done)
             head = f"fetching the checkpoint: {done} of{size or ' ?'}"
+            if self.bytes_done is not None and self.bytes_total:
+                head += f" ({100 * self.bytes_done // self.bytes_total}%)"
         elif self.phase == "loading":
             head = f"loading the{size} checkpoint" if size else "loading the checkpoint (size unknown)"
         else:

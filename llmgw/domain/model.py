@@ -257,8 +257,9 @@ def check_source(source: str, engine: str) -> None:
     """Refuse sources that could escape storage roots or that the engine cannot read."""
     _check_source_text(source)
     if engine == "sim":
-        if not source.startswith("sim://") or len(source) == len("sim://"):
-            raise DefinitionError("source", "the sim engine takes sources like sim://NAME")
+        # mirror://NAME too: the file is fetched to the node and checked there as for any engine (docs/mirror.md).
+        if not source.startswith(("sim://", "mirror://")) or source.endswith("://"):
+            raise DefinitionError("source", "the sim engine takes sources like sim://NAME (or mirror://NAME)")
         return
     if source.startswith("sim://"):
         raise DefinitionError("source", f"sim:// sources need engine 'sim', not {engine!r}")

@@ -145,6 +145,10 @@ class ReplicaObs:
     # checkpoint); "" from an agent that does not say (llmgw.domain.activation has the phases).
     phase: str = ""
     weights_bytes: int | None = None  # the checkpoint's size on disk, once the agent has resolved it
+    # While `fetching` (a `mirror://` source copied into the node's mirror cache): the bytes it holds so far (of
+    # `weights_bytes`), and by when, in seconds from `since`, the copy should end at the rate it goes (None: unknown).
+    bytes_done: int | None = None
+    fetch_expected_s: float | None = None
     # The LoRA adapters control asked this replica to load: name -> "loading", "loaded" (its engine lists it),
     # or "failed: why". Empty: none asked (or an agent that predates adapters).
     adapters: Mapping[str, str] = field(default_factory=dict)
@@ -180,6 +184,8 @@ class ReplicaObs:
             since=float(d.get("since", 0.0)),
             phase=str(d.get("phase", ""))[:32],
             weights_bytes=size if type(size) is int and size >= 0 else None,
+            bytes_done=done if type(done := d.get("bytes_done")) is int and done >= 0 else None,
+            fetch_expected_s=_seconds(d.get("fetch_expected_s")),
             adapters={str(k)[:128]: str(v)[:500] for k, v in adapters.items()},
             adapter_ids=_ids(d.get("adapter_ids")),
             loras=loras if type(loras := d.get("loras")) is int and 0 <= loras <= MAX_ADAPTERS else 0,
@@ -191,6 +197,13 @@ class ReplicaObs:
         doc["adapters"] = dict(self.adapters)  # a leader that predates adapters ignores the key
         doc["adapter_ids"] = dict(self.adapter_ids)
         return doc
+
+
+def _seconds(value: Any) -> float | None:
+    """A count of seconds from an agent's report (a sane, finite one), else None."""
+    if type(value) not in (int, float) or not 0 <= value < 1e9:
+        return None
+    return float(value)
 
 
 def _ids(value: Any) -> dict[str, int]:

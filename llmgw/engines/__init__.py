@@ -176,7 +176,9 @@ def launch_spec(
     common = ["--host", host, "--port", str(port), "--model", model, "--role", role]
     where = cwd or "/"
     if engine == "sim":
-        # The simulator reads no weights, whatever the definition's source says.
+        # The simulator reads no weights; a file it is given (a mirror file the agent fetched) must exist, though.
+        if source.startswith("/") and not os.path.isfile(source):
+            raise EngineError("weights_missing", f"model weights not found at {source}")
         ranks = [] if group is None else ["--group-rank", str(group.rank), "--group-size", str(group.size),
                                           "--group-leader", group.leader]
         return LaunchSpec(self_command() + ["engine", "sim", *common, *ranks, *args], env, cwd=where)

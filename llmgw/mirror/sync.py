@@ -3,7 +3,7 @@ delete the blobs no name refers to any more. So a failover loses no file, and a 
 
 A pull streams into `<state dir>/mirror/pulls/<sha256>` and resumes there (an HTTP range request) after a cut; the
 blob is kept only once its bytes hash to its name (a mismatch is deleted and pulled again). The leader serves them at
-`GET /api/v1/mirror/blobs/<sha256>` to the cluster's machines: a member pulls with its own client (its control
+`GET /mirror/blobs/<sha256>` to the cluster's machines: a member pulls with its own client (its control
 certificate when the group speaks TLS: the same client it forwards requests with).
 
 Level-triggered: each pass recomputes from the catalog and the disk, so a missed change or a restart heals itself.
@@ -24,10 +24,11 @@ from llmgw.domain.mirror import referenced_blobs
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import StateReader
 from llmgw.mirror.blobs import CHUNK, BlobStore, sha256_of
+from llmgw.wire import protocol
 
 log = logging.getLogger("llmgw.mirror")
 
-BLOBS_PATH = "/api/v1/mirror/blobs/"
+BLOBS_PATH = protocol.MIRROR_BLOBS_PATH  # every machine of the cluster fetches there (control/api/mirror_blobs.py)
 
 
 class PullFailed(Exception):

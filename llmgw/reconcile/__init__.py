@@ -399,10 +399,21 @@ def _progress(mine: list[Placement], observed: Observed, size: int | None, rate:
         o = observed.replicas.get(p.replica_id)
         if o is None or (o.state == "starting" and p.node not in observed.nodes):
             found.append(of("placing", p.placed_at, size))
+        elif o.state == "starting" and o.phase == "fetching":
+            found.append(_fetching(o, size, rate, timeouts))
         elif o.state == "starting":
             found.append(of(o.phase if o.phase in activation.PHASES else "starting", o.since, o.weights_bytes or size))
     # Ties by phase go to the soonest ETA: a start's ETA depends only on its age, not on the clock read.
     return activation.best(found, 0.0) or of("placing", None, size)
+
+
+def _fetching(o: ReplicaObs, size: int | None, rate: float, timeouts: Timeouts) -> Progress:
+    """A replica whose node fetches its `mirror://` file: the bytes it holds, and an ETA of the copy at the rate it
+    goes (as its agent measures it) followed by the load at the nominal rate."""
+    total = o.weights_bytes or size
+    load = activation.expected_s(total, rate, timeouts.activation_load_base_s)
+    expected = None if o.fetch_expected_s is None or load is None else o.fetch_expected_s + load
+    return Progress("fetching", o.since, bytes_done=o.bytes_done, bytes_total=total, expected_s=expected)
 
 
 # --- multi-node replicas (groups) -------------------------------------------------------

@@ -172,6 +172,29 @@ def dials(controls: list[str], peers: list[str]) -> list[tuple[str, str, int]]:
     return out
 
 
+def mirror_check(role: str, controls: list[str], facts: Facts) -> tuple[Status, str]:
+    """What the model mirror will make of the machine once added (docs/mirror.md, "Who may fetch"), said before
+    anything changes: it serves agents (their join gives them a certificate from the cluster's CA) and control
+    planes, at each control plane's admin URL (`/mirror/blobs/...`), over TLS; "note" when it would refuse."""
+    if role == "gateway":
+        return "ok", "the model mirror will not serve it, as none of the cluster's gateways: gateways fetch no model files"
+    plain = [u for u in controls if u.startswith("http://")]
+    if plain and len(plain) == len(controls):
+        return "note", (f"the model mirror would refuse it: the control plane at {plain[0]} serves plain HTTP (llmgw up "
+                        f"on loopback), where only the machines inside its own process may fetch")
+    admin = [r for r in facts.reached if r.what == "admin API"]
+    gone = [f"{r.host}:{r.port}" for r in admin if not r.free]
+    if admin and len(gone) == len(admin):
+        return "note", (f"the model mirror would refuse it: it reaches no control plane's admin port ({', '.join(gone)}), "
+                        f"where mirror files are served: a mirror:// model cannot start there")
+    if gone:
+        return "note", (f"it fetches mirror files only from the control planes it reaches: not from {', '.join(gone)} "
+                        f"(when the leader is busy, those standbys cannot serve it)")
+    return "ok", (f"the model mirror will serve it once it joined: its {role} certificate from the cluster's CA is its "
+                  f"credential, and it reaches every control plane's admin port (a revoked or expired certificate "
+                  f"is refused)")
+
+
 def machine_name(req: AddRequest, facts: Facts) -> str:
     """What the cluster will call the machine: a control plane by its Raft address, others by --name or
     the remote host name."""
@@ -226,6 +249,8 @@ class ServerAdd:
         asked = Asked(req.role, name, req.dir, req.state_dir, req.zipapp.stat().st_size + DISK_SPARE_BYTES,
                       self.timeouts.server_add_clock_skew_s, req.ports())
         problems = judge(facts, asked, known, before=before, after=after)
+        status, words = mirror_check(req.role, controls, facts)
+        self.say("mirror", status, words)
         for p in problems:
             self.say("check", "problem", p.words, code=p.code)
         if problems:

@@ -26,6 +26,7 @@ from llmgw.engines import EngineError, Group, launch_spec, parse_engine_args, st
 from llmgw.engines.sim import FAIL_START_STATUS, SimApp, SimOptions, make_app
 from llmgw.errors import OpenAIError
 from llmgw.wire.asgi import Receive, Scope, Send, dumps, hypercorn_config, lifespan, send_json
+from llmgw.wire.protocol_agent import MirrorSource
 
 log = logging.getLogger("llmgw.simfleet")
 
@@ -94,7 +95,8 @@ class SimRunner:
         return [r.obs for r in self._replicas.values()]
 
     def start(self, replica_id: str, model_doc: dict[str, Any], gpus: Sequence[int],
-              group: Group | None = None) -> None:
+              group: Group | None = None, mirror: MirrorSource | None = None) -> None:
+        # Simulated engines read no weights: a mirror file is not fetched (`mirror` is ignored).
         try:
             model, launch = read_start(replica_id, model_doc, gpus, group)
         except StartRefused as e:

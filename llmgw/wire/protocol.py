@@ -39,6 +39,8 @@ from llmgw.domain.state import ApiKey, ClusterState
 
 PROTOCOL_VERSION = 1
 STREAM_PATH = "/api/v1/agent/stream"
+# A control plane's model mirror files, by sha256, for the cluster's machines (control/api/mirror_blobs.py).
+MIRROR_BLOBS_PATH = "/mirror/blobs/"
 MAX_MESSAGE_BYTES = 4 << 20
 # Our messages nest a dozen levels at most; json.loads recurses once per level, so a message nested
 # deeper than this is refused before it is decoded (100,000 `[` would end in a RecursionError).

@@ -274,3 +274,11 @@ def test_the_header_fuzz_runs(tmp_path: Path) -> None:
     for corpus in found.values():
         row, broken = bench.fuzz(corpus, 0.05, random.Random(1))
         assert broken == [] and len(row) == 10 and int(row[2]) >= 1
+
+
+def test_the_mirror_fetch_bench_runs() -> None:
+    """A 1 MiB file fetched from a control plane on loopback, verified, and `cp`'d: the table has each row."""
+    bench = load_bench("mirror_fetch")
+    result = bench.measure(1)
+    assert result["mib"] == 1 and min(result["fetch_s"], result["verify_s"], result["cp_s"]) > 0
+    assert "x cp" in bench.table(result) and "verify" in bench.table(result)

@@ -202,7 +202,7 @@ def test_value_refusals_name_the_field(patch, field):
     [
         ("sim", "/models/x.gguf"),
         ("sim", "sim://"),
-        ("sim", "mirror://demo"),
+        ("sim", "mirror://"),
         ("sim", "SIM://demo"),
         ("llama.cpp", "sim://demo"),
         ("vllm", "sim://demo"),
@@ -210,6 +210,11 @@ def test_value_refusals_name_the_field(patch, field):
 )
 def test_sim_sources_belong_to_the_sim_engine_only(engine, source):
     assert refused({"name": "m", "engine": engine, "source": source}).field == "source"
+
+
+def test_the_sim_engine_takes_a_mirror_file_as_a_real_engine_does() -> None:
+    """A mirror file is fetched to the node and checked there for the sim too (docs/mirror.md)."""
+    assert ModelDef.from_doc({"name": "m", "engine": "sim", "source": "mirror://demo.gguf"}).source == "mirror://demo.gguf"
 
 
 @pytest.mark.parametrize(

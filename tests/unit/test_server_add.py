@@ -22,7 +22,7 @@ from hypothesis import assume, given, strategies as st
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.remote.admin import AdminApi
 from llmgw.remote.preflight import PROBE, Asked, Facts, Known, Port, clock_skew, judge, probe_input, skew_problem
-from llmgw.remote.server_add import AddFailed, AddRequest, Event, ServerAdd, dials, role_flags
+from llmgw.remote.server_add import AddFailed, AddRequest, Event, ServerAdd, dials, mirror_check, role_flags
 from llmgw.remote.ssh import SshShell, SshTarget, check_target, classify
 from llmgw.testing.remote import LocalShell
 
@@ -240,7 +240,8 @@ def test_a_refused_add_asks_the_machine_only_its_probe_and_the_cluster_only_read
     trio.run(main)
     assert len(shell.ran) == 1 and shell.ran[0][:2] == [sys.executable, "-c"] and shell.copied == []
     assert {m for m, _ in calls} == {"GET"}
-    assert [(e.step, e.status) for e in events] == [("cluster", "ok"), ("ssh", "ok"), ("check", "problem")]
+    assert [(e.step, e.status) for e in events] == [("cluster", "ok"), ("ssh", "ok"), ("mirror", "ok"),
+                                                     ("check", "problem")]
     assert not (tmp_path / "remote").exists()
 
 
@@ -296,3 +297,22 @@ def test_auto_runs_the_role_under_systemd_only_where_its_unit_reads_the_services
     assert "llmgw-agent.service is not installed" in events[-1].words
     assert manager("/opt/llmgw", systemd=True, unit=True) == "builtin"
     assert "reads /var/lib/llmgw/services, not /opt/llmgw/services" in events[-1].words
+
+
+# --- what the model mirror will make of the machine (docs/mirror.md, "Who may fetch") -----------------------
+
+
+def test_server_add_says_beforehand_when_the_mirror_would_refuse_the_machine() -> None:
+    controls = ["https://10.0.0.1:8081", "https://10.0.0.2:8081"]
+    reached = (Port("admin API", "10.0.0.1", 8081), Port("admin API", "10.0.0.2", 8081))
+    status, words = mirror_check("agent", controls, facts(reached=reached))
+    assert status == "ok" and "will serve it" in words and "certificate" in words
+    cut = (Port("admin API", "10.0.0.1", 8081, free=False, error="refused"),
+           Port("admin API", "10.0.0.2", 8081, free=False, error="timed out"))
+    status, words = mirror_check("agent", controls, facts(reached=cut))
+    assert status == "note" and "would refuse it" in words and "10.0.0.2:8081" in words
+    status, words = mirror_check("agent", controls, facts(reached=(reached[0], cut[1])))
+    assert status == "note" and "not from 10.0.0.2:8081" in words
+    status, words = mirror_check("agent", ["http://127.0.0.1:8081"], facts(reached=reached[:1]))
+    assert status == "note" and "plain HTTP" in words
+    assert "will not serve" in mirror_check("gateway", controls, facts(reached=reached))[1]

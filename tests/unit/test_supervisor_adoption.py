@@ -285,3 +285,19 @@ async def test_an_adopted_llamacpp_engine_says_whether_its_template_calls_tools(
         await trio.sleep(10 * TIMEOUTS.engine_liveness_poll_s)
         assert (only(supervisor).state, only(supervisor).tool_calls) == ("ready", calls)
         assert engine.props == 1, "read once"
+
+
+async def test_an_adopted_engine_keeps_its_mirror_file_from_eviction(
+        tmp_path: Path, clock: trio.testing.MockClock, sleeper: subprocess.Popen[bytes]) -> None:
+    """The mirror cache's file an engine runs from is in its record: the next agent never evicts it; a record
+    written before the mirror reads as running from none."""
+    import dataclasses
+    import json
+
+    records = Records(tmp_path / "engines")
+    record = dataclasses.replace(leave(records, sleeper), mirror_sha256="ab" * 32)
+    records.write(record)
+    async with agent(tmp_path, Engine(), stop_on_exit=False) as supervisor:
+        assert supervisor.mirror_in_use() == {"ab" * 32}
+    old = {k: v for k, v in dataclasses.asdict(record).items() if k != "mirror_sha256"}
+    assert EngineRecord.from_doc(json.loads(json.dumps(old))).mirror_sha256 == ""

@@ -14,7 +14,7 @@ from typing import Any
 
 from quart_trio import QuartTrio
 
-from llmgw.control.api import errors, streams
+from llmgw.control.api import errors, mirror_blobs, streams
 from llmgw.control.api.route import MAX_BODY_BYTES, Route, Router
 from llmgw.control.api.table import ROUTES
 from llmgw.control.context import Context
@@ -34,6 +34,7 @@ def make_app(ctx: Context, mounts: Sequence[Mount] = ()) -> QuartTrio:
     for route in ROUTES:
         router.add(route)
     streams.register(app, ctx)
+    mirror_blobs.register(app, ctx)
     for mount in mounts:
         mount(app, ctx)
     errors.register(app, MAX_BODY_BYTES)  # what no route answered (404, 405, 413, 500...): JSON, never HTML

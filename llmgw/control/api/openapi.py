@@ -29,6 +29,8 @@ PATH = "/api/v1/openapi.json"
 NO_KEY_PATHS = ("/health", "/metrics", PATH, "/api/v1/trust/join", "/api/v1/trust/ca")
 # The streams' routes: a plain GET (no WebSocket upgrade) is answered 400, so they are listed as such.
 WEBSOCKET_PATHS = frozenset({"/api/v1/agent/stream", "/api/v1/gateway/stream"})
+# Routes outside the table for the cluster's machines only, by their certificate (never a key): the mirror's files.
+MACHINE_PATHS = frozenset({"/mirror/blobs/{sha256}"})
 
 Schema = dict[str, Any]
 
@@ -260,6 +262,7 @@ _ERRORS = {
     "409": "the cluster's state forbids it now (the message says what to do); `no_tls`: this control plane serves "
            "plain HTTP on loopback and issues no certificates; `upgrade_pending`: a write of a newer release than "
            "some control plane runs (the message names them)",
+    "416": "a byte range past the end of a mirror file (`range_not_satisfiable`; Content-Range says its size)",
     "413": "a body over 1 MiB (`request_too_large`); a release file over 1 GiB (`release_too_large`)",
     "422": "this Idempotency-Key was used for a different request (`idempotency_key_reused`); a release file whose "
            "sha256 is not the one named (`sha256_mismatch`)",
@@ -489,6 +492,16 @@ def _paths() -> Schema:
                        {"type": "string", "format": "binary"}, params=(sha256,), errors=("400", "403"),
                        binary=True),
         },
+        "/mirror/blobs/{sha256}": {"get": _op(
+            "a model mirror file this member holds, by sha256 (docs/mirror.md): for agents and control planes only, "
+            "by their certificate from the cluster's CA (never a key); one byte range at most (`Range: bytes=A-B`: "
+            "206 with Content-Range; 416 past the end); 503 `mirror_busy`: fetch from another member",
+            {"type": "string", "format": "binary"}, binary=True, errors=("400", "403", "416"),
+            params=(_path_param("sha256", {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "a mirror file's sha256"),
+                    {"name": "Range", "in": "header", "required": False, "schema": _STR,
+                     "description": "one byte range, `bytes=A-B`, `bytes=A-` or `bytes=-N`"}),
+            also={"206": {"description": "the range asked", "content": {"application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"}}}}}) | {"security": []}},
         "/api/v1/agent/stream": {"get": {"summary": "the agents' stream (WebSocket; admin key)",
                                          "responses": websocket}},
         "/api/v1/gateway/stream": {"get": {"summary": "the remote gateways' stream (WebSocket; admin key)",
@@ -613,10 +626,6 @@ def _mirror_paths() -> Schema:
             _obj({"file": file, "added": _BOOL}), status="201",
             also={"200": {"description": "already so", **_json(_obj({"file": file, "added": _BOOL}))}},
             errors=("404",), params=(upload_id,), write=True)},
-        "/api/v1/mirror/blobs/{sha256}": {"get": _op(
-            "a blob this control plane holds, for another control plane's pull: the cluster's machines (mutual TLS) "
-            "or an admin key; answered by the member asked", {"type": "string", "format": "binary"},
-            params=(sha256,), errors=("400", "403"), binary=True)},
     }
 
 

@@ -102,7 +102,7 @@ async def _while_trusted(ctx: Context, who: Identity, run: Callable[[], Awaitabl
         nursery.cancel_scope.cancel()
 
 
-def _local_credential(headers: Any) -> str | None:
+def local_credential(headers: Any) -> str | None:
     scheme, _, value = headers.get("authorization", "").partition(" ")
     value = value.strip()
     return value if scheme.lower() == "bearer" and value.startswith(LOCAL_PREFIX) else None
@@ -115,7 +115,7 @@ def register(app: QuartTrio, ctx: Context) -> None:
         def route(role: str = role, run: Callable[[Context, Identity], Awaitable[None]] = run
                   ) -> Callable[[], Awaitable[Any]]:
             async def stream() -> Any:
-                who = authenticate(ctx, role, peer_certificate(), local=_local_credential(websocket.headers))
+                who = authenticate(ctx, role, peer_certificate(), local=local_credential(websocket.headers))
                 if isinstance(who, AdminError):
                     log.warning("refused the %s stream from %s: %s", role, websocket.remote_addr, who.message)
                     return Response(json.dumps(who.doc()), status=who.status, content_type="application/json")

@@ -125,8 +125,6 @@ ROUTES: tuple[Route, ...] = (
           lambda c: mirror.drop_upload(c.ctx, c.path["upload_id"])),
     Route("POST", "/api/v1/mirror/uploads/<upload_id>/commit", ADMIN,
           lambda c: mirror.commit_upload(c.ctx, c.commit, c.path["upload_id"])),
-    Route("GET", "/api/v1/mirror/blobs/<sha256>", MACHINE, lambda c: _file(mirror.blob(c.ctx, c.path["sha256"])),
-          local=True),
     Route("GET", "/api/v1/mirror/<name>", VIEWER, lambda c: mirror.show(c.ctx, c.path["name"], c.authorization)),
     Route("DELETE", "/api/v1/mirror/<name>", ADMIN, lambda c: mirror.remove(c.ctx, c.commit, c.path["name"])),
     Route("POST", "/api/v1/mirror/<name>/pin", ADMIN,

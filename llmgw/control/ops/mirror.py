@@ -258,18 +258,6 @@ async def drop_upload(ctx: Context, uid: str) -> dict[str, Any]:
     return {"dropped": uid}
 
 
-# -- blobs between control planes -----------------------------------------------------------------
-
-
-async def blob(ctx: Context, sha256: str) -> Path:
-    """`GET /api/v1/mirror/blobs/SHA256`: a blob this member holds, for another control plane's pull."""
-    try:
-        path = blob_store(ctx).blob_path(sha256)
-    except MirrorError as e:
-        raise _refusal(e) from None
-    if not path.is_file():
-        raise AdminError(404, "blob_not_found", f"this control plane ({ctx.self_id}) holds no blob {sha256[:12]}")
-    return path
 
 
 def _gib(n: int) -> str:
