@@ -22,7 +22,8 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 CLONE_NEWNET = 0x40000000
@@ -57,6 +58,27 @@ def in_own_netns(body: Callable[[], None]) -> None:
         raise NetnsRefused(str(outcome["refused"]))
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
+
+
+@contextmanager
+def thread_in_own_netns() -> Iterator[None]:
+    """The calling thread in a new network namespace (its loopback up) for the block, then back in the one it
+    was in: for a module's fixture that keeps one namespace (and the fabric made in it) across its tests. Raises
+    NetnsRefused where the kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        if libc.unshare(CLONE_NEWNET) != 0:
+            raise NetnsRefused(f"a network namespace of its own is not permitted here (unshare(CLONE_NEWNET): "
+                               f"{os.strerror(ctypes.get_errno())}; needs CAP_SYS_ADMIN, e.g. root)")
+        try:
+            ip("link", "set", "lo", "up")
+            yield
+        finally:
+            if libc.setns(home, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "could not return to the test's own network namespace")
+    finally:
+        os.close(home)
 
 
 def in_own_netns_or_skip(body: Callable[[], None]) -> None:
@@ -140,6 +162,14 @@ class Fabric:
         ip("route", "add", "default", "via", h.hub_address, prefix=pre)
         self.hosts[number] = h
         return h
+
+    def seal(self, number: int) -> None:
+        """Member `number`'s namespace with no default route: it reaches the hub and the other members (10.77/16)
+        and nothing else (an air-gapped site)."""
+        h = self.host(number)
+        pre = tuple(h.wrap)
+        ip("route", "del", "default", prefix=pre)
+        ip("route", "add", f"{SUBNET}.0.0/16", "via", h.hub_address, prefix=pre)
 
     def cut(self, a: str, b: str, *, one_way: bool = False) -> None:
         """Drop every packet from address `a` to `b` (and from `b` to `a` unless `one_way`), on open

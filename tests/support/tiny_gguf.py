@@ -4,7 +4,7 @@ BERT cross-encoder (a reranker).
 
 API (stable; the llama.cpp integration tests and the storage benchmark use it):
 
-- `write_tiny_llama(path, *, arch="llama", seed=0) -> Path`: a loadable 2-layer llama
+- `write_tiny_llama(path, *, arch="llama", seed=0, pad_bytes=0) -> Path`: a loadable 2-layer llama
   with its own SentencePiece-style vocabulary (printable pieces; control tokens marked
   CONTROL and non-printable byte tokens UNUSED, so whatever it generates is printable
   text). `arch="notarealarch"` (any name) writes the same file under an architecture
@@ -138,10 +138,13 @@ def _writer(path: Path, arch: str) -> Any:
     return wr
 
 
-def write_tiny_llama(path: str | os.PathLike[str], *, arch: str = "llama", seed: int = 0) -> Path:
-    """Write the tiny random-weight llama (or the same under `arch`) to `path`."""
+def write_tiny_llama(path: str | os.PathLike[str], *, arch: str = "llama", seed: int = 0, pad_bytes: int = 0) -> Path:
+    """Write the tiny random-weight llama (or the same under `arch`) to `path`; `pad_bytes` more in a metadata
+    string llama.cpp ignores (`llmgw.test.padding`), for a file as large as a test needs that still loads."""
     p = Path(path)
     wr = _writer(p, arch)
+    if pad_bytes:
+        wr.add_string("llmgw.test.padding", "x" * pad_bytes)
     for name, array in _tensors(seed).items():
         wr.add_tensor(name, array)
     wr.write_header_to_file()
