@@ -224,7 +224,7 @@ def test_a_fetch_cut_halfway_resumes_from_what_it_holds_and_verifies(site: Site,
     sha = hashlib.sha256(file.read_bytes()).hexdigest()
     site.ctl("mirror", "add", str(file), "--name", "big.gguf")
     veth = f"h{site.worker.number}"  # the hub's side of the agent's link: what the agent receives leaves here
-    subprocess.run(["tc", "qdisc", "add", "dev", veth, "root", "tbf", "rate", "8mbit", "burst", "32kb",
+    subprocess.run(["tc", "qdisc", "add", "dev", veth, "root", "tbf", "rate", "4mbit", "burst", "32kb",
                     "latency", "2s"], check=True, timeout=30)
     part = site.cache / f"{sha}.part"
     seen: list[dict[str, Any]] = []
