@@ -8,7 +8,9 @@ namespace of its own (held by a `sleep` process), joined to the hub by a veth pa
 packet from one member to another crosses the hub's routing, where `cut` drops it with a policy
 rule (`ip rule ... blackhole`), one way or both, while the hub itself (the test's clients) still
 reaches every member. `wrap(n)` is the command prefix that starts a process in member n's namespace
-(`nsenter --net`: the process keeps its pid, so signals reach it).
+(`nsenter --net`: the process keeps its pid, so signals reach it). `seal(n)` leaves member n no route but to
+the hub and the other members (an air-gapped site). `thread_in_own_netns()` moves the calling thread itself into
+a new namespace for a block (and back after): a module's fixture keeps one fabric across its tests that way.
 
 Needs CAP_SYS_ADMIN and CAP_NET_ADMIN (root in CI); `in_own_netns` skips the test, with the
 reason, where namespaces are not permitted.
