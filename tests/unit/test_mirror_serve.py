@@ -94,8 +94,8 @@ def test_a_lora_adapter_a_split_part_and_a_projector_are_refused() -> None:
 
 
 def test_overrides_change_the_definition_and_its_estimate() -> None:
-    doc, estimate, why = definition_doc(gguf(), "m", {"g": gpu_node("g", 24)},
-                                        {"profile": {"cpu": True}, "mode": "on-demand", "replicas": {"min": 0, "max": 3}})
+    overrides = {"profile": {"cpu": True}, "mode": "on-demand", "replicas": {"min": 0, "max": 3}}
+    doc, estimate, why = definition_doc(gguf(), "m", {"g": gpu_node("g", 24)}, overrides)
     assert doc["mode"] == "on-demand" and doc["replicas"] == {"min": 0, "max": 3} and why == "as given"
     assert estimate.total_bytes == GIB + 16 * 8 * 128 * 2 * 2048 + 512 * (1 << 20)  # CPU: 2048 tokens
     doc, _, _ = definition_doc(gguf(), "m", {}, {"profile": {"memory_gib": 3.5}})
