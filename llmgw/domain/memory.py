@@ -82,6 +82,16 @@ def estimate_for(model: ModelDef, nodes: Mapping[str, NodeInfo], index: WeightsI
     return best
 
 
+def estimate_from_facts(model: ModelDef, facts: Mapping[str, Any]) -> MemoryEstimate:
+    """The memory one replica of `model` needs from one file's facts, under a storage report entry's names
+    (`kind`, `size`, `tensor_bytes`, `context_length`, `layers`, head counts...): the mirror's catalog gives them
+    before any node holds the file (`llmgw/domain/mirror_serve.py`). `profile.memory_gib` is not read."""
+    prof = model.profile
+    devices = 1 if prof.cpu else prof.gpus * prof.nodes
+    share = _vllm_share(model) if model.engine == "vllm" and not prof.cpu else None
+    return _from_entry(model, facts, devices, share)
+
+
 @dataclass(frozen=True)
 class WeightsIndex:
     """Every node's storage report entries by path and by name, each distinct entry once (a filer

@@ -39,8 +39,8 @@ def judge_enable(
     name
         The judge's name; omitted: the one judge the policies ask for that is missing.
     source
-        The GGUF file, as the nodes see it (/models/Llama-Guard-3-1B.Q4_K_M.gguf); omitted: one an
-        agent's storage report lists.
+        The GGUF file, as the nodes see it (/models/Llama-Guard-3-1B.Q4_K_M.gguf) or mirror://NAME; omitted:
+        one an agent's storage report lists, else the mirror's Llama Guard file.
     replace
         Replace a model of that name that is not a judge (its clients lose it).
     """

@@ -262,6 +262,8 @@ def render_file(f: Any) -> str:
              f"held by   {', '.join(dig(f, 'members', 'holding') or []) or '-'}",
              f"missing   {', '.join(dig(f, 'members', 'missing') or []) or '-'}"]
     lines += [f"{k:<9} {cell(v)}" for k, v in sorted(meta.items())]
+    lines.append(f"serve it  llmgw ctl model serve --from-mirror {cell(f.get('name'))}"
+                 + (" (a judge: the one the guard policies ask for)" if meta.get("llama_guard") else ""))
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ from cyclopts import Parameter
 
 from llmgw.cli.ctl.definitions import ModelFlags, definition_from_flags, definitions_from_file
 from llmgw.cli.ctl.errors import EXIT_OK, CtlError, Refused, UsageError
+from llmgw.cli.ctl.mirror_serve import mirror_body, serve_from_mirror
 from llmgw.cli.ctl.render import cell, dig, render_model, render_models
 from llmgw.cli.ctl.session import SessionParam, api_path
 
@@ -55,6 +56,8 @@ def model_serve(
     alias: Annotated[list[str] | None, Parameter(name="--alias", negative_iterable="")] = None,
     affinity: Annotated[Literal["prefix", "off"] | None, Parameter(name="--affinity")] = None,
     prefix_chars: Annotated[int | None, Parameter(name="--prefix-chars")] = None,
+    from_mirror: Annotated[str | None, Parameter(name="--from-mirror")] = None,
+    yes: Annotated[bool, Parameter(name="--yes", negative="", show_default=False)] = False,
     session: SessionParam,
 ) -> int:
     """Add a model, or replace the one of that name.
@@ -100,8 +103,27 @@ def model_serve(
     prefix_chars
         How many leading characters of a request prefix affinity reads (routing.prefix_chars, 1 to 1048576;
         default 4096).
+    from_mirror
+        Make the definition from this mirror file's metadata (engine, role, a profile that fits, the memory
+        estimate; source mirror://NAME), show it with where it would run, and store it once confirmed. --name
+        (default: the file's name), --mode, --role, --engine, --min, --max, --gpus, --cpu and --arg change it. A
+        Llama Guard file becomes the judge the guard policies ask for.
+    yes
+        With --from-mirror: store the definition without asking.
     """
     timeouts = {"connect_s": connect_timeout, "first_byte_s": first_byte_timeout, "chunk_s": chunk_timeout}
+    if from_mirror is not None:
+        others = [f for f, v in (("--file", file), ("--source", flags.source), ("--base", flags.base),
+                                 ("--max-tokens", max_tokens), ("--max-n", max_n), ("--slots", slots),
+                                 ("--fallback", fallback), ("--alias", alias), ("--affinity", affinity),
+                                 ("--prefix-chars", prefix_chars)) if v is not None]
+        others += [f"--{k.replace('_s', '')}-timeout".replace("_", "-") for k, v in timeouts.items() if v is not None]
+        if others:
+            raise UsageError("model serve --from-mirror takes --name, --mode, --role, --engine, --min, --max, "
+                             f"--gpus, --cpu and --arg, not {others[0]}")
+        return serve_from_mirror(session, from_mirror, mirror_body(flags, min_, max_, gpus, cpu, arg), yes)
+    if yes:
+        raise UsageError("--yes goes with --from-mirror")
     flags_given = bool(flags.given()) or cpu or any(
         v is not None for v in (min_, max_, gpus, arg, max_tokens, max_n, fallback, alias, slots,
                                 affinity, prefix_chars, *timeouts.values()))

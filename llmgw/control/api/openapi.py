@@ -581,6 +581,11 @@ def _mirror_paths() -> Schema:
     upload = _obj({"id": _STR, "name": _STR, "size": _INT, "sha256": _null(_STR), "offset": _INT,
                    "started_at": _NUM})
     offset = _obj({"id": _STR, "offset": _INT, "size": _INT})
+    serve = _obj({"name": _STR, "file": _STR, "judge": _BOOL, "definition": _ref("Definition"),
+                  "estimate": _ref("Estimate"), "profile_reason": _STR,
+                  "plan": _obj({"fits": _BOOL, "reason": _STR, "choice": _null(_OBJ), "groups": _arr(_OBJ)}),
+                  "warnings": _arr(_STR), "committed": _BOOL, "model": _ref("Model")},
+                 ("name", "file", "judge", "definition", "estimate", "plan", "committed"))
     return {
         "/api/v1/mirror": {"get": _op("the mirror's files (size, sha256, kind, header facts, what uses each, pinned, "
                                       "which control planes hold or lack it), the budget and the uploads in progress",
@@ -602,6 +607,17 @@ def _mirror_paths() -> Schema:
             "pin a mirror file (kept whether or not anything uses it) or unpin it",
             _obj({"name": _STR, "pinned": _BOOL, "changed": _BOOL}), errors=("404",), params=(name,),
             body=_obj({"pinned": _BOOL}, closed=True), write=True, example={"pinned": True})},
+        "/api/v1/mirror/{name}/serve": {"post": _op(
+            "a model definition made from the file's metadata (engine, role, a profile that fits, "
+            "`source: mirror://NAME`), its memory estimate and where it would land now; `commit: true` stores it "
+            "(201 when new; refused as a model put is: 400 `invalid_model`). A Llama Guard file is defined as the "
+            "judge the guard policies ask for (`judge: true`); a LoRA adapter is refused",
+            serve, status="200", also={"201": {"description": "stored, new", **_json(serve)}},
+            errors=("404",), params=(name,),
+            body=_obj({"commit": _BOOL, "name": _MODEL_NAME, "mode": _STR, "replicas": _OBJ, "profile": _OBJ,
+                       "args": _arr(_STR), "limits": _OBJ, "aliases": _arr(_STR), "fallbacks": _arr(_STR),
+                       "routing": _OBJ, "timeouts": _OBJ, "role": _STR, "engine": _STR}, (), closed=True),
+            write=True, example={"commit": False})},
         "/api/v1/mirror/uploads": {"post": _op(
             "start (or find again) a resumable upload to the leader: its id and the offset it holds; refused at its "
             "start when the file would pass `mirror.budget_gib` (409 `mirror_budget_exceeded`)",

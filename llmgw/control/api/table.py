@@ -13,8 +13,8 @@ from pathlib import Path
 
 from llmgw.control.api import metrics, openapi
 from llmgw.control.api.route import ADMIN, MACHINE, PUBLIC, VIEWER, Call, File, Raw, Route
-from llmgw.control.ops import (gateways, guard, judges, keys, members, mirror, models, nodes, notify, plan,
-                               requests, settings, status, system, trust, upgrade)
+from llmgw.control.ops import (gateways, guard, judges, keys, members, mirror, mirror_serve, models, nodes, notify,
+                               plan, requests, settings, status, system, trust, upgrade)
 
 
 async def _health(c: Call) -> dict[str, object]:
@@ -127,6 +127,8 @@ ROUTES: tuple[Route, ...] = (
           lambda c: mirror.commit_upload(c.ctx, c.commit, c.path["upload_id"])),
     Route("GET", "/api/v1/mirror/<name>", VIEWER, lambda c: mirror.show(c.ctx, c.path["name"], c.authorization)),
     Route("DELETE", "/api/v1/mirror/<name>", ADMIN, lambda c: mirror.remove(c.ctx, c.commit, c.path["name"])),
+    Route("POST", "/api/v1/mirror/<name>/serve", ADMIN,
+          lambda c: mirror_serve.serve(c.ctx, c.commit, c.path["name"], c.body), body=True),
     Route("POST", "/api/v1/mirror/<name>/pin", ADMIN,
           lambda c: mirror.pin(c.ctx, c.commit, c.path["name"], c.body), body=True),
     Route("POST", "/api/v1/cluster/members", ADMIN, lambda c: members.add(c.ctx, c.note, c.body), body=True),

@@ -15,7 +15,9 @@ from llmgw.control.ops.guard import guard_state
 from llmgw.control.ops.models import weights_dirs
 from llmgw.domain import commands
 from llmgw.domain.guard import CATEGORIES, judges_asked
+from llmgw.domain.frozen import thaw
 from llmgw.domain.judges import judge_status, pick_guard_file
+from llmgw.domain.mirror import SCHEME
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.state import ClusterState
 from llmgw.engines.admission import definition_problems
@@ -29,7 +31,15 @@ ENABLE_FIELDS = ("name", "source", "replace")
 ASK_FIELDS = ("text", "answer", "judge")
 JUDGE_CONTEXT = "8192"  # tokens: the 14 categories' prompt (~600) and a long conversation, on CPU
 SOURCE_HINT = ("pass the Llama Guard 3 1B GGUF file the nodes see: --source /models/Llama-Guard-3-1B.Q4_K_M.gguf "
-               "(docs/guardrails.md says where to get it), or put it in an agent's --storage directory")
+               "(docs/guardrails.md says where to get it), put it in an agent's --storage directory, or add it to "
+               "the mirror (`llmgw ctl mirror add Llama-Guard-3-1B.Q4_K_M.gguf`)")
+
+
+def mirror_guard_file(state: ClusterState) -> str | None:
+    """The mirror's Llama Guard file to serve a judge from: the one added last (by name on a tie); None: none."""
+    files = [f for f in state.mirror.values() if thaw(f.metadata).get("llama_guard")
+             and not thaw(f.metadata).get("lora_adapter")]
+    return max(files, key=lambda f: (f.added_at, f.name)).name if files else None
 
 
 def judge_model(name: str, source: str) -> ModelDef:
@@ -95,12 +105,20 @@ async def enable(ctx: Context, commit: Commit, doc: Any) -> dict[str, Any]:
     name = name or _missing_judge(state)
     warnings = [] if name in judges_asked(state) else [f"no guard policy names {name} as its judge yet"]
     found_on: list[str] = []
+    mirror_file: str | None = None
     if source is None:
         found = pick_guard_file(ctx.observed())
-        if found is None:
-            raise AdminError(400, "judge_source_required", f"no --source given, and no agent's storage report "
-                                                           f"lists a Llama Guard 3 1B GGUF file: {SOURCE_HINT}")
-        source, found_on = found
+        mirror_file = mirror_guard_file(state) if found is None else None
+        if found is not None:
+            source, found_on = found
+        elif mirror_file is not None:  # an air-gapped site's judge: the mirror's Llama Guard file (docs/mirror.md)
+            source = SCHEME + mirror_file
+        else:
+            raise AdminError(400, "judge_source_required", f"no --source given, no agent's storage report lists a "
+                                                           f"Llama Guard 3 1B GGUF file and the mirror holds none: "
+                                                           f"{SOURCE_HINT}")
+    elif source.startswith(SCHEME):
+        mirror_file = source[len(SCHEME):]
     try:
         model = judge_model(name, source)
     except DefinitionError as e:
@@ -116,14 +134,14 @@ async def enable(ctx: Context, commit: Commit, doc: Any) -> dict[str, Any]:
                          f"{name}), or name another judge in the policies")
     if old == model:
         return {"model": model.to_doc(), "judge": name, "changed": False, "replaced": None,
-                "found_on": found_on, "warnings": warnings}
+                "found_on": found_on, "mirror_file": mirror_file, "warnings": warnings}
     replaced = old.role if old is not None else None
     result = await commit(commands.put_model(model, ctx.clock()))
     if replaced is not None and replaced != "guard":
         log.warning("model %s (role %s) replaced by a judge (guard judge enable --replace)", name, replaced)
     log.info("judge %s served from %s", name, source)
     answer = {"model": model.to_doc(), "judge": name, "changed": True, "replaced": replaced,
-              "found_on": found_on, "warnings": warnings}
+              "found_on": found_on, "mirror_file": mirror_file, "warnings": warnings}
     return Created(answer) if result["created"] else answer
 
 

@@ -120,6 +120,9 @@ def render_enabled(doc: Mapping[str, Any]) -> str:
     found = dig(doc, "found_on")
     if isinstance(found, list) and found:
         out.append(f"the file was found in the storage of: {', '.join(clean(str(n)) for n in found)}")
+    mirror_file = dig(doc, "mirror_file")
+    if isinstance(mirror_file, str) and mirror_file and dig(doc, "changed") is not False:
+        out.append(f"the file is the mirror's {clean(mirror_file)}: each node fetches it from the control planes")
     warnings = dig(doc, "warnings")
     if isinstance(warnings, list):
         out += [f"warning: {clean(str(w))}" for w in warnings]
