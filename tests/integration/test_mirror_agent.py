@@ -17,7 +17,6 @@ import pytest
 import trio
 
 from llmgw.agent import AgentConfig
-from llmgw.mirror.blobs import BlobStore
 from llmgw.agent import serve as agent_serve
 from llmgw.control.service import ControlConfig, ControlHandle, Seed
 from llmgw.control.service import serve as control_serve
@@ -27,7 +26,7 @@ from llmgw.domain.observed import NodeInfo
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.gateway.router import Router
 from llmgw.testing import FakeGpuProbe
-from tests.support.mirror_server import MirrorServer
+from tests.support.mirror_server import MirrorServer, place_in_mirror
 from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
@@ -54,11 +53,7 @@ async def test_an_agent_fetches_a_mirror_file_shows_its_progress_and_starts_the_
         control: ControlHandle = await nursery.start(control_serve, config)
         await nursery.start(slow.run)
         assert control.context is not None
-        blob = BlobStore(tmp_path / "control" / "mirror").blob_path(SHA)
-        blob.parent.mkdir(parents=True)
-        blob.write_bytes(DATA)
-        for name in ("guard.gguf", "slow.gguf"):  # in the catalog, as an upload's commit puts it
-            await control.store.submit(commands.put_file(name, SHA, len(DATA), "gguf", {}, 0.0))
+        await place_in_mirror(control, tmp_path / "control", DATA, "guard.gguf", "slow.gguf")
         own = control.reconciler.mirror_bases
         # The slow model's file is served by the trickling server (as if the only control plane holding it).
         control.reconciler.mirror_bases = lambda: own() if not placed("slow") else [slow.base]

@@ -15,13 +15,12 @@ import httpx
 import pytest
 import trio
 
-from llmgw.domain import commands
-from llmgw.mirror.blobs import BlobStore
 from llmgw.control.service import ControlConfig, ControlHandle, Seed
 from llmgw.control.service import serve as control_serve
 from llmgw.trust import tls
 from llmgw.trust.files import MachineFiles
 from tests.integration.test_trust_credentials import ADMIN, admin_client, files_of, join, tls_control_config
+from tests.support.mirror_server import place_in_mirror
 from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
@@ -35,11 +34,7 @@ async def test_the_mirror_serves_agents_and_control_planes_only_whole_or_by_rang
     async with trio.open_nursery() as nursery:
         control: ControlHandle = await nursery.start(control_serve, tls_control_config(tmp_path / "control"))
         bundle = MachineFiles.of(tmp_path / "control").ca
-        # In the catalog first: a blob no name refers to is the mirror's garbage, collected.
-        await control.store.submit(commands.put_file("f.gguf", SHA, len(DATA), "gguf", {}, 0.0))
-        blob = BlobStore(tmp_path / "control" / "mirror").blob_path(SHA)
-        blob.parent.mkdir(parents=True)
-        blob.write_bytes(DATA)
+        await place_in_mirror(control, tmp_path / "control", DATA, "f.gguf")
         async with admin_client(control, bundle) as api:
             agent = await join(api, control, bundle, tmp_path / "agent", "agent", "n1")
             gateway = await join(api, control, bundle, tmp_path / "gateway", "gateway", "gw1")
@@ -94,10 +89,7 @@ async def test_on_plain_loopback_only_a_machine_inside_the_process_fetches(tmp_p
     async with trio.open_nursery() as nursery:
         control: ControlHandle = await nursery.start(control_serve, config)
         assert control.context is not None
-        await control.store.submit(commands.put_file("f.gguf", SHA, len(DATA), "gguf", {}, 0.0))
-        blob = BlobStore(tmp_path / "mirror").blob_path(SHA)
-        blob.parent.mkdir(parents=True)
-        blob.write_bytes(DATA)
+        await place_in_mirror(control, tmp_path, DATA, "f.gguf")
         agent = control.context.local_credential("agent", "n1")
         gateway = control.context.local_credential("gateway", "gw1")
         async with httpx.AsyncClient(base_url=control.admin_url, timeout=10) as http:

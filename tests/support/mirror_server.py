@@ -5,12 +5,17 @@ wait for `resume` before the rest). Ranges are read as the control plane reads t
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from llmgw.control.api.mirror_blobs import Unsatisfiable, parse_range
+from llmgw.control.service import ControlHandle
+from llmgw.domain import commands
+from llmgw.mirror.blobs import BlobStore
 
 
 @dataclass
@@ -72,3 +77,18 @@ class MirrorServer:
                 await self.resume.wait()
                 body = body[int(n):]
             await stream.send_all(body)
+
+
+async def place_in_mirror(control: ControlHandle, state_dir: Path, data: bytes, *names: str) -> str:
+    """`data` in a control plane's mirror as a commit leaves it: named in the catalog and in its blob dir, under
+    the mirror's lock (a pass that read the catalog before the names would collect a blob it does not know).
+    Returns its sha256."""
+    assert control.context is not None
+    sha = hashlib.sha256(data).hexdigest()
+    async with control.context.mirror_lock:
+        for name in names:
+            await control.store.submit(commands.put_file(name, sha, len(data), "gguf", {}, 0.0))
+        blob = BlobStore(state_dir / "mirror").blob_path(sha)
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+    return sha
