@@ -72,7 +72,8 @@ def register(app: QuartTrio) -> None:
     async def piece(session: Session, ctx: Context, uid: str) -> Response:
         async def act() -> Any:
             _on_leader(ctx)
-            return await mirror_ops.put_piece(ctx, uid, request.headers, aiter(request.body))
+            headers = {"content-range": request.headers.get("content-range", "")}
+            return await mirror_ops.put_piece(ctx, uid, headers, aiter(request.body))
         return await _answer(act())
 
     @console_route(app, "/mirror/uploads/<uid>/commit", ("POST",), action=True)
@@ -231,7 +232,8 @@ def upload_form(csrf: str, *, leader: bool, may_upload: bool) -> str:
     if not leader:
         return ("<h2>Upload</h2><p>Uploads go to the leader: open the console there (or "
                 "<code>llmgw ctl mirror add FILE</code>, which finds it).</p>")
-    return (f'<h2>Upload</h2><form id="mirror-upload" data-testid="mirror-upload" data-piece-bytes="{PIECE_BYTES}">'
+    return ('<h2>Upload</h2><form id="mirror-upload" method="post" action="/mirror/uploads" '
+            f'data-testid="mirror-upload" data-piece-bytes="{PIECE_BYTES}">'
             f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
             '<label>File (GGUF or safetensors) <input type="file" name="file" required data-testid="mirror-file">'
             '</label> <label>Name in the mirror <input name="name" placeholder="the file\'s own name" '
