@@ -24,7 +24,7 @@ from quart import Response, request
 from llmgw.console.actions import ActionError, committer, new_token, run
 from llmgw.console.auth import authorization, console_route
 from llmgw.console.layout import UNKNOWN, bar, esc, page, table
-from llmgw.console.sessions import Session
+from llmgw.console.sessions import Session, csrf_field
 from llmgw.control.ops import Created
 from llmgw.control.ops import mirror as mirror_ops
 from llmgw.control.ops.nodes import node_docs
@@ -58,7 +58,7 @@ def register(app: QuartTrio) -> None:
         return page("Mirror", "Mirror", body, session=session)
 
     @console_route(app, "/mirror/uploads", ("POST",), action=True)
-    async def start(session: Session, ctx: Context) -> Response:
+    async def mirror_upload_start(session: Session, ctx: Context) -> Response:
         async def act() -> Any:
             _on_leader(ctx)
             try:
@@ -69,7 +69,7 @@ def register(app: QuartTrio) -> None:
         return await _answer(act())
 
     @console_route(app, "/mirror/uploads/<uid>", ("PUT",), action=True)
-    async def piece(session: Session, ctx: Context, uid: str) -> Response:
+    async def mirror_upload_piece(session: Session, ctx: Context, uid: str) -> Response:
         async def act() -> Any:
             _on_leader(ctx)
             headers = {"content-range": request.headers.get("content-range", "")}
@@ -77,11 +77,88 @@ def register(app: QuartTrio) -> None:
         return await _answer(act())
 
     @console_route(app, "/mirror/uploads/<uid>/commit", ("POST",), action=True)
-    async def commit(session: Session, ctx: Context, uid: str) -> Response:
+    async def mirror_upload_commit(session: Session, ctx: Context, uid: str) -> Response:
         async def act() -> Any:
             _on_leader(ctx)
             return await mirror_ops.commit_upload(ctx, committer(ctx, session, new_token()), uid)
         return await _answer(act())
+
+
+    @console_route(app, "/mirror/serve", ("POST",), action=True)
+    async def mirror_serve(session: Session, ctx: Context) -> str:
+        """Serve a file: the preview (the definition made from its metadata, the memory estimate, the plan),
+        then, confirmed, the definition stored; the op is `ops.mirror_serve.serve` (`POST /api/v1/mirror/NAME/serve`)."""
+        form = await request.form
+        fields = {k: v.strip() for k, v in form.items() if isinstance(v, str) and k in ("file", "name", "token")}
+        file, wanted = fields.get("file", ""), fields.get("name") or None
+        body: dict[str, Any] = {"name": wanted} if wanted else {}
+        confirmed = form.get("confirm") == "yes"
+        title = f"Serve mirror file {file}"
+        try:
+            op = serve_op()
+            answer = await run(op(ctx, committer(ctx, session, fields.get("token")) if confirmed else _no_commit,
+                                  file, {**body, "commit": confirmed}))
+        except ActionError as e:
+            return _serve_page(title, _outcome(False, esc(e)), session)
+        if not confirmed:
+            return _serve_page(f"{title}: the preview", preview_html(answer) + _confirm(
+                session, file, str(answer.get("name") or wanted or "")), session)
+        name = esc(answer.get("name"))
+        what = "judge" if answer.get("judge") else "model"
+        return _serve_page(title, _outcome(True, (
+            f'{what} {name} defined from <code>mirror://{esc(file)}</code>; the reconciler places it now: '
+            f'<a href="/models/{name}">its page</a>, <code>llmgw ctl model show {name}</code>.')), session)
+
+
+def serve_op() -> Any:
+    """`ops.mirror_serve.serve(ctx, commit, name, body)` (the admin API's `POST /api/v1/mirror/NAME/serve`), or
+    ActionError in words when this build has none."""
+    try:
+        from importlib import import_module
+
+        return import_module("llmgw.control.ops.mirror_serve").serve
+    except (ImportError, AttributeError):
+        raise ActionError("this control plane has no serve-from-mirror operation (POST /api/v1/mirror/NAME/serve); "
+                          "serve the file from Do's Serve form with source mirror://NAME") from None
+
+
+async def _no_commit(command: dict[str, Any]) -> Any:
+    raise ActionError("the preview commits nothing")  # never called: the preview is asked with commit false
+
+
+def preview_html(answer: Mapping[str, Any]) -> str:
+    """The serve preview: what the definition is (and why its profile), its memory estimate and `ctl plan`'s
+    verdict, a judge said to be one, the warnings."""
+    from llmgw.console.do_serve import plan_html
+
+    said = (f'<p data-testid="mirror-serve-what">{esc(answer.get("name"))}: '
+            f'{"a judge (role guard, for the guard policies)" if answer.get("judge") else "a model"} served from '
+            f'<code>mirror://{esc(answer.get("file"))}</code>. {esc(answer.get("profile_reason") or "")}</p>')
+    warnings = "".join(f'<p class="banner warn">{esc(w)}</p>' for w in answer.get("warnings") or ())
+    plan = answer.get("plan")
+    definition = json.dumps(answer.get("definition"), indent=2, sort_keys=True)
+    return (said + warnings + (plan_html(plan) if isinstance(plan, Mapping) else "") +
+            f'<h2>Definition</h2><pre data-testid="mirror-serve-definition">{esc(definition)}</pre>')
+
+
+def _confirm(session: Session, file: str, name: str) -> str:
+    hidden = "".join(f'<input type="hidden" name="{k}" value="{esc(v)}">' for k, v in (
+        ("file", file), ("name", name), ("confirm", "yes"), ("token", new_token())))
+    return (f'<form method="post" action="/mirror/serve" id="confirm-form" data-testid="confirm-form" '
+            f'data-action="mirror-serve">{csrf_field(session)}{hidden}<p><strong>Serve {esc(name)}?</strong> '
+            f'<button type="submit" data-testid="confirm">Confirm: serve {esc(name)}</button> '
+            f'<a href="/mirror" data-testid="cancel">Cancel</a></p></form>')
+
+
+def _outcome(ok: bool, words: str) -> str:
+    return (f'<section class="result {"done" if ok else "refused"}" id="action-result" data-testid="action-result" '
+            f'data-action="mirror-serve" data-outcome="{"done" if ok else "refused"}">'
+            f'<strong>{"Done" if ok else "Not done"}:</strong> {words}</section>')
+
+
+def _serve_page(title: str, body: str, session: Session) -> str:
+    return page(title, "Mirror", f'<div data-no-refresh>{body}<p><a href="/mirror">Back to Mirror</a></p></div>',
+                session=session)
 
 
 def _on_leader(ctx: Context) -> None:
@@ -160,9 +237,11 @@ def render(doc: Mapping[str, Any] | None, nodes: Sequence[Mapping[str, Any]], *,
     if silent:
         out.append(f'<p data-testid="mirror-silent">Members that did not answer (what they hold is unknown): '
                    f'{esc(", ".join(silent))}.</p>')
+    may_act = may_upload and leader
     out.append(table(["Name", "Size", "sha256", "Kind", "Architecture", "Parameters", "Quantisation", "Used by",
-                      "Pinned", "Members holding", "Members missing", "Node caches"],
-                     [row(f, nodes, silent) for f in files], testid="mirror-table",
+                      "Pinned", "Members holding", "Members missing", "Node caches", *(["Serve"] if may_act else [])],
+                     [row(f, nodes, silent) + ([serve_button(str(f.get("name")), csrf)] if may_act else [])
+                      for f in files], testid="mirror-table",
                      empty="no file in the mirror: upload one below, or `llmgw ctl mirror add FILE`"))
     out.append("<h2>Uploads in progress</h2>")
     uploads = [u for u in doc.get("uploads") or () if isinstance(u, Mapping)]
@@ -224,6 +303,14 @@ def node_caches(sha: str, nodes: Sequence[Mapping[str, Any]]) -> str:
     if unknown:
         out += f' <span class="unknown">unknown: {esc(", ".join(sorted(unknown)))}</span>'
     return f'<span data-testid="mirror-nodes">{out}</span>'
+
+
+def serve_button(name: str, csrf: str) -> str:
+    """Serve this file: its preview first (`/mirror/serve`), a model name to give optional."""
+    return (f'<form method="post" action="/mirror/serve" class="inline" data-testid="mirror-serve">'
+            f'<input type="hidden" name="csrf" value="{esc(csrf)}"><input type="hidden" name="file" '
+            f'value="{esc(name)}"><input name="name" placeholder="model name" size="10" aria-label="the model\'s name '
+            f'(default: from the file)"> <button type="submit">Serve…</button></form>')
 
 
 def upload_form(csrf: str, *, leader: bool, may_upload: bool) -> str:

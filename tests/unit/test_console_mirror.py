@@ -1,7 +1,8 @@
 """The console's Mirror page: the files with their facts, users, holders (members and node caches), the budget and
 the uploads in progress, unknown shown as unknown; and the browser's upload through the console's own routes (the
 session's rights, the CSRF token in a header): in pieces, resumed from the offset the leader holds after a lost
-answer, then committed and listed, a refused file's reason in words, a viewer and a missing token refused."""
+answer, then committed and listed, a refused file's reason in words, a viewer and a missing token refused; and a
+file served from the page (the preview, then confirmed), or a clear refusal where the serve op is missing."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import re
 from pathlib import Path
 
 import httpx
+import pytest
 
-from console_world import ADMIN, VIEWER, World, csrf_of, sign_in
+from console_world import ADMIN, VIEWER, World, csrf_of, hidden, sign_in
 from llmgw.domain import commands
 from llmgw.domain.observed import NodeInfo
 from llmgw.mirror.blobs import BlobStore
@@ -171,3 +173,36 @@ async def test_a_viewer_and_a_missing_csrf_token_are_refused(tmp_path: Path) -> 
         put = await c.put("/mirror/uploads/" + "0" * 32, content=b"x", headers={"content-range": "bytes 0-0/10"})
     assert no_token.status_code == 403 and put.status_code == 403
     assert not list((tmp_path / "mirror" / "uploads").glob("*.json"))
+
+
+async def test_serve_a_file_shows_the_preview_then_defines_the_model_once_confirmed(tmp_path: Path) -> None:
+    pytest.importorskip("llmgw.control.ops.mirror_serve", reason="the serve-from-mirror op (issue 24) is elsewhere")
+    world = world_with_mirror(tmp_path)
+    data = write_tiny_llama(tmp_path / "t.gguf").read_bytes()
+    async with world.client() as c:
+        await sign_in(c)
+        page = await c.get("/mirror")
+        csrf = csrf_of(page.text)
+        assert (await upload(c, csrf, "llama-up", data, 1 << 20)).status_code == 201
+        listed = await c.get("/mirror")
+        assert 'data-testid="mirror-serve"' in listed.text
+        preview = await c.post("/mirror/serve", data={"csrf": csrf, "file": "llama-up", "name": "from-mirror"})
+        assert preview.status_code == 200, preview.text
+        assert 'data-testid="plan-verdict"' in preview.text and "mirror://llama-up" in preview.text
+        assert "from-mirror" not in world.store.snapshot().models  # the preview commits nothing
+        fields = hidden(preview.text, "confirm-form")
+        done = await c.post("/mirror/serve", data=fields)
+        again = await c.post("/mirror/serve", data=fields)  # sent twice (a reload): applied once
+    assert 'data-outcome="done"' in done.text, done.text
+    assert 'data-outcome="done"' in again.text
+    assert world.store.snapshot().models["from-mirror"].source == "mirror://llama-up"
+
+
+async def test_serve_is_refused_in_words_when_the_file_is_unknown(tmp_path: Path) -> None:
+    world = world_with_mirror(tmp_path)
+    async with world.client() as c:
+        await sign_in(c)
+        csrf = csrf_of((await c.get("/mirror")).text)
+        r = await c.post("/mirror/serve", data={"csrf": csrf, "file": "no-such-file"})
+    assert 'data-outcome="refused"' in r.text
+    assert "no mirror file named" in r.text or "no serve-from-mirror operation" in r.text
