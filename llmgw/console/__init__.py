@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llmgw.console import auth, do, do_add, guardrails, models, nodes, overview, requestlog, sessions, settings_page, signin
+from llmgw.console import (auth, do, do_add, guardrails, mirror_page, models, nodes, overview, requestlog, sessions,
+                           settings_page, signin)
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -30,5 +31,6 @@ def register(app: QuartTrio, ctx: Context) -> None:
     nodes.register(app)  # /nodes, /nodes/NAME
     models.register(app)  # /models, /models/NAME
     guardrails.register(app)  # /guardrails
+    mirror_page.register(app)  # /mirror and the browser's upload (POST /mirror/uploads, PUT .../ID, POST .../commit)
     do.register(app)  # /do and its actions (POST /do/serve|retry|judge|system|guards)
     do_add.register(app)  # POST /do/add: `llmgw server add` run by this control plane

@@ -109,7 +109,7 @@ async def check_post(session: Session) -> Response | None:
     if not same_origin():
         log.warning("console: %s %s refused: another origin", request.method, request.path)
         return refused("Refused: another site", ORIGIN_WHY, session)
-    token = await form_value("csrf") or ""
+    token = request.headers.get("x-csrf-token") or await form_value("csrf") or ""  # the header: a page's script
     if not hmac.compare_digest(token.encode(), session.csrf.encode()):
         log.warning("console: %s %s refused: no valid CSRF token", request.method, request.path)
         return refused("Refused: the form's CSRF token is not valid", CSRF_WHY, session)
@@ -120,7 +120,8 @@ def console_route(app: QuartTrio, path: str, methods: Sequence[str] = ("GET",), 
                   action: bool = False) -> Callable[[View], View]:
     """Register a console view at `path`: it is called as `view(session, ctx, **path_args)` and returns
     HTML (a full page from `layout.page`) or a Response (a `redirect`). Not signed in: to the sign-in
-    page. Every POST needs this session's CSRF token (form field `csrf`); `action=True` also needs an
+    page. Every POST (PUT, DELETE) needs this session's CSRF token (form field `csrf`, or the `X-CSRF-Token`
+    header a page's script sends); `action=True` also needs an
     admin key, on every method (a viewer is shown why not)."""
 
     def wrap(view: View) -> View:
@@ -135,7 +136,7 @@ def console_route(app: QuartTrio, path: str, methods: Sequence[str] = ("GET",), 
             if action and session.role != "admin":
                 log.info("console: %s %s refused to viewer key %s", request.method, request.path, session.key_id)
                 return refused("Refused: a viewer cannot act", VIEWER_WHY.format(key_id=session.key_id), session)
-            if request.method == "POST":
+            if request.method in ("POST", "PUT", "DELETE"):
                 refusal = await check_post(session)
                 if refusal is not None:
                     return refusal

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from llmgw.console.sessions import Session
 
 NAV = (("Overview", "/"), ("Nodes", "/nodes"), ("Models", "/models"), ("Requests", "/requests"),
-       ("Guardrails", "/guardrails"), ("Settings", "/settings"), ("Do", "/do"))
+       ("Guardrails", "/guardrails"), ("Mirror", "/mirror"), ("Settings", "/settings"), ("Do", "/do"))
 UNKNOWN = '<span class="unknown">unknown</span>'  # never shown as zero, idle or healthy
 
 

@@ -291,6 +291,48 @@ def test_a_request_through_the_gateway_shows_on_requests_without_a_reload(admin:
     assert any(row["id"] == request_id for row in cluster.ctl("requests")["requests"])
 
 
+def test_upload_a_gguf_through_the_mirror_page_in_pieces_resumed_after_a_failed_one(
+        admin: Console, cluster: Cluster, tmp_path: Path) -> None:
+    from tests.support.tiny_gguf import write_tiny_llama
+
+    gguf = write_tiny_llama(tmp_path / "tiny-console.gguf")
+    size = gguf.stat().st_size
+    main = admin.nav("Mirror")
+    assert main.get_by_test_id("mirror-budget").is_visible()
+    puts: list[str] = []
+
+    def second_piece_fails_once(route: Any) -> None:  # the network drops one piece: the script goes on
+        if route.request.method == "PUT":
+            puts.append(route.request.headers.get("content-range", ""))
+            if len(puts) == 2:
+                route.abort()
+                return
+        route.continue_()
+
+    admin.page.route("**/mirror/uploads/**", second_piece_fails_once)
+    # Pieces of 128 KiB (8 MiB on a real page): this small file goes in five; the bar's top value survives the
+    # page's move to the list (sessionStorage).
+    admin.page.evaluate("""() => {
+        const form = document.getElementById("mirror-upload");
+        form.setAttribute("data-piece-bytes", String(128 * 1024));
+        const bar = form.querySelector("progress");
+        new MutationObserver(() => sessionStorage.setItem("top", String(Math.max(
+            bar.value, Number(sessionStorage.getItem("top") || 0))))).observe(bar, {attributes: true});
+    }""")
+    admin.testid("mirror-file").set_input_files(str(gguf))
+    admin.testid("mirror-upload-name").fill("tiny-console")
+    admin.testid("mirror-upload-start").click()
+    admin.page.wait_for_url("**/mirror?added=tiny-console", timeout=30_000)
+    assert admin.page.evaluate("sessionStorage.getItem('top')") == "100"
+    assert "tiny-console" in admin.testid("mirror-added").inner_text()
+    row = admin.page.locator('[data-testid="mirror-table"] tr', has_text="tiny-console").inner_text()
+    assert "gguf" in row and "llama" in row, row
+    assert puts[1] == puts[2] and len(puts) == -(-size // (128 * 1024)) + 1, puts  # the failed piece, again
+    admin.shot("mirror")
+    shown = cluster.ctl("mirror", "show", "tiny-console")
+    assert shown["file"]["size"] == size and shown["file"]["kind"] == "gguf"
+
+
 def test_serve_a_model_shows_the_plan_then_serves_it(admin: Console, cluster: Cluster) -> None:
     admin.nav("Do")
     admin.testid("serve-name").fill("console-sim")

@@ -18,7 +18,8 @@ from llmgw.domain.guard import GuardPolicy
 from llmgw.testing.builders import model, node, store_with
 
 ROOT = Path(__file__).parents[2]
-PAGES = ("/", "/nodes", "/nodes/n1", "/models", "/models/broken", "/requests", "/guardrails", "/settings", "/do")
+PAGES = ("/", "/nodes", "/nodes/n1", "/models", "/models/broken", "/requests", "/guardrails", "/mirror", "/settings",
+         "/do")
 # The confirmation and result pages of the Do menu are forms too: (path, the first POST's fields).
 STEPS = (("/do/system", {"to": "stop"}), ("/do/guards", {"to": "off"}), ("/do/retry", {"name": "broken"}),
          ("/do/judge", {"source": "/models/Llama-Guard-3-1B.Q4_K_M.gguf"}),
