@@ -27,6 +27,7 @@ from llmgw.console.layout import UNKNOWN, bar, esc, page, table
 from llmgw.console.sessions import Session, csrf_field
 from llmgw.control.ops import Created
 from llmgw.control.ops import mirror as mirror_ops
+from llmgw.control.ops import mirror_serve as serve_ops
 from llmgw.control.ops.nodes import node_docs
 from llmgw.errors import AdminError
 
@@ -95,9 +96,8 @@ def register(app: QuartTrio) -> None:
         confirmed = form.get("confirm") == "yes"
         title = f"Serve mirror file {file}"
         try:
-            op = serve_op()
-            answer = await run(op(ctx, committer(ctx, session, fields.get("token")) if confirmed else _no_commit,
-                                  file, {**body, "commit": confirmed}))
+            commit = committer(ctx, session, fields.get("token")) if confirmed else _no_commit
+            answer = await run(serve_ops.serve(ctx, commit, file, {**body, "commit": confirmed}))
         except ActionError as e:
             return _serve_page(title, _outcome(False, esc(e)), session)
         if not confirmed:
@@ -109,17 +109,6 @@ def register(app: QuartTrio) -> None:
             f'{what} {name} defined from <code>mirror://{esc(file)}</code>; the reconciler places it now: '
             f'<a href="/models/{name}">its page</a>, <code>llmgw ctl model show {name}</code>.')), session)
 
-
-def serve_op() -> Any:
-    """`ops.mirror_serve.serve(ctx, commit, name, body)` (the admin API's `POST /api/v1/mirror/NAME/serve`), or
-    ActionError in words when this build has none."""
-    try:
-        from importlib import import_module
-
-        return import_module("llmgw.control.ops.mirror_serve").serve
-    except (ImportError, AttributeError):
-        raise ActionError("this control plane has no serve-from-mirror operation (POST /api/v1/mirror/NAME/serve); "
-                          "serve the file from Do's Serve form with source mirror://NAME") from None
 
 
 async def _no_commit(command: dict[str, Any]) -> Any:

@@ -176,7 +176,6 @@ async def test_a_viewer_and_a_missing_csrf_token_are_refused(tmp_path: Path) -> 
 
 
 async def test_serve_a_file_shows_the_preview_then_defines_the_model_once_confirmed(tmp_path: Path) -> None:
-    pytest.importorskip("llmgw.control.ops.mirror_serve", reason="the serve-from-mirror op (issue 24) is elsewhere")
     world = world_with_mirror(tmp_path)
     data = write_tiny_llama(tmp_path / "t.gguf").read_bytes()
     async with world.client() as c:
