@@ -3,7 +3,7 @@ file's sha256 (computed once, at start), a new file written beside it (checked, 
 
 A release is judged by its file's sha256 only, never by a version string: a binary installed by hand is another
 release whatever it says its version is (docs/operations.md, "Upgrade"). Blocking file I/O: callers in trio run
-`install`, `Receiver.write` and `file_sha256` in a thread.
+`install`, `Receiver.write` and `sha256_of` in a thread.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import re
 import sys
 import tempfile
 import zipfile
+from llmgw.diskfiles import fsync_dir, sha256_of
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,17 +79,9 @@ def of_file(path_text: str) -> Running:
         return Running(None, None, NOT_A_ZIPAPP)
     path = path.resolve()
     try:
-        return Running(path, file_sha256(path))
+        return Running(path, sha256_of(path))
     except OSError as e:
         return Running(path, None, f"cannot read {path}: {e.strerror or e}")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def checked_sha256(value: Any, what: str = "sha256") -> str:
@@ -158,18 +151,10 @@ class Receiver:
         self.tmp.unlink(missing_ok=True)
 
 
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def present(path: Path, sha256: str) -> bool:
     """Is `path` a file with this sha256 (a release already received)?"""
     try:
-        return path.is_file() and file_sha256(path) == sha256
+        return path.is_file() and sha256_of(path) == sha256
     except OSError:
         return False
 

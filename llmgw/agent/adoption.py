@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from llmgw.domain.model import DefinitionError, ModelDef
+from llmgw.diskfiles import fsync_dir
 
 log = logging.getLogger("llmgw.agent.supervisor")
 
@@ -145,7 +146,7 @@ class Records:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
 
     def delete(self, replica_id: str) -> None:
         self.record_path(replica_id).unlink(missing_ok=True)
@@ -174,14 +175,6 @@ class Records:
                     suffix == ".json.tmp" or path.name[:-len(suffix)] not in kept):
                 path.unlink(missing_ok=True)
         return records
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def start_ticks(pid: int, proc: Path = _PROC) -> int | None:

@@ -15,7 +15,6 @@ byte gained.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import ssl
@@ -31,13 +30,13 @@ from llmgw.agent.supervisor import MirrorFetchFailed
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import describe
 from llmgw.wire.protocol_agent import MirrorSource
+from llmgw.diskfiles import sha256_of
 
 log = logging.getLogger("llmgw.agent.mirror")
 
 CHUNK = 1 << 20  # written to the .part file at a time
 ROUNDS = 3  # rounds of every URL with no byte gained before a fetch gives up
 MISMATCHES = 2  # whole files that did not hash to the sha256 before a fetch gives up
-_HASH_BLOCK = 8 << 20
 
 
 class FetchError(MirrorFetchFailed):
@@ -203,14 +202,6 @@ class MirrorCache:
 
 
 # --- the fetch -------------------------------------------------------------------------------------
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            h.update(block)
-    return h.hexdigest()
 
 
 async def fetch(source: MirrorSource, cache: MirrorCache, *, tls: ssl.SSLContext | None, local: str | None,

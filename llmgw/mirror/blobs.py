@@ -26,6 +26,7 @@ import trio
 
 from llmgw.domain.mirror import is_sha256, name_problem
 from llmgw.mirror.inspect import FileFacts
+from llmgw.diskfiles import fsync_dir, sha256_of
 
 CHUNK = 1 << 20
 ID_CHARS = 32
@@ -68,19 +69,6 @@ def upload_id(name: str, size: int, sha256: str | None) -> str:
     """The id of the upload of `name` (`size` bytes, `sha256` when known): the same for the same upload, so a
     client that lost its id starts it again and is handed the offset reached."""
     return hashlib.sha256(f"{name}\n{size}\n{sha256 or ''}".encode()).hexdigest()[:ID_CHARS]
-
-
-def sha256_of(path: Path, progress: Callable[[int], None] | None = None) -> str:
-    """The file's lowercase hex sha256, read a chunk at a time."""
-    h = hashlib.sha256()
-    done = 0
-    with path.open("rb") as f:
-        while data := f.read(CHUNK):
-            h.update(data)
-            done += len(data)
-            if progress is not None:
-                progress(done)
-    return h.hexdigest()
 
 
 class BlobStore:
@@ -139,7 +127,7 @@ class BlobStore:
         else:
             os.chmod(path, 0o600)
             os.replace(path, target)
-            _fsync_dir(self.blobs)
+            fsync_dir(self.blobs)
         return target
 
     # -- uploads ----------------------------------------------------------------------------------
@@ -252,12 +240,3 @@ class BlobStore:
 
     def _meta(self, uid: str) -> Path:
         return self.uploads / f"{uid}.json"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-

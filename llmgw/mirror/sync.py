@@ -23,8 +23,9 @@ import trio
 from llmgw.domain.mirror import referenced_blobs
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.interfaces import StateReader
-from llmgw.mirror.blobs import CHUNK, BlobStore, sha256_of
+from llmgw.mirror.blobs import CHUNK, BlobStore
 from llmgw.wire import protocol
+from llmgw.diskfiles import sha256_of
 
 log = logging.getLogger("llmgw.mirror")
 

@@ -12,9 +12,10 @@ from typing import Any
 import pysyncobj.syncobj
 from pysyncobj.journal import MemoryJournal
 
-from llmgw.store.journal import (WHAT_TO_DO, FsyncPolicy, JournalShort, RaftJournal, fsync_dir, open_journal,
+from llmgw.store.journal import (WHAT_TO_DO, FsyncPolicy, JournalShort, RaftJournal, open_journal,
                                  recorded_commit_index)
 from llmgw.store.snapshot import Snapshot, SnapshotFiles, fit_journal, read
+from llmgw.diskfiles import fsync_dir
 
 
 def open_durable(journal_path: Path, snapshots: SnapshotFiles, fsync: FsyncPolicy) -> RaftJournal:

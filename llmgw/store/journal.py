@@ -39,6 +39,7 @@ from pysyncobj.journal import Journal
 
 from llmgw import startup
 from llmgw.store.failpoints import flushed
+from llmgw.diskfiles import fsync_dir
 
 log = logging.getLogger("llmgw.store")
 
@@ -99,14 +100,6 @@ def encode_record(command: bytes, idx: int, term: int) -> bytes:
 def _header() -> bytes:
     head = struct.pack("<8sI", _MAGIC, _VERSION)
     return head + struct.pack("<I", _crc(head))
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:

@@ -18,8 +18,9 @@ from pysyncobj.syncobj import _COMMAND_TYPE
 from llmgw import startup
 from llmgw.store import unpickle
 from llmgw.store.handoff import Handoff
-from llmgw.store.journal import RaftJournal, fsync_dir
+from llmgw.store.journal import RaftJournal
 from llmgw.store.snapshot import Snapshot, SnapshotFiles
+from llmgw.diskfiles import fsync_dir
 
 log = logging.getLogger("llmgw.store")
 

@@ -23,7 +23,8 @@ from llmgw import startup
 from llmgw.domain.codec import CodecError, state_from_json, state_to_json
 from llmgw.domain.state import ClusterState
 from llmgw.store.journal import WHAT_TO_DO as JOURNAL_WHAT_TO_DO
-from llmgw.store.journal import Entry, JournalDamaged, RaftJournal, Repeats, fsync_dir
+from llmgw.store.journal import Entry, JournalDamaged, RaftJournal, Repeats
+from llmgw.diskfiles import fsync_dir
 
 log = logging.getLogger("llmgw.store")
 

@@ -32,7 +32,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from llmgw.agent.mirror_fetch import MirrorCache, fetch, sha256_of  # noqa: E402
+from llmgw.agent.mirror_fetch import MirrorCache, fetch  # noqa: E402
+from llmgw.diskfiles import sha256_of  # noqa: E402
 from llmgw.cli.ctl import run_ctl  # noqa: E402
 from llmgw.mirror.blobs import BlobStore  # noqa: E402
 from llmgw.control.service import ControlConfig, Seed  # noqa: E402

@@ -9,7 +9,6 @@ beside ctl's configuration. Each request carries one piece (`--piece-mib`), so a
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ from llmgw.cli.ctl.errors import EXIT_OK, CtlError, UsageError
 from llmgw.cli.ctl.render import cell, dig, table
 from llmgw.cli.ctl.session import Session, SessionParam, api_path
 from llmgw.domain.timeouts import TIMEOUTS
+from llmgw import diskfiles
 
 MIB = 1 << 20
 READ = 1 << 20
@@ -81,17 +81,10 @@ def default_name(file: Path) -> str:
 
 
 def sha256_of(file: Path, bar: Bar | None) -> str:
-    h = hashlib.sha256()
-    done = 0
-    with file.open("rb") as f:
-        while data := f.read(READ):
-            h.update(data)
-            done += len(data)
-            if bar is not None:
-                bar.update(done)
+    sha = diskfiles.sha256_of(file, bar.update if bar is not None else None)
     if bar is not None:
         bar.finish()
-    return h.hexdigest()
+    return sha
 
 
 @mirror_app.command(name="add")
