@@ -149,6 +149,29 @@ def test_the_cache_reports_its_verified_files_by_name(tmp_path: Path) -> None:
     assert held.nodes == frozenset({"n1"})
 
 
+def test_placement_prefers_the_node_whose_cache_holds_the_file_never_one_still_fetching(tmp_path: Path) -> None:
+    """S9 with the mirror: a verified copy in a node's mirror cache counts as holding the weights; a `.part` does
+    not (the two other nodes are alike; without the cache, "a" would win the tie by name)."""
+    from dataclasses import replace
+
+    from llmgw.domain.model import ModelDef
+    from llmgw.placement import place
+    from llmgw.testing.builders import cpu_node, fleet
+
+    held, fetching = MirrorCache(tmp_path / "held", 100), MirrorCache(tmp_path / "fetching", 100)
+    put(held, SHA, 10, 1.0, name="tiny.gguf")
+    fetching.dir.mkdir(parents=True)
+    fetching.part(SHA).write_bytes(b"half")
+    (fetching.dir / f"{SHA}.name").write_text("tiny.gguf", encoding="utf-8")
+    tiny = ModelDef.from_doc({"name": "tiny", "engine": "llama.cpp", "source": "mirror://tiny.gguf",
+                              "profile": {"cpu": True, "memory_gib": 0.01}})
+    nodes = fleet(cpu_node("a"), replace(cpu_node("b"), storage=(fetching.storage_report(),)),
+                  replace(cpu_node("z"), storage=(held.storage_report(),)))
+    assert place(tiny, nodes, []).choice.node == "z"  # type: ignore[union-attr]
+    del nodes["z"]
+    assert place(tiny, nodes, []).choice.node == "a"  # type: ignore[union-attr]  # b's fetch in progress: no holder
+
+
 # --- the leader's start --------------------------------------------------------------------------------
 
 
