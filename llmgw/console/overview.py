@@ -39,8 +39,8 @@ def _section(title: str, testid: str, body: str) -> str:
 
 
 def _capacity(rows: Sequence[CapacityRow]) -> str:
-    body = table(["GPU class", "kind", "used", "free", "unusable", "usage", "nodes"], [
-        [esc(r.gpu_class), "MIG instance" if r.mig else "whole card", r.used, r.free, r.unusable,
+    body = table(["GPU class", "kind", "used", "free", "unusable", "reserved", "usage", "nodes"], [
+        [esc(r.gpu_class), "MIG instance" if r.mig else "whole card", r.used, r.free, r.unusable, r.reserved,
          bar(r.used, r.used + r.free, label=f"{r.used} of {r.used + r.free} usable used"),
          r.nodes] for r in rows], testid="capacity-table", empty="no GPUs reported (CPU nodes only, or none)")
     return _section("Capacity per GPU class", "capacity", body)

@@ -109,6 +109,26 @@ class NodeInfo(Doc):
     probe: str = ""  # how GPUs were found: nvml | nvidia-smi | none ("" = not said)
     warnings: tuple[str, ...] = ()  # states in which nothing can run, said by the probe
     storage: tuple[Mapping[str, Any], ...] = ()  # one report per configured directory (S9)
+    # Kept for other work (`llmgw agent --reserve`, llmgw.domain.reserve): placement never uses these devices,
+    # this many bytes of the node's memory, nor this many bytes of each GPU's memory.
+    reserved_gpus: tuple[int, ...] = ()
+    reserved_memory: int = 0
+    reserved_vram: int = 0
+
+    def reserved(self, gpu: Gpu) -> bool:
+        """Whether the device is kept for other work (then it is neither used, free nor unusable)."""
+        return gpu.index in self.reserved_gpus
+
+    def placeable(self, gpu: Gpu) -> bool:
+        """Usable and not reserved: capacity placement may take."""
+        return gpu.usable and gpu.index not in self.reserved_gpus
+
+    @property
+    def placeable_memory(self) -> int:
+        """The node's memory less its reserve (0: unknown, as `memory_total`)."""
+        if not self.memory_total:
+            return 0
+        return max(self.memory_total - self.reserved_memory, 1)
 
     @classmethod
     def from_doc(cls, d: Mapping[str, Any]) -> NodeInfo:
@@ -127,6 +147,9 @@ class NodeInfo(Doc):
             probe=str(d.get("probe", "")),
             warnings=tuple(str(w) for w in d.get("warnings", ())),
             storage=tuple(dict(s) for s in d.get("storage", ())),
+            reserved_gpus=tuple(int(i) for i in d.get("reserved_gpus", ())),
+            reserved_memory=max(int(d.get("reserved_memory", 0)), 0),
+            reserved_vram=max(int(d.get("reserved_vram", 0)), 0),
         )
 
 

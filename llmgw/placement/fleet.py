@@ -48,7 +48,7 @@ class _Fit:
 class _Shape:
     def __init__(self, info: NodeInfo) -> None:
         self.rep = info  # any node of the shape judges for all of them (names are swapped in)
-        self.usable = frozenset(g.index for g in info.gpus if g.usable)
+        self.usable = frozenset(g.index for g in info.gpus if info.placeable(g))  # reserved ones are not
         self.capacity = len(self.usable)
         self.fabric = info.fabric
         self.fabrics = node_fabrics(info)
@@ -77,7 +77,8 @@ def _shape_key(info: NodeInfo) -> tuple[object, ...]:
     gpus = tuple((g.index, g.gpu_class, g.memory_total, g.healthy, g.placeable, g.reason, g.parent_index)
                  for g in info.gpus)
     ready = info.warnings if (not info.gpus and info.probe == "none") else ()
-    return (gpus, tuple(sorted(info.engines)), info.fabric, info.memory_total, ready, node_fabrics(info))
+    reserve = (info.reserved_gpus, info.reserved_memory, info.reserved_vram)
+    return (gpus, tuple(sorted(info.engines)), info.fabric, info.memory_total, ready, node_fabrics(info), reserve)
 
 
 class FleetView:
@@ -394,6 +395,12 @@ def _judge(need: Need, shape: _Shape) -> Refusal | _Fit:
             return Refusal(info.node, NEVER, "cpu_memory",
                            f"needs {gib(total)} GiB of memory, node has {info.memory_total / (1 << 30):.1f} GiB",
                            {"need_bytes": total, "memory_bytes": info.memory_total})
+        if total is not None and info.reserved_memory and 0 < info.placeable_memory < total:
+            return Refusal(info.node, NEVER, "reserved",
+                           f"needs {gib(total)} GiB of memory: the node has {gib(info.memory_total)} GiB, of which "
+                           f"{gib(info.reserved_memory)} GiB are reserved for other work",
+                           {"need_bytes": total, "memory_bytes": info.memory_total,
+                            "reserved_bytes": info.reserved_memory})
         return engine_refusal(need, info) or _Fit((), True)
     usable = devices(need, info)
     if isinstance(usable, Refusal):
@@ -406,10 +413,12 @@ def _judge(need: Need, shape: _Shape) -> Refusal | _Fit:
 
 
 def _cpu_busy(need: Need, node: _Node) -> Refusal | None:
-    total, memory = need.total, node.info.memory_total
+    total, memory = need.total, node.info.placeable_memory  # less the node's reserve
     if total is None or memory <= 0 or node.cpu_used + total <= memory:
         return None
     unknown = f", and {node.cpu_unknown} of unknown size" if node.cpu_unknown else ""
+    if node.info.reserved_memory:
+        unknown += f"; {gib(node.info.reserved_memory)} GiB more are reserved for other work"
     return Refusal(node.info.node, NOT_NOW, "cpu_memory_busy",
                    f"needs {gib(total)} GiB of memory, {gib(max(memory - node.cpu_used, 0))} GiB free of "
                    f"{gib(memory)} (CPU replicas here take {gib(node.cpu_used)} GiB{unknown})",

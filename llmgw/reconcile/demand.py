@@ -336,7 +336,7 @@ def _could_fit(need: ModelDef, info: NodeInfo, on_node: list[Placement], mine: l
         return True
     gone = {p.replica_id for _, unit in mine for p in unit}
     held = {g for p in on_node if p.replica_id not in gone for g in p.gpus}
-    free = sum(1 for g in info.gpus if g.usable and g.index not in held)
+    free = sum(1 for g in info.gpus if info.placeable(g) and g.index not in held)
     return free >= need.profile.gpus
 
 
