@@ -11,7 +11,8 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.agent.service import AgentConfig, serve
+from llmgw.agent.service import AgentConfig, _observe_once, serve
+from llmgw.agent.storage import StorageScanner
 from llmgw.cli.roles import agent
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo, Observed
@@ -96,6 +97,14 @@ async def test_an_agent_whose_reserve_names_a_missing_gpu_cannot_start(tmp_path:
     with pytest.raises(CannotStart, match=r"--reserve gpu=5: no such GPU on this node \(its GPUs: 0, 1\)"):
         with trio.fail_after(30):
             await serve(config)
+
+
+async def test_the_agent_reports_its_reserve_with_every_inventory(tmp_path: Path):
+    probe = FakeGpuProbe(node("n").gpus(2).build())
+    config = AgentConfig(controls=["https://127.0.0.1:1"], tls=None, state_dir=tmp_path, node="n", probe=probe,
+                         reserve=parse_reserve(["gpu=GPU-n-1", "vram_gib=4"]))
+    info = await _observe_once(config, StorageScanner(()))
+    assert (info.reserved_gpus, info.reserved_memory, info.reserved_vram) == ((1,), 0, 4 * GIB)
 
 
 # --- placement -----------------------------------------------------------------------------------------------
