@@ -98,9 +98,14 @@ class Need:
 
     def room(self, gpu: Gpu, reserved: int = 0) -> int:
         """What of a GPU's memory the engine will use: all of it, or its share (vLLM); with `reserved` bytes
-        of it kept for other work, never more than the rest."""
+        of it kept for other work, the rest, and none where the share (taken whatever the need) would reach
+        into the reserve."""
         room = gpu.memory_total if self.share is None else int(gpu.memory_total * self.share)
-        return min(room, gpu.memory_total - reserved) if reserved else room
+        if not reserved:
+            return room
+        if self.share is not None:
+            return room if room <= gpu.memory_total - reserved else 0
+        return min(room, gpu.memory_total - reserved)
 
 
 def gib(n: float) -> str:
@@ -227,8 +232,8 @@ def devices(need: Need, node: NodeInfo) -> list[Gpu] | Refusal:
 def _unreserved(need: Need, node: NodeInfo, candidates: list[Gpu]) -> list[Gpu] | Refusal:
     """The candidates less what the node reserves (its devices; each GPU's reserved memory), or `reserved`
     when the hardware fits the profile only with the reserve."""
-    kept = [g for g in candidates if not node.reserved(g)
-            and (need.per_device is None or need.room(g, node.reserved_vram) >= need.per_device)]
+    least = 1 if need.per_device is None else need.per_device
+    kept = [g for g in candidates if not node.reserved(g) and need.room(g, node.reserved_vram) >= least]
     if len(kept) >= need.gpus:
         return kept
     said = []
@@ -237,6 +242,8 @@ def _unreserved(need: Need, node: NodeInfo, candidates: list[Gpu]) -> list[Gpu] 
         said.append(f"GPU{'s' if len(labels) > 1 else ''} {', '.join(labels)}")
     if node.reserved_vram:
         said.append(f"{gib(node.reserved_vram)} GiB of each GPU")
+        if need.share is not None:  # vLLM takes its share of the card whatever the model needs
+            said[-1] += f"; {need.engine} takes {need.share:.0%} of a GPU, lower its --gpu-memory-utilization"
     of = f" of {gib(need.per_device)} GiB" if need.per_device is not None else ""
     return Refusal(node.node, NEVER, "reserved",
                    f"needs {need.gpus} GPU{'s' if need.gpus > 1 else ''}{of}: {len(kept)} fit outside what is "

@@ -142,9 +142,12 @@ def test_reserved_gpu_memory_shrinks_each_gpu():
                                                "for other work (8 GiB of each GPU)")
     assert place(big, fleet(replace(n, engines=("llama.cpp",))), []).choice is not None  # without the reserve
     assert place(m, nodes, []).refusals[0].code == "memory"  # hardware first: too big for the card whatever
-    fits = model("f").vllm("/srv/f").gpus(1).memory(70).build()  # 72 GiB share, capped at 80 - 12 = 68
-    assert place(fits, fleet(reserved(n, vram_gib=12)), []).refusals[0].code == "reserved"
-    assert place(fits, fleet(reserved(n, vram_gib=8)), []).choice is not None
+    small = model("f").vllm("/srv/f").gpus(1).memory(10).build()  # vLLM takes its 72 GiB share whatever it needs
+    (refusal,) = place(small, fleet(reserved(n, vram_gib=12)), []).refusals  # 72 > 80 - 12: it would take the reserve
+    assert (refusal.code, refusal.message) == ("reserved", "needs 1 GPU of 10 GiB: 0 fit outside what is reserved "
+                                               "for other work (12 GiB of each GPU; vllm takes 90% of a GPU, lower "
+                                               "its --gpu-memory-utilization)")
+    assert place(small, fleet(reserved(n, vram_gib=8)), []).choice is not None  # 72 <= 80 - 8
 
 
 def test_cpu_replicas_share_the_memory_left_by_the_reserve():
@@ -225,6 +228,8 @@ def test_no_placement_ever_uses_what_is_reserved(nodes: dict[str, NodeInfo], wan
                 assert not info.reserved(gpu)
                 if need.per_device is not None:
                     assert need.per_device <= gpu.memory_total - info.reserved_vram
+                if need.share is not None:  # vLLM's share, taken whatever it needs, stays out of the reserve
+                    assert int(gpu.memory_total * need.share) <= gpu.memory_total - info.reserved_vram
             if not result.choice.gpus and need.total is not None:
                 cpu_used[info.node] = cpu_used.get(info.node, 0) + need.total
                 assert cpu_used[info.node] <= info.memory_total - info.reserved_memory
