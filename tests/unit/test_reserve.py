@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 
 from llmgw.agent.service import AgentConfig, _observe_once, serve
 from llmgw.agent.storage import StorageScanner
+from llmgw.cli.ctl.nodes import render_nodes
 from llmgw.cli.roles import agent
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo, Observed
 from llmgw.domain.reserve import Reserve, parse_reserve
-from llmgw.domain.state import Placement
-from llmgw.domain.summary import gpu_counts
+from llmgw.domain.state import ClusterState, Placement
+from llmgw.domain.summary import gpu_counts, node_rows
 from llmgw.domain.summary_fleet import capacity, fabrics, used_devices
 from llmgw.placement import NEVER, NOT_NOW, REASONS, FleetView, place
 from llmgw.startup import CannotStart
@@ -253,3 +254,13 @@ def test_capacity_counts_reserved_devices_apart():
     assert (counts.used, counts.free, counts.reserved) == (2, 1, ("0",))
     (fab,) = fabrics(observed, used, grouped)
     assert (fab.gpus_used, fab.gpus_free) == (2, 2)
+
+
+def test_ctl_nodes_says_what_a_node_keeps_for_other_work():
+    info = reserved(node("a").gpus(4).build(), gpus=(0, 1), memory_gib=16, vram_gib=8)
+    row = node_rows(ClusterState(), Observed(nodes={"a": info}))[0].to_doc()
+    assert (row["reserved_memory"], row["reserved_vram"]) == (16 * GIB, 8 * GIB)
+    text = render_nodes({"nodes": [row]})
+    assert "a: reserved for other work (--reserve): GPU 0, 1; 16.0 GiB of memory; 8.0 GiB of each GPU" in text
+    plain = node_rows(ClusterState(), Observed(nodes={"a": node("a").gpus(4).build()}))[0].to_doc()
+    assert "reserved for other work" not in render_nodes({"nodes": [plain]})
