@@ -77,6 +77,8 @@ def flap_of(ready_s: float | None, timeouts: Timeouts = TIMEOUTS) -> float | Non
 
 
 def flap_words(flaps: int, longest_s: float) -> str:
-    """How the flaps of a row read: "ready for 3 s at most, then failed: 5 times"."""
+    """How the flaps of a row read: "ready for 3 s at most, then failed: 5 times" (0.4 s: tenths
+    under 10 s)."""
     times = "once" if flaps == 1 else f"{flaps} times"
-    return f"ready for {longest_s:.0f} s at most, then failed: {times}"
+    served = f"{longest_s:.1f}".rstrip("0").rstrip(".") if longest_s < 10 else f"{longest_s:.0f}"
+    return f"ready for {served} s at most, then failed: {times}"

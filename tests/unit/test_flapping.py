@@ -129,7 +129,9 @@ def test_what_a_flap_is():
     assert flap_of(None) is None, "it never served: a failed start, not a flap"
     assert flap_of(0.0) == 0.0 and flap_of(T - 1) == T - 1
     assert flap_of(T) is None, "it served long enough: a crash"
-    assert flap_words(1, 0.4) == "ready for 0 s at most, then failed: once"
+    assert flap_words(1, 0.44) == "ready for 0.4 s at most, then failed: once"
+    assert flap_words(2, 3.0) == "ready for 3 s at most, then failed: 2 times"
+    assert flap_words(5, 42.7) == "ready for 43 s at most, then failed: 5 times"
 
 
 # --- the property ------------------------------------------------------------------------------------
