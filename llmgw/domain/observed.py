@@ -164,6 +164,9 @@ class ReplicaObs:
     url: str = ""  # base URL of the engine, e.g. http://127.0.0.1:40123
     error: str = ""
     since: float = 0.0
+    # A failed replica that had served: how long it was ready before it failed, in seconds (on its agent's
+    # clock). None: it never served, or an agent that does not say. A flap when under `stable_ready_s`.
+    ready_s: float | None = None
     # While starting: "starting" (the agent prepares the engine) or "loading" (its process loads the
     # checkpoint); "" from an agent that does not say (llmgw.domain.activation has the phases).
     phase: str = ""
@@ -205,6 +208,7 @@ class ReplicaObs:
             url=str(d.get("url", "")),
             error=str(d.get("error", ""))[:2000],
             since=float(d.get("since", 0.0)),
+            ready_s=_seconds(d.get("ready_s")),
             phase=str(d.get("phase", ""))[:32],
             weights_bytes=size if type(size) is int and size >= 0 else None,
             bytes_done=done if type(done := d.get("bytes_done")) is int and done >= 0 else None,

@@ -544,6 +544,8 @@ def model_status(state: ClusterState, observed: Observed, name: str, view: Any |
         "reason": view.reason if view else "the reconciler has not run yet",
         "parked": health.parked,
         "failures_in_row": health.failures_in_row,
+        "flaps": health.flaps,  # of those failures, replicas that served less than stable_ready_s, then failed
+        "flap_ready_s": health.flap_ready_s,  # the longest any of them served
         "last_error": health.last_error,
         "activation": activation_doc(view, now),
         "window_s": (getattr(view, "window_s", 0.0) or state.models[name].activation_window_s) if view else None,

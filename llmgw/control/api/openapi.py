@@ -161,7 +161,7 @@ def _activation() -> Schema:
 def _model() -> Schema:
     status = _obj({"desired": _null(_INT), "ready": _null(_INT), "starting": _null(_INT), "state": _STR,
                    "reason": _STR, "parked": _BOOL, "failures_in_row": _INT, "last_error": _STR,
-                   "replicas": _arr(_OBJ), "activation": _null(_activation()), "window_s": _null(_NUM),
+                   "flaps": _INT, "flap_ready_s": _NUM, "replicas": _arr(_OBJ), "activation": _null(_activation()), "window_s": _null(_NUM),
                    # A LoRA adapter's state per replica of its base (loaded, loading, "failed: why"); a base's adapters.
                    "adapter_on": {"type": "object", "additionalProperties": _STR}, "adapters": _arr(_STR),
                    "breakers": _arr(_obj({"replica_id": _STR, "gateway": _STR, "reason": _STR, "since": _NUM,
