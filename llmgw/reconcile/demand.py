@@ -115,7 +115,12 @@ def desired(
     timeout, or requests in flight), `min` once idle or evicted (until asked again). Either mode:
     more under load, one replica per `scaling.outstanding_per_replica` requests in flight at the
     peak of the last `scale_down_delay_s`, up to `replicas.max`. Unknown demand or load holds
-    what runs (see the module's docstring)."""
+    what runs (see the module's docstring).
+
+    Which wins: an on-demand model known to be idle (nothing in flight, not asked for within its
+    `idle_timeout_s`) or evicted goes to `min` at once, whatever the load's memory says; the load
+    and `scale_down_delay_s` only keep replicas of a model that is still asked for. So a short idle
+    timeout is what stops it, as `ctl status` says ("STOPS AFTER")."""
     name = model.name
     if model.base:
         return Desired(0, f"a LoRA adapter: served by the replicas of {model.base}")
@@ -127,7 +132,9 @@ def desired(
     if model.mode == "always":
         base, why = lo, f"always on: replicas.min = {lo}"
     else:
-        base, why, idle_unknown = _on_demand(model, observed, now, heard)
+        base, why, idle_unknown, idle = _on_demand(model, observed, now, heard)
+        if idle:
+            return Desired(base, why)
     in_flight = observed.outstanding.get(name, 0)
     peak = max(observed.peak.get(name, 0), in_flight)
     per = int(effective(state.settings, "scaling.outstanding_per_replica"))
@@ -153,24 +160,26 @@ def desired(
     return Desired(count, why, idle_unknown)
 
 
-def _on_demand(model: ModelDef, observed: Observed, now: float, heard: float) -> tuple[int, str, bool]:
-    """(base count, why, demand unknown) of an on-demand model, load aside."""
+def _on_demand(model: ModelDef, observed: Observed, now: float, heard: float) -> tuple[int, str, bool, bool]:
+    """(base count, why, demand unknown, idle) of an on-demand model, load aside. `idle`: known to be
+    idle past its idle timeout, or evicted: `min`, which the load does not raise."""
     lo = model.replicas_min
     asked = observed.demand.get(model.name)
     in_flight = observed.outstanding.get(model.name, 0)
     evicted = observed.evicted.get(model.name)
     fresh = asked is not None and (evicted is None or asked > evicted[0])
     if in_flight > 0:
-        return max(lo, 1), f"{in_flight} request(s) in flight", False
+        return max(lo, 1), f"{in_flight} request(s) in flight", False, False
     if fresh and asked is not None and now - asked < model.idle_timeout_s:
-        return max(lo, 1), f"asked for {duration(now - asked)} ago (idle timeout {duration(model.idle_timeout_s)})", False
+        return max(lo, 1), f"asked for {duration(now - asked)} ago (idle timeout {duration(model.idle_timeout_s)})", \
+            False, False
     if evicted is not None and not fresh:
-        return lo, f"{evicted[1]}; a request starts it again", False
+        return lo, f"{evicted[1]}; a request starts it again", False, True
     if asked is not None:
-        return lo, f"idle for {duration(now - asked)} (idle timeout {duration(model.idle_timeout_s)})", False
+        return lo, f"idle for {duration(now - asked)} (idle timeout {duration(model.idle_timeout_s)})", False, True
     if heard >= model.idle_timeout_s:
-        return lo, f"not asked for since this leader took office {duration(heard)} ago", False
-    return lo, "not asked for yet", True
+        return lo, f"not asked for since this leader took office {duration(heard)} ago", False, True
+    return lo, "not asked for yet", True, False
 
 
 def _running(
