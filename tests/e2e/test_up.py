@@ -155,6 +155,14 @@ def test_ctl_status(up: UpProcess) -> None:
     models = {m["name"]: m for m in doc["models"]}
     assert models["demo"]["ready"] == 1 and models["demo"]["state"] == "ready"
     assert doc["nodes"][0]["connected"] is True
+    # The gateway inside `up` serves: status and members list it, never "no gateway follows the leader".
+    assert "no gateway follows the leader" not in text.stdout
+    gateways = doc["cluster"]["gateways"]
+    assert [(g["name"], g["connected"], g["in_process"]) for g in gateways] == [("local (in-process)", True, True)]
+    assert gateways[0]["address"] == up.credentials["gateway_url"].removesuffix("/v1")
+    members = ctl(up, "members")
+    assert members.returncode == 0 and "local (in-process)" in members.stdout, members.stderr
+    assert "no gateway follows the leader" not in members.stdout
     if not HAVE_LLAMACPP:
         assert models["smollm2-135m"]["state"] == "unplaceable"
         assert "llmgw[llamacpp]" in models["smollm2-135m"]["reason"]

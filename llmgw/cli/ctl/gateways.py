@@ -120,8 +120,14 @@ def render_gateways(doc: Mapping[str, Any]) -> str:
         return "no gateway has followed the leader: start one (`llmgw gateway --control URL ...`)"
     return table(["GATEWAY", "STATE", "ADDRESS", "PID", "STARTED", "RESTART"],
                  [[g.get("name"), "connected" if g.get("connected") else "not connected", g.get("address"),
-                   g.get("pid"), _when(g.get("started_at")), "in place" if g.get("restartable") else "on its machine"]
+                   g.get("pid"), _when(g.get("started_at")), _restart(g)]
                   for g in rows])
+
+
+def _restart(g: Mapping[str, Any]) -> str:
+    if g.get("in_process"):
+        return "with llmgw up"  # the gateway inside the control plane's process
+    return "in place" if g.get("restartable") else "on its machine"
 
 
 def _when(value: Any) -> str | None:
