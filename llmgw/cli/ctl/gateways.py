@@ -81,8 +81,9 @@ def restart_one(session: Session, name: str, wait: bool = True) -> None:
 
 
 def connected_gateways(session: Session) -> tuple[list[str], list[str]]:
-    """The gateways following the leader now, by name: (those that can restart in place, those that cannot)."""
-    rows = {name: row for name, row in _listed(session).items() if row.get("connected")}
+    """The gateways following the leader now, by name: (those that can restart in place, those that cannot).
+    One inside a control plane's process (`llmgw up`) is neither: it restarts with its control plane."""
+    rows = {name: row for name, row in _listed(session).items() if row.get("connected") and not row.get("in_process")}
     return (sorted(n for n, r in rows.items() if r.get("restartable")),
             sorted(n for n, r in rows.items() if not r.get("restartable")))
 
