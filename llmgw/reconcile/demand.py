@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo, Observed
@@ -245,7 +245,7 @@ def evictions(
     (then fewer victims, then the node's name). A model that is itself idle evicts nothing."""
     live = list(state.placements.values() if placements is None else placements)
     if refusal is None:
-        refusal = place(need, observed.nodes, live)
+        refusal = place(need, observed.nodes, live, sources=observed.sources)
     if refusal.choice is not None:
         return []  # it fits as things are
     if refusal.refusals and not refusal.summary \
@@ -259,8 +259,9 @@ def evictions(
     victims = _candidates(state, observed, now, need, live, after)
     if not victims:
         return []
-    chosen = _multi_node(need, observed.nodes, live, victims) if need.profile.nodes > 1 else \
-        _one_node(need, observed.nodes, live, victims)
+    src = observed.sources
+    chosen = _multi_node(need, observed.nodes, live, victims, src) if need.profile.nodes > 1 else \
+        _one_node(need, observed.nodes, live, victims, src)
     out: list[Eviction] = []
     for idle, unit in chosen:
         why = f"evicted: idle {duration(idle)}, made room for {need.name}"
@@ -305,7 +306,8 @@ def _without(live: Sequence[Placement], gone: Iterable[_Victim]) -> list[Placeme
 
 
 def _one_node(
-    need: ModelDef, nodes: dict[str, NodeInfo], live: list[Placement], victims: list[_Victim]
+    need: ModelDef, nodes: dict[str, NodeInfo], live: list[Placement], victims: list[_Victim],
+    sources: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[_Victim]:
     """Per node, its idlest victims until `need` fits there; the best node's set (see `evictions`)."""
     per_node: dict[str, list[_Victim]] = {}
@@ -325,12 +327,12 @@ def _one_node(
         info = nodes.get(node)
         if info is not None and not _could_fit(need, info, on_node[node], mine):
             continue  # counted first (cheap): too few GPUs there even with every victim gone
-        if info is None or place(need, {node: info}, _without(on_node[node], mine)).choice is None:
+        if info is None or place(need, {node: info}, _without(on_node[node], mine), sources=sources).choice is None:
             continue  # not even with all of them gone: no victim here helps
         taken: list[_Victim] = []
         for v in mine:
             taken.append(v)
-            if place(need, {node: info}, _without(on_node[node], taken)).choice is not None:
+            if place(need, {node: info}, _without(on_node[node], taken), sources=sources).choice is not None:
                 rank = (-min(idle for idle, _ in taken), len(taken), node)
                 if best is None or rank < best[0]:
                     best = (rank, list(taken))
@@ -350,20 +352,21 @@ def _could_fit(need: ModelDef, info: NodeInfo, on_node: list[Placement], mine: l
 
 
 def _multi_node(
-    need: ModelDef, nodes: dict[str, NodeInfo], live: list[Placement], victims: list[_Victim]
+    need: ModelDef, nodes: dict[str, NodeInfo], live: list[Placement], victims: list[_Victim],
+    sources: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[_Victim]:
     """Whole free nodes: the idlest victims, in order, until `need` fits; then only those on the
     nodes it landed on."""
-    if place(need, nodes, _without(live, victims)).choice is None:
+    if place(need, nodes, _without(live, victims), sources=sources).choice is None:
         return []
     taken: list[_Victim] = []
     for v in victims:
         taken.append(v)
-        result = place(need, nodes, _without(live, taken))
+        result = place(need, nodes, _without(live, taken), sources=sources)
         if result.choice is not None:
             landed = {m.node for m in result.choice.members} or {result.choice.node}
             kept = [t for t in taken if any(p.node in landed for p in t[1])]
-            if place(need, nodes, _without(live, kept)).choice is not None:
+            if place(need, nodes, _without(live, kept), sources=sources).choice is not None:
                 return kept
             return taken
     return []
