@@ -264,6 +264,10 @@ class Observed:
     # Restarts of each model's replicas (failed starts and crashes this leader counted) within
     # `restart_window_s`, as their times: a restart storm shows even beside a ready replica.
     restarts: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # The header facts of model sources the leader could open where it runs (`pkg://`, a local path), by
+    # source, as a storage report entry gives them: a memory estimate for weights no node reports
+    # (llmgw/control/source_facts.py).
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def gone_since(self, node: str) -> float:
         return self.lost.get(node, self.since)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from llmgw.domain.memory import MemoryEstimate, WeightsIndex, estimate_for
 from llmgw.domain.model import ModelDef
@@ -88,8 +89,10 @@ class FleetView:
     (CPU memory); a placed replica of a model not given there counts as unknown size."""
 
     def __init__(self, nodes: Mapping[str, NodeInfo], placements: Iterable[Placement] = (),
-                 models: Mapping[str, ModelDef] | None = None) -> None:
+                 models: Mapping[str, ModelDef] | None = None,
+                 sources: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.infos = nodes
+        self.sources = sources  # `Observed.sources`: facts of sources no node reports, for estimates
         self.models = dict(models or {})
         self.holdings = Holdings(nodes)
         self._estimates: dict[ModelDef, MemoryEstimate] = {}
@@ -124,7 +127,7 @@ class FleetView:
         if found is None:
             if self._index is None:
                 self._index = WeightsIndex.of(self.infos)
-            found = self._estimates[model] = estimate_for(model, self.infos, self._index)
+            found = self._estimates[model] = estimate_for(model, self.infos, self._index, self.sources)
         return found
 
     def need(self, model: ModelDef) -> Need:

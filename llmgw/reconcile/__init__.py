@@ -154,11 +154,11 @@ class _Pass:
         nodes: dict[str, NodeInfo] = self.observed.nodes
         if avoided:  # rare: a one-off plan without them
             elsewhere = place(model, {n: i for n, i in nodes.items() if n not in avoided}, self.live.values(),
-                              models=self.state.models)
+                              models=self.state.models, sources=self.observed.sources)
             if elsewhere.choice is not None:
                 return elsewhere
         if self.view is None:
-            self.view = FleetView(nodes, self.live.values(), self.state.models)
+            self.view = FleetView(nodes, self.live.values(), self.state.models, self.observed.sources)
         return self.view.place(model)  # every refusal comes when nothing fits
 
     def _added(self, p: Placement) -> None:

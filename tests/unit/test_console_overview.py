@@ -149,3 +149,18 @@ async def test_judges_and_guards_on_or_off_and_the_webhook_warning_only_without_
     async with overview_world().client(ADMIN) as api:  # the same facts as the summary ctl status reads
         status = (await api.get("/api/v1/status")).json()
     assert status["guard"]["judges"][0]["status"] == "missing"
+
+
+def test_the_gateways_that_follow_the_leader_are_listed_llmgw_ups_own_among_them() -> None:
+    world = overview_world()
+    cluster = {"leader": "cp1:7000", "members": [], "gateways": [
+        {"name": "gw-1", "address": "10.0.0.9", "connected": False, "in_process": False},
+        {"name": "local (in-process)", "address": "http://127.0.0.1:8080", "connected": True, "in_process": True}]}
+    html = overview.render(summary.summarize(world.store.snapshot(), world.hub.observed(), None, cluster, NOW),
+                           world.deps)
+    table = {r[0]: r for r in rows(html, "gateways-table")}
+    assert table["local (in-process)"][1:] == ["http://127.0.0.1:8080", "yes", "in the control plane's process"]
+    assert table["gw-1"][2:] == ["no", "on its own"]
+    none = overview.render(summary.summarize(world.store.snapshot(), world.hub.observed(), None,
+                                             {**cluster, "gateways": []}, NOW), world.deps)
+    assert "no gateway follows the leader" in none

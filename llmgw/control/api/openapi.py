@@ -411,11 +411,13 @@ def _paths() -> Schema:
             "ask a connected node's agent to restart in place (engines keep serving, adopted)",
             _obj({"restarting": _STR, "connected_at": _null(_NUM)}), errors=("404", "409", "503"), params=(node,),
             write=True)},
-        "/api/v1/gateways": {"get": _op("every gateway the leader has seen on its stream, connected or not", _obj({
-            "gateways": _arr(_obj({"name": _STR, "address": _STR, "connected": _BOOL, "connected_at": _NUM,
-                                   "last_contact": _NUM, "query_url": _STR, "restartable": _BOOL,
-                                   "pid": _null(_INT), "started_at": _null(_NUM), "release_sha256": _null(_STR),
-                                   "upgrade_refused": _null(_STR)}))}))},
+        "/api/v1/gateways": {"get": _op(
+            "every gateway the leader has seen on its stream, connected or not; then the one inside its own process "
+            "(`llmgw up`: `in_process` true)", _obj({
+                "gateways": _arr(_obj({"name": _STR, "address": _STR, "connected": _BOOL, "connected_at": _NUM,
+                                       "last_contact": _NUM, "query_url": _null(_STR), "restartable": _BOOL,
+                                       "pid": _null(_INT), "started_at": _null(_NUM), "release_sha256": _null(_STR),
+                                       "upgrade_refused": _null(_STR), "in_process": _BOOL}))}))},
         "/api/v1/gateways/{name}/restart": {"post": _op(
             "ask a connected gateway to restart in place (it drains; its listening socket passes to the program "
             "that runs next: no client refused)",
