@@ -1,11 +1,13 @@
 """The leader's notifier after it takes office, on a MockClock: a real reconciler, hub and notifier watch (the
 same roles `llmgw control` runs), a webhook receiver on loopback. Its agent reports its running replica a
 few seconds after the leader started (a restart of `llmgw up`, a leader change): nothing is posted for the
-model that comes back ready; one that truly fits nowhere is posted once the agents' grace is over."""
+model that comes back ready; one that truly fits nowhere is posted once the agents' grace is over. And an
+eviction by policy posts nothing for the evicted model."""
 
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import httpx
@@ -19,10 +21,12 @@ from llmgw.domain import commands
 from llmgw.domain.observed import NodeInfo, ReplicaObs
 from llmgw.domain.settings import effective
 from llmgw.domain.timeouts import TIMEOUTS
+from llmgw.notify.hooks import Webhook
 from llmgw.notify.notifier import Notifier
 from llmgw.notify.watch import control_conditions, http_post, watch
-from llmgw.testing.builders import model, placed, store_with
+from llmgw.testing.builders import model, node, placed, replica, store_with
 from llmgw.testing.webhooks import WebhookReceiver
+from test_eviction import MIN, NOW, gpu_model
 
 GRACE = TIMEOUTS.agent_report_grace_s
 
@@ -68,3 +72,45 @@ async def test_a_new_leader_posts_nothing_for_a_model_its_agent_reports_ready_wi
 
 async def _status(ctx: Context) -> dict[str, Any]:
     return ctx.look(ctx.local_cluster()).summary.to_doc()
+
+
+async def test_an_eviction_posts_nothing_for_the_evicted_model() -> None:
+    """`older` (idle 42 min) is evicted to make room for `need`: before, the pass that evicted it showed it
+    "waiting for a placement" (down, critical). Each pass's conditions go to the notifier: nothing is posted."""
+    t = [0.0]
+    store = store_with([gpu_model("old"), gpu_model("older"), gpu_model("need")],
+                       [placed("old", "g1", [0]), placed("older", "g1", [1])])
+    hub = AgentHub(clock=lambda: t[0])  # in office since 0: its agents' grace is long over
+    send, _receive = trio.open_memory_channel[dict[str, Any]](100)
+    link = hub.connect("g1", send)
+    hub.report_inventory(link, node("g1").gpus(2).engines("vllm").build())
+    hub.report_replicas(link, [replica("old-r1", "g1"), replica("older-r2", "g1")])
+    for model_name, at in (("older", NOW - 42 * MIN), ("old", NOW - 10 * MIN), ("need", NOW)):
+        t[0] = at
+        hub.note_demand(model_name)
+    posted: list[dict[str, Any]] = []
+
+    async def post(url: str, data: bytes) -> int:
+        posted.append(json.loads(data))
+        return 200
+
+    async with trio.open_nursery() as nursery:
+        notifier = Notifier(post, clock=lambda: t[0])
+        await nursery.start(notifier.run)
+        notifier.configure([Webhook("http://pager.test/hook", "json")])
+        reconciler = Reconciler(store, hub, clock=lambda: t[0])
+        ctx = Context(store=store, hub=hub, reconciler=reconciler, clock=lambda: t[0], notifier=notifier)
+        said = []
+        for step in range(3):
+            t[0] = NOW + step
+            plan = await reconciler.run_once()
+            if step == 0:
+                assert [e.model for e in plan.evictions] == ["older"]
+            notifier.observe(control_conditions(ctx), t[0])
+            [older] = [m for m in ctx.look(ctx.local_cluster()).summary.models if m.name == "older"]
+            said.append((older.state, older.reason))
+        await trio.testing.wait_all_tasks_blocked()
+        assert [(p["condition"]["kind"], p["condition"]["subject"]) for p in posted
+                if p["condition"]["subject"] == "older"] == []
+        assert said == [("absent", "evicted: idle 42 min, made room for need; a request starts it again")] * 3
+        nursery.cancel_scope.cancel()
