@@ -78,7 +78,7 @@ def conditions(summary: Summary, now: float | None = None, *, timeouts: Timeouts
     reporting = report_grace_left(leading_since, now, timeouts) > 0
     healed = {m.name for m in summary.models if healing(m)}
     for c in (*_nodes(summary.nodes, now, timeouts), *_node_problems(summary.nodes),
-              *_models(summary.models, timeouts, reporting), *([] if reporting else _judges(summary.guard, healed)),
+              *_models(summary.models, timeouts, reporting), *_judges(summary.guard, healed, reporting),
               *_members(summary.cluster),
               *_webhooks(webhooks), *_certificates(summary.certificates, timeouts)):
         found.setdefault(c.key, c)
@@ -205,7 +205,10 @@ def _cold_start(m: ModelRow) -> bool:
     return m.mode == "on-demand" and not m.failures_in_row and bool(m.starting)
 
 
-def _judges(guard: Guard, healing_models: Container[str] = ()) -> Iterable[Condition]:
+def _judges(guard: Guard, healing_models: Container[str] = (), reporting: bool = False) -> Iterable[Condition]:
+    """`healing_models`: models expected to heal within their grace; `reporting`: a new leader's agents are
+    still within their grace to report. Either way a judge with no ready replica is not down yet; one missing
+    or not a judge is (no report heals a policy that names the wrong model)."""
     if not guard.enabled:
         if guard.policies:
             yield _c("guards_off", "", (
@@ -213,8 +216,8 @@ def _judges(guard: Guard, healing_models: Container[str] = ()) -> Iterable[Condi
                 f"checked, so every request reaches its model unjudged. `llmgw ctl guard on` turns them back on"))
         return  # judges matter only while guards are on
     for j in guard.judges:
-        if j.status == "down" and j.model in healing_models:
-            continue  # its model cold-starts within its window, or waits for a request: not down
+        if j.status == "down" and (reporting or j.model in healing_models) and not j.parked:
+            continue  # its agents are reporting, or its model cold-starts within its window: not down
         if j.status in JUDGE_FAILING:
             yield _c("judge_down", j.model, (
                 f"judge {j.model} (policies {', '.join(j.policies)}) cannot judge: {j.problem}. Requests under "

@@ -22,12 +22,13 @@ from test_conditions import NOW, judge, keys, model_row, model_rows, node_rows, 
 from test_eviction import MIN, seen, two_gpu_fleet
 
 GRACE = TIMEOUTS.agent_report_grace_s
-HELD = {"model_down", "model_unplaceable", "judge_down"}  # what the agents' first reports may heal
+HELD = {"model_down", "model_unplaceable"}  # what the agents' first reports may heal (and a judge with no replica)
 
 
 def restart_summary() -> summary.Summary:
     """What a restarted leader sees before its agents report: a model whose node has not reconnected, one
-    that fits on no node (no agent is connected), a judge with no ready replica, and one parked model."""
+    that fits on no node (no agent is connected), a judge with no ready replica, one parked model, a parked
+    judge and a judge the policies name that nobody defined."""
     return summary_with(
         models=(
             model_row(name="chat", desired=1, ready=0, starting=1, state="starting",
@@ -37,17 +38,18 @@ def restart_summary() -> summary.Summary:
             model_row(name="broken", desired=0, ready=0, starting=0, state="parked", parked=True,
                       failures_in_row=5, last_error="exit 1"),
         ),
-        guard=Guard(True, 1, (judge("lg", "down"),)))
+        guard=Guard(True, 1, (judge("lg", "down"), judge("gone", "missing"), replace(judge("pj", "down"), parked=True))))
 
 
 def test_a_new_leader_posts_nothing_its_agents_reports_may_heal_within_the_grace() -> None:
     doc = restart_summary()
     took_office = NOW
     during = conditions(doc, NOW + GRACE - 0.1, leading_since=took_office)
-    assert keys(during) == {("model_parked", "broken")}  # parked is in the replicated state: no report heals it
+    # Parked is in the replicated state, a judge nobody defined is in the policies: no report heals them.
+    assert keys(during) == {("model_parked", "broken"), ("judge_down", "gone"), ("judge_down", "pj")}
     after = conditions(doc, NOW + GRACE, leading_since=took_office)
     assert keys(after) == {("model_parked", "broken"), ("model_down", "chat"), ("model_unplaceable", "big"),
-                           ("judge_down", "lg")}
+                           ("judge_down", "lg"), ("judge_down", "gone"), ("judge_down", "pj")}
     assert keys(conditions(doc, NOW)) == keys(after)  # no term start given: no grace (as before)
 
 
