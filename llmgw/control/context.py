@@ -12,6 +12,7 @@ No HTTP here: `control/api/` adapts this and `control/ops/` to routes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +30,7 @@ from llmgw.control.trust import Trust
 from llmgw.domain.trust import hash_token
 from llmgw.trust.ca import Identity
 from llmgw.domain import summary
-from llmgw.domain.conditions import Condition, conditions
+from llmgw.domain.conditions import Condition, conditions, report_grace_words
 from llmgw.domain.observed import BreakerSeen, Observed
 from llmgw.domain.state import ClusterState
 from llmgw.domain.summary import Summary
@@ -60,7 +61,10 @@ class Look:
                 now: float, timeouts: Timeouts, webhooks: Sequence[Mapping[str, Any]]) -> Look:
         """The one computation of the summary and its conditions (webhook health included)."""
         built = summary.summarize(state, observed, views, cluster, now)
-        found = conditions(built, now, timeouts=timeouts, webhooks=webhooks)
+        found = conditions(built, now, timeouts=timeouts, webhooks=webhooks, leading_since=observed.since)
+        waiting = report_grace_words(observed.since, now, timeouts)  # no alarm yet: status says why
+        if waiting:
+            built = dataclasses.replace(built, warnings=(waiting, *built.warnings))
         return cls(built.with_conditions(found), tuple(found), now)
 
 

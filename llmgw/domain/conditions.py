@@ -8,7 +8,7 @@ claimed from a number nobody reported. docs/observability.md lists each kind and
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,19 +62,60 @@ class Condition:
 
 
 def conditions(summary: Summary, now: float | None = None, *, timeouts: Timeouts = TIMEOUTS,
-               webhooks: Sequence[Mapping[str, Any]] = ()) -> list[Condition]:
+               webhooks: Sequence[Mapping[str, Any]] = (), leading_since: float | None = None) -> list[Condition]:
     """The failures in `summary` (`summary.summarize`'s), sorted by key, one per key.
 
     `now`: unix time on the summary's clock; pass it: without it a node's disconnection cannot be held to
     its grace period, so a node counts as lost as soon as its agent is disconnected. `webhooks`: the
     notifier's health of each webhook (`Notifier.health()`: `id`, `failing`, `failures_in_row`,
-    `last_error`, `queued`, `dropped`). A running control plane's: `llmgw.notify.watch.control_conditions`."""
+    `last_error`, `queued`, `dropped`). A running control plane's: `llmgw.notify.watch.control_conditions`.
+
+    No condition starts for what is expected to heal within its grace (`healing` says which, in words): while
+    the leader that took office at `leading_since` still gives its agents `agent_report_grace_s` to report,
+    no model is down or unplaceable and no judge down; nor is a model cold-starting within its activation
+    window, nor one evicted by policy (absent: waiting for a request)."""
     found: dict[tuple[str, str], Condition] = {}
+    reporting = report_grace_left(leading_since, now, timeouts) > 0
+    healed = {m.name for m in summary.models if healing(m)}
     for c in (*_nodes(summary.nodes, now, timeouts), *_node_problems(summary.nodes),
-              *_models(summary.models, timeouts), *_judges(summary.guard), *_members(summary.cluster),
+              *_models(summary.models, timeouts, reporting), *_judges(summary.guard, healed, reporting),
+              *_members(summary.cluster),
               *_webhooks(webhooks), *_certificates(summary.certificates, timeouts)):
         found.setdefault(c.key, c)
     return sorted(found.values())
+
+
+def report_grace_left(leading_since: float | None, now: float | None, timeouts: Timeouts = TIMEOUTS) -> float:
+    """Seconds left of a new leader's grace for its agents to report (0: over, or unknown: no time given)."""
+    if leading_since is None or now is None:
+        return 0.0
+    return max(0.0, leading_since + timeouts.agent_report_grace_s - now)
+
+
+def report_grace_words(leading_since: float | None, now: float | None, timeouts: Timeouts = TIMEOUTS) -> str:
+    """What status says while the grace lasts, instead of an alarm ("" once it is over)."""
+    left = report_grace_left(leading_since, now, timeouts)
+    if not left:
+        return ""
+    return (f"waiting for agents to report (grace {timeouts.agent_report_grace_s:g} s, {left:.0f} s left): this "
+            f"leader just took office, so no model is judged down or unplaceable before its agents have said "
+            f"what runs")
+
+
+def healing(m: ModelRow) -> str:
+    """Why a model that serves nothing now is expected to heal by itself, in words ("" when it is not):
+    a cold start (no failure yet) still within its activation window, or an on-demand model evicted by
+    policy, waiting for a request. Such a model is not down."""
+    if m.parked or m.failures_in_row:
+        return ""
+    if m.state == "absent" and m.mode == "on-demand" and m.reason.startswith("evicted"):
+        return f"evicted by policy, waiting for a request: {m.reason}"
+    if m.state == "starting" and m.starting and not m.ready:
+        elapsed = (m.activation or {}).get("elapsed_s")
+        window = m.window_s
+        if isinstance(elapsed, (int, float)) and window and elapsed < window:
+            return f"cold start within its activation window ({elapsed:.0f} s of {window:g} s)"
+    return ""
 
 
 def _c(kind: str, subject: str, words: str, severity: str | None = None) -> Condition:
@@ -120,7 +161,9 @@ def _node_problems(nodes: Iterable[NodeRow]) -> Iterable[Condition]:
                     f"permissions); the agent rescans it every storage_rescan_s"))
 
 
-def _models(models: Iterable[ModelRow], timeouts: Timeouts) -> Iterable[Condition]:
+def _models(models: Iterable[ModelRow], timeouts: Timeouts, reporting: bool = False) -> Iterable[Condition]:
+    """`reporting`: a new leader's agents are still within their grace to report: nothing is down or
+    unplaceable yet (parked is in the replicated state: no report heals it)."""
     for m in models:
         name, desired = m.name, m.desired
         error = m.last_error or "no error text"
@@ -129,6 +172,8 @@ def _models(models: Iterable[ModelRow], timeouts: Timeouts) -> Iterable[Conditio
                 f"model {name} is parked after {m.failures_in_row} failed start(s) in a row and is not "
                 f"placed again: {error}. Fix its definition (source, profile, engine) or the nodes, then "
                 f"`llmgw ctl model retry {name}`"))
+        elif reporting or healing(m):
+            pass  # expected to heal within its grace: no alarm (`healing` has its words)
         elif (m.unplaceable is True or m.state == "unplaceable") and m.base:
             yield _c("model_unplaceable", name, (
                 f"LoRA adapter {name} of model {m.base} is loaded on no replica: {m.reason or 'no reason given'}. "
@@ -160,7 +205,10 @@ def _cold_start(m: ModelRow) -> bool:
     return m.mode == "on-demand" and not m.failures_in_row and bool(m.starting)
 
 
-def _judges(guard: Guard) -> Iterable[Condition]:
+def _judges(guard: Guard, healing_models: Container[str] = (), reporting: bool = False) -> Iterable[Condition]:
+    """`healing_models`: models expected to heal within their grace; `reporting`: a new leader's agents are
+    still within their grace to report. Either way a judge with no ready replica is not down yet; one missing
+    or not a judge is (no report heals a policy that names the wrong model)."""
     if not guard.enabled:
         if guard.policies:
             yield _c("guards_off", "", (
@@ -168,6 +216,8 @@ def _judges(guard: Guard) -> Iterable[Condition]:
                 f"checked, so every request reaches its model unjudged. `llmgw ctl guard on` turns them back on"))
         return  # judges matter only while guards are on
     for j in guard.judges:
+        if j.status == "down" and (reporting or j.model in healing_models) and not j.parked:
+            continue  # its agents are reporting, or its model cold-starts within its window: not down
         if j.status in JUDGE_FAILING:
             yield _c("judge_down", j.model, (
                 f"judge {j.model} (policies {', '.join(j.policies)}) cannot judge: {j.problem}. Requests under "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from llmgw.domain import activation, commands
 from llmgw.domain.activation import Progress
@@ -240,7 +240,9 @@ def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeou
     actions.extend(AgentAction(node, "adapters", rid, adapters=want)
                    for node, rid, want in adapter_loads(state.models, observed, kept))
 
-    views, routes = _views(state, observed, now, timeouts, kept, desired, unplaceable, parking)
+    # A model this pass evicted is absent (waiting for a request), not a model that lost its replica.
+    evicted = {e.model: e.why for e in run.evicted}
+    views, routes = _views(state, observed, now, timeouts, kept, desired, unplaceable, parking, evicted)
     return Plan(tuple(run.cmds), tuple(actions), routes, views, unplaceable, tuple(run.evicted))
 
 
@@ -298,6 +300,7 @@ def _views(
     desired: dict[str, int],
     unplaceable: dict[str, str],
     parking: dict[str, tuple[int, str, int, float]],
+    evicted: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, ModelView], dict[str, ModelRoute]]:
     stopped = bool(effective(state.settings, "serving.stopped"))
     serving: dict[str, list[Placement]] = {}
@@ -331,6 +334,8 @@ def _views(
             if len(ready) < desired.get(name, 0) or avoided:
                 note = failing_note(health, avoided) or unplaceable.get(name, "")
                 reason = f"{len(ready)} of {desired[name]} ready" + (f": {note}" if note else "")
+        elif evicted and name in evicted and not mine:
+            route_state, reason = "absent", f"{evicted[name]}; a request starts it again"
         elif name in unplaceable:
             route_state, reason = "unplaceable", unplaceable[name]
         elif mine and all(p.node not in observed.nodes for p in mine):
@@ -355,7 +360,8 @@ def _views(
         progress = _progress(mine, observed, size, rate, timeouts) if route_state == "starting" else None
         if route_state != "ready":
             route_reason = reason
-        views[name] = ModelView(name, desired.get(name, 0), len(mine), len(ready), starting, route_state, reason,
+        want = model.replicas_min if route_state == "absent" and evicted and name in evicted else desired.get(name, 0)
+        views[name] = ModelView(name, want, len(mine), len(ready), starting, route_state, reason,
                                 failures, error, progress, window)
         routes[name] = ModelRoute(
             model=name,

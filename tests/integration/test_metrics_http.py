@@ -45,7 +45,9 @@ tp = 8
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
     base = tmp_path_factory.mktemp("metrics")
     (base / "catalog.toml").write_text(CATALOG)
-    proc = UpProcess(base / "state", extra_args=["--catalog", str(base / "catalog.toml")]).start()
+    # A short grace for the agent to report: `huge` is judged unplaceable (a condition) soon after the start.
+    proc = UpProcess(base / "state", extra_args=["--catalog", str(base / "catalog.toml")],
+                     env={"LLMGW_TIMEOUTS": "agent_report_grace_s=1"}).start()
     try:
         yield proc
     finally:
@@ -77,12 +79,14 @@ def by_label(samples: list[Sample], label: str) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def settled(up: UpProcess) -> dict[str, Any]:
-    """Wait until demo is ready and huge judged unplaceable; send a few requests."""
+    """Wait until demo is ready and huge judged unplaceable (the agents' grace to report over); send a few
+    requests."""
     deadline = time.monotonic() + 60
     while True:
         doc = status(up)
         rows = {m["name"]: m for m in doc["models"]}
-        if rows["demo"]["ready"] == 1 and rows["huge"]["state"] == "unplaceable":
+        reporting = any(w.startswith("waiting for agents to report") for w in doc["warnings"])
+        if rows["demo"]["ready"] == 1 and rows["huge"]["state"] == "unplaceable" and not reporting:
             break
         assert time.monotonic() < deadline, doc
         time.sleep(0.2)

@@ -22,7 +22,7 @@ ADMIN = "sk-admin-notify"
 
 
 async def test_an_unplaceable_model_is_posted_then_resolved(tmp_path: Path) -> None:
-    timeouts = dataclasses.replace(TIMEOUTS, notify_check_s=0.1, notify_resolve_hold_s=0.5)
+    timeouts = dataclasses.replace(TIMEOUTS, notify_check_s=0.1, notify_resolve_hold_s=0.5, agent_report_grace_s=0.5)
     cfg = ControlConfig(state_dir=tmp_path, raft_addr=f"127.0.0.1:{free_port()}", admin_host="127.0.0.1",
                         admin_port=0, seed=Seed(admin_key=ADMIN), timeouts=timeouts)
     receiver = WebhookReceiver()

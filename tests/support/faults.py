@@ -47,7 +47,8 @@ FAST = dataclasses.replace(
     TIMEOUTS, reconcile_tick_s=1.0, reconcile_startup_quiet_s=0.5, lost_node_grace_s=1.0, stream_heartbeat_s=0.5,
     storage_rescan_s=0.3, start_backoff_first_s=0.1, start_backoff_max_s=0.3, restart_window_s=6.0,
     agent_reconnect_max_s=0.5, notify_check_s=0.1, notify_resolve_hold_s=0.3, notify_post_s=1.0,
-    notify_retry_first_s=0.05, notify_retry_max_s=0.2, engine_exit_log_s=0.05, engine_stop_grace_s=2.0)
+    notify_retry_first_s=0.05, notify_retry_max_s=0.2, engine_exit_log_s=0.05, engine_stop_grace_s=2.0,
+    agent_report_grace_s=0.5)
 # The same for the group's processes (LLMGW_TIMEOUTS).
 GROUP_TIMEOUTS = ("reconcile_tick_s=1,notify_check_s=0.1,notify_resolve_hold_s=0.3,member_probe_s=0.5,"
                   "notify_election_settle_s=1")
