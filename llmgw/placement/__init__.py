@@ -41,8 +41,9 @@ def place(
     placements: Iterable[Placement],
     *,
     models: Mapping[str, ModelDef] | None = None,
+    pending: Iterable[str] = (),
 ) -> PlacementResult:
     """Choose a node (and devices) for one more replica of `model`, with every other node's
     refusal; with `profile.nodes > 1`, the nodes of one more multi-node replica. `models` sizes
-    the replicas already placed (see `FleetView`)."""
-    return FleetView(nodes, placements, {**(models or {}), model.name: model}).place(model, explain=True)
+    the replicas already placed; `pending`: nodes waiting for approval (see `FleetView`)."""
+    return FleetView(nodes, placements, {**(models or {}), model.name: model}, pending).place(model, explain=True)

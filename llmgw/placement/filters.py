@@ -43,6 +43,7 @@ REASONS: dict[str, tuple[str, str]] = {
     "cpu_memory_busy": (NOT_NOW, "the node's CPU replicas leave too little memory now"),
     "no_fabric": (NEVER, "a multi-node replica on a node with no fabric configured"),
     "node_busy": (NOT_NOW, "a multi-node replica needs a whole free node"),
+    "awaiting_approval": (NOT_NOW, "the node is waiting for approval (`nodes.require_approval`): `ctl nodes approve`"),
 }
 
 
@@ -214,6 +215,13 @@ def devices(need: Need, node: NodeInfo) -> list[Gpu] | Refusal:
         return Refusal(node.node, NOT_NOW, "gpus_unusable",
                        f"needs {prof.gpus} usable GPUs, {len(usable)} usable now ({why})", numbers)
     return usable
+
+
+def approval_refusal(node: str) -> Refusal:
+    """A node waiting for an operator's approval takes nothing (`ClusterState.pending_nodes`)."""
+    return Refusal(node, NOT_NOW, "awaiting_approval",
+                   f"waiting for approval: nodes.require_approval is on and no operator approved this node yet "
+                   f"(llmgw ctl nodes approve {node})")
 
 
 def engine_refusal(model: ModelDef | Need, node: NodeInfo) -> Refusal | None:
