@@ -161,3 +161,11 @@ def test_eviction_makes_room_among_approved_nodes_only() -> None:
     assert [e.model for e in plan.evictions] == ["idle"]
     groups = [c for c in plan.commands if c["op"] == "placement.add_group"]
     assert len(groups) == 1 and sorted(m["node"] for m in groups[0]["members"]) == ["a", "b"]
+
+
+def test_the_console_shows_a_pending_node_with_how_to_approve_it() -> None:
+    from llmgw.console.nodes import state_html
+
+    html = state_html({"node": "gpu-09", "state": "connected", "approval": "pending"})
+    assert 'data-testid="node-pending"' in html and "llmgw ctl nodes approve gpu-09" in html
+    assert "pending" not in state_html({"node": "gpu-01", "state": "connected", "approval": "approved"})
