@@ -169,3 +169,13 @@ def test_the_console_shows_a_pending_node_with_how_to_approve_it() -> None:
     html = state_html({"node": "gpu-09", "state": "connected", "approval": "pending"})
     assert 'data-testid="node-pending"' in html and "llmgw ctl nodes approve gpu-09" in html
     assert "pending" not in state_html({"node": "gpu-01", "state": "connected", "approval": "approved"})
+
+
+def test_status_warns_of_the_nodes_waiting_for_approval() -> None:
+    from llmgw.domain import summary
+
+    s = applied(BASE, commands.put_setting("nodes.require_approval", True, 1.0), commands.approve_nodes(["n1"], 1.0))
+    seen = observed([cpu_node(n, "sim") for n in ("n1", "n2", "n3")])
+    warnings = summary.summarize(s, seen, {}, {}).warnings
+    assert ("2 node(s) waiting for approval: n2, n3 (nothing is placed on them until `llmgw ctl nodes approve "
+            "NAME`)") in warnings
