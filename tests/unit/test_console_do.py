@@ -204,7 +204,6 @@ async def test_the_retry_list_is_bounded_at_fleet_scale_and_points_to_the_rest()
 
 async def test_approve_lists_the_pending_nodes_and_approves_one_as_the_api_does() -> None:
     store = store_with(settings={"nodes.require_approval": True})
-    store.submit_nowait(commands.raise_level(3, 0.0))  # node.approve is a level-3 command
     store.submit_nowait(commands.approve_nodes(["old"], 0.0))
     world = World(store=store, nodes=[node("old").engines("sim").build(), node("new").engines("sim").build()])
     async with world.client() as c:

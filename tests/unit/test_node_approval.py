@@ -179,3 +179,27 @@ def test_status_warns_of_the_nodes_waiting_for_approval() -> None:
     warnings = summary.summarize(s, seen, {}, {}).warnings
     assert ("2 node(s) waiting for approval: n2, n3 (nothing is placed on them until `llmgw ctl nodes approve "
             "NAME`)") in warnings
+
+
+async def test_turning_the_setting_on_approves_the_nodes_known_then_and_waits_for_level_3() -> None:
+    from console_world import ADMIN, World
+
+    from llmgw.testing import MemoryStore
+
+    store = MemoryStore(ClusterState(store_level=2))  # a group not yet all on this release
+    demo = model("demo").sim().build()
+    store.submit_nowait(commands.put_model(demo, 0.0))
+    store.submit_nowait(commands.add_placement("demo", "gone", (), demo.launch_hash(), 0.0))
+    world = World(store=store, nodes=[cpu_node("n1", "sim")])
+    async with world.client(ADMIN) as api:
+        r = await api.put("/api/v1/settings/nodes.require_approval", json=True)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "upgrade_pending", r.text
+        assert "nodes.require_approval" not in world.store.snapshot().settings, "nothing was written"
+        world.store.submit_nowait(commands.raise_level(3, 0.0))
+        r = await api.put("/api/v1/settings/nodes.require_approval", json=True)
+        assert r.status_code == 200, r.text
+        # n1 is connected; "gone" holds a placement: both approved, each from the moment the setting was turned on.
+        assert set(world.store.snapshot().approved_nodes) == {"n1", "gone"}
+        docs = {n["node"]: n["approval"] for n in (await api.get("/api/v1/nodes")).json()["nodes"]}
+        assert docs == {"n1": "approved", "gone": "approved"}
+        assert (await api.put("/api/v1/settings/nodes.require_approval", json=True)).status_code == 200

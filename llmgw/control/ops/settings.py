@@ -7,7 +7,7 @@ from typing import Any
 
 from llmgw.control.context import Context
 from llmgw.control.ops import Commit, command_refusal
-from llmgw.domain import commands
+from llmgw.domain import commands, levels
 from llmgw.domain.settings import SETTINGS, SettingError, effective, validate
 from llmgw.errors import AdminError
 
@@ -44,8 +44,15 @@ async def put(ctx: Context, commit: Commit, key: str, value: Any) -> dict[str, A
     if key == "nodes.require_approval" and value is True and effective(ctx.state().settings, key) is not True:
         # Turning approval on holds back only nodes that come later: every node known now (connected, within
         # its grace period, lost and not forgotten, or holding a placement) is approved first.
+        # Approvals are a level-3 field: a group still writing below it could never approve a node, so the
+        # setting waits for the upgrade too.
         from llmgw.control.ops.nodes import known_nodes
+        from llmgw.domain.commands.members import upgrade_pending
 
+        state = ctx.state()
+        needs = levels.op_level("node.approve")
+        if state.store_level < needs:
+            raise command_refusal(commands.CommandError("upgrade_pending", upgrade_pending(state, key, needs)))
         known = known_nodes(ctx)
         if known:  # its own command, with no idempotency id (the request's id is the setting's): a repeat is a no-op
             try:
