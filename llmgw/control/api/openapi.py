@@ -398,8 +398,9 @@ def _paths() -> Schema:
         "/api/v1/settings/{key}": {
             "get": _op("one setting", _obj({"key": _STR, "value": _ANY, "default": _ANY, "set": _BOOL}),
                        errors=("404",), params=(setting,)),
-            "put": _op("change a setting live (400 invalid_setting: wrong type or value)",
-                       _obj({"key": _STR, "value": _ANY}), errors=("404",), params=(setting,), body=_ANY,
+            "put": _op("change a setting live (400 invalid_setting: wrong type or value; 409 upgrade_pending: "
+                       "nodes.require_approval below store level 3)",
+                       _obj({"key": _STR, "value": _ANY}), errors=("404", "409"), params=(setting,), body=_ANY,
                        write=True),
         },
         "/api/v1/nodes": {"get": _op("every node the leader knows", _obj({"nodes": _arr(_obj(
