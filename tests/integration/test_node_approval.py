@@ -2,7 +2,8 @@
 WebSocket stream, with a sim engine process. Turning `nodes.require_approval` on approves the node
 already there; a node that connects after it is pending, listed with its inventory by
 `GET /api/v1/nodes`, and gets nothing placed (the model says "waiting for approval") until
-`POST /api/v1/nodes/{name}/approve`; then the model's replica starts on it and serves."""
+`POST /api/v1/nodes/{name}/approve`; then the model's replica starts on it and serves. After a restart
+of the control plane (a new term, the agents reconnecting) both nodes are still approved."""
 
 from __future__ import annotations
 
@@ -41,7 +42,13 @@ async def test_a_new_node_waits_for_approval_then_takes_the_replica(tmp_path: Pa
     config = ControlConfig(state_dir=tmp_path / "control", raft_addr=f"127.0.0.1:{free_port()}",
                            admin_host="127.0.0.1", admin_port=free_port(), seed=seed, sinks=[router], demand=[router])
     async with trio.open_nursery() as nursery:
-        control: ControlHandle = await nursery.start(control_serve, config)
+        control_scope = trio.CancelScope()
+
+        async def run_control(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            with control_scope:
+                await control_serve(config, task_status=task_status)
+
+        control: ControlHandle = await nursery.start(run_control)
         ctx = control.context
         assert ctx is not None
 
@@ -99,4 +106,21 @@ async def test_a_new_node_waits_for_approval_then_takes_the_replica(tmp_path: Pa
             await wait_for(ready_on_new)
             r = await admin.post("/api/v1/nodes/new/approve")
             assert r.status_code == 200 and r.json()["already"] is True
+            placed = dict(ctx.state().placements)
+
+        # A new term (the control plane restarts from its state; the agents reconnect): nobody is asked again.
+        machines = dict(ctx.local_machines)
+        control_scope.cancel()
+        await wait_for(lambda: control_scope.cancelled_caught)
+        control = await nursery.start(lambda task_status: control_serve(config, task_status=task_status))
+        ctx = control.context
+        assert ctx is not None
+        ctx.local_machines.update(machines)  # the in-process agents' credentials, as before the restart
+        await wait_for(lambda: {"old", "new"} <= set(control.hub.nodes))
+        async with httpx.AsyncClient(base_url=control.admin_url,
+                                     headers={"authorization": f"Bearer {ADMIN}"}) as admin:
+            r = await admin.get("/api/v1/nodes")
+            assert {n["node"]: n["approval"] for n in r.json()["nodes"]} == {"old": "approved", "new": "approved"}
+            assert "waiting for approval" not in (await admin.get("/api/v1/status")).text
+        assert dict(ctx.state().placements) == placed, "the replica stays where it was"
         nursery.cancel_scope.cancel()
