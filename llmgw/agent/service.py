@@ -27,6 +27,7 @@ from llmgw.agent.mirror_fetch import fetch as mirror_fetch
 from llmgw.agent.storage import StorageDir, StorageScanner
 from llmgw.agent.supervisor import Supervisor
 from llmgw.domain.observed import NodeInfo
+from llmgw.domain.reserve import Reserve
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.engines import Group
 from llmgw.interfaces import GpuProbe, ReplicaRunner
@@ -80,6 +81,8 @@ class AgentConfig:
     # within this many bytes (`--mirror-cache-bytes`; 0: no cache, such a source fails). docs/mirror.md.
     mirror_cache: Path | None = None
     mirror_cache_bytes: int = DEFAULT_MIRROR_CACHE_BYTES
+    # What this node keeps for other work (`--reserve`): reported with every inventory, never placed on.
+    reserve: Reserve = field(default_factory=Reserve)
 
     def mirror_dir(self) -> Path:
         return self.mirror_cache if self.mirror_cache is not None else self.state_dir / "mirror-cache"
@@ -110,7 +113,14 @@ async def serve(config: AgentConfig, *, task_status: Any = trio.TASK_STATUS_IGNO
     cache = (MirrorCache(config.mirror_dir(), config.mirror_cache_bytes,
                          in_use=lambda: set().union(*(s.mirror_in_use() for s in supervisors)))
              if config.mirror_cache_bytes > 0 else None)
-    link = _Link(await _observe_once(config, scanner, cache))
+    first = await _observe_once(config, scanner, cache)
+    try:
+        config.reserve.check(first)  # a reserve naming a GPU this node lacks is a mistake to say now
+    except ValueError as e:
+        from llmgw.startup import CannotStart
+
+        raise CannotStart(str(e)) from None
+    link = _Link(first)
     timeouts = config.timeouts
     if config.runner is not None:
         async with trio.open_nursery() as engines:
@@ -335,8 +345,9 @@ async def _observe_once(config: AgentConfig, scanner: StorageScanner, cache: Mir
         storage = scanner.scan() if config.storage else info.storage
         if cache is not None and cache.dir.is_dir():
             storage = (*storage, cache.storage_report())
-        return dataclasses.replace(info, address=config.engine_host, fabric=config.fabric or info.fabric,
+        info = dataclasses.replace(info, address=config.engine_host, fabric=config.fabric or info.fabric,
                                    storage=storage)
+        return config.reserve.apply(info) if config.reserve else info
 
     return await trio.to_thread.run_sync(observe)
 

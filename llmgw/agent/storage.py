@@ -214,6 +214,35 @@ class StorageScanner:
         self._cache = self._next  # forget what is gone
         return reports
 
+    def describe(self, paths: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """What a storage report would say of each of `paths` (a GGUF file, or a safetensors model
+        directory), by path; a path that is neither, or cannot be read, is left out. Files read
+        before and unchanged are not read again; what is not asked for again is forgotten."""
+        self._next = {}
+        out: dict[str, dict[str, Any]] = {}
+        for path in paths:
+            try:
+                seen = self._one(Path(path))
+            except (OSError, WeightsError):
+                seen = None
+            if seen is not None:
+                out[path] = seen.to_doc()
+        self._cache = self._next
+        return out
+
+    def _one(self, path: Path) -> ModelSeen | None:
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode) and path.name.endswith(".safetensors"):  # a file of a model directory
+            path, st = path.parent, os.stat(path.parent)
+        if stat.S_ISREG(st.st_mode) and path.name.lower().endswith(".gguf"):
+            seen = self._gguf(path, st)
+            return None if isinstance(seen, str) else seen
+        if not stat.S_ISDIR(st.st_mode):
+            return None
+        found = _Found(StorageDir(path, ""), os.path.realpath(path), visited=set())
+        self._safetensors_dir(path, {e.name for e in os.scandir(path)}, found)
+        return found.models[0] if found.models else None
+
     # --- one configured directory -------------------------------------------------------
 
     def _scan_root(self, root: StorageDir) -> StorageReport:

@@ -272,7 +272,9 @@ class Supervisor:
 
     def _fail(self, rep: _Replica, error: str) -> None:
         log.warning("replica %s failed: %s", rep.obs.replica_id, error)
-        self._set(rep, "failed", error=error[:2000], url="")
+        # One that served says for how long: control tells a flap (served a moment, then died) from a crash.
+        served = {"ready_s": max(0.0, time.time() - rep.obs.since)} if rep.obs.state == "ready" else {}
+        self._set(rep, "failed", error=error[:2000], url="", **served)
 
     def _adopt(self) -> None:
         """Take over the engines an earlier agent left running; report those that ended meanwhile."""

@@ -68,5 +68,29 @@ certificate of its own: LLMGW_KEY (the operator's admin key, never a node's) mak
 node; --control takes the https:// admin URLs.""")
 
 
+# What a shell reports for a command that a closed pipe ended (`yes | head`): 128 + SIGPIPE.
+EXIT_BROKEN_PIPE = 128 + 13
+
+
 def main() -> None:
-    app()
+    """Run the command line. Output into a pipe that closed early (`llmgw ctl models | head`) ends
+    it quietly with EXIT_BROKEN_PIPE, as a command that a shell's SIGPIPE ended: no traceback."""
+    try:
+        app()
+    except BrokenPipeError:
+        _quiet_stdout()
+        raise SystemExit(EXIT_BROKEN_PIPE) from None
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter flushes it at exit, and a flush into the closed
+    pipe would print "Exception ignored ... BrokenPipeError" instead."""
+    import os
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass

@@ -139,6 +139,8 @@ async def _serve_all(opts: UpOptions, router: Router, control_cfg: ControlConfig
         nursery.start_soon(push_usage, rlog, control.store.submit)  # rollups straight to the store
         # Where clients reach it: a wildcard host is this machine's Raft host (its certificate names it).
         gateway_url = f"{'https' if gateway_tls is not None else 'http'}://{url_host(raft_host(opts.host))}:{gw_port}/v1"
+        if control.gateways is not None:  # listed with the gateways that follow the leader, as in-process
+            control.gateways.add_local(gateway_url.removesuffix("/v1"), pid=os.getpid())
         admin_url = advertised_url(control.admin_url, control_cfg.raft_addr)
         ca_file = {"ca_file": str(trust.files.ca)} if trust is not None else {}
         write_credentials(cred_path, {"gateway_url": gateway_url, "admin_url": admin_url, **keys, **ca_file})

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from llmgw.trust.renewal import Renewal
 
     from llmgw.agent.storage import StorageDir
+    from llmgw.domain.reserve import Reserve
     from llmgw.control.floating import IpFloatingAddress
     from llmgw.domain.timeouts import Timeouts
 
@@ -288,6 +289,7 @@ def agent(
     stop_engines_on_exit: bool = False,
     mirror_cache: Path | None = None,
     mirror_cache_gib: float = 100.0,
+    reserve: list[str] | None = None,
     log: LogFlags = LogFlags(),
 ) -> None:
     """Run an agent: report this node, start and stop engines as the leading control plane says.
@@ -326,6 +328,10 @@ def agent(
     mirror_cache_gib
         The mirror cache's budget in GiB: the least recently used files are removed to make room,
         never one a replica uses; 0: no cache (a mirror:// model cannot start here).
+    reserve
+        KEY=VALUE, kept for other work: placement never uses it (repeat the flag). gpu=0,1: these
+        devices (indexes, labels such as 0/mig1, or UUIDs); memory_gib=16: this much of the node's
+        memory; vram_gib=8: this much of every GPU's memory. Checked at start against what the node has.
     """
     import socket
 
@@ -338,6 +344,7 @@ def agent(
     if key is not None:
         raise SystemExit(_MACHINE_KEY_REFUSED.format(flag="--key", role="agent"))
     dirs = _storage(storage or [])
+    kept = _reserve(reserve or [])
     if not mirror_cache_gib >= 0:
         raise SystemExit(f"--mirror-cache-gib must be 0 or more, not {mirror_cache_gib}")
     timeouts = env_timeouts()
@@ -351,7 +358,7 @@ def agent(
         cfg = AgentConfig(controls=control, tls=renewal.context, renewal=renewal, state_dir=state_dir, node=node,
                           engine_host=engine_host, storage=dirs, fabric=fabric or "", timeouts=timeouts,
                           stop_engines_on_exit=stop_engines_on_exit, mirror_cache=mirror_cache,
-                          mirror_cache_bytes=int(mirror_cache_gib * 2**30))
+                          mirror_cache_bytes=int(mirror_cache_gib * 2**30), reserve=kept)
         status = trio.run(serve_until_signal, serve, cfg)
     if cfg.restart_asked:  # out of the state dir's lock: the program that runs next takes it again
         restart_in_place(cfg.restart_into[-1] if cfg.restart_into else None)
@@ -421,6 +428,15 @@ async def _reload_on_hangup(context: ssl.SSLContext | None, cert: Path, key: Pat
                 log_.info("SIGHUP: serving the certificate in %s again, as it is now", cert)
             except (OSError, ssl.SSLError) as e:
                 log_.error("SIGHUP: could not load %s / %s, still serving the one loaded before: %s", cert, key, e)
+
+
+def _reserve(flags: list[str]) -> Reserve:
+    from llmgw.domain.reserve import parse_reserve
+
+    try:
+        return parse_reserve(flags)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def _storage(flags: list[str]) -> tuple[StorageDir, ...]:

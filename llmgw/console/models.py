@@ -99,7 +99,7 @@ def render_list(state: ClusterState, observed: Observed, views: Mapping[str, Any
 
     def estimate(r: Row) -> MemoryEstimate:
         if r.model.name not in estimates:
-            estimates[r.model.name] = estimate_for(r.model, observed.nodes, index)
+            estimates[r.model.name] = estimate_for(r.model, observed.nodes, index, observed.sources)
         return estimates[r.model.name]
 
     keys = {"name": lambda r: r.model.name, "state": lambda r: STATES.index(r.state) if r.state in STATES else 99,
@@ -256,7 +256,7 @@ def render_model(state: ClusterState, observed: Observed, views: Mapping[str, An
                 f'<a href="/models">All models</a></p>')
     r = rows(state, views, only=name)[0]
     status = summary.model_status(state, observed, name, views.get(name) if views is not None else None, now)
-    estimate = estimate_for(m, observed.nodes)
+    estimate = estimate_for(m, observed.nodes, sources=observed.sources)
     facts = [("State", state_html(r, now)), ("Why", esc(r.reason) if r.reason else ""),
              ("Ready / desired", counts(r)), ("Activation", phase_html(status)),
              ("Parked", "yes" if r.parked else "no"),

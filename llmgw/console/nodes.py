@@ -157,6 +157,9 @@ def gpus_html(d: Mapping[str, Any]) -> str:
         free, used = int(c.get("free", 0)), int(c.get("used", 0))
         mig = f" ({', '.join(labels[cls])})" if labels.get(cls) else ""
         lines.append(f'<li data-class="{esc(cls)}">{esc(cls)}: {free} free of {free + used}{esc(mig)}</li>')
+    kept = counts.get("reserved") if isinstance(counts, Mapping) else None
+    if kept:
+        lines.append(f'<li data-reserved="{len(kept)}">reserved for other work: {esc(", ".join(map(str, kept)))}</li>')
     if not lines:
         lines.append("<li>no usable device</li>")
     return '<ul class="gpus">' + "".join(lines) + "</ul>"

@@ -39,8 +39,8 @@ def _section(title: str, testid: str, body: str) -> str:
 
 
 def _capacity(rows: Sequence[CapacityRow]) -> str:
-    body = table(["GPU class", "kind", "used", "free", "unusable", "usage", "nodes"], [
-        [esc(r.gpu_class), "MIG instance" if r.mig else "whole card", r.used, r.free, r.unusable,
+    body = table(["GPU class", "kind", "used", "free", "unusable", "reserved", "usage", "nodes"], [
+        [esc(r.gpu_class), "MIG instance" if r.mig else "whole card", r.used, r.free, r.unusable, r.reserved,
          bar(r.used, r.used + r.free, label=f"{r.used} of {r.used + r.free} usable used"),
          r.nodes] for r in rows], testid="capacity-table", empty="no GPUs reported (CPU nodes only, or none)")
     return _section("Capacity per GPU class", "capacity", body)
@@ -101,7 +101,17 @@ def _members(cluster: ClusterPart) -> str:
     body = table(["member", "role", "state", "why", "admin URL", "version", "lag"], [
         [esc(r.id), cell(r.role), esc(r.state), esc(r.reason), cell(r.admin_url), cell(r.version), cell(r.lag)]
         for r in rows], testid="members-table", empty="unknown: no member answered")
-    return _section("Control planes", "members", head + body)
+    return _section("Control planes", "members", head + body + _gateways(cluster))
+
+
+def _gateways(cluster: ClusterPart) -> str:
+    """The gateways that follow the leader, `llmgw up`'s own (in process) among them; unknown is unknown."""
+    if cluster.gateways is None:
+        return f'<p data-testid="gateways">gateways: {UNKNOWN} (the leader did not list them)</p>'
+    return "<h3>Gateways</h3>" + table(["gateway", "address", "connected", "runs"], [
+        [esc(str(g.get("name", ""))), cell(g.get("address")), "yes" if g.get("connected") else "no",
+         "in the control plane's process" if g.get("in_process") else "on its own"]
+        for g in cluster.gateways], testid="gateways-table", empty="no gateway follows the leader")
 
 
 def _guard(guard: Guard) -> str:

@@ -67,6 +67,9 @@ class _Table:
     text: str = ""
 
 
+LOCAL_GATEWAY = "local (in-process)"  # the name `llmgw up`'s own gateway is listed under
+
+
 @dataclass
 class GatewayHub:
     """What the leader tells its gateways, and what they told it back. Rebuilt by each leader:
@@ -79,6 +82,9 @@ class GatewayHub:
     clock: Callable[[], float] = time.time
     timeouts: Timeouts = TIMEOUTS
     links: dict[str, GatewayLink] = field(default_factory=dict)  # by name; gone ones stay, connected=False
+    # Gateways inside this process (`llmgw up`'s): fed by the reconciler directly, never over a stream,
+    # listed with the others (`in_process`) so that status does not say none serves. Name -> its doc.
+    local: dict[str, dict[str, Any]] = field(default_factory=dict)
     _routes: Mapping[str, ModelRoute] | None = None  # None until the reconciler has published once
     _routes_seq: int = 0
     _first_routes_at: float | None = None
@@ -231,13 +237,25 @@ class GatewayHub:
                 self._asks.clear()
             leading = now_leading
 
+    def add_local(self, address: str, name: str = LOCAL_GATEWAY, *, pid: int | None = None) -> None:
+        """Name a gateway that runs inside this process and follows this member's table in memory
+        (`llmgw up`): listed as connected while this member leads, with `in_process` true; it cannot
+        be restarted or upgraded in place (its process is the control plane's)."""
+        now = self.clock()
+        self.local[name] = {"name": name, "address": address, "connected": True, "connected_at": now,
+                            "query_url": None, "restartable": False, "pid": pid, "started_at": now,
+                            "release_sha256": None, "upgrade_refused": None, "in_process": True}
+
     def gateways(self) -> list[dict[str, Any]]:
-        """Every gateway this leader has seen: connected or not, with its last contact."""
-        return [{"name": g.name, "address": g.address, "connected": g.connected,
-                 "connected_at": g.connected_at, "last_contact": g.last_contact, "query_url": g.query_url,
-                 "restartable": g.restartable, "pid": g.pid, "started_at": g.started_at,
-                 "release_sha256": g.release_sha256, "upgrade_refused": g.upgrade_refused}
-                for _, g in sorted(self.links.items())]
+        """Every gateway this leader has seen: connected or not, with its last contact; then those
+        inside this process (`add_local`), in contact now."""
+        now = self.clock()
+        return [*({"name": g.name, "address": g.address, "connected": g.connected,
+                   "connected_at": g.connected_at, "last_contact": g.last_contact, "query_url": g.query_url,
+                   "restartable": g.restartable, "pid": g.pid, "started_at": g.started_at,
+                   "release_sha256": g.release_sha256, "upgrade_refused": g.upgrade_refused, "in_process": False}
+                  for _, g in sorted(self.links.items())),
+                *({**doc, "last_contact": now} for _, doc in sorted(self.local.items()))]
 
 
 def _ages(value: Any) -> list[tuple[str, float]]:

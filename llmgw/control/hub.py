@@ -42,6 +42,7 @@ class AgentHub:
         self.nodes: dict[str, NodeInfo] = {}
         self.replicas: dict[str, dict[str, ReplicaObs]] = {}  # node -> replica id -> report
         self.links: dict[str, AgentLink] = {}
+        self.sources: dict[str, dict[str, Any]] = {}  # see `Observed.sources`
         self.lost: dict[str, float] = {}
         self.demand: dict[str, float] = {}
         # Load: model -> requests in flight or waiting now (every router's, summed), and the
@@ -116,7 +117,13 @@ class AgentHub:
         return Observed(nodes=dict(self.nodes), replicas=replicas, demand=dict(self.demand),
                         lost=dict(self.lost), since=self.since, outstanding=dict(self.outstanding),
                         peak=self.peaks(), evicted=dict(self.evicted), judge_failures=dict(self.judge_failures),
-                        restarts=self.recent_restarts())
+                        restarts=self.recent_restarts(), sources=self.sources)
+
+    def set_sources(self, facts: dict[str, dict[str, Any]]) -> None:
+        """The facts of the models' sources as read where this control plane runs (`SourceFacts`)."""
+        if facts != self.sources:
+            self.sources = facts
+            self.changed()
 
     def note_demand(self, model: str) -> None:
         self.demand[model] = self._clock()

@@ -24,6 +24,7 @@ from llmgw.control.context import Context
 from llmgw.control.floating import FloatingDuty
 from llmgw.control.gateway_stream import GatewayHub
 from llmgw.control.hub import AgentHub
+from llmgw.control.source_facts import SourceFacts
 from llmgw.control.members import Members, advertised_url
 from llmgw.control.mirror_starts import member_bases
 from llmgw.control.reconciler import Reconciler
@@ -312,6 +313,8 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
             await nursery.start(members.announce_forever)  # so the others can forward here
             await nursery.start(members.raise_level_forever)
             await nursery.start(mirror_sync.run)
+            # Header facts of the models' sources this member can open itself (pkg://, a local path): estimates.
+            await nursery.start(SourceFacts(store, hub.set_sources, timeouts).run)
             task_status.started(ControlHandle(url, store, hub, reconciler, floating, gateways, notifier, ctx))
     finally:
         with trio.CancelScope(shield=True):

@@ -20,7 +20,7 @@ from typing import Any
 from llmgw.domain import levels
 from llmgw.domain.frozen import freeze
 from llmgw.domain.model import Limits, ModelDef
-from llmgw.domain.state import ApiKey, ClusterState
+from llmgw.domain.state import ApiKey, ClusterState, ModelHealth
 
 # Bump when a field changes meaning or shape. A field that is only added (with a default)
 # needs no bump: an older document lacks it and gets the default. A reader refuses a
@@ -81,6 +81,7 @@ LATER_FIELDS: Mapping[tuple[type, str], int] = {
     (Limits, "concurrency_per_replica"): 2,
     (ModelDef, "base"): 3, (ModelDef, "lora"): 3,  # LoRA adapters (reconcile/adapters.py)
     (ClusterState, "mirror"): 3,  # the model mirror's catalog (domain/mirror.py)
+    (ModelHealth, "flaps"): 3, (ModelHealth, "flap_ready_s"): 3,  # flapping replicas (domain/health.py)
     (ClusterState, "approved_nodes"): 3,  # nodes approved to take placements (`node.approve`)
 }
 # New values of fields every release reads, with the level that brought them: an earlier release reads the

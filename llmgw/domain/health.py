@@ -11,7 +11,11 @@ The rule (docs/operations.md, "Parking and retry"):
   model that fits only there is still tried there, and parks by the next rule);
 - the model parks at `health.park_after_failures` failures in a row across its slots. A replica
   that was already ready does not break the row (it says nothing of the failing ones): only one
-  placed after the model's last failure that becomes ready does, and clears its slot and node.
+  placed after the model's last failure that becomes ready does, and clears its slot and node;
+- readiness counts once it has lasted `stable_ready_s` (`steady`): a replica that serves a moment
+  and fails (a flap) breaks nothing and its failure is one more in the row, so engines that come
+  up and die, over and over, park their model like engines that never come up. A flap's failure
+  says how long it served (`flap_of`), and the model's health how many of its row were flaps.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from __future__ import annotations
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState, ModelHealth, Strikes
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
+
+# The store level that brought flaps (`ModelHealth.flaps`, a start failure's `ready_s`): the leader
+# says a failure was a flap only once every member of its group reads it.
+FLAPS_LEVEL = 3
 
 
 def retry_backoff(failures_in_row: int, timeouts: Timeouts = TIMEOUTS) -> float:
@@ -52,3 +60,25 @@ def ready_clears(health: ModelHealth, slot: int, node: str, placed_at: float) ->
         return False
     return (health.slot(slot) is not None or health.node(node) is not None
             or (health.failures_in_row > 0 and placed_at >= health.last_failure_at))
+
+
+def steady(ready_since: float, now: float, timeouts: Timeouts = TIMEOUTS) -> bool:
+    """Whether a replica ready since `ready_since` has served long enough for its readiness to
+    break its model's row (`stable_ready_s`)."""
+    return now - ready_since >= timeouts.stable_ready_s
+
+
+def flap_of(ready_s: float | None, timeouts: Timeouts = TIMEOUTS) -> float | None:
+    """A failed replica that served `ready_s` seconds first (None: it never served, or its agent
+    does not say): that time when it is a flap (under `stable_ready_s`), else None."""
+    if ready_s is None or ready_s >= timeouts.stable_ready_s:
+        return None
+    return ready_s
+
+
+def flap_words(flaps: int, longest_s: float) -> str:
+    """How the flaps of a row read: "ready for 3 s at most, then failed: 5 times" (0.4 s: tenths
+    under 10 s)."""
+    times = "once" if flaps == 1 else f"{flaps} times"
+    served = f"{longest_s:.1f}".rstrip("0").rstrip(".") if longest_s < 10 else f"{longest_s:.0f}"
+    return f"ready for {served} s at most, then failed: {times}"

@@ -11,7 +11,7 @@ in the files) the figure is a lower bound (`complete` False): weights and overhe
 from __future__ import annotations
 
 import os.path
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from llmgw.domain.model import ModelDef
@@ -60,10 +60,13 @@ class MemoryEstimate:
         }
 
 
-def estimate_for(model: ModelDef, nodes: Mapping[str, NodeInfo], index: WeightsIndex | None = None) -> MemoryEstimate:
+def estimate_for(model: ModelDef, nodes: Mapping[str, NodeInfo], index: WeightsIndex | None = None,
+                 sources: Mapping[str, Mapping[str, Any]] | None = None) -> MemoryEstimate:
     """The memory one replica of `model` needs; `nodes` are where storage reports come from.
     Reports that disagree (different files at the same path on two nodes): the largest figure.
-    `index`: `WeightsIndex.of(nodes)`, for a caller estimating many models against the same nodes."""
+    `index`: `WeightsIndex.of(nodes)`, for a caller estimating many models against the same nodes.
+    `sources`: the facts of sources the control plane opened where it runs (`Observed.sources`: a
+    `pkg://` file, a local path), used when no storage report gives a figure."""
     prof = model.profile
     devices = 1 if prof.cpu else prof.gpus * prof.nodes
     share = _vllm_share(model) if model.engine == "vllm" and not prof.cpu else None
@@ -77,6 +80,10 @@ def estimate_for(model: ModelDef, nodes: Mapping[str, NodeInfo], index: WeightsI
         found = _from_entry(model, entry, devices, share)
         if found.total_bytes is not None and (best is None or found.total_bytes > (best.total_bytes or 0)):
             best = found
+    if best is None and sources and isinstance(sources.get(model.source), Mapping):
+        found = _from_entry(model, sources[model.source], devices, share)
+        if found.total_bytes is not None:
+            return replace(found, detail=found.detail + " (read from the source where the control plane runs)")
     if best is None:
         return MemoryEstimate(None, "unknown", "no node reports these weights; set profile.memory_gib", devices)
     return best

@@ -109,6 +109,26 @@ class NodeInfo(Doc):
     probe: str = ""  # how GPUs were found: nvml | nvidia-smi | none ("" = not said)
     warnings: tuple[str, ...] = ()  # states in which nothing can run, said by the probe
     storage: tuple[Mapping[str, Any], ...] = ()  # one report per configured directory (S9)
+    # Kept for other work (`llmgw agent --reserve`, llmgw.domain.reserve): placement never uses these devices,
+    # this many bytes of the node's memory, nor this many bytes of each GPU's memory.
+    reserved_gpus: tuple[int, ...] = ()
+    reserved_memory: int = 0
+    reserved_vram: int = 0
+
+    def reserved(self, gpu: Gpu) -> bool:
+        """Whether the device is kept for other work (then it is neither used, free nor unusable)."""
+        return gpu.index in self.reserved_gpus
+
+    def placeable(self, gpu: Gpu) -> bool:
+        """Usable and not reserved: capacity placement may take."""
+        return gpu.usable and gpu.index not in self.reserved_gpus
+
+    @property
+    def placeable_memory(self) -> int:
+        """The node's memory less its reserve (0: unknown, as `memory_total`)."""
+        if not self.memory_total:
+            return 0
+        return max(self.memory_total - self.reserved_memory, 1)
 
     @classmethod
     def from_doc(cls, d: Mapping[str, Any]) -> NodeInfo:
@@ -127,6 +147,9 @@ class NodeInfo(Doc):
             probe=str(d.get("probe", "")),
             warnings=tuple(str(w) for w in d.get("warnings", ())),
             storage=tuple(dict(s) for s in d.get("storage", ())),
+            reserved_gpus=tuple(int(i) for i in d.get("reserved_gpus", ())),
+            reserved_memory=max(int(d.get("reserved_memory", 0)), 0),
+            reserved_vram=max(int(d.get("reserved_vram", 0)), 0),
         )
 
 
@@ -141,6 +164,9 @@ class ReplicaObs:
     url: str = ""  # base URL of the engine, e.g. http://127.0.0.1:40123
     error: str = ""
     since: float = 0.0
+    # A failed replica that had served: how long it was ready before it failed, in seconds (on its agent's
+    # clock). None: it never served, or an agent that does not say. A flap when under `stable_ready_s`.
+    ready_s: float | None = None
     # While starting: "starting" (the agent prepares the engine) or "loading" (its process loads the
     # checkpoint); "" from an agent that does not say (llmgw.domain.activation has the phases).
     phase: str = ""
@@ -182,6 +208,7 @@ class ReplicaObs:
             url=str(d.get("url", "")),
             error=str(d.get("error", ""))[:2000],
             since=float(d.get("since", 0.0)),
+            ready_s=_seconds(d.get("ready_s")),
             phase=str(d.get("phase", ""))[:32],
             weights_bytes=size if type(size) is int and size >= 0 else None,
             bytes_done=done if type(done := d.get("bytes_done")) is int and done >= 0 else None,
@@ -237,6 +264,10 @@ class Observed:
     # Restarts of each model's replicas (failed starts and crashes this leader counted) within
     # `restart_window_s`, as their times: a restart storm shows even beside a ready replica.
     restarts: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # The header facts of model sources the leader could open where it runs (`pkg://`, a local path), by
+    # source, as a storage report entry gives them: a memory estimate for weights no node reports
+    # (llmgw/control/source_facts.py).
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def gone_since(self, node: str) -> float:
         return self.lost.get(node, self.since)

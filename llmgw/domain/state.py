@@ -100,6 +100,10 @@ class ModelHealth:
     last_failure_at: float = 0.0
     slots: tuple[Strikes, ...] = ()  # sorted by key; a snapshot written before these reads ()
     nodes: tuple[Strikes, ...] = ()
+    # Of the failures in the row, the flaps (replicas that served less than `stable_ready_s`, then
+    # failed), and the longest any of them served, in seconds.
+    flaps: int = 0
+    flap_ready_s: float = 0.0
 
     def slot(self, slot: int) -> Strikes | None:
         return _find(self.slots, str(slot))

@@ -54,6 +54,7 @@ class GpuCounts(Doc):
     free: int
     by_class: Mapping[str, GpuUse]
     unusable: tuple[UnusableGpu, ...]
+    reserved: tuple[str, ...] = ()  # labels of usable devices kept for other work (`llmgw agent --reserve`)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class NodeRow(Doc):
     probe: str | None
     warnings: tuple[str, ...] | None  # the GPU probe's words on states in which nothing can run
     lost_at: float | None  # when its agent's stream closed; None while connected (or never seen)
+    reserved_memory: int | None = None  # bytes of its memory kept for other work (`llmgw agent --reserve`)
+    reserved_vram: int | None = None  # bytes of each GPU's memory kept for other work
 
 
 @dataclass(frozen=True)
@@ -467,7 +470,7 @@ def node_rows(state: ClusterState, observed: Observed) -> tuple[NodeRow, ...]:
             cpus=info.cpus if info else None,
             memory_total=info.memory_total if info else None,
             gpus=tuple(info.gpus) if info else None,
-            gpu_counts=gpu_counts(info.gpus, used.get(name, set())) if info else None,
+            gpu_counts=gpu_counts(info.gpus, used.get(name, set()), set(info.reserved_gpus)) if info else None,
             engines=tuple(info.engines) if info else None,
             engine_versions=dict(info.engine_versions) if info else None,
             cpu_flags=tuple(info.cpu_flags) if info else None,
@@ -476,6 +479,8 @@ def node_rows(state: ClusterState, observed: Observed) -> tuple[NodeRow, ...]:
             probe=info.probe if info else None,
             warnings=tuple(info.warnings) if info else None,
             lost_at=observed.lost.get(name),
+            reserved_memory=info.reserved_memory if info else None,
+            reserved_vram=info.reserved_vram if info else None,
         ))
     return tuple(rows)
 
@@ -485,17 +490,23 @@ def nodes(state: ClusterState, observed: Observed) -> list[dict[str, Any]]:
     return [n.to_doc() for n in node_rows(state, observed)]
 
 
-def gpu_counts(gpus: Sequence[Gpu], used_indexes: set[int]) -> GpuCounts:
+def gpu_counts(gpus: Sequence[Gpu], used_indexes: set[int], reserved: set[int] | None = None) -> GpuCounts:
     """Devices as capacity: only usable ones (healthy and placeable) count, as used (a placement
     holds them) or free; the others are listed apart with their reasons, never counted as free
-    or used (an unhealthy card, a MIG-mode card whose instances count instead, nothing carved)."""
+    or used (an unhealthy card, a MIG-mode card whose instances count instead, nothing carved).
+    Usable devices the node reserves for other work are listed apart too (`reserved`), unless a
+    placement still holds one (from before the reserve): that one counts as used."""
     by_class: dict[str, list[int]] = {}
+    kept: list[str] = []
     for g in gpus:
-        if g.usable:
+        if g.usable and reserved and g.index in reserved and g.index not in used_indexes:
+            kept.append(g.label)
+        elif g.usable:
             by_class.setdefault(g.gpu_class, [0, 0])[0 if g.index in used_indexes else 1] += 1
     unusable = tuple(UnusableGpu(g.label, g.gpu_class, g.healthy, g.reason) for g in gpus if not g.usable)
     return GpuCounts(used=sum(u for u, _ in by_class.values()), free=sum(f for _, f in by_class.values()),
-                     by_class={c: GpuUse(u, f) for c, (u, f) in by_class.items()}, unusable=unusable)
+                     by_class={c: GpuUse(u, f) for c, (u, f) in by_class.items()}, unusable=unusable,
+                     reserved=tuple(kept))
 
 
 def _probe_warnings(rows: Iterable[NodeRow]) -> list[str]:
@@ -538,6 +549,8 @@ def model_status(state: ClusterState, observed: Observed, name: str, view: Any |
         "reason": view.reason if view else "the reconciler has not run yet",
         "parked": health.parked,
         "failures_in_row": health.failures_in_row,
+        "flaps": health.flaps,  # of those failures, replicas that served less than stable_ready_s, then failed
+        "flap_ready_s": health.flap_ready_s,  # the longest any of them served
         "last_error": health.last_error,
         "activation": activation_doc(view, now),
         "window_s": (getattr(view, "window_s", 0.0) or state.models[name].activation_window_s) if view else None,

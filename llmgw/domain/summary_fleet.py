@@ -34,14 +34,15 @@ class CapacityRow:
     free: int
     unusable: int  # unhealthy, or not placeable: counted neither used nor free
     nodes: int  # connected nodes with a device of this class
+    reserved: int = 0  # usable, but kept for other work (`llmgw agent --reserve`): neither used nor free
 
     @property
     def total(self) -> int:
-        return self.used + self.free + self.unusable
+        return self.used + self.free + self.unusable + self.reserved
 
     def to_doc(self) -> dict[str, Any]:
         return {"class": self.gpu_class, "mig": self.mig, "used": self.used, "free": self.free,
-                "unusable": self.unusable, "nodes": self.nodes, "total": self.total}
+                "unusable": self.unusable, "reserved": self.reserved, "nodes": self.nodes, "total": self.total}
 
 
 @dataclass(frozen=True)
@@ -149,14 +150,15 @@ def _carved_cards(gpus: Iterable[Gpu]) -> set[int]:
 def whole_free(info: NodeInfo, used: set[int], grouped: bool) -> bool:
     """Whether a node could host a member of a multi-node replica now, as placement reads it:
     it has usable whole cards, none of its usable devices is placed, no group member runs there."""
-    usable = [g for g in info.gpus if g.usable]
+    usable = [g for g in info.gpus if info.placeable(g)]
     return (not grouped and any(not is_mig_class(g.gpu_class) for g in usable)
             and not any(g.index in used for g in usable))
 
 
 def capacity(observed: Observed, used: Mapping[str, set[int]]) -> tuple[CapacityRow, ...]:
     """Per GPU class (MIG instance profiles are classes of their own): devices used by a
-    placement, free, and unusable (unhealthy, or placeable no longer). Connected nodes only: a
+    placement, free, unusable (unhealthy, or placeable no longer), and reserved (usable, but kept for
+    other work: `llmgw agent --reserve`; one a placement still holds counts as used). Connected nodes only: a
     lost node's devices are unknown. A card split into MIG instances counts as its instances."""
     counts: dict[str, dict[str, int]] = {}
     nodes: dict[str, set[str]] = {}
@@ -167,11 +169,12 @@ def capacity(observed: Observed, used: Mapping[str, set[int]]) -> tuple[Capacity
         for g in info.gpus:
             if g.index in carved:
                 continue
-            row = counts.setdefault(g.gpu_class, {"used": 0, "free": 0, "unusable": 0})
+            row = counts.setdefault(g.gpu_class, {"used": 0, "free": 0, "unusable": 0, "reserved": 0})
             nodes.setdefault(g.gpu_class, set()).add(name)
-            row["unusable" if not g.usable else "used" if g.index in taken else "free"] += 1
+            row["unusable" if not g.usable else "used" if g.index in taken else
+                "reserved" if info.reserved(g) else "free"] += 1
     return tuple(CapacityRow(c, is_mig_class(c), counts[c]["used"], counts[c]["free"], counts[c]["unusable"],
-                             len(nodes[c])) for c in sorted(counts))
+                             len(nodes[c]), counts[c]["reserved"]) for c in sorted(counts))
 
 
 def fabrics(observed: Observed, used: Mapping[str, set[int]], grouped: set[str]) -> tuple[Fabric, ...]:
@@ -194,7 +197,7 @@ def fabrics(observed: Observed, used: Mapping[str, set[int]], grouped: set[str])
         taken = used.get(name, set())
         r["whole_free_nodes"] += whole_free(info, taken, name in grouped)
         for g in info.gpus:
-            if g.usable:
+            if g.usable and (g.index in taken or not info.reserved(g)):  # a reserved device is neither
                 r["gpus_used" if g.index in taken else "gpus_free"] += 1
         for report in info.storage:
             _add_storage(row(str(report.get("fabric") or info.fabric)), name, report)

@@ -93,6 +93,8 @@ class Timeouts:
     start_backoff_first_s: float = _t(1.0, "control", "wait before the next start in a replica slot whose start failed once (doubles each failure in a row)")
     start_backoff_max_s: float = _t(30.0, "control", "longest wait before the next start in a failing replica slot")
     node_avoid_s: float = _t(600.0, "control", "a node on which a model failed to start health.avoid_node_after_failures times in a row is avoided for that model this long after the last failure (placement tries the other nodes first)")
+    stable_ready_s: float = _t(300.0, "control", "a replica must stay ready this long before its readiness breaks its model's row of failed starts (and clears its slot's and node's); one that fails sooner is a flap, counted as a failed start, so a model whose engines serve a moment and die parks like one whose engines never serve")
+    source_facts_refresh_s: float = _t(60.0, "control", "the leader reads again the header of each model source it can open where it runs (pkg://, a local path) this often, and whenever the models change: the memory estimate of weights no storage report names")
     scale_down_delay_s: float = _t(300.0, "control", "a replica added under load is kept until the load has stayed below what needs it for this long (the leader remembers the peak of requests in flight over this window)")
     admin_keep_alive_s: float = _t(5.0, "control", "the admin API closes an idle client connection after this long")
     admin_accept_retry_s: float = _t(0.1, "control", "after a failed accept (out of file descriptors after all), the admin API waits this long before accepting again")

@@ -27,6 +27,8 @@ ENGINE_ARGS: dict[str, dict[str, EngineArg]] = {
         "--tokens-per-s": EngineArg(float, "generation speed; 0 answers at once"),
         "--startup-delay": EngineArg(float, "seconds to wait before listening (a slow model load)"),
         "--fail-start": EngineArg(bool, "exit with an error instead of serving (failure injection)"),
+        "--exit-after": EngineArg(float, "serve for this many seconds, then exit with an error (a flapping engine: "
+                                         "failure injection); 0 (default) serves until stopped"),
         "--embedding-dim": EngineArg(int, "length of the vectors an embedding model returns (default 16)"),
         "--prefill-tokens-per-s": EngineArg(float, "prompt reading speed before the first token, past the prefix "
                                                    "cache's hits; 0 (default) reads at once"),

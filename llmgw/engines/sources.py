@@ -117,6 +117,12 @@ def _starts_with_gguf_magic(path: str) -> bool:
         return False
 
 
+def package_file(source: str) -> str:
+    """The file a `pkg://PACKAGE/FILE` source names, inside the installed package; EngineError
+    (`bad_source`, `weights_missing`) otherwise."""
+    return _resolve_package_file(source)
+
+
 def _resolve_package_file(source: str) -> str:
     package, _, relative = source[len("pkg://"):].partition("/")
     if not _PACKAGE_NAME.match(package):

@@ -161,10 +161,12 @@ def model_families(summary: Summary, restarts: Mapping[str, int]) -> Iterator[Me
 def fleet_families(summary: Summary) -> Iterator[Metric]:
     node_rows = summary.nodes
     yield gauge("llmgw_gpus", "Devices of connected nodes by class (MIG instance profiles are classes of their "
-                "own) and state: used by a placement, free, or unusable (unhealthy or not placeable).",
+                "own) and state: used by a placement, free, unusable (unhealthy or not placeable), or reserved "
+                "(kept for other work: llmgw agent --reserve).",
                 ("class", "mig", "state"),
                 [((c.gpu_class, str(c.mig).lower(), st), float(n)) for c in summary.capacity
-                 for st, n in (("used", c.used), ("free", c.free), ("unusable", c.unusable))])
+                 for st, n in (("used", c.used), ("free", c.free), ("unusable", c.unusable),
+                                      ("reserved", c.reserved))])
     unhealthy: dict[str, int] = {}
     for n in node_rows:
         for u in n.gpu_counts.unusable if n.gpu_counts else ():
@@ -173,10 +175,12 @@ def fleet_families(summary: Summary) -> Iterator[Metric]:
     yield gauge("llmgw_gpus_unhealthy", "Devices the probe reports unhealthy, by class (counted in "
                 "llmgw_gpus{state=\"unusable\"} too).", ("class",),
                 [((k,), float(v)) for k, v in sorted(unhealthy.items())])
-    yield gauge("llmgw_node_gpus", "Each connected node's devices: used, free or unusable.", ("node", "state"),
+    yield gauge("llmgw_node_gpus", "Each connected node's devices: used, free, unusable or reserved.",
+                ("node", "state"),
                 [((n.node, st), float(v)) for n in node_rows if n.gpu_counts
                  for st, v in (("used", n.gpu_counts.used), ("free", n.gpu_counts.free),
-                               ("unusable", len(n.gpu_counts.unusable)))])
+                               ("unusable", len(n.gpu_counts.unusable)),
+                               ("reserved", len(n.gpu_counts.reserved)))])
     counts = summary.node_counts
     yield gauge("llmgw_nodes", "Nodes by state: connected, or lost (known but not connected).", ("state",),
                 [(("connected",), float(counts.connected)), (("lost",), float(counts.not_connected))])

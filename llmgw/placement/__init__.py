@@ -8,7 +8,7 @@ a plan of many placements builds one `FleetView` and adds each placement to it.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo
@@ -41,9 +41,12 @@ def place(
     placements: Iterable[Placement],
     *,
     models: Mapping[str, ModelDef] | None = None,
+    sources: Mapping[str, Mapping[str, Any]] | None = None,
     pending: Iterable[str] = (),
 ) -> PlacementResult:
     """Choose a node (and devices) for one more replica of `model`, with every other node's
     refusal; with `profile.nodes > 1`, the nodes of one more multi-node replica. `models` sizes
-    the replicas already placed; `pending`: nodes waiting for approval (see `FleetView`)."""
-    return FleetView(nodes, placements, {**(models or {}), model.name: model}, pending).place(model, explain=True)
+    the replicas already placed (see `FleetView`); `sources`: `Observed.sources`, for memory estimates;
+    `pending`: nodes waiting for approval."""
+    return FleetView(nodes, placements, {**(models or {}), model.name: model}, sources,
+                     pending).place(model, explain=True)

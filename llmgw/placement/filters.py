@@ -43,6 +43,7 @@ REASONS: dict[str, tuple[str, str]] = {
     "cpu_memory_busy": (NOT_NOW, "the node's CPU replicas leave too little memory now"),
     "no_fabric": (NEVER, "a multi-node replica on a node with no fabric configured"),
     "node_busy": (NOT_NOW, "a multi-node replica needs a whole free node"),
+    "reserved": (NEVER, "it would fit only in what the node reserves for other work (`llmgw agent --reserve`)"),
     "awaiting_approval": (NOT_NOW, "the node is waiting for approval (`nodes.require_approval`): `ctl nodes approve`"),
 }
 
@@ -96,9 +97,16 @@ class Need:
                    estimate.per_device(prof.gpus * prof.nodes), estimate.total_bytes, mig,
                    None if prof.cpu else share)
 
-    def room(self, gpu: Gpu) -> int:
-        """What of a GPU's memory the engine will use: all of it, or its share (vLLM)."""
-        return gpu.memory_total if self.share is None else int(gpu.memory_total * self.share)
+    def room(self, gpu: Gpu, reserved: int = 0) -> int:
+        """What of a GPU's memory the engine will use: all of it, or its share (vLLM); with `reserved` bytes
+        of it kept for other work, the rest, and none where the share (taken whatever the need) would reach
+        into the reserve."""
+        room = gpu.memory_total if self.share is None else int(gpu.memory_total * self.share)
+        if not reserved:
+            return room
+        if self.share is not None:
+            return room if room <= gpu.memory_total - reserved else 0
+        return min(room, gpu.memory_total - reserved)
 
 
 def gib(n: float) -> str:
@@ -202,6 +210,11 @@ def devices(need: Need, node: NodeInfo) -> list[Gpu] | Refusal:
     if len(candidates) < prof.gpus:
         return Refusal(node.node, NEVER, "gpu_count", f"needs {prof.gpus} GPUs, node has {len(candidates)} that fit",
                        {"need": prof.gpus, "fit": len(candidates)})
+    if node.reserved_gpus or node.reserved_vram:
+        kept = _unreserved(prof, node, candidates)
+        if isinstance(kept, Refusal):
+            return kept
+        candidates = kept
     usable = [g for g in candidates if g.usable]
     if len(usable) < prof.gpus:
         # Unhealthy or unplaceable devices count as neither used nor free; they may come back
@@ -215,6 +228,29 @@ def devices(need: Need, node: NodeInfo) -> list[Gpu] | Refusal:
         return Refusal(node.node, NOT_NOW, "gpus_unusable",
                        f"needs {prof.gpus} usable GPUs, {len(usable)} usable now ({why})", numbers)
     return usable
+
+
+def _unreserved(need: Need, node: NodeInfo, candidates: list[Gpu]) -> list[Gpu] | Refusal:
+    """The candidates less what the node reserves (its devices; each GPU's reserved memory), or `reserved`
+    when the hardware fits the profile only with the reserve."""
+    least = 1 if need.per_device is None else need.per_device
+    kept = [g for g in candidates if not node.reserved(g) and need.room(g, node.reserved_vram) >= least]
+    if len(kept) >= need.gpus:
+        return kept
+    said = []
+    if node.reserved_gpus:
+        labels = [g.label for g in node.gpus if node.reserved(g)]
+        said.append(f"GPU{'s' if len(labels) > 1 else ''} {', '.join(labels)}")
+    if node.reserved_vram:
+        said.append(f"{gib(node.reserved_vram)} GiB of each GPU")
+        if need.share is not None:  # vLLM takes its share of the card whatever the model needs
+            said[-1] += f"; {need.engine} takes {need.share:.0%} of a GPU, lower its --gpu-memory-utilization"
+    of = f" of {gib(need.per_device)} GiB" if need.per_device is not None else ""
+    return Refusal(node.node, NEVER, "reserved",
+                   f"needs {need.gpus} GPU{'s' if need.gpus > 1 else ''}{of}: {len(kept)} fit outside what is "
+                   f"reserved for other work ({' and '.join(said)})",
+                   {"need": need.gpus, "fit": len(kept), "reserved_gpus": len(node.reserved_gpus),
+                    "reserved_vram_bytes": node.reserved_vram})
 
 
 def approval_refusal(node: str) -> Refusal:

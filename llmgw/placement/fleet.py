@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from llmgw.domain.memory import MemoryEstimate, WeightsIndex, estimate_for
 from llmgw.domain.model import ModelDef
@@ -50,7 +51,7 @@ class _Shape:
     def __init__(self, info: NodeInfo, pending: bool = False) -> None:
         self.rep = info  # any node of the shape judges for all of them (names are swapped in)
         self.pending = pending  # its nodes wait for approval: each refuses every replica
-        self.usable = frozenset(g.index for g in info.gpus if g.usable)
+        self.usable = frozenset(g.index for g in info.gpus if info.placeable(g))  # reserved ones are not
         self.capacity = len(self.usable)
         self.fabric = info.fabric
         self.fabrics = node_fabrics(info)
@@ -79,7 +80,8 @@ def _shape_key(info: NodeInfo) -> tuple[object, ...]:
     gpus = tuple((g.index, g.gpu_class, g.memory_total, g.healthy, g.placeable, g.reason, g.parent_index)
                  for g in info.gpus)
     ready = info.warnings if (not info.gpus and info.probe == "none") else ()
-    return (gpus, tuple(sorted(info.engines)), info.fabric, info.memory_total, ready, node_fabrics(info))
+    reserve = (info.reserved_gpus, info.reserved_memory, info.reserved_vram)
+    return (gpus, tuple(sorted(info.engines)), info.fabric, info.memory_total, ready, node_fabrics(info), reserve)
 
 
 class FleetView:
@@ -90,8 +92,10 @@ class FleetView:
     nodes waiting for an operator's approval: listed, each refusing every replica (`awaiting_approval`)."""
 
     def __init__(self, nodes: Mapping[str, NodeInfo], placements: Iterable[Placement] = (),
-                 models: Mapping[str, ModelDef] | None = None, pending: Iterable[str] = ()) -> None:
+                 models: Mapping[str, ModelDef] | None = None,
+                 sources: Mapping[str, Mapping[str, Any]] | None = None, pending: Iterable[str] = ()) -> None:
         self.infos = nodes
+        self.sources = sources  # `Observed.sources`: facts of sources no node reports, for estimates
         self.models = dict(models or {})
         self.holdings = Holdings(nodes)
         self._estimates: dict[ModelDef, MemoryEstimate] = {}
@@ -127,7 +131,7 @@ class FleetView:
         if found is None:
             if self._index is None:
                 self._index = WeightsIndex.of(self.infos)
-            found = self._estimates[model] = estimate_for(model, self.infos, self._index)
+            found = self._estimates[model] = estimate_for(model, self.infos, self._index, self.sources)
         return found
 
     def need(self, model: ModelDef) -> Need:
@@ -400,6 +404,12 @@ def _judge(need: Need, shape: _Shape) -> Refusal | _Fit:
             return Refusal(info.node, NEVER, "cpu_memory",
                            f"needs {gib(total)} GiB of memory, node has {info.memory_total / (1 << 30):.1f} GiB",
                            {"need_bytes": total, "memory_bytes": info.memory_total})
+        if total is not None and info.reserved_memory and 0 < info.placeable_memory < total:
+            return Refusal(info.node, NEVER, "reserved",
+                           f"needs {gib(total)} GiB of memory: the node has {gib(info.memory_total)} GiB, of which "
+                           f"{gib(info.reserved_memory)} GiB are reserved for other work",
+                           {"need_bytes": total, "memory_bytes": info.memory_total,
+                            "reserved_bytes": info.reserved_memory})
         return engine_refusal(need, info) or _Fit((), True)
     usable = devices(need, info)
     if isinstance(usable, Refusal):
@@ -412,10 +422,12 @@ def _judge(need: Need, shape: _Shape) -> Refusal | _Fit:
 
 
 def _cpu_busy(need: Need, node: _Node) -> Refusal | None:
-    total, memory = need.total, node.info.memory_total
+    total, memory = need.total, node.info.placeable_memory  # less the node's reserve
     if total is None or memory <= 0 or node.cpu_used + total <= memory:
         return None
     unknown = f", and {node.cpu_unknown} of unknown size" if node.cpu_unknown else ""
+    if node.info.reserved_memory:
+        unknown += f"; {gib(node.info.reserved_memory)} GiB more are reserved for other work"
     return Refusal(node.info.node, NOT_NOW, "cpu_memory_busy",
                    f"needs {gib(total)} GiB of memory, {gib(max(memory - node.cpu_used, 0))} GiB free of "
                    f"{gib(memory)} (CPU replicas here take {gib(node.cpu_used)} GiB{unknown})",

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 from llmgw.domain import activation, commands
 from llmgw.domain.activation import Progress
-from llmgw.domain.health import avoided_nodes, retry_backoff, slot_wait
+from llmgw.domain.health import avoided_nodes, flap_words, retry_backoff, slot_wait
 from llmgw.domain.memory import WeightsIndex
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Endpoint, ModelRoute, NodeInfo, Observed, ReplicaObs
@@ -155,11 +155,11 @@ class _Pass:
         nodes: dict[str, NodeInfo] = self.observed.nodes
         if avoided:  # rare: a one-off plan without them
             elsewhere = place(model, {n: i for n, i in nodes.items() if n not in avoided}, self.live.values(),
-                              models=self.state.models, pending=self.pending)
+                              models=self.state.models, sources=self.observed.sources, pending=self.pending)
             if elsewhere.choice is not None:
                 return elsewhere
         if self.view is None:
-            self.view = FleetView(nodes, self.live.values(), self.state.models, self.pending)
+            self.view = FleetView(nodes, self.live.values(), self.state.models, self.observed.sources, self.pending)
         return self.view.place(model)  # every refusal comes when nothing fits
 
     def _added(self, p: Placement) -> None:
@@ -201,7 +201,7 @@ def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeou
     # 2. Scale each model toward what it should have now.
     unplaceable: dict[str, str] = {}
     desired: dict[str, int] = {}
-    parking: dict[str, tuple[int, str]] = {}  # parked by this very pass: failures, last error
+    parking: dict[str, tuple[int, str, int, float]] = {}  # parked by this pass: failures, last error, flaps
     park_after = int(effective(state.settings, "health.park_after_failures"))
     for name in sorted(state.models):
         model = state.models[name]
@@ -213,7 +213,9 @@ def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeou
         want = 0 if health.parked else desired[name]
         if name in found.failed and health.failures_in_row + found.failed[name] >= park_after:
             want = 0  # this pass parks it; do not place it again
-            parking[name] = (health.failures_in_row + found.failed[name], found.last_error[name])
+            flapped = found.flaps.get(name, [])
+            parking[name] = (health.failures_in_row + found.failed[name], found.last_error[name],
+                             health.flaps + len(flapped), max([health.flap_ready_s, *flapped]))
         why = _scale(run, model, want, found)
         if why:
             unplaceable[name] = why
@@ -296,7 +298,7 @@ def _views(
     kept: dict[str, Placement],
     desired: dict[str, int],
     unplaceable: dict[str, str],
-    parking: dict[str, tuple[int, str]],
+    parking: dict[str, tuple[int, str, int, float]],
 ) -> tuple[dict[str, ModelView], dict[str, ModelRoute]]:
     stopped = bool(effective(state.settings, "serving.stopped"))
     serving: dict[str, list[Placement]] = {}
@@ -317,12 +319,13 @@ def _views(
         ready = sorted((o for o in obs if o.state == "ready" and o.url), key=lambda o: o.replica_id)
         starting = sum(1 for p in mine if (o := observed.replicas.get(p.replica_id)) is None or o.state == "starting")
         health = state.model_health(name)
-        failures, error = parking.get(name, (health.failures_in_row, health.last_error))
+        failures, error, flaps, flap_ready_s = parking.get(
+            name, (health.failures_in_row, health.last_error, health.flaps, health.flap_ready_s))
         route_reason = ""
         if stopped:
             route_state, reason = "stopped", "serving is stopped; `llmgw start` resumes it"
         elif health.parked or name in parking:
-            route_state, reason = "parked", parked_reason(name, failures, error)
+            route_state, reason = "parked", parked_reason(name, failures, error, flaps, flap_ready_s)
         elif ready:
             route_state, reason = "ready", ""
             avoided = avoided_nodes(state, health, now, timeouts) if health.nodes else {}
@@ -338,7 +341,9 @@ def _views(
             route_state, reason = "starting", "replicas are starting"
         elif desired.get(name, 0) > 0 and health.failures_in_row:
             route_state = "starting"
-            reason = f"retrying after {health.failures_in_row} failed start(s): {health.last_error or 'no error text'}"
+            flapped = f" ({flap_words(health.flaps, health.flap_ready_s)})" if health.flaps else ""
+            reason = (f"retrying after {health.failures_in_row} failed start(s){flapped}: "
+                      f"{health.last_error or 'no error text'}")
         elif desired.get(name, 0) > 0:
             route_state, reason = "starting", "waiting for a placement"
         elif model.mode == "on-demand" and name in observed.evicted:

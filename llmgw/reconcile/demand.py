@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo, Observed
@@ -115,7 +115,12 @@ def desired(
     timeout, or requests in flight), `min` once idle or evicted (until asked again). Either mode:
     more under load, one replica per `scaling.outstanding_per_replica` requests in flight at the
     peak of the last `scale_down_delay_s`, up to `replicas.max`. Unknown demand or load holds
-    what runs (see the module's docstring)."""
+    what runs (see the module's docstring).
+
+    Which wins: an on-demand model known to be idle (nothing in flight, not asked for within its
+    `idle_timeout_s`) or evicted goes to `min` at once, whatever the load's memory says; the load
+    and `scale_down_delay_s` only keep replicas of a model that is still asked for. So a short idle
+    timeout is what stops it, as `ctl status` says ("STOPS AFTER")."""
     name = model.name
     if model.base:
         return Desired(0, f"a LoRA adapter: served by the replicas of {model.base}")
@@ -127,7 +132,9 @@ def desired(
     if model.mode == "always":
         base, why = lo, f"always on: replicas.min = {lo}"
     else:
-        base, why, idle_unknown = _on_demand(model, observed, now, heard)
+        base, why, idle_unknown, idle = _on_demand(model, observed, now, heard)
+        if idle:
+            return Desired(base, why)
     in_flight = observed.outstanding.get(name, 0)
     peak = max(observed.peak.get(name, 0), in_flight)
     per = int(effective(state.settings, "scaling.outstanding_per_replica"))
@@ -153,24 +160,26 @@ def desired(
     return Desired(count, why, idle_unknown)
 
 
-def _on_demand(model: ModelDef, observed: Observed, now: float, heard: float) -> tuple[int, str, bool]:
-    """(base count, why, demand unknown) of an on-demand model, load aside."""
+def _on_demand(model: ModelDef, observed: Observed, now: float, heard: float) -> tuple[int, str, bool, bool]:
+    """(base count, why, demand unknown, idle) of an on-demand model, load aside. `idle`: known to be
+    idle past its idle timeout, or evicted: `min`, which the load does not raise."""
     lo = model.replicas_min
     asked = observed.demand.get(model.name)
     in_flight = observed.outstanding.get(model.name, 0)
     evicted = observed.evicted.get(model.name)
     fresh = asked is not None and (evicted is None or asked > evicted[0])
     if in_flight > 0:
-        return max(lo, 1), f"{in_flight} request(s) in flight", False
+        return max(lo, 1), f"{in_flight} request(s) in flight", False, False
     if fresh and asked is not None and now - asked < model.idle_timeout_s:
-        return max(lo, 1), f"asked for {duration(now - asked)} ago (idle timeout {duration(model.idle_timeout_s)})", False
+        return max(lo, 1), f"asked for {duration(now - asked)} ago (idle timeout {duration(model.idle_timeout_s)})", \
+            False, False
     if evicted is not None and not fresh:
-        return lo, f"{evicted[1]}; a request starts it again", False
+        return lo, f"{evicted[1]}; a request starts it again", False, True
     if asked is not None:
-        return lo, f"idle for {duration(now - asked)} (idle timeout {duration(model.idle_timeout_s)})", False
+        return lo, f"idle for {duration(now - asked)} (idle timeout {duration(model.idle_timeout_s)})", False, True
     if heard >= model.idle_timeout_s:
-        return lo, f"not asked for since this leader took office {duration(heard)} ago", False
-    return lo, "not asked for yet", True
+        return lo, f"not asked for since this leader took office {duration(heard)} ago", False, True
+    return lo, "not asked for yet", True, False
 
 
 def _running(
@@ -236,7 +245,7 @@ def evictions(
     (then fewer victims, then the node's name). A model that is itself idle evicts nothing."""
     live = list(state.placements.values() if placements is None else placements)
     if refusal is None:
-        refusal = place(need, observed.nodes, live, pending=state.pending_nodes(observed.nodes))
+        refusal = place(need, observed.nodes, live, sources=observed.sources, pending=state.pending_nodes(observed.nodes))
     if refusal.choice is not None:
         return []  # it fits as things are
     if refusal.refusals and not refusal.summary \
@@ -250,9 +259,11 @@ def evictions(
     victims = _candidates(state, observed, now, need, live, after)
     if not victims:
         return []
+    src = observed.sources
     pending = state.pending_nodes(observed.nodes)  # waiting for approval: no room is made for them
     nodes = {n: i for n, i in observed.nodes.items() if n not in pending} if pending else observed.nodes
-    chosen = _multi_node(need, nodes, live, victims) if need.profile.nodes > 1 else _one_node(need, nodes, live, victims)
+    chosen = _multi_node(need, nodes, live, victims, src) if need.profile.nodes > 1 else \
+        _one_node(need, nodes, live, victims, src)
     out: list[Eviction] = []
     for idle, unit in chosen:
         why = f"evicted: idle {duration(idle)}, made room for {need.name}"
@@ -297,7 +308,8 @@ def _without(live: Sequence[Placement], gone: Iterable[_Victim]) -> list[Placeme
 
 
 def _one_node(
-    need: ModelDef, nodes: dict[str, NodeInfo], live: list[Placement], victims: list[_Victim]
+    need: ModelDef, nodes: dict[str, NodeInfo], live: list[Placement], victims: list[_Victim],
+    sources: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[_Victim]:
     """Per node, its idlest victims until `need` fits there; the best node's set (see `evictions`)."""
     per_node: dict[str, list[_Victim]] = {}
@@ -317,12 +329,12 @@ def _one_node(
         info = nodes.get(node)
         if info is not None and not _could_fit(need, info, on_node[node], mine):
             continue  # counted first (cheap): too few GPUs there even with every victim gone
-        if info is None or place(need, {node: info}, _without(on_node[node], mine)).choice is None:
+        if info is None or place(need, {node: info}, _without(on_node[node], mine), sources=sources).choice is None:
             continue  # not even with all of them gone: no victim here helps
         taken: list[_Victim] = []
         for v in mine:
             taken.append(v)
-            if place(need, {node: info}, _without(on_node[node], taken)).choice is not None:
+            if place(need, {node: info}, _without(on_node[node], taken), sources=sources).choice is not None:
                 rank = (-min(idle for idle, _ in taken), len(taken), node)
                 if best is None or rank < best[0]:
                     best = (rank, list(taken))
@@ -337,25 +349,26 @@ def _could_fit(need: ModelDef, info: NodeInfo, on_node: list[Placement], mine: l
         return True
     gone = {p.replica_id for _, unit in mine for p in unit}
     held = {g for p in on_node if p.replica_id not in gone for g in p.gpus}
-    free = sum(1 for g in info.gpus if g.usable and g.index not in held)
+    free = sum(1 for g in info.gpus if info.placeable(g) and g.index not in held)
     return free >= need.profile.gpus
 
 
 def _multi_node(
-    need: ModelDef, nodes: dict[str, NodeInfo], live: list[Placement], victims: list[_Victim]
+    need: ModelDef, nodes: dict[str, NodeInfo], live: list[Placement], victims: list[_Victim],
+    sources: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[_Victim]:
     """Whole free nodes: the idlest victims, in order, until `need` fits; then only those on the
     nodes it landed on."""
-    if place(need, nodes, _without(live, victims)).choice is None:
+    if place(need, nodes, _without(live, victims), sources=sources).choice is None:
         return []
     taken: list[_Victim] = []
     for v in victims:
         taken.append(v)
-        result = place(need, nodes, _without(live, taken))
+        result = place(need, nodes, _without(live, taken), sources=sources)
         if result.choice is not None:
             landed = {m.node for m in result.choice.members} or {result.choice.node}
             kept = [t for t in taken if any(p.node in landed for p in t[1])]
-            if place(need, nodes, _without(live, kept)).choice is not None:
+            if place(need, nodes, _without(live, kept), sources=sources).choice is not None:
                 return kept
             return taken
     return []

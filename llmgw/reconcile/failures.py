@@ -6,7 +6,7 @@ says in words. Pure; the rule itself is `domain.health`'s.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmgw.domain import commands, health
@@ -36,6 +36,9 @@ class Scan:
     last_error: dict[str, str] = field(default_factory=dict)
     kept: dict[str, list[Unit]] = field(default_factory=dict)  # model -> its units that stay (fresh or not)
     ready: dict[str, list[Unit]] = field(default_factory=dict)  # model -> kept units whose head is ready
+    # model -> its ready units that have served `stable_ready_s` (only their readiness breaks a row)
+    steady: dict[str, list[Unit]] = field(default_factory=dict)
+    flaps: dict[str, list[float]] = field(default_factory=dict)  # model -> how long this pass's flaps served
 
 
 def scan(state: ClusterState, observed: Observed, now: float, timeouts: Timeouts, units: list[Unit]) -> Scan:
@@ -72,8 +75,11 @@ def scan(state: ClusterState, observed: Observed, now: float, timeouts: Timeouts
                 error = f"rank {rank} of {head.group} (on {culprit.node}) failed: {error}"
             out.gone.append((unit, "start failed"))
             if not state.model_health(head.model).parked:
+                flap = health.flap_of(report.ready_s, timeouts) if state.store_level >= health.FLAPS_LEVEL else None
                 out.failures.append((unit, commands.start_failed(
-                    head.model, culprit.replica_id, error, now, slot=head.slot, node=culprit.node)))
+                    head.model, culprit.replica_id, error, now, slot=head.slot, node=culprit.node, ready_s=flap)))
+                if flap is not None:
+                    out.flaps.setdefault(head.model, []).append(flap)
                 out.failed[head.model] = out.failed.get(head.model, 0) + 1
                 out.failed_slots.setdefault(head.model, set()).add(head.slot)
                 out.last_error[head.model] = error
@@ -81,20 +87,23 @@ def scan(state: ClusterState, observed: Observed, now: float, timeouts: Timeouts
             out.kept.setdefault(head.model, []).append(unit)
             if ready:
                 out.ready.setdefault(head.model, []).append(unit)
+                if head_obs is not None and health.steady(head_obs.since, now, timeouts):
+                    out.steady.setdefault(head.model, []).append(unit)
     return out
 
 
 def ready_commands(state: ClusterState, found: Scan, now: float) -> list[dict[str, Any]]:
-    """`health.ready` for each ready replica of the current definition whose readiness clears
-    something (`health.ready_clears`); none for a model that failed in this very pass: its
-    failures are all counted first, so the outcome never depends on replica id order."""
+    """`health.ready` for each replica of the current definition that has served `stable_ready_s`
+    (a shorter readiness is a flap's, `health.steady`) and whose readiness clears something
+    (`health.ready_clears`); none for a model that failed in this very pass: its failures are all
+    counted first, so the outcome never depends on replica id order."""
     out = []
-    for name in sorted(found.ready):
+    for name in sorted(found.steady):
         model = state.models[name]
         h = state.model_health(name)
         if name in found.failed or h == ModelHealth():
             continue
-        for unit in found.ready[name]:
+        for unit in found.steady[name]:
             head = unit[0]
             if head.launch_hash == launch_of(model) and health.ready_clears(h, head.slot, head.node, head.placed_at):
                 out.append(commands.became_ready(name, now, slot=head.slot, node=head.node, placed_at=head.placed_at))
@@ -109,7 +118,7 @@ def _cleared(h: ModelHealth, head: Placement) -> ModelHealth:
     nodes = tuple(s for s in h.nodes if s.key != head.node)
     if head.placed_at >= h.last_failure_at:
         return ModelHealth(slots=slots, nodes=nodes)
-    return ModelHealth(h.failures_in_row, h.parked, h.last_error, h.last_failure_at, slots, nodes)
+    return replace(h, slots=slots, nodes=nodes)
 
 
 def failing_note(h: ModelHealth, avoided: dict[str, Strikes]) -> str:
@@ -119,14 +128,17 @@ def failing_note(h: ModelHealth, avoided: dict[str, Strikes]) -> str:
         return ""
     parts = []
     if h.failures_in_row:
-        parts.append(f"{h.failures_in_row} failed start(s) in a row, the last: {h.last_error or 'no error text'}")
+        flaps = f" ({health.flap_words(h.flaps, h.flap_ready_s)})" if h.flaps else ""
+        parts.append(f"{h.failures_in_row} failed start(s) in a row{flaps}, the last: {h.last_error or 'no error text'}")
     for node, s in sorted(avoided.items()):
         parts.append(f"node {node} avoided for it ({s.failures_in_row} failed starts there in a row)")
     return "; ".join(parts)
 
 
-def parked_reason(name: str, failures: int, error: str) -> str:
-    return (f"parked after {failures} failed starts in a row: {error or 'no error text'}"
+def parked_reason(name: str, failures: int, error: str, flaps: int, flap_ready_s: float) -> str:
+    """`flaps`: how many of the failures were flaps, the longest serving `flap_ready_s`."""
+    said = f" ({health.flap_words(flaps, flap_ready_s)})" if flaps else ""
+    return (f"parked after {failures} failed starts in a row{said}: {error or 'no error text'}"
             f" — fix the definition or run `llmgw ctl model retry {name}`")
 
 

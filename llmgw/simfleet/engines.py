@@ -23,7 +23,7 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo, ReplicaObs
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.engines import EngineError, Group, launch_spec, parse_engine_args, start_failure
-from llmgw.engines.sim import FAIL_START_STATUS, SimApp, SimOptions, make_app
+from llmgw.engines.sim import EXIT_AFTER_STATUS, FAIL_START_STATUS, SimApp, SimOptions, make_app
 from llmgw.errors import OpenAIError
 from llmgw.wire.asgi import Receive, Scope, Send, dumps, hypercorn_config, lifespan, send_json
 from llmgw.wire.protocol_agent import MirrorSource
@@ -180,6 +180,12 @@ class SimRunner:
                 return
             self.server.apps[rid] = app
             self._set(sim, "ready", url=self.server.url(rid))
+            if opts.exit_after > 0:  # a flapping engine: it serves a while, then exits as the process does
+                await trio.sleep(opts.exit_after)
+                self.server.apps.pop(rid, None)
+                said = f"llmgw sim: simulated failure of model {opts.model} after serving {opts.exit_after:g} s"
+                self._set(sim, "failed", url="", ready_s=opts.exit_after,
+                          error=f"engine exited with status {EXIT_AFTER_STATUS} while serving: {said} (--exit-after)")
 
     def _failed(self, replica_id: str, model: str, error: str) -> _Sim:
         log.warning("replica %s on %s refused: %s", replica_id, self.node, error)

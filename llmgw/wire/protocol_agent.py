@@ -386,6 +386,7 @@ _INVENTORY_FIELDS: dict[str, tuple[type, ...]] = {
     "hostname": (str,), "cpus": (int,), "memory_total": (int,), "gpus": (list,), "engines": (list,),
     "fabric": (str,), "version": (str,), "address": (str,), "cpu_flags": (list,), "engine_versions": (dict,),
     "probe": (str,), "warnings": (list,), "storage": (list,),
+    "reserved_gpus": (list,), "reserved_memory": (int,), "reserved_vram": (int,),  # `llmgw agent --reserve`
 }
 
 
@@ -406,6 +407,9 @@ def _inventory(doc: Any, node: str) -> NodeInfo:
                 raise ProtocolError(f"inventory.gpus[{i}].{key}: must be an integer, not {gpu[key]!r}")
         if "index" not in gpu:
             raise ProtocolError(f"inventory.gpus[{i}].index: missing")
+    for i, index in enumerate(doc.get("reserved_gpus") or ()):
+        if not _is_int(index):
+            raise ProtocolError(f"inventory.reserved_gpus[{i}]: must be an integer, not {index!r}")
     try:
         return NodeInfo.from_doc({**doc, "node": node})
     except (KeyError, TypeError, ValueError, AttributeError) as e:

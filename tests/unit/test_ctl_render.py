@@ -111,6 +111,16 @@ def test_model_show_prints_definition_status_and_replicas() -> None:
     assert replicas[1] == ["r-1", "cpu-02", "ready", "http://127.0.0.1:40001", "-"]
 
 
+def test_model_show_says_when_the_failures_were_flaps() -> None:
+    status = {**MODEL["status"], "parked": True, "failures_in_row": 5, "flaps": 5, "flap_ready_s": 3.2}
+    api = FakeApi().on("GET", "/api/v1/models/demo", json_body={"model": {**MODEL, "status": status}})
+    r = ctl(["model", "show", "demo"], api)
+    assert r.rc == 0, r.err
+    assert "failures in a row:  5 (ready for 3.2 s at most, then failed: 5 times)" in r.out, r.out
+    plain = FakeApi().on("GET", "/api/v1/models/demo", json_body={"model": MODEL})
+    assert "then failed" not in ctl(["model", "show", "demo"], plain).out
+
+
 def test_model_show_says_a_simulated_model_takes_no_gpu() -> None:
     api = FakeApi().on("GET", "/api/v1/models/demo", json_body={"model": MODEL})
     r = ctl(["model", "show", "demo"], api)

@@ -24,7 +24,8 @@ def big_status(models: int = 30, nodes: int = 40, warnings: int = 25) -> dict[st
         **STATUS,
         "nodes": [{"node": f"gpu-{i:03}", "connected": i != 0} for i in range(nodes)],
         "capacity": [
-            {"class": "h100-80g", "mig": False, "nodes": 39, "used": 150, "free": 160, "unusable": 2, "total": 312},
+            {"class": "h100-80g", "mig": False, "nodes": 39, "used": 150, "free": 160, "unusable": 2, "reserved": 4,
+             "total": 316},
             {"class": "a100-80g-mig-3g.40gb", "mig": True, "nodes": 1, "used": 1, "free": 1, "unusable": 0,
              "total": 2},
         ],
@@ -52,9 +53,9 @@ def test_a_large_fleet_reads_as_aggregates() -> None:
     assert r.rc == 0, r.err
     assert "gpu-001" not in r.out and "NODES  39 connected, 1 not connected" in r.out
     cap = columns(r.out, "CLASS ")
-    assert cap[0] == ["CLASS", "NODES", "USED", "FREE", "UNUSABLE", "USAGE"]
-    assert cap[1][:5] == ["h100-80g", "39", "150", "160", "2"] and cap[1][5].endswith("] 48% used")
-    assert cap[2][0] == "a100-80g-mig-3g.40gb"
+    assert cap[0] == ["CLASS", "NODES", "USED", "FREE", "UNUSABLE", "RESERVED", "USAGE"]
+    assert cap[1][:6] == ["h100-80g", "39", "150", "160", "2", "4"] and cap[1][6].endswith("] 48% used")
+    assert cap[2][0] == "a100-80g-mig-3g.40gb" and cap[2][5] == "-"  # not said (an older leader): unknown
     fabrics = columns(r.out, "FABRIC ")
     assert fabrics[1] == ["ib-a", "30", "12", "100", "140", "1", "3", "2"]
     assert fabrics[2][:3] == ["(no fabric)", "9", "0"]

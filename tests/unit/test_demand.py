@@ -10,8 +10,10 @@ import pytest
 import trio
 import trio.testing
 
+from llmgw.cli.ctl.render.fleet import render_status
 from llmgw.control.gateway_stream import GatewayHub
 from llmgw.control.hub import AgentHub
+from llmgw.domain import summary
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Endpoint, ModelRoute, Observed
 from llmgw.domain.state import ClusterState
@@ -272,3 +274,48 @@ async def test_a_router_reports_its_requests_in_flight_and_waiting(clock: trio.t
 async def _wait_for_cold(router: Router) -> None:
     async with router.acquire("cold", deadline=trio.current_time() + 3600):
         pass  # pragma: no cover - the route never turns ready here
+
+
+# --- which wins: a short idle timeout or the load's scale-down delay ---------------------------------
+
+
+SHORT = 10.0  # an idle timeout far shorter than scale_down_delay_s
+
+
+def short_idle(since: float = 0.0, asked: float = NOW - 30, peak: int = 1) -> tuple[ClusterState, Observed]:
+    """An on-demand model with `idle_timeout_s = 10`, last asked for 30 s ago by one request that
+    has finished: the leader's memory of load still holds that request as the window's peak."""
+    state = state_with([model("quick").sim().on_demand(idle_timeout_s=SHORT)], [placed("quick", "a")])
+    seen = observed([cpu_node("a")], [replica("quick-r1", "a")], demand={"quick": asked}, since=since)
+    return state, replace(seen, peak={"quick": peak})
+
+
+def test_a_short_idle_timeout_stops_the_replica_before_the_scale_down_delay() -> None:
+    assert SHORT < TIMEOUTS.scale_down_delay_s
+    state, seen = short_idle()
+    quick = state.models["quick"]
+    want = desired(state, quick, seen, NOW)
+    assert (want.count, want.unknown) == (0, False) and "idle for 30 s (idle timeout 10 s)" in want.reason
+    plan = decide(state, seen, NOW)
+    assert [c["op"] for c in plan.commands if c["op"] == "placement.remove"] == ["placement.remove"]
+    # Even a busy window does not keep an idle model: the load speaks only while it is asked for.
+    assert desired(state, quick, replace(seen, peak={"quick": 40}), NOW).count == 0
+    # Nor does a leader that has not heard the load long enough, once the model is known to be idle.
+    state, fresh_leader = short_idle(since=NOW - 20, asked=NOW - 15)
+    assert desired(state, quick, fresh_leader, NOW).count == 0
+    # Still asked for: the load's peak holds the extra replicas for scale_down_delay_s, as before.
+    state, busy = short_idle(asked=NOW - 5, peak=20)
+    assert desired(state, replace(quick, replicas_max=4), busy, NOW).count == 3
+
+
+def test_status_says_the_idle_timeout_and_that_is_when_it_stops() -> None:
+    state, seen = short_idle()
+    rows = summary.summarize(state, seen, None, {}, NOW).to_doc()["idle"]
+    assert [(r["model"], r["idle_s"], r["idle_timeout_s"]) for r in rows] == [("quick", 30.0, SHORT)]
+    page = render_status({"idle": rows})
+    line = next(line for line in page.splitlines() if line.startswith("quick "))
+    assert line.split()[:4] == ["quick", "on-demand", "1", "0"] and line.split()[4:] == ["30", "s", "10", "s"]
+    # ... and what it says is what happens: at its idle timeout, not at the scale-down delay.
+    state, seen = short_idle(asked=NOW - SHORT + 1)
+    assert desired(state, state.models["quick"], seen, NOW).count == 1
+    assert desired(state, state.models["quick"], seen, NOW + 1).count == 0

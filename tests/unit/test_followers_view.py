@@ -136,3 +136,21 @@ def test_ctl_status_shows_the_floating_address_and_each_followers_last_contact()
     assert nodes[0][-1] == "LAST CONTACT" and nodes[1][-1] == "1.5 s ago", nodes
     assert nodes[2][-1] == "-", "a node the leader's agents list does not name: unknown"
     assert "no gateway follows the leader" in r.out
+
+
+def test_the_gateway_inside_the_leaders_process_is_listed_as_one_that_follows_it() -> None:
+    """`llmgw up`'s gateway follows the table in memory, never over a stream: it is listed all the same."""
+    group = FakeGroup(A, leader=A)
+    now = [NOW]
+    gateways = GatewayHub(group, A, clock=lambda: now[0])
+    gateways.add_local("http://127.0.0.1:8080", pid=42)
+    now[0] += 30
+    doc = Members(group, group, self_addr=A, clock=lambda: now[0], agents=AgentHub(), gateways=gateways).self_doc()
+    assert [(g["name"], g["address"], g["connected"], g["in_process"], g["restartable"], g["last_contact_age_s"])
+            for g in doc["gateways"]] == [("local (in-process)", "http://127.0.0.1:8080", True, True, False, 0.0)]
+    r = ctl(["members"], FakeApi().on("GET", "/api/v1/cluster/members", json_body={**MEMBERS, **{
+        k: doc[k] for k in ("gateways", "agents")}}))
+    assert "no gateway follows the leader" not in r.out
+    assert columns(r.out, "GATEWAY ")[1][:2] == ["local (in-process)", "http://127.0.0.1:8080"]
+    r = ctl(["gateways"], FakeApi().on("GET", "/api/v1/gateways", json_body={"gateways": gateways.gateways()}))
+    assert r.rc == 0 and "local (in-process)" in r.out and "with llmgw up" in r.out, r.err

@@ -39,10 +39,11 @@ def with_engines(info: NodeInfo, versions: dict[str, str]) -> NodeInfo:
     return NodeInfo(**{**info.__dict__, "engine_versions": versions})
 
 
-def fleet_doc() -> Summary:
+def fleet_doc(a_reserves: tuple[int, ...] = ()) -> Summary:
     state = state_with([model("down").gpus(1), model("up").gpus(1), model("never").gpus(8), model("fresh")],
                        [placed("up", "a", [0]), placed("down", "a", [1])])
-    nodes: list[NodeInfo | NodeBuilder] = [with_engines(node("a").gpus(4, unhealthy=[3]).build(), {"vllm": "0.9.1", "sim": ""}),
+    a = NodeInfo(**{**node("a").gpus(4, unhealthy=[3]).build().__dict__, "reserved_gpus": a_reserves})
+    nodes: list[NodeInfo | NodeBuilder] = [with_engines(a, {"vllm": "0.9.1", "sim": ""}),
              node("b").gpus(1, "a100-80g").mig(1, "a100-80g", ("3g.40gb", 40), ("3g.40gb", 40))]
     obs = observed(nodes, [replica("up-r1", "a"), replica("down-r1", "a", "failed", error="boom")],
                    lost={"gone": 1234.0})
@@ -89,6 +90,14 @@ def test_every_judged_model_has_a_ready_series_and_unknown_has_none() -> None:
     assert value(samples, "llmgw_model_restarts_total", model="down") == 57.0
     assert value(samples, "llmgw_model_recent_restarts", model="down") == 0.0  # as the summary counts them
     assert value(samples, "llmgw_condition", kind="model_down", subject="down", severity="critical") == 1.0
+
+
+def test_gpus_kept_for_other_work_are_a_state_of_their_own() -> None:
+    samples = parse(scrape_text(Scrape("n1:1", True, RAFT, fleet_doc(a_reserves=(2,)))))
+    assert value(samples, "llmgw_gpus", **{"class": "h100-80g", "mig": "false", "state": "reserved"}) == 1.0
+    assert value(samples, "llmgw_gpus", **{"class": "h100-80g", "mig": "false", "state": "free"}) == 0.0
+    assert value(samples, "llmgw_node_gpus", node="a", state="reserved") == 1.0
+    assert value(samples, "llmgw_node_gpus", node="a", state="free") == 0.0
 
 
 def test_gpus_by_class_and_state_include_mig_and_unhealthy() -> None:

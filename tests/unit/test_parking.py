@@ -49,6 +49,9 @@ def test_a_model_failing_on_two_nodes_beside_a_ready_replica_is_bounded_and_move
     # Three first, then each failing slot tried twice more: two failures in a row on a node and
     # it is avoided for the model, so the last tries go to c, where they serve.
     assert placed_on == ["a", "b", "c", "a", "b", "c", "c"], placed_on
+    assert loop.state.model_health("kev").failures_in_row == 4, "c's replicas have not served stable_ready_s yet"
+    loop.tick(dt=TIMEOUTS.stable_ready_s)
+    plans.append(loop.tick(dt=0.1))  # they have now: their readiness breaks the row
     health = loop.state.model_health("kev")
     assert not health.parked and health.failures_in_row == 0 and health.slots == ()
     assert sorted(avoided_nodes(loop.state, health, loop.now)) == ["a", "b"]

@@ -107,7 +107,8 @@ def test_the_up_messages() -> None:
             pa.read_up(msg, "")
     assert pa.read_up({"type": "hello", "protocol": 1, "node": "n"}, "") == pa.Hello(1, "n", ""), "version: optional"
     info = NodeInfo("ignored", cpus=4, gpus=(Gpu(0, "GPU-1", "H100", "h100-80g", 80 << 30, None),),
-                    storage=({"path": "/m", "fabric": "ib", "shared": False, "models": []},))
+                    storage=({"path": "/m", "fabric": "ib", "shared": False, "models": []},),
+                    reserved_gpus=(0,), reserved_memory=1 << 30, reserved_vram=2 << 30)
     read = pa.read_up({"type": "inventory", "inventory": info.to_doc()}, "n1")
     assert read == pa.Inventory(NodeInfo.from_doc({**info.to_doc(), "node": "n1"})), "the hello's name wins"
     obs = ReplicaObs("demo-r1", "demo", "other", "ready", "http://h:1")
@@ -126,6 +127,8 @@ def test_the_up_messages() -> None:
     ({"type": "inventory", "inventory": {"gpus": [{"index": "0"}]}}, "inventory.gpus[0].index: must be an integer"),
     ({"type": "inventory", "inventory": {"storage": ["/m"]}}, "inventory.storage[0]: must be an object"),
     ({"type": "inventory", "inventory": {"engine_versions": []}}, "inventory.engine_versions"),
+    ({"type": "inventory", "inventory": {"reserved_gpus": ["0"]}}, "inventory.reserved_gpus[0]: must be an integer"),
+    ({"type": "inventory", "inventory": {"reserved_memory": 1.5}}, "inventory.reserved_memory: must be int"),
     ({"type": "replicas"}, "replicas.replicas: missing"),
     ({"type": "replicas", "replicas": [{"replica_id": "r1", "state": "dancing"}]}, "replicas[0].state"),
     ({"type": "replicas", "replicas": [{"state": "ready"}]}, "replicas[0].replica_id: missing"),

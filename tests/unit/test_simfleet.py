@@ -124,6 +124,22 @@ async def test_a_replica_starts_after_its_startup_delay_and_serves_at_its_path(c
         nursery.cancel_scope.cancel()
 
 
+async def test_exit_after_serves_then_fails_saying_how_long_it_served(clock: trio.testing.MockClock) -> None:
+    """A flapping engine (`--exit-after`): ready, then failed with how long it served (control counts it as a flap)."""
+    async with trio.open_nursery() as nursery:
+        node = Node(nursery)
+        node.runner.start("flappy-r1", sim_model("flappy", "--exit-after", "3"), [])
+        await trio.sleep(2.9)
+        assert node.state("flappy-r1")[0] == "ready" and "flappy-r1" in node.server.apps
+        await trio.sleep(0.2)
+        state, url, error = node.state("flappy-r1")
+        assert (state, url) == ("failed", "")
+        assert "status 4 while serving" in error and "(--exit-after)" in error, error
+        assert node.runner.replicas()[0].ready_s == 3.0
+        assert node.server.apps == {}
+        nursery.cancel_scope.cancel()
+
+
 async def test_fail_start_fails_after_the_delay_with_the_sim_engines_own_words(clock: trio.testing.MockClock) -> None:
     async with trio.open_nursery() as nursery:
         node = Node(nursery)

@@ -81,8 +81,9 @@ def restart_one(session: Session, name: str, wait: bool = True) -> None:
 
 
 def connected_gateways(session: Session) -> tuple[list[str], list[str]]:
-    """The gateways following the leader now, by name: (those that can restart in place, those that cannot)."""
-    rows = {name: row for name, row in _listed(session).items() if row.get("connected")}
+    """The gateways following the leader now, by name: (those that can restart in place, those that cannot).
+    One inside a control plane's process (`llmgw up`) is neither: it restarts with its control plane."""
+    rows = {name: row for name, row in _listed(session).items() if row.get("connected") and not row.get("in_process")}
     return (sorted(n for n, r in rows.items() if r.get("restartable")),
             sorted(n for n, r in rows.items() if not r.get("restartable")))
 
@@ -120,8 +121,14 @@ def render_gateways(doc: Mapping[str, Any]) -> str:
         return "no gateway has followed the leader: start one (`llmgw gateway --control URL ...`)"
     return table(["GATEWAY", "STATE", "ADDRESS", "PID", "STARTED", "RESTART"],
                  [[g.get("name"), "connected" if g.get("connected") else "not connected", g.get("address"),
-                   g.get("pid"), _when(g.get("started_at")), "in place" if g.get("restartable") else "on its machine"]
+                   g.get("pid"), _when(g.get("started_at")), _restart(g)]
                   for g in rows])
+
+
+def _restart(g: Mapping[str, Any]) -> str:
+    if g.get("in_process"):
+        return "with llmgw up"  # the gateway inside the control plane's process
+    return "in place" if g.get("restartable") else "on its machine"
 
 
 def _when(value: Any) -> str | None:

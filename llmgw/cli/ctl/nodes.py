@@ -124,6 +124,9 @@ def render_nodes(doc: Mapping[str, Any]) -> str:
                                   [_storage_row(s) for s in sorted(storage, key=_fabric) if isinstance(s, Mapping)]))]
         if isinstance(warnings, list) and warnings:
             out += ["", *(f"warning: node {cell(n.get('node'))}: {clean(str(w))}" for w in warnings)]
+        kept = _reserve(n)
+        if kept:
+            out += ["", f"{cell(n.get('node'))}: reserved for other work (--reserve): {kept}"]
     if any(isinstance(n, Mapping) and n.get("approval") == "pending" for n in nodes):
         out += ["", "pending nodes take no replica until approved: `llmgw ctl nodes approve NAME`"]
     lost = [n for n in nodes if isinstance(n, Mapping) and n.get("state") == "lost"]
@@ -183,6 +186,16 @@ def _label(g: Mapping[str, Any]) -> Any:
 def _health(g: Mapping[str, Any]) -> str | None:
     healthy = g.get("healthy")
     return None if healthy is None else ("healthy" if healthy else "unhealthy")
+
+
+def _reserve(n: Mapping[str, Any]) -> str:
+    """What the node keeps for other work, in words ("" when nothing, or when its leader does not say)."""
+    gpus = dig(n, "gpu_counts", "reserved")
+    said = [f"GPU {', '.join(clean(str(g)) for g in gpus)}"] if isinstance(gpus, list) and gpus else []
+    memory, vram = _gib(n.get("reserved_memory")), _gib(n.get("reserved_vram"))
+    said += [f"{memory} of memory"] if memory else []
+    said += [f"{vram} of each GPU"] if vram else []
+    return "; ".join(said)
 
 
 def _gib(value: Any) -> str | None:

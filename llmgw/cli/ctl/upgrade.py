@@ -161,7 +161,8 @@ def _plan(session: Session) -> dict[str, list[Step]]:
              for n in dig(doc, "nodes") or [] if isinstance(n, Mapping) and n.get("state") == "connected"]
     _, listed = session.request("GET", api_path("gateways"))
     gateways = [Step("gateway", str(g.get("name")), sha256=_str(g.get("release_sha256")))
-                for g in dig(listed, "gateways") or [] if isinstance(g, Mapping) and g.get("connected")]
+                for g in dig(listed, "gateways") or []
+                if isinstance(g, Mapping) and g.get("connected") and not g.get("in_process")]  # `up`'s goes with it
     return {"members": members, "gateways": gateways, "nodes": nodes}
 
 

@@ -161,7 +161,7 @@ def _activation() -> Schema:
 def _model() -> Schema:
     status = _obj({"desired": _null(_INT), "ready": _null(_INT), "starting": _null(_INT), "state": _STR,
                    "reason": _STR, "parked": _BOOL, "failures_in_row": _INT, "last_error": _STR,
-                   "replicas": _arr(_OBJ), "activation": _null(_activation()), "window_s": _null(_NUM),
+                   "flaps": _INT, "flap_ready_s": _NUM, "replicas": _arr(_OBJ), "activation": _null(_activation()), "window_s": _null(_NUM),
                    # A LoRA adapter's state per replica of its base (loaded, loading, "failed: why"); a base's adapters.
                    "adapter_on": {"type": "object", "additionalProperties": _STR}, "adapters": _arr(_STR),
                    "breakers": _arr(_obj({"replica_id": _STR, "gateway": _STR, "reason": _STR, "since": _NUM,
@@ -417,11 +417,13 @@ def _paths() -> Schema:
             "ask a connected node's agent to restart in place (engines keep serving, adopted)",
             _obj({"restarting": _STR, "connected_at": _null(_NUM)}), errors=("404", "409", "503"), params=(node,),
             write=True)},
-        "/api/v1/gateways": {"get": _op("every gateway the leader has seen on its stream, connected or not", _obj({
-            "gateways": _arr(_obj({"name": _STR, "address": _STR, "connected": _BOOL, "connected_at": _NUM,
-                                   "last_contact": _NUM, "query_url": _STR, "restartable": _BOOL,
-                                   "pid": _null(_INT), "started_at": _null(_NUM), "release_sha256": _null(_STR),
-                                   "upgrade_refused": _null(_STR)}))}))},
+        "/api/v1/gateways": {"get": _op(
+            "every gateway the leader has seen on its stream, connected or not; then the one inside its own process "
+            "(`llmgw up`: `in_process` true)", _obj({
+                "gateways": _arr(_obj({"name": _STR, "address": _STR, "connected": _BOOL, "connected_at": _NUM,
+                                       "last_contact": _NUM, "query_url": _null(_STR), "restartable": _BOOL,
+                                       "pid": _null(_INT), "started_at": _null(_NUM), "release_sha256": _null(_STR),
+                                       "upgrade_refused": _null(_STR), "in_process": _BOOL}))}))},
         "/api/v1/gateways/{name}/restart": {"post": _op(
             "ask a connected gateway to restart in place (it drains; its listening socket passes to the program "
             "that runs next: no client refused)",

@@ -21,6 +21,9 @@ async def list_gateways(ctx: Context) -> dict[str, Any]:
 def _restartable(ctx: Context, name: str, what: str) -> tuple[GatewayHub, GatewayLink]:
     hub = hub_of(ctx.reconciler)
     link = None if hub is None else hub.links.get(name)
+    if hub is not None and link is None and name in hub.local:
+        raise AdminError(409, "cannot_restart", f"gateway {name} runs inside the control plane's own process "
+                                                f"(`llmgw up`): {what} it by restarting `llmgw up`")
     if hub is None or link is None:
         raise AdminError(404, "gateway_not_found", f"no gateway named {name!r} has followed the leader "
                                                    f"(`llmgw ctl gateways` lists them)")

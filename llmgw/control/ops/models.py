@@ -117,7 +117,8 @@ async def show(ctx: Context, name: str) -> dict[str, Any]:
     """A model with its status and the memory one replica needs, as placement counts it."""
     state, observed = ctx.state(), ctx.observed()
     doc = model_doc(name, state, observed, ctx.views(), ctx.clock(), ctx.breakers())
-    return {"model": {**doc, "estimate": estimate_for(state.models[name], observed.nodes).to_doc()}}
+    return {"model": {**doc, "estimate": estimate_for(state.models[name], observed.nodes,
+                                                           sources=observed.sources).to_doc()}}
 
 
 async def remove(ctx: Context, commit: Commit, name: str) -> dict[str, Any]:

@@ -35,7 +35,8 @@ def plan_doc(model: ModelDef, state: ClusterState, observed: Observed) -> dict[s
     (node, devices, score, a multi-node replica's members and fabric) or None, and every refusal,
     whole (`refusals`) and grouped by verdict and reason (`groups`). A model of that name already
     defined keeps its replicas: the plan is for one more, spread from them as the reconciler would."""
-    result = place(model, observed.nodes, state.placements.values(), pending=state.pending_nodes(observed.nodes))
+    result = place(model, observed.nodes, state.placements.values(), sources=observed.sources,
+                   pending=state.pending_nodes(observed.nodes))
     existing = state.models.get(model.name)
     return {
         "model": model.name,
@@ -49,7 +50,7 @@ def plan_doc(model: ModelDef, state: ClusterState, observed: Observed) -> dict[s
         # Whatever else placement says of its answer (a multi-node summary, ...), as it says it.
         **{f.name: _plain(getattr(result, f.name)) for f in dataclasses.fields(PlacementResult)
            if f.name not in ("choice", "refusals")},
-        "estimate": estimate_for(model, observed.nodes).to_doc(),
+        "estimate": estimate_for(model, observed.nodes, sources=observed.sources).to_doc(),
         "existing": {
             "defined": existing is not None,
             "same_definition": existing is not None and existing.launch_hash() == model.launch_hash(),

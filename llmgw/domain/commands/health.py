@@ -12,7 +12,9 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from llmgw.domain import levels
 from llmgw.domain.commands.core import CommandError, check_slot, make, readonly, required, slot_field
+from llmgw.domain.health import FLAPS_LEVEL
 from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState, ModelHealth, Strikes
 
@@ -20,10 +22,15 @@ ERROR_MAX_CHARS = 2000
 
 
 def start_failed(model: str, replica_id: str, error: str, at: float,
-                 *, slot: int | None = None, node: str = "") -> dict[str, Any]:
-    """A replica failed to start: counted against the model, and its slot and node when given."""
+                 *, slot: int | None = None, node: str = "", ready_s: float | None = None) -> dict[str, Any]:
+    """A replica failed to start: counted against the model, and its slot and node when given.
+    `ready_s`: it was a flap, ready for that many seconds first (`domain.health.flap_of`); a command
+    that says so is of store level `FLAPS_LEVEL`."""
     where = {**slot_field(slot), **({"node": node} if node else {})}
-    return make("health.start_failed", at, model=model, replica_id=replica_id, error=error, **where)
+    if ready_s is None:
+        return make("health.start_failed", at, model=model, replica_id=replica_id, error=error, **where)
+    command = make("health.start_failed", at, model=model, replica_id=replica_id, error=error, ready_s=ready_s, **where)
+    return levels.stamp(command, FLAPS_LEVEL)
 
 
 def became_ready(model: str, at: float, *, slot: int | None = None, node: str = "",
@@ -40,6 +47,9 @@ def check(c: dict[str, Any]) -> None:
     node, placed_at = c.get("node", ""), c.get("placed_at", 0.0)
     if not isinstance(node, str):
         raise CommandError("bad_command", "node must be a string")
+    ready_s = c.get("ready_s", 0.0)
+    if isinstance(ready_s, bool) or not isinstance(ready_s, (int, float)) or not 0 <= ready_s < math.inf:
+        raise CommandError("bad_command", "ready_s must be a finite number of seconds")
     if isinstance(placed_at, bool) or not isinstance(placed_at, (int, float)) or not math.isfinite(placed_at):
         raise CommandError("bad_command", "placed_at must be a finite time")
     check_slot(c)
@@ -59,7 +69,10 @@ def apply_start_failed(s: ClusterState, c: dict[str, Any], at: float) -> tuple[C
         slots = _bump(slots, str(c["slot"]), error, at)
     if c.get("node"):
         nodes = _bump(nodes, c["node"], error, at)
-    health = ModelHealth(failures, parked, error, at, slots, nodes)
+    flaps, flap_ready_s = old.flaps, old.flap_ready_s
+    if "ready_s" in c:  # a flap: it served that long, then failed
+        flaps, flap_ready_s = flaps + 1, max(flap_ready_s, float(c["ready_s"]))
+    health = ModelHealth(failures, parked, error, at, slots, nodes, flaps, flap_ready_s)
     result = {"parked": parked, "failures_in_row": failures}
     return _with(s, model, health), result
 

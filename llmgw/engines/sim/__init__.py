@@ -5,7 +5,7 @@ line (`llmgw engine sim`, `python -m llmgw.engines.sim`).
 """
 
 from llmgw.engines.sim.app import SimApp, SimOptions, make_app
-from llmgw.engines.sim.process import FAIL_START_STATUS, main, run, serve
+from llmgw.engines.sim.process import EXIT_AFTER_STATUS, FAIL_START_STATUS, main, run, serve
 from llmgw.engines.sim.requests import embed
 
-__all__ = ["FAIL_START_STATUS", "SimApp", "SimOptions", "embed", "main", "make_app", "run", "serve"]
+__all__ = ["EXIT_AFTER_STATUS", "FAIL_START_STATUS", "SimApp", "SimOptions", "embed", "main", "make_app", "run", "serve"]

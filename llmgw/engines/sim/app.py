@@ -66,6 +66,7 @@ class SimOptions:
     tokens_per_s: float = 0.0  # 0: answer at once
     startup_delay: float = 0.0
     fail_start: bool = False
+    exit_after: float = 0.0  # serve this many seconds, then exit with an error (a flap); 0: until stopped
     embedding_dim: int = 16
     group: GroupRole | None = None  # a member of a multi-node replica (`group.py`)
     unsafe: tuple[tuple[str, str], ...] = ()  # as a judge: (word, hazard code) pairs, `--unsafe WORD=S6`

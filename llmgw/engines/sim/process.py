@@ -23,11 +23,12 @@ from llmgw.errors import first_error
 from llmgw.net import url_host
 from llmgw.wire.front import Front, listen_socket
 
-__all__ = ["FAIL_START_STATUS", "main", "run", "serve"]
+__all__ = ["EXIT_AFTER_STATUS", "FAIL_START_STATUS", "main", "run", "serve"]
 
 logger = logging.getLogger("llmgw.engine.sim")
 
 FAIL_START_STATUS = 3
+EXIT_AFTER_STATUS = 4  # `--exit-after`: it served, then exits with an error
 
 
 async def serve(
@@ -75,6 +76,13 @@ async def _main(opts: SimOptions) -> int:
                 status = FAIL_START_STATUS
             elif opts.group is not None:
                 status = await run_group(opts.group, opts.model, make_app(opts), partial(serve, opts), stop)
+            elif opts.exit_after > 0:
+                with trio.move_on_after(opts.exit_after):
+                    await serve(opts, shutdown_trigger=stop.wait)
+                if not stop.is_set():
+                    print(f"llmgw sim: simulated failure of model {opts.model} after serving {opts.exit_after:g} s "
+                          f"(--exit-after)", file=sys.stderr, flush=True)
+                    status = EXIT_AFTER_STATUS
             else:
                 await serve(opts, shutdown_trigger=stop.wait)
             nursery.cancel_scope.cancel()

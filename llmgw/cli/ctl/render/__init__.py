@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from llmgw.domain.health import flap_words
 from llmgw.domain.model import PREFIX_CHARS, ModelDef, Routing
 
 REASON_WIDTH = 100  # tables cut long reasons; `ctl model show` prints them whole
@@ -63,6 +64,14 @@ def json_field(doc: Any, key: str) -> str:
 
 
 # --- quantities: which number means "unknown" depends on the field ------------------
+
+
+def _failures(status: Any) -> str:
+    """"5 (ready for 3 s at most, then failed: 5 times)": the row, and its flaps when it has any."""
+    count, flaps, longest = dig(status, "failures_in_row"), dig(status, "flaps"), dig(status, "flap_ready_s")
+    if isinstance(flaps, int) and flaps and isinstance(longest, (int, float)):
+        return f"{_known_count(count)} ({flap_words(flaps, float(longest))})"
+    return _known_count(count)
 
 
 def _known_count(value: Any) -> str:
@@ -292,7 +301,7 @@ def render_model(model: Mapping[str, Any]) -> str:
         ("activation", _activation(status)),
         ("reason", dig(status, "reason")),
         ("parked", dig(status, "parked")),
-        ("failures in a row", _known_count(dig(status, "failures_in_row"))),
+        ("failures in a row", _failures(status)),
         ("last error", dig(status, "last_error")),
     ]
     width = max(len(k) for k, _ in rows)

@@ -136,10 +136,10 @@ def _capacity(rows: Any) -> list[str]:
         return []
     if not rows:
         return ["", "CAPACITY  no GPUs reported"]
-    return ["", "CAPACITY (GPUs per class; unusable: neither used nor free)", table(
-        ["CLASS", "NODES", "USED", "FREE", "UNUSABLE", "USAGE"],
+    return ["", "CAPACITY (GPUs per class; unusable, reserved for other work: neither used nor free)", table(
+        ["CLASS", "NODES", "USED", "FREE", "UNUSABLE", "RESERVED", "USAGE"],
         ([dig(r, "class"), _known_count(dig(r, "nodes")), _known_count(dig(r, "used")),
-          _known_count(dig(r, "free")), _known_count(dig(r, "unusable")),
+          _known_count(dig(r, "free")), _known_count(dig(r, "unusable")), _known_count(dig(r, "reserved")),
           bar(dig(r, "used"), dig(r, "free"), dig(r, "unusable"))] for r in rows))]
 
 
