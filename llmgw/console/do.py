@@ -1,5 +1,5 @@
 """The console's Do menu (`/do`): serve a model (with `ctl plan`'s verdict first), retry a parked model,
-enable the judge, stop / start the system, guards on / off; and how to add a machine (`llmgw server add`).
+approve a pending node, enable the judge, stop / start the system, guards on / off; and how to add a machine (`llmgw server add`).
 
 Every action is two POSTs: the first shows what will happen and asks to confirm, the second does it
 through the admin API's own operations (`control/ops`: models, judges, system, settings) and shows the result,
@@ -23,6 +23,7 @@ from llmgw.console.layout import esc, page, table
 from llmgw.control.ops import Commit, Created
 from llmgw.control.ops import judges as judge_ops
 from llmgw.control.ops import models as model_ops
+from llmgw.control.ops import nodes as node_ops
 from llmgw.control.ops import settings as setting_ops
 from llmgw.control.ops import system as system_ops
 from llmgw.control.ops.plan import plan_doc
@@ -88,6 +89,24 @@ def register(app: QuartTrio) -> None:
             return (f"model {esc(name)} retried: its failed starts are cleared and the reconciler places it again "
                     f'(<a href="/models/{esc(name)}">its page</a>, <code>llmgw ctl model show {esc(name)}</code>).')
         return await _result(session, f"Retry {name}", "retry", act())
+
+    @console_route(app, "/do/approve", ("POST",), action=True)
+    async def approve(session: Session, ctx: Context) -> str:
+        form = await _form()
+        name = form.get("name", "")
+        if form.get("confirm") != "yes":
+            pending = name in ctx.state().pending_nodes(ctx.hub.nodes)
+            said = (f"node {name} is connected and waiting for approval: once approved, replicas may be placed on it"
+                    if pending else f"node {name} is not waiting for approval now; approving it records it anyway")
+            return _page(f"Approve {name}", f"<p>{esc(said)}</p>" + _confirm(
+                session, "/do/approve", f"Approve {name}", {"name": name}, "approve"), session)
+
+        async def act() -> str:
+            answer = await node_ops.approve(ctx, committer(ctx, session, form.get("token")), name)
+            return (f"node {esc(name)} {'was already approved' if answer['already'] else 'approved'}: the reconciler "
+                    f'may place replicas on it (<a href="/nodes/{esc(name)}">its page</a>, '
+                    f"<code>llmgw ctl nodes</code>).")
+        return await _result(session, f"Approve {name}", "approve", act())
 
     @console_route(app, "/do/judge", ("POST",), action=True)
     async def judge(session: Session, ctx: Context) -> str:
@@ -203,6 +222,15 @@ def menu(session: Session, ctx: Context) -> str:
     out.append('<section class="card" id="do-retry"><h2>Retry a parked model</h2>' +
                table(["Model", "Failed starts", "Last error", ""], rows, sortable=False, testid="parked-table",
                      empty="no model is parked") + more + "</section>")
+    if state.settings.get("nodes.require_approval") is True:
+        waiting = sorted(state.pending_nodes(ctx.hub.nodes))
+        rows = [[n, _button("/do/approve", csrf, {"name": n}, "Approve…", f"approve-{n}")]
+                for n in waiting[:PARKED_SHOWN]]
+        more = (f'<p class="more">… and {len(waiting) - PARKED_SHOWN} more: <code>llmgw ctl nodes</code>.</p>'
+                if len(waiting) > PARKED_SHOWN else "")
+        out.append('<section class="card" id="do-approve"><h2>Approve a pending node</h2>' +
+                   table(["Node", ""], rows, sortable=False, testid="pending-table",
+                         empty="no node is waiting for approval") + more + "</section>")
     out.append('<section class="card" id="do-judge"><h2>Enable the judge</h2>' + judge_form(ctx, csrf) + "</section>")
     stopped = bool(effective(state.settings, "serving.stopped"))
     out.append(f'<section class="card" id="do-system"><h2>Stop / start the system</h2><p data-testid="system-state">'

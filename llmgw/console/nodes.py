@@ -126,6 +126,9 @@ def state_html(d: Mapping[str, Any]) -> str:
         text += f" for {gone:.0f} s"
         if isinstance(grace, (int, float)) and state == "disconnected":
             text += f" (lost in {max(grace - gone, 0):.0f} s)"
+    if d.get("approval") == "pending":  # nodes.require_approval: nothing is placed on it until approved
+        text += (' <span class="state pending" data-testid="node-pending">pending approval</span> '
+                 f'(<code>llmgw ctl nodes approve {esc(str(d.get("node")))}</code>)')
     return text
 
 

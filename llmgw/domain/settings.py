@@ -186,6 +186,9 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
                     "is older than this", _positive_number),
         SettingSpec("usage.retention_days", 90, "hourly usage rollups in the replicated state older than this are "
                     "dropped", _positive_number),
+        SettingSpec("nodes.require_approval", False, "true: a node whose agent connects for the first time is "
+                    "pending (listed with its inventory, nothing placed on it) until `ctl nodes approve NAME`; the "
+                    "nodes known when it is turned on are approved then (docs/security.md, \"Approving nodes\")", _bool),
         SettingSpec("mirror.budget_gib", 100, "the model mirror keeps at most this many GiB of files on each control "
                     "plane; an upload that would pass it is refused at its start (docs/mirror.md)", _positive_number),
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Iterable
 
 from llmgw.domain.frozen import freeze, thaw
 from llmgw.domain.guard import GuardPolicy
@@ -179,7 +179,7 @@ class Member:
 
 # The mappings whose values are frozen dataclasses; `settings` holds JSON values, frozen deeply.
 _MAPPINGS = ("models", "keys", "placements", "health", "members", "usage", "usage_marks", "guard_policies",
-             "authorities", "join_tokens", "machines", "revoked", "mirror")
+             "authorities", "join_tokens", "machines", "revoked", "mirror", "approved_nodes")
 
 
 def _empty() -> MappingProxyType[str, Any]:
@@ -228,6 +228,9 @@ class ClusterState:
     # The model mirror's catalog by name (domain/mirror.py; `mirror.put`, `mirror.remove`, `mirror.pin`): each file's
     # blob sha256, size, kind and header facts. The blobs themselves are on each control plane's disk (llmgw/mirror/).
     mirror: MappingProxyType[str, MirrorFile] = field(default_factory=_empty)
+    # Nodes an operator approved (`node.approve`; `ctl nodes approve`), by name -> when. While the setting
+    # `nodes.require_approval` is on, a node not here is pending: it connects and reports, nothing is placed on it.
+    approved_nodes: MappingProxyType[str, float] = field(default_factory=_empty)
 
     def __post_init__(self) -> None:
         # A read-only mapping is kept as is: `replace` passes the unchanged fields on, and
@@ -268,6 +271,13 @@ class ClusterState:
             if found is not None:
                 return found
         return None
+
+    def pending_nodes(self, nodes: Iterable[str]) -> frozenset[str]:
+        """Of `nodes`, those waiting for an operator's approval: none unless the setting
+        `nodes.require_approval` is on; then each not in `approved_nodes` (docs/security.md, "Approving nodes")."""
+        if self.settings.get("nodes.require_approval") is not True:
+            return frozenset()
+        return frozenset(n for n in nodes if n not in self.approved_nodes)
 
     def model_health(self, name: str) -> ModelHealth:
         return self.health.get(name, ModelHealth())

@@ -370,6 +370,11 @@ def summarize(
     fabrics = fleet.fabrics(observed, used, grouped)
     warnings += fleet.fleet_warnings(fabrics, capacity, [n.node for n in known if not n.connected])
     warnings += _probe_warnings(known)
+    pending = sorted(state.pending_nodes(observed.nodes))
+    if pending:  # nodes.require_approval: connected, counted in capacity, but nothing is placed on them
+        shown = ", ".join(pending[:5]) + (f" and {len(pending) - 5} more" if len(pending) > 5 else "")
+        warnings.append(f"{len(pending)} node(s) waiting for approval: {shown} (nothing is placed on them until "
+                        f"`llmgw ctl nodes approve NAME`)")
     members = cluster.get("members")
     warnings += member_warnings(members if isinstance(members, list) else [])
     return Summary(

@@ -44,6 +44,7 @@ REASONS: dict[str, tuple[str, str]] = {
     "no_fabric": (NEVER, "a multi-node replica on a node with no fabric configured"),
     "node_busy": (NOT_NOW, "a multi-node replica needs a whole free node"),
     "reserved": (NEVER, "it would fit only in what the node reserves for other work (`llmgw agent --reserve`)"),
+    "awaiting_approval": (NOT_NOW, "the node is waiting for approval (`nodes.require_approval`): `ctl nodes approve`"),
 }
 
 
@@ -250,6 +251,13 @@ def _unreserved(need: Need, node: NodeInfo, candidates: list[Gpu]) -> list[Gpu] 
                    f"reserved for other work ({' and '.join(said)})",
                    {"need": need.gpus, "fit": len(kept), "reserved_gpus": len(node.reserved_gpus),
                     "reserved_vram_bytes": node.reserved_vram})
+
+
+def approval_refusal(node: str) -> Refusal:
+    """A node waiting for an operator's approval takes nothing (`ClusterState.pending_nodes`)."""
+    return Refusal(node, NOT_NOW, "awaiting_approval",
+                   f"waiting for approval: nodes.require_approval is on and no operator approved this node yet "
+                   f"(llmgw ctl nodes approve {node})")
 
 
 def engine_refusal(model: ModelDef | Need, node: NodeInfo) -> Refusal | None:

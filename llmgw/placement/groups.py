@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmgw.domain.model import ModelDef
-from llmgw.placement.filters import (NEVER, NOT_NOW, Choice, Member, PlacementResult, Refusal, Verdict, engine_host,
-                                     engine_refusal)
+from llmgw.placement.filters import (NEVER, NOT_NOW, Choice, Member, PlacementResult, Refusal, Verdict,
+                                     approval_refusal, engine_host, engine_refusal)
 
 if TYPE_CHECKING:  # FleetView hands its index over and calls these: a type, not a dependency
     from llmgw.placement.fleet import FleetView
@@ -78,6 +78,8 @@ def _whole_node(model: ModelDef, view: FleetView, name: str) -> tuple[int, tuple
     node = view.nodes[name]
     info = node.info
     need = view.need(model)
+    if node.shape.pending:
+        return approval_refusal(name)
     if not info.fabric:
         return Refusal(name, NEVER, "no_fabric",
                        "node has no fabric configured: a multi-node replica runs within one fabric")

@@ -139,7 +139,8 @@ class _Pass:
     # (a quiet pass builds none), then kept in step with each removal and addition.
     view: FleetView | None = None
     evicted: list[demand.Eviction] = field(default_factory=list)
-    eviction_searches: int = 0  # how many unplaceable models looked for idle replicas to evict
+    eviction_searches: int = 0
+    pending: frozenset[str] = frozenset()  # nodes waiting for approval: nothing is placed on them  # how many unplaceable models looked for idle replicas to evict
 
     def remove(self, unit: Unit, why: str) -> None:
         for p in unit:
@@ -154,11 +155,11 @@ class _Pass:
         nodes: dict[str, NodeInfo] = self.observed.nodes
         if avoided:  # rare: a one-off plan without them
             elsewhere = place(model, {n: i for n, i in nodes.items() if n not in avoided}, self.live.values(),
-                              models=self.state.models, sources=self.observed.sources)
+                              models=self.state.models, sources=self.observed.sources, pending=self.pending)
             if elsewhere.choice is not None:
                 return elsewhere
         if self.view is None:
-            self.view = FleetView(nodes, self.live.values(), self.state.models, self.observed.sources)
+            self.view = FleetView(nodes, self.live.values(), self.state.models, self.observed.sources, self.pending)
         return self.view.place(model)  # every refusal comes when nothing fits
 
     def _added(self, p: Placement) -> None:
@@ -184,7 +185,7 @@ class _Pass:
 def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeouts = TIMEOUTS) -> Plan:
     observed = demand.with_adapters(state, observed)  # a LoRA adapter's requests are its base's demand
     state = with_launch_lora(state)  # a llama.cpp base starts with its adapters' files
-    run = _Pass(state, observed, now, timeouts, live=dict(state.placements))
+    run = _Pass(state, observed, now, timeouts, live=dict(state.placements), pending=state.pending_nodes(observed.nodes))
     # 1. Replicas that must go: their model went, their node is lost, they failed to start (a
     #    group: any member), an old definition's that does not serve. Failures are all counted
     #    before any "ready" is recorded, so the outcome never depends on replica id order.

@@ -92,8 +92,8 @@ def test_every_state_the_commands_build_round_trips(steps: list[tuple[dict[str, 
 
 
 def test_the_generated_states_are_not_trivial() -> None:
-    """The property above must see models, keys, placements, health, settings, outcomes, refusals, the mirror
-    and the trust facts (an authority, a join token, a machine's certificate, a revocation, TLS required between members)."""
+    """The property above must see models, keys, placements, health, settings, outcomes, refusals, the mirror,
+    approved nodes and the trust facts (an authority, a join token, a machine's certificate, a revocation, TLS required between members)."""
     state = build([
         (commands.make("model.put", 1.0, model=model_doc("a", "always", 1, 2, ["--x"], 1.5)), "c1"),
         (commands.add_key("sha256:k1", "ops", "admin", 2.0), None),
@@ -115,6 +115,7 @@ def test_the_generated_states_are_not_trivial() -> None:
         (trust.raft_tls(["10.0.0.1:7000"], 16.0), None),
         (commands.raise_level(levels.LEVEL, 17.0), None),  # its one announced member reads this release's level
         (commands.put_file("tiny", "a" * 64, 10, "gguf", {"architecture": "llama"}, 18.0), None),  # level 3
+        (commands.approve_nodes(["n1"], 19.0), None),  # level 3
     ])
     for f in dataclasses.fields(ClusterState):
         if f.name == "store_level" and levels.LEVEL == 1:

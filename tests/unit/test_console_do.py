@@ -200,3 +200,20 @@ async def test_the_retry_list_is_bounded_at_fleet_scale_and_points_to_the_rest()
     assert len(rows(menu, "parked-table")) == do.PARKED_SHOWN
     assert "… and 10 more parked" in text_of(menu, "more-parked") and 'href="/models?state=parked"' in menu
     assert 'data-testid="retry-form"' in rest
+
+
+async def test_approve_lists_the_pending_nodes_and_approves_one_as_the_api_does() -> None:
+    store = store_with(settings={"nodes.require_approval": True})
+    store.submit_nowait(commands.approve_nodes(["old"], 0.0))
+    world = World(store=store, nodes=[node("old").engines("sim").build(), node("new").engines("sim").build()])
+    async with world.client() as c:
+        await sign_in(c)
+        menu = (await c.get("/do")).text
+        assert [r[0] for r in rows(menu, "pending-table")] == ["new"]
+        page, done = await confirm(c, "/do/approve", {"name": "new"})
+        assert "node new is connected and waiting for approval" in page
+    assert 'data-outcome="done"' in done.text and "node new approved" in text_of(done.text, "action-result")
+    assert "new" in world.store.snapshot().approved_nodes
+    async with world.client(ADMIN) as api:
+        shown = {n["node"]: n["approval"] for n in (await api.get("/api/v1/nodes")).json()["nodes"]}
+    assert shown == {"old": "approved", "new": "approved"}

@@ -87,3 +87,25 @@ def test_forgetting_a_connected_node_is_one_error_line() -> None:
     r = ctl(["nodes", "forget", "gpu-01"], api)
     assert r.rc == 1 and r.out == ""
     assert r.err.strip() == f"error: node_not_lost: {words}"
+
+
+def test_a_pending_node_shows_as_pending_with_how_to_approve_it() -> None:
+    pending = {"nodes": [{**NODES["nodes"][0], "node": "gpu-09", "approval": "pending"},
+                         {**NODES["nodes"][0], "approval": "approved"}]}
+    r = ctl(["nodes"], FakeApi().on("GET", "/api/v1/nodes", json_body=pending))
+    assert r.rc == 0
+    rows = {line.split()[0]: line for line in r.out.splitlines() if line.startswith("gpu-0")}
+    assert "connected, pending" in rows["gpu-09"] and "pending" not in rows["gpu-01"]
+    assert "llmgw ctl nodes approve NAME" in r.out
+
+
+def test_approve_sends_one_post_with_a_key_and_says_what_it_did() -> None:
+    api = FakeApi().on("POST", "/api/v1/nodes/gpu-09/approve",
+                       json_body={"approved": "gpu-09", "already": False, "approved_at": 1.0})
+    r = ctl(["nodes", "approve", "gpu-09"], api)
+    assert r.rc == 0 and r.out.strip() == "node gpu-09: approved"
+    [request] = api.requests
+    assert request.headers["idempotency-key"]
+    again = FakeApi().on("POST", "/api/v1/nodes/gpu-09/approve",
+                         json_body={"approved": "gpu-09", "already": True, "approved_at": 1.0})
+    assert ctl(["nodes", "approve", "gpu-09"], again).out.strip() == "node gpu-09: already approved"

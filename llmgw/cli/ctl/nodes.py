@@ -1,5 +1,5 @@
 """The `nodes` commands: every node the leader knows (connected, disconnected within its grace
-period, or lost), with its GPUs, engines and storage; and forgetting a lost one."""
+period, or lost), with its GPUs, engines and storage; approving a pending one, and forgetting a lost one."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def register(app: cyclopts.App) -> None:
     app.command(nodes_app)
 
 
-nodes_app = cyclopts.App(name="nodes", help="The nodes (agents) the leader knows; restart one's agent, forget a "
-                                             "lost one.")
+nodes_app = cyclopts.App(name="nodes", help="The nodes (agents) the leader knows; approve a pending one, restart "
+                                             "one's agent, forget a lost one.")
 
 
 @nodes_app.command(name="list")
@@ -46,6 +46,22 @@ def nodes_forget(name: str, /, *, session: SessionParam) -> int:
     """
     return session.show_answer("DELETE", api_path("nodes", name),
                                render=lambda d: f"forgot node {cell(dig(d, 'forgotten'))}")
+
+
+@nodes_app.command(name="approve")
+def nodes_approve(name: str, /, *, session: SessionParam) -> int:
+    """Approve a node: while the setting nodes.require_approval is on, a node that connects for the first
+    time is pending (listed with its inventory, nothing placed on it) until approved. The cluster remembers
+    the approval: a leader change or the node reconnecting does not ask again.
+
+    Parameters
+    ----------
+    name
+        The node's name, as `llmgw ctl nodes` lists it.
+    """
+    return session.show_answer("POST", api_path("nodes", name, "approve"),
+                               render=lambda d: f"node {cell(dig(d, 'approved'))}: "
+                                                f"{'already approved' if dig(d, 'already') else 'approved'}")
 
 
 @nodes_app.command(name="restart")
@@ -90,7 +106,7 @@ def render_nodes(doc: Mapping[str, Any]) -> str:
     if not isinstance(nodes, list) or not nodes:
         return "no nodes known: start an agent (`llmgw agent --control URL ...`)"
     out = [table(["NODE", "STATE", "SINCE", "ADDRESS", "FABRIC", "VERSION", "CPUS", "GPUS", "ENGINES", "CERTIFICATE"],
-                 [[n.get("node"), n.get("state"), _since(n), n.get("address"), n.get("fabric"), n.get("version"),
+                 [[n.get("node"), _state(n), _since(n), n.get("address"), n.get("fabric"), n.get("version"),
                    n.get("cpus") or None, _gpu_count(n.get("gpus")), _engines(n), _certificate(n.get("certificate"))]
                   for n in nodes if isinstance(n, Mapping)])]
     for n in nodes:
@@ -111,10 +127,18 @@ def render_nodes(doc: Mapping[str, Any]) -> str:
         kept = _reserve(n)
         if kept:
             out += ["", f"{cell(n.get('node'))}: reserved for other work (--reserve): {kept}"]
+    if any(isinstance(n, Mapping) and n.get("approval") == "pending" for n in nodes):
+        out += ["", "pending nodes take no replica until approved: `llmgw ctl nodes approve NAME`"]
     lost = [n for n in nodes if isinstance(n, Mapping) and n.get("state") == "lost"]
     if lost:
         out += ["", "lost nodes stay listed until forgotten: `llmgw ctl nodes forget NAME`"]
     return "\n".join(out)
+
+
+def _state(n: Mapping[str, Any]) -> Any:
+    """The node's state, with `pending` while it waits for approval (`nodes.require_approval`)."""
+    state = n.get("state")
+    return f"{state}, pending" if n.get("approval") == "pending" else state
 
 
 def _certificate(cert: Any) -> str | None:

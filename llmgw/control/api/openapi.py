@@ -398,15 +398,21 @@ def _paths() -> Schema:
         "/api/v1/settings/{key}": {
             "get": _op("one setting", _obj({"key": _STR, "value": _ANY, "default": _ANY, "set": _BOOL}),
                        errors=("404",), params=(setting,)),
-            "put": _op("change a setting live (400 invalid_setting: wrong type or value)",
-                       _obj({"key": _STR, "value": _ANY}), errors=("404",), params=(setting,), body=_ANY,
+            "put": _op("change a setting live (400 invalid_setting: wrong type or value; 409 upgrade_pending: "
+                       "nodes.require_approval below store level 3)",
+                       _obj({"key": _STR, "value": _ANY}), errors=("404", "409"), params=(setting,), body=_ANY,
                        write=True),
         },
         "/api/v1/nodes": {"get": _op("every node the leader knows", _obj({"nodes": _arr(_obj(
-            {"node": _STR, "state": _STR, "gpus": _null(_arr(_OBJ)), "replicas": _null(_arr(_STR)),
+            {"node": _STR, "state": _STR, "approval": _STR, "gpus": _null(_arr(_OBJ)), "replicas": _null(_arr(_STR)),
              "connected_at": _null(_NUM)}))}))},
         "/api/v1/nodes/{name}": {"delete": _op("forget a lost node", _obj({"forgotten": _STR}),
                                                errors=("404", "409"), params=(node,), write=True)},
+        "/api/v1/nodes/{name}/approve": {"post": _op(
+            "approve a node (while nodes.require_approval is on, a new node is pending: nothing is placed on it "
+            "until approved); remembered in the cluster state. Approving twice is no error (`already`)",
+            _obj({"approved": _STR, "already": _BOOL, "approved_at": _null(_NUM)}), errors=("404",), params=(node,),
+            write=True)},
         "/api/v1/nodes/{name}/restart": {"post": _op(
             "ask a connected node's agent to restart in place (engines keep serving, adopted)",
             _obj({"restarting": _STR, "connected_at": _null(_NUM)}), errors=("404", "409", "503"), params=(node,),

@@ -1,12 +1,13 @@
 """Nodes: every node the leader knows (connected, disconnected within its grace period, or lost),
-and forgetting a lost one."""
+forgetting a lost one, and approving one (while `nodes.require_approval` is on, a new node is pending)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from llmgw.control.context import Context
-from llmgw.domain import summary
+from llmgw.control.ops import Commit
+from llmgw.domain import commands, summary
 from llmgw.domain.observed import NodeInfo
 from llmgw.domain.state import ClusterState
 from llmgw.domain.trust import machine_id
@@ -25,6 +26,36 @@ async def forget(ctx: Context, name: str) -> dict[str, Any]:
     if refusal is not None:
         raise AdminError(409, "node_not_lost", refusal)
     return {"forgotten": name}
+
+
+def known_nodes(ctx: Context) -> list[str]:
+    """Every node this leader knows: heard from this term (connected, disconnected or lost, not
+    forgotten) or holding a placement in the state."""
+    state = ctx.state()
+    return sorted(set(ctx.hub.connected_at) | set(ctx.hub.lost) | set(ctx.hub.nodes)
+                  | {p.node for p in state.placements.values()})
+
+
+async def approve(ctx: Context, commit: Commit, name: str) -> dict[str, Any]:
+    """Approve a node: placement may use it from now on, whatever `nodes.require_approval` says, and
+    the state remembers it (a leader change or its reconnecting never asks again). 404 for a node the
+    leader does not know (connect its agent first: it shows as pending); approving twice is no error."""
+    state = ctx.state()
+    if name in state.approved_nodes:
+        return {"approved": name, "already": True, "approved_at": state.approved_nodes[name]}
+    if name not in known_nodes(ctx):
+        raise AdminError(404, "node_not_found", f"no node named {name!r} is known to the leader: start its agent "
+                                                f"first (it shows as pending in `ctl nodes`), then approve it")
+    await commit(commands.approve_nodes([name], ctx.clock()))
+    return {"approved": name, "already": False, "approved_at": ctx.state().approved_nodes.get(name)}
+
+
+def approval(state: ClusterState, name: str) -> str:
+    """approved (an operator approved it, or it was known when approval was first required); pending
+    (approval is required and it has none: nothing is placed on it); not_required (the setting is off)."""
+    if name in state.approved_nodes:
+        return "approved"
+    return "pending" if state.pending_nodes((name,)) else "not_required"
 
 
 async def restart(ctx: Context, name: str) -> dict[str, Any]:
@@ -67,6 +98,7 @@ def node_docs(ctx: Context) -> list[dict[str, Any]]:
             **_inventory(info),
             "gpus": gpus,
             "state": hub.node_state(name),
+            "approval": approval(state, name),
             "lost_at": lost_at,
             "grace_s": hub.grace_s,
             "lost_after": None if lost_at is None else lost_at + hub.grace_s,

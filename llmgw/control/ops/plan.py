@@ -35,7 +35,8 @@ def plan_doc(model: ModelDef, state: ClusterState, observed: Observed) -> dict[s
     (node, devices, score, a multi-node replica's members and fabric) or None, and every refusal,
     whole (`refusals`) and grouped by verdict and reason (`groups`). A model of that name already
     defined keeps its replicas: the plan is for one more, spread from them as the reconciler would."""
-    result = place(model, observed.nodes, state.placements.values(), sources=observed.sources)
+    result = place(model, observed.nodes, state.placements.values(), sources=observed.sources,
+                   pending=state.pending_nodes(observed.nodes))
     existing = state.models.get(model.name)
     return {
         "model": model.name,

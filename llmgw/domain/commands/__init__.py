@@ -3,7 +3,7 @@
 A command is a JSON object `{"v": 1, "op": ..., "at": <unix time>, ...}` (`core`); time
 arrives inside it, never from a clock here, so every replica computes the same state. Each
 aggregate's module builds, checks and changes its own commands: models, placements, health,
-keys, guard, usage, members, settings, trust, mirror. `_OPS` below is the one table of them all: a new
+keys, guard, usage, members, settings, trust, mirror, nodes. `_OPS` below is the one table of them all: a new
 operation is a builder and a check and change in its aggregate's module, and a line here; the
 Raft method table never changes. An optional `cid` (idempotency id) makes a command apply at
 most once: see `apply_entry`. One brought after the first store level carries its level and
@@ -18,7 +18,8 @@ from dataclasses import replace
 from typing import Any
 
 from llmgw.domain import levels
-from llmgw.domain.commands import guard, health, keys, members, mirror, models, placements, settings, trust, usage
+from llmgw.domain.commands import (guard, health, keys, members, mirror, models, nodes, placements, settings, trust,
+                                   usage)
 from llmgw.domain.commands.core import (
     CID_MAX_CHARS,
     VERSION,
@@ -36,6 +37,7 @@ from llmgw.domain.commands.health import became_ready, start_failed
 from llmgw.domain.commands.keys import add_key, revoke_key
 from llmgw.domain.commands.members import announce_member, forget_member, raise_level
 from llmgw.domain.commands.mirror import pin_file, put_file, remove_file
+from llmgw.domain.commands.nodes import approve_nodes
 from llmgw.domain.commands.models import put_model, remove_model, retry_model
 from llmgw.domain.commands.placements import add_group, add_placement, remove_placement
 from llmgw.domain.commands.settings import put_setting
@@ -55,6 +57,7 @@ __all__ = [
     "add_placement",
     "add_usage",
     "announce_member",
+    "approve_nodes",
     "apply",
     "apply_entry",
     "became_ready",
@@ -120,6 +123,7 @@ _OPS: dict[str, tuple[Check, Change]] = {
     "mirror.put": (mirror.check_put, mirror.apply_put),
     "mirror.remove": (mirror.check_name, mirror.apply_remove),
     "mirror.pin": (mirror.check_pin, mirror.apply_pin),
+    "node.approve": (nodes.check_approve, nodes.apply_approve),
 }
 
 

@@ -1,0 +1,40 @@
+"""The node approval command: `node.approve` (nodes an operator let take placements while the setting
+`nodes.require_approval` is on); its builder, stateless check and change. The rule that reads it is
+`ClusterState.pending_nodes`; placement refuses a pending node with `awaiting_approval`.
+
+Approving a node already approved changes nothing (its first approval's time is kept): a retried commit,
+or the batch that approves every known node when the setting is turned on, is harmless.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+from llmgw.domain.commands.core import CommandError, make, readonly
+from llmgw.domain.state import ClusterState
+
+NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")  # an agent's node name (wire.protocol_agent.ID_RE)
+APPROVE_MAX_NODES = 10_000  # one command approves at most this many (turning the setting on in a large fleet)
+
+
+def approve_nodes(names: list[str], at: float) -> dict[str, Any]:
+    return make("node.approve", at, nodes=sorted(set(names)))
+
+
+def check_approve(c: dict[str, Any]) -> None:
+    names = c.get("nodes")
+    if not isinstance(names, list) or not 1 <= len(names) <= APPROVE_MAX_NODES:
+        raise CommandError("bad_command", f"nodes must be a list of 1 to {APPROVE_MAX_NODES} node names")
+    for name in names:
+        if not isinstance(name, str) or not NODE_RE.fullmatch(name):
+            raise CommandError("bad_command", f"{str(name)[:80]!r} is not a node name (letters, digits, '.', '_', "
+                                              f"':', '-'; first a letter or digit; at most 200)")
+
+
+def apply_approve(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    fresh = sorted({n for n in c["nodes"] if n not in s.approved_nodes})
+    if not fresh:
+        return s, {"approved": []}
+    return replace(s, approved_nodes=readonly(s.approved_nodes | {n: at for n in fresh})), {"approved": fresh}
