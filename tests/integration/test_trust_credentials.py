@@ -56,7 +56,8 @@ ADMIN = "sk-admin-trust-credentials"
 # Each path argument of the table's rules, filled with a plausible value (none of them exists: a write
 # with an admin key is answered 400/404/409, and changes nothing the other rows depend on).
 PATH_VALUES = {"name": "demo", "key": "serving.stopped", "request_id": "req_0123456789abcdef", "key_id": "key_0",
-               "token_id": "tok_0", "role": "agent", "member": "127.0.0.1:1", "sha256": "0" * 64}
+               "token_id": "tok_0", "role": "agent", "member": "127.0.0.1:1", "sha256": "0" * 64,
+               "upload_id": "0" * 32}
 STREAMS = {protocol.STREAM_PATH: "agent", protocol.GATEWAY_STREAM_PATH: "gateway"}
 TLS = "tls"  # the TLS handshake refused the credential: no route was reached
 

@@ -195,6 +195,13 @@ def test_domain_placement_reconcile_import_only_stdlib_and_each_other() -> None:
     assert bad == [], "pure packages import from outside:\n" + "\n".join(bad)
 
 
+def test_the_file_helpers_every_role_and_ctl_import_are_standard_library_only() -> None:
+    path = PACKAGE / "diskfiles.py"
+    outside = [i.name for i in imports(path.read_text(encoding="utf-8"), "llmgw.diskfiles")
+               if i.top not in sys.stdlib_module_names]
+    assert outside == [], f"llmgw/diskfiles.py (imported by ctl) imports {outside}"
+
+
 def test_only_the_store_imports_pysyncobj() -> None:
     bad = []
     for path in py_files("llmgw"):

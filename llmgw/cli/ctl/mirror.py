@@ -22,7 +22,7 @@ from llmgw.cli.ctl.errors import EXIT_OK, CtlError, UsageError
 from llmgw.cli.ctl.render import cell, dig, table
 from llmgw.cli.ctl.session import Session, SessionParam, api_path
 from llmgw.domain.timeouts import TIMEOUTS
-from llmgw import diskfiles
+from llmgw.diskfiles import sha256_of as file_sha256
 
 MIB = 1 << 20
 READ = 1 << 20
@@ -81,7 +81,7 @@ def default_name(file: Path) -> str:
 
 
 def sha256_of(file: Path, bar: Bar | None) -> str:
-    sha = diskfiles.sha256_of(file, bar.update if bar is not None else None)
+    sha = file_sha256(file, bar.update if bar is not None else None)
     if bar is not None:
         bar.finish()
     return sha
@@ -213,7 +213,7 @@ def mirror_pin(name: Annotated[str, Parameter(help="The file's name in the mirro
 # --- rendering: pure functions of the JSON ---------------------------------------------------------
 
 
-def _size(n: Any) -> str:
+def size_words(n: Any) -> str:
     if not isinstance(n, int):
         return "-"
     for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
@@ -226,7 +226,7 @@ def render_list(doc: Mapping[str, Any]) -> str:
     files = dig(doc, "files")
     lines = []
     if isinstance(files, list) and files:
-        rows = [[f.get("name"), f.get("kind"), _size(f.get("size")), str(f.get("sha256", ""))[:12],
+        rows = [[f.get("name"), f.get("kind"), size_words(f.get("size")), str(f.get("sha256", ""))[:12],
                  ", ".join(f.get("used_by") or []) or "-", "yes" if f.get("pinned") else "no",
                  ", ".join(dig(f, "members", "missing") or []) or "-"]
                 for f in files if isinstance(f, Mapping)]
@@ -236,9 +236,9 @@ def render_list(doc: Mapping[str, Any]) -> str:
     uploads = dig(doc, "uploads")
     for u in uploads if isinstance(uploads, list) else []:
         if isinstance(u, Mapping):
-            lines.append(f"upload in progress: {cell(u.get('name'))} {_size(u.get('offset'))} of "
-                         f"{_size(u.get('size'))} (`llmgw ctl mirror add` the same file to continue)")
-    lines.append(f"stored {_size(dig(doc, 'stored_bytes'))} of a {_size(dig(doc, 'budget_bytes'))} budget "
+            lines.append(f"upload in progress: {cell(u.get('name'))} {size_words(u.get('offset'))} of "
+                         f"{size_words(u.get('size'))} (`llmgw ctl mirror add` the same file to continue)")
+    lines.append(f"stored {size_words(dig(doc, 'stored_bytes'))} of a {size_words(dig(doc, 'budget_bytes'))} budget "
                  "(mirror.budget_gib)")
     return "\n".join(lines)
 
@@ -249,7 +249,7 @@ def render_file(f: Any) -> str:
     found = f.get("metadata")
     meta: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     lines = [f"name      {cell(f.get('name'))}", f"kind      {cell(f.get('kind'))}",
-             f"size      {_size(f.get('size'))} ({cell(f.get('size'))} bytes)", f"sha256    {cell(f.get('sha256'))}",
+             f"size      {size_words(f.get('size'))} ({cell(f.get('size'))} bytes)", f"sha256    {cell(f.get('sha256'))}",
              f"pinned    {'yes' if f.get('pinned') else 'no'}",
              f"used by   {', '.join(f.get('used_by') or []) or '-'}",
              f"held by   {', '.join(dig(f, 'members', 'holding') or []) or '-'}",
@@ -263,5 +263,5 @@ def render_file(f: Any) -> str:
 def render_added(doc: Mapping[str, Any]) -> str:
     f = dig(doc, "file")
     head = "added" if dig(doc, "added") else "already in the mirror:"
-    return f"{head} {cell(dig(f, 'name'))} ({cell(dig(f, 'kind'))}, {_size(dig(f, 'size'))}, sha256 " \
+    return f"{head} {cell(dig(f, 'name'))} ({cell(dig(f, 'kind'))}, {size_words(dig(f, 'size'))}, sha256 " \
            f"{str(dig(f, 'sha256'))[:12]}); serve it with source mirror://{cell(dig(f, 'name'))}"

@@ -11,7 +11,7 @@ from typing import Any
 from llmgw.cli.ctl.errors import EXIT_OK
 from llmgw.cli.ctl.render import cell, dig
 from llmgw.cli.ctl.session import Session, api_path
-from llmgw.domain.memory import gib
+from llmgw.cli.ctl.mirror import size_words
 
 
 def serve_from_mirror(session: Session, file: str, body: dict[str, Any], yes: bool) -> int:
@@ -59,7 +59,7 @@ def render_preview(doc: Mapping[str, Any]) -> str:
              f"source    {cell(d.get('source'))}",
              f"profile   {where} ({cell(dig(doc, 'profile_reason'))})",
              f"replicas  {cell(reps.get('min'))}..{cell(reps.get('max'))}, mode {cell(d.get('mode'))}",
-             f"memory    {gib(size) if isinstance(size, int) else 'unknown'}"
+             f"memory    {size_words(size) if isinstance(size, int) else 'unknown'}"
              + (f" ({cell(dig(est, 'detail'))})" if dig(est, "detail") else "")]
     if dig(plan, "fits"):
         lines.append(f"would run on {cell(dig(plan, 'choice', 'node'))} now")
