@@ -328,6 +328,8 @@ def complete(kind: str, body: bytes, chunk: bool = False) -> bool:
     if not chunk:
         return False  # a whole answer is parsed (normalise_body): json reads it faster than 20 scans
     choices = body.count(b'"index":')
+    if not choices and b'"choices":[]' not in body:
+        return False  # choices that lack their index (or no choices key at all): parsed, to be sure
     # Each choice's keys first: what engines leave out (llama.cpp's `logprobs`, `refusal`) is found at once.
     for key in _CHUNK if kind == "chat" else _COMPLETION:
         if body.count(key) != choices:

@@ -310,3 +310,11 @@ def test_a_stream_comes_out_whole_and_valid_however_it_was_cut(answers: list[dic
         doc = json.loads(event.removeprefix(b"data: "))
         assert check("chat", True, doc) == []
         assert doc == normalise("chat", copy.deepcopy(answer), FILL, chunk=True)
+
+
+def test_a_chunk_whose_choice_lacks_its_index_is_parsed_and_completed() -> None:
+    """Found by the property above: the byte check counted choices by their `"index"` keys, so a choice that had
+    none (and none of the other counted keys) passed as complete."""
+    chunk = {"id": "", "object": "chat.completion.chunk", "created": 0, "model": "", "choices": [{"logprobs": None}]}
+    assert not complete("chat", dumps(chunk), chunk=True)
+    assert check("chat", True, normalise("chat", copy.deepcopy(chunk), FILL, chunk=True)) == []
