@@ -679,6 +679,8 @@ class SealedTransport(TCPTransport):  # type: ignore[misc]
         super()._onDisconnected(conn)
 
     def destroy(self) -> None:
+        self._abstain = None  # the member stops: `dropNode` keeps no link now (it would leave its socket open)
+        self._kept = frozenset()
         super().destroy()
         for conn in list(self._accepted_conns):  # named ones pysyncobj forgot (a member that dialled again)
             conn.disconnect()
