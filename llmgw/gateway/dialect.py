@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import trio
@@ -29,38 +30,43 @@ CHAT_PATH = "/v1/chat/completions"  # what a translated request is sent to
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
-class Translation:
+class Translation(ABC):
     """One request of a dialect: `chat` is the body sent to the engine; the methods turn its answer back."""
 
     def __init__(self, chat: dict[str, Any]) -> None:
         self.chat = chat
 
+    @abstractmethod
     def whole(self, answer: dict[str, Any]) -> dict[str, Any]:
         """The dialect's answer for the engine's whole chat completion `answer`."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def event(self, chunk: dict[str, Any]) -> bytes:
         """The dialect's server-sent events (b"" for none) for one chat completion chunk of the engine's stream
         (the usage-only chunk, `choices: []`, included: the gateway always asks for it)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def end(self) -> bytes:
         """The events that close the dialect's stream, once the engine's has ended."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def failed(self, error: OpenAIError) -> bytes:
         """The event that tells the client its stream broke off (`error`), as the dialect's SDKs read it."""
-        raise NotImplementedError
+        ...
 
 
-class Dialect:
+class Dialect(ABC):
     """An API served by translation: its path, its requests' translation, and its error shape."""
 
     path: ClassVar[str]
 
+    @abstractmethod
     def start(self, body: dict[str, Any]) -> Translation:
         """The translation of one request; a refusal (400) names the dialect's field, not the chat field."""
-        raise NotImplementedError
+        ...
 
     def error_doc(self, error: OpenAIError) -> dict[str, Any]:
         """The body of a refusal, in the dialect's shape (the status and headers are the error's)."""
