@@ -27,6 +27,7 @@ from llmgw.control.hub import AgentHub
 from llmgw.control.source_facts import SourceFacts
 from llmgw.control.members import Members, advertised_url
 from llmgw.control.mirror_starts import member_bases
+from llmgw.control.ops import notify as notify_ops
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.trust import RaftPeers, Trust
 from llmgw.domain import commands
@@ -300,7 +301,8 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
             await nursery.start(notifier.run)
             await nursery.start(functools.partial(watch, notifier, lambda: control_conditions(ctx),
                                                   lambda: store.snapshot().settings, store.is_leader,
-                                                  clock=config.clock, timeouts=timeouts))
+                                                  clock=config.clock, timeouts=timeouts,
+                                                  ledger=notify_ops.ledger(ctx)))
             await nursery.start(gateways.watch_leadership, store.is_leader)
             if trust is not None:
                 await nursery.start(trust.run)

@@ -13,6 +13,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Iterable
 
+from llmgw.domain.active_conditions import ActiveCondition
 from llmgw.domain.frozen import freeze, thaw
 from llmgw.domain.guard import GuardPolicy
 from llmgw.domain.keys import legacy_key_id
@@ -179,7 +180,8 @@ class Member:
 
 # The mappings whose values are frozen dataclasses; `settings` holds JSON values, frozen deeply.
 _MAPPINGS = ("models", "keys", "placements", "health", "members", "usage", "usage_marks", "guard_policies",
-             "authorities", "join_tokens", "machines", "revoked", "mirror", "approved_nodes")
+             "authorities", "join_tokens", "machines", "revoked", "mirror", "approved_nodes",
+             "active_conditions")
 
 
 def _empty() -> MappingProxyType[str, Any]:
@@ -231,6 +233,9 @@ class ClusterState:
     # Nodes an operator approved (`node.approve`; `ctl nodes approve`), by name -> when. While the setting
     # `nodes.require_approval` is on, a node not here is pending: it connects and reports, nothing is placed on it.
     approved_nodes: MappingProxyType[str, float] = field(default_factory=_empty)
+    # The conditions the leader posted as started and not yet as resolved (`condition.update`;
+    # domain/active_conditions.py), by `kind:subject`: a new leader posts their "resolved", never their "started" again.
+    active_conditions: MappingProxyType[str, ActiveCondition] = field(default_factory=_empty)
 
     def __post_init__(self) -> None:
         # A read-only mapping is kept as is: `replace` passes the unchanged fields on, and

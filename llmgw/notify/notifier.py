@@ -1,12 +1,17 @@
 """The leader's notifier: the conditions of each check in, one event per start and resolution out to every
 webhook, each webhook served by its own task from its own bounded queue (a slow or dead endpoint delays
 nothing else), retried with backoff, the outcome of each delivery kept in memory (`status()`).
+
+Which conditions were posted as started is kept in the replicated state (`ClusterState.active_conditions`),
+committed before the post (`check`): a new leader posts the "resolved" of what its predecessor posted as
+"started" and never a "started" twice, and a leader that lost its majority posts nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -14,6 +19,8 @@ from typing import Any
 
 import trio
 
+from llmgw.domain.active_conditions import ActiveCondition, Updated, state_key, update
+from llmgw.domain.commands import update_conditions, with_cid
 from llmgw.domain.conditions import CRITICAL, Condition
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.notify.hooks import TEST_CONDITION, Event, Webhook, body
@@ -78,11 +85,29 @@ class _Outbox:
                 "queued": len(self.queue) + (self.in_flight is not None), "dropped": self.dropped}
 
 
-@dataclass
-class _Active:
-    condition: Condition
-    since: float
-    clear_since: float | None = None  # when it was first seen gone (resolved once gone notify_resolve_hold_s)
+# Commit a `condition.update` command (`commands.update_conditions`, with its `cid`) through Raft; returns its
+# result (`Updated.to_doc()`), raises NotRecorded. The control plane's: `control.ops.notify.record`.
+Record = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Where the leader keeps the conditions it posted (the replicated state): `active()` what it holds now,
+    `record` commits a `condition.update`; `ready()` false while the group cannot record them (below store
+    level 3: the notifier then keeps them in its own memory, `Notifier.observe`)."""
+
+    active: Callable[[], Mapping[str, ActiveCondition]]
+    record: Record
+    ready: Callable[[], bool]
+
+
+class NotRecorded(Exception):
+    """The conditions' update was not committed (`Record`): nothing is posted. `maybe`: its commit was not
+    confirmed, it may still apply (the same command, with its id, is sent again first at the next check)."""
+
+    def __init__(self, words: str, *, maybe: bool = False) -> None:
+        super().__init__(words)
+        self.maybe = maybe
 
 
 class Notifier:
@@ -96,12 +121,20 @@ class Notifier:
         self._cluster = cluster
         self._queue_max = queue_max
         self._boxes: dict[str, _Outbox] = {}
-        self._active: dict[tuple[str, str], _Active] = {}
+        # The conditions posted as started at the last check: the replicated state's (`check`), or this
+        # member's own (`observe`: `_memory`, while the group cannot record them).
+        self._view: Mapping[str, ActiveCondition] = {}
+        self._memory: dict[str, ActiveCondition] = {}
+        self._seen: dict[tuple[str, str], Condition] = {}  # each active condition as last seen (its freshest words)
+        self._clear_since: dict[tuple[str, str], float] = {}  # when each active one was first seen gone
+        self._pending: tuple[dict[str, Any], bool] | None = None  # a commit not confirmed: sent again first
         self._totals = {"delivered": 0, "failed": 0, "dropped": 0}
         self._nursery: trio.Nursery | None = None
         self.conditions: list[Condition] = []  # the last check's (leader only; [] on a standby)
         self.checked_at: float | None = None
         self.leading_since: float | None = None  # the first check of this term of leading
+        self.recorded = False  # the last check's active conditions were the replicated state's
+        self.record_error = ""  # why the last update of the active conditions was not committed ("" it was)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hold the webhooks' tasks until cancelled."""
@@ -130,41 +163,111 @@ class Notifier:
                 self._nursery.start_soon(self._work, self._boxes[url])
 
     def observe(self, found: Iterable[Condition], now: float) -> None:
-        """The conditions true now. A new one is posted at once ("started"; again when its severity rises
+        """The conditions true now, against what this member posted itself (a group that cannot record them
+        yet: below store level 3). A new one is posted at once ("started"; again when its severity rises
         to critical); one gone is posted "resolved" once it has stayed gone `notify_resolve_hold_s`, and
         nothing is posted if it comes back before: a condition flapping within the hold is one event.
         The group's own conditions (`SETTLING_KINDS`) wait until this leader has led `notify_election_settle_s`:
         links still connecting after an election or a start are no failure."""
+        start, resolve = self._plan(found, now, self._memory)
+        if start or resolve:
+            self._memory, updated = update(self._memory, start, resolve, now)
+            self._post_updated(updated, now)
+        self._view, self.recorded = self._memory, False
+
+    async def check(self, found: Iterable[Condition], now: float, ledger: Ledger) -> None:
+        """As `observe`, against the conditions the replicated state holds as posted (`ledger.active()`): what
+        starts, rises or resolves is committed first (`ledger.record`), then posted as the commit's outcome
+        says (not as this member's view did: a new leader whose view lags its predecessor's last update
+        posts nothing twice). A commit that fails posts nothing (a leader that lost its majority cannot
+        commit); the next check works it out again. A commit not confirmed (it may still apply) is sent
+        again, with its id, before anything else: applied or not, it is posted once.
+
+        At-most-once across a leader change: a leader that committed and then stopped before its webhook
+        took the event (a crash, its queue's retries) loses that one post, which the next leader does not
+        repeat (the state says it was posted); a post is never made twice nor by a leader that could not
+        commit. While the same leader lives, each event is tried ATTEMPTS times (at least once)."""
+        if self._pending is not None:
+            command, post = self._pending
+            self._pending = None
+            if not await self._record(ledger, command, now, post=post):
+                return
+        if self._memory:  # posted before the group could record (it just reached level 3): recorded, not reposted
+            command = with_cid(update_conditions([a.condition() for a in self._memory.values()], [], now), _cid())
+            if not await self._record(ledger, command, now, post=False):
+                return
+            self._memory.clear()
+        start, resolve = self._plan(found, now, ledger.active())
+        if start or resolve:
+            command = with_cid(update_conditions(start, resolve, now), _cid())
+            if not await self._record(ledger, command, now, post=True):
+                return
+        self._view, self.recorded = ledger.active(), True
+
+    async def _record(self, ledger: Ledger, command: dict[str, Any], now: float, *, post: bool) -> bool:
+        try:
+            result = await ledger.record(command)
+        except NotRecorded as e:
+            if e.maybe:
+                self._pending = (command, post)
+            if not self.record_error:
+                log.warning("conditions not posted: their update was not committed (%s); trying again at the "
+                            "next check", e)
+            self.record_error = str(e) or type(e).__name__
+            return False
+        if self.record_error:
+            log.info("conditions' updates commit again")
+        self.record_error = ""
+        if post:
+            self._post_updated(Updated.from_doc(result), now)
+        return True
+
+    def _plan(self, found: Iterable[Condition], now: float,
+              active: Mapping[str, ActiveCondition]) -> tuple[list[Condition], list[tuple[str, str]]]:
+        """What to start (new, or risen to critical) and resolve (gone for the hold) against `active`."""
         self.conditions, self.checked_at = sorted(found), now
         if self.leading_since is None:
             self.leading_since = now
         settling = now < self.settled_at()
-        seen = set()
+        seen = {c.key for c in self.conditions}
+        start = []
         for c in self.conditions:
-            seen.add(c.key)
-            active = self._active.get(c.key)
-            if active is None:
-                if settling and c.kind in SETTLING_KINDS:
-                    continue
-                self._active[c.key] = _Active(c, now)
-                self._emit(Event("started", c, now, since=now, cluster=self._cluster()))
-                continue
-            if c.severity == CRITICAL and active.condition.severity != CRITICAL:
-                self._emit(Event("started", c, now, since=active.since, cluster=self._cluster()))
-            active.condition, active.clear_since = c, None
-        for key, active in list(self._active.items()):
-            if key in seen:
-                continue
-            if active.clear_since is None:
-                active.clear_since = now
-            if now - active.clear_since >= self._timeouts.notify_resolve_hold_s:
-                del self._active[key]
-                self._emit(Event("resolved", active.condition, now, since=active.since, cluster=self._cluster()))
+            self._seen[c.key] = c
+            self._clear_since.pop(c.key, None)
+            posted = active.get(state_key(*c.key))
+            if posted is None:
+                if not (settling and c.kind in SETTLING_KINDS):
+                    start.append(c)
+            elif c.severity == CRITICAL and posted.severity != CRITICAL:
+                start.append(c)
+        resolve = []
+        for posted in active.values():
+            if posted.key not in seen:
+                gone = self._clear_since.setdefault(posted.key, now)
+                if now - gone >= self._timeouts.notify_resolve_hold_s:
+                    resolve.append(posted.key)
+        keep = seen | {posted.key for posted in active.values()}
+        for kept in (self._seen, self._clear_since):
+            for key in [k for k in kept if k not in keep]:
+                del kept[key]
+        return start, resolve
+
+    def _post_updated(self, updated: Updated, now: float) -> None:
+        for a in (*updated.started, *updated.raised):
+            self._emit(Event("started", self._seen.get(a.key, a.condition()), now, since=a.since,
+                             cluster=self._cluster()))
+        for a in updated.resolved:
+            self._emit(Event("resolved", self._seen.pop(a.key, a.condition()), now, since=a.since,
+                             cluster=self._cluster()))
+            self._clear_since.pop(a.key, None)
 
     def step_down(self) -> None:
-        """No longer the leader: forget the conditions (the next leader posts what it finds). Events
-        already queued are still delivered."""
-        self._active.clear()
+        """No longer the leader: forget what this member saw (the next leader reads the replicated state, or,
+        in a group that cannot record, posts what it finds). Events already queued are still delivered."""
+        self._memory.clear()
+        self._seen.clear()
+        self._clear_since.clear()
+        self._view, self._pending, self.recorded, self.record_error = {}, None, False, ""
         self.conditions, self.checked_at, self.leading_since = [], None, None
 
     def settled_at(self) -> float:
@@ -211,11 +314,12 @@ class Notifier:
             hooks.append({**box.health(), "format": box.hook.format, "delivered": box.delivered, "failed": box.failed,
                           "attempts": box.attempts, "last_ok_at": box.last_ok_at,
                           "last_failure_at": box.last_failure_at, "deliveries": [d.doc() for d in recent]})
-        active = [{**a.condition.to_doc(), "since": a.since, "clearing_since": a.clear_since}
-                  for _, a in sorted(self._active.items())]
+        active = [{**self._seen.get(a.key, a.condition()).to_doc(), "since": a.since,
+                   "clearing_since": self._clear_since.get(a.key)} for a in sorted(self._view.values(), key=_by_key)]
         settled = self.settled_at()
         return {"checked_at": self.checked_at, "leading_since": self.leading_since,
-                "settling_until": settled if settled != float("inf") else None, "webhooks": hooks, "active": active}
+                "settling_until": settled if settled != float("inf") else None, "webhooks": hooks, "active": active,
+                "recorded": self.recorded, "record_error": self.record_error}
 
     # -- delivery ---------------------------------------------------------------------------------------
 
@@ -296,6 +400,15 @@ class Notifier:
         else:
             box.dropped += 1
         box.history.append(d)
+
+
+def _by_key(a: ActiveCondition) -> tuple[str, str]:
+    return a.key
+
+
+def _cid() -> str:
+    """A `condition.update` command's idempotency id: a retry of a commit not confirmed applies it once."""
+    return f"notify-{uuid.uuid4().hex}"
 
 
 def retry_wait(attempt: int, timeouts: Timeouts = TIMEOUTS) -> float:

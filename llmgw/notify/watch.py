@@ -18,7 +18,7 @@ from llmgw.domain.conditions import Condition
 from llmgw.domain.settings import effective
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.notify.hooks import webhooks_of
-from llmgw.notify.notifier import Notifier, Post
+from llmgw.notify.notifier import Ledger, Notifier, Post
 
 log = logging.getLogger("llmgw.notify")
 
@@ -43,9 +43,11 @@ def control_conditions(ctx: Context, now: float | None = None) -> list[Condition
 
 async def watch(notifier: Notifier, evaluate: Callable[[], list[Condition]], settings: Callable[[], Any],
                 leads: Callable[[], bool], *, clock: Callable[[], float], timeouts: Timeouts = TIMEOUTS,
-                task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                ledger: Ledger | None = None, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Every `notify_check_s` while `leads()`: the webhooks from the settings, then the conditions to the
-    notifier. Its own task: a check or a delivery never waits on a reconcile pass, nor one on them."""
+    notifier, checked against those the replicated state holds as posted (`ledger`; in the notifier's own
+    memory without one, or while the group cannot record them). Its own task: a check or a delivery never
+    waits on a reconcile pass, nor one on them (a check waits for its commit: `store_commit_s` at most)."""
     task_status.started()
     leading = False
     while True:
@@ -53,7 +55,10 @@ async def watch(notifier: Notifier, evaluate: Callable[[], list[Condition]], set
             leading = True
             try:
                 notifier.configure(webhooks_of(effective(settings(), "notify.webhooks")))
-                notifier.observe(evaluate(), clock())
+                if ledger is not None and ledger.ready():
+                    await notifier.check(evaluate(), clock(), ledger)
+                else:
+                    notifier.observe(evaluate(), clock())
             except Exception:  # a bug in one check must not end notifying; the next check retries
                 log.exception("notify check failed; trying again in %g s", timeouts.notify_check_s)
         elif leading:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from llmgw.domain import codec, commands, levels
 from llmgw.domain.commands import trust, usage
 from llmgw.domain.codec import CodecError, state_from_json, state_to_json
+from llmgw.domain.conditions import Condition
 from llmgw.domain.frozen import freeze
 from llmgw.domain.guard import GuardPolicy
 from llmgw.domain.state import ClusterState
@@ -116,6 +117,7 @@ def test_the_generated_states_are_not_trivial() -> None:
         (commands.raise_level(levels.LEVEL, 17.0), None),  # its one announced member reads this release's level
         (commands.put_file("tiny", "a" * 64, 10, "gguf", {"architecture": "llama"}, 18.0), None),  # level 3
         (commands.approve_nodes(["n1"], 19.0), None),  # level 3
+        (commands.update_conditions([Condition("model_parked", "a", "critical", "parked")], [], 20.0), None),  # 3
     ])
     for f in dataclasses.fields(ClusterState):
         if f.name == "store_level" and levels.LEVEL == 1:

@@ -20,6 +20,8 @@ from typing import Any
 from llmgw.domain import levels
 from llmgw.domain.commands import (guard, health, keys, members, mirror, models, nodes, placements, settings, trust,
                                    usage)
+from llmgw.domain.commands import conditions
+from llmgw.domain.commands.conditions import update_conditions
 from llmgw.domain.commands.core import (
     CID_MAX_CHARS,
     VERSION,
@@ -82,6 +84,7 @@ __all__ = [
     "revoke_key",
     "set_policy",
     "start_failed",
+    "update_conditions",
     "with_cid",
 ]
 
@@ -124,6 +127,7 @@ _OPS: dict[str, tuple[Check, Change]] = {
     "mirror.remove": (mirror.check_name, mirror.apply_remove),
     "mirror.pin": (mirror.check_pin, mirror.apply_pin),
     "node.approve": (nodes.check_approve, nodes.apply_approve),
+    "condition.update": (conditions.check_update, conditions.apply_update),
 }
 
 
