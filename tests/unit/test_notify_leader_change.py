@@ -17,6 +17,7 @@ import httpx
 import trio
 import trio.testing
 
+from llmgw.cli.ctl.notify import render_notify_status
 from llmgw.control.context import Context
 from llmgw.control.hub import AgentHub
 from llmgw.control.ops import notify as notify_ops
@@ -134,6 +135,8 @@ async def test_a_leader_that_cannot_commit_posts_nothing_and_a_commit_whose_answ
         await trio.sleep(30)
         assert receiver.attempts == [] and store.snapshot().active_conditions == {}
         assert a.notifier.status()["record_error"].startswith("commit not confirmed")
+        assert "NOT POSTING: the conditions' update was not committed (commit not confirmed" in render_notify_status(
+            {"configured": 1, "running": True, **a.notifier.status()})
         assert [c.kind for c in a.notifier.conditions] == ["model_parked"]  # seen, not posted
 
         store.applies = True  # the majority is back and applies its write, whose answer is lost

@@ -66,6 +66,9 @@ def render_notify_status(doc: Mapping[str, Any], now: float | None = None) -> st
                                         d.get("attempts"), d.get("status"), d.get("error")]
                                        for d in deliveries[:DELIVERIES_SHOWN] if isinstance(d, Mapping)]))]
     active = dig(doc, "active")
+    if dig(doc, "record_error"):
+        out += ["", clean(f"NOT POSTING: the conditions' update was not committed ({dig(doc, 'record_error')}); "
+                          f"a leader that cannot commit (no majority?) posts nothing")]
     if dig(doc, "running") is False:
         out += ["", "this control plane runs no notifier"]
     elif isinstance(active, list) and active:

@@ -530,7 +530,7 @@ def _notify_paths() -> Schema:
         "/api/v1/notify/status": {"get": _op("the webhooks' deliveries and the conditions active now", _obj({
             "configured": _INT, "hint": _STR, "running": _BOOL, "checked_at": _null(_NUM), "leading_since": _null(_NUM),
             "settling_until": _null(_NUM), "webhooks": _arr(hook),
-            "active": _arr(active)}))},
+            "active": _arr(active), "recorded": _BOOL, "record_error": _STR}))},
         "/api/v1/notify/test": {"post": _op("a test event to every webhook, one try each (409 no_webhooks)",
                                             _obj({"delivered": _INT, "webhooks": _arr(tested)}), errors=("409",),
                                             write=True)},
