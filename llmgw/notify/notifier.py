@@ -36,6 +36,9 @@ ERROR_MAX_CHARS = 300
 # connecting (a member starting, an election just won): posted only once this leader has led for
 # `notify_election_settle_s` and they are still true.
 SETTLING_KINDS = frozenset({"member_missing", "member_lagging"})
+# Starts (and resolutions) one `condition.update` carries at most: 500 of the longest words are 2 MB, within a
+# Raft command's size; more (a whole fleet lost at once) go out at the next checks.
+UPDATE_BATCH = 500
 
 # POST `body` (JSON) to `url`; returns the HTTP status, raises when no answer came. The seam tests fill
 # with a real loopback server; the default is httpx's (`notify.watch.http_post`).
@@ -240,17 +243,20 @@ class Notifier:
                     start.append(c)
             elif c.severity == CRITICAL and posted.severity != CRITICAL:
                 start.append(c)
+        # Nothing resolves before this leader's graces are over: what a predecessor posted may only be unseen
+        # yet (its agents not reported, its links connecting), not gone.
+        grace = max(self._timeouts.agent_report_grace_s, self._timeouts.notify_election_settle_s)
         resolve = []
         for posted in active.values():
             if posted.key not in seen:
                 gone = self._clear_since.setdefault(posted.key, now)
-                if now - gone >= self._timeouts.notify_resolve_hold_s:
+                if now - gone >= self._timeouts.notify_resolve_hold_s and now >= self.leading_since + grace:
                     resolve.append(posted.key)
         keep = seen | {posted.key for posted in active.values()}
         for kept in (self._seen, self._clear_since):
             for key in [k for k in kept if k not in keep]:
                 del kept[key]
-        return start, resolve
+        return start[:UPDATE_BATCH], resolve[:UPDATE_BATCH]
 
     def _post_updated(self, updated: Updated, now: float) -> None:
         for a in (*updated.started, *updated.raised):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -24,7 +24,7 @@ from llmgw.control.ops import notify as notify_ops
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands
 from llmgw.domain.state import ClusterState
-from llmgw.domain.timeouts import TIMEOUTS
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.notify.notifier import Notifier
 from llmgw.notify.watch import control_conditions, http_post, watch
 from llmgw.store import CommitUnknown
@@ -72,8 +72,8 @@ def park(store: MemoryStore) -> None:
 
 
 @asynccontextmanager
-async def group(store: MemoryStore, names: tuple[str, ...] = ("cp1", "cp2"),
-                recorded: bool = True) -> AsyncIterator[tuple[WebhookReceiver, list[Member]]]:
+async def group(store: MemoryStore, names: tuple[str, ...] = ("cp1", "cp2"), recorded: bool = True,
+                timeouts: Timeouts = TIMEOUTS) -> AsyncIterator[tuple[WebhookReceiver, list[Member]]]:
     """Members over one replicated state, each with its context, notifier and watch; none leads yet."""
     receiver = WebhookReceiver()
     async with httpx.AsyncClient(timeout=None) as out, trio.open_nursery() as nursery:
@@ -81,7 +81,8 @@ async def group(store: MemoryStore, names: tuple[str, ...] = ("cp1", "cp2"),
         store.submit_nowait(commands.put_setting("notify.webhooks", [url + "/pager"], 0.0))
         members = []
         for name in names:
-            notifier = Notifier(http_post(out), clock=trio.current_time, cluster=lambda name=name: {"leader": name})
+            notifier = Notifier(http_post(out), clock=trio.current_time, cluster=lambda name=name: {"leader": name},
+                                timeouts=timeouts)
             await nursery.start(notifier.run)
             hub = AgentHub(clock=trio.current_time)
             ctx = Context(store=store, hub=hub, reconciler=Reconciler(store, hub, clock=trio.current_time),
@@ -90,7 +91,7 @@ async def group(store: MemoryStore, names: tuple[str, ...] = ("cp1", "cp2"),
             members.append(member)
             await nursery.start(functools.partial(
                 watch, notifier, functools.partial(control_conditions, ctx), lambda: store.snapshot().settings,
-                lambda member=member: member.leads, clock=trio.current_time,
+                lambda member=member: member.leads, clock=trio.current_time, timeouts=timeouts,
                 ledger=notify_ops.ledger(ctx) if recorded else None))
         yield receiver, members
         nursery.cancel_scope.cancel()
@@ -166,4 +167,23 @@ async def test_a_group_that_reaches_level_3_keeps_what_it_posted_before_and_post
         await trio.sleep(5)
         store.submit_nowait(commands.retry_model("m", trio.current_time()))
         await trio.sleep(HOLD + 5)
+        assert posted(receiver) == [("started", "model_parked m", "cp1"), ("resolved", "model_parked m", "cp2")]
+
+
+async def test_a_new_leader_resolves_nothing_of_its_predecessors_before_its_graces_are_over(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """What the predecessor posted may only be unseen yet by the new leader (its agents not reported, its
+    links connecting): with a hold shorter than the graces, its resolved still waits for them."""
+    timeouts = replace(TIMEOUTS, notify_resolve_hold_s=1.0)
+    grace = max(timeouts.agent_report_grace_s, timeouts.notify_election_settle_s)
+    store = parked_model()
+    async with group(store, timeouts=timeouts) as (receiver, (a, b)):
+        a.leads = True
+        park(store)
+        await receiver.wait_for(1)
+        store.submit_nowait(commands.retry_model("m", trio.current_time()))
+        a.leads, b.leads = False, True
+        took_office = trio.current_time()
+        await receiver.wait_for(2)
+        assert trio.current_time() - took_office >= grace
         assert posted(receiver) == [("started", "model_parked m", "cp1"), ("resolved", "model_parked m", "cp2")]
