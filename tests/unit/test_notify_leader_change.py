@@ -23,11 +23,13 @@ from llmgw.control.hub import AgentHub
 from llmgw.control.ops import notify as notify_ops
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands
+from llmgw.domain.conditions import CRITICAL, Condition
 from llmgw.domain.state import ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
-from llmgw.notify.notifier import Notifier
+from llmgw.notify.notifier import UPDATE_BATCH, Notifier
 from llmgw.notify.watch import control_conditions, http_post, watch
 from llmgw.store import CommitUnknown
+from llmgw.store.wire import MAX_COMMAND_BYTES
 from llmgw.testing import MemoryStore
 from llmgw.testing.builders import model
 from llmgw.testing.webhooks import WebhookReceiver
@@ -187,3 +189,20 @@ async def test_a_new_leader_resolves_nothing_of_its_predecessors_before_its_grac
         await receiver.wait_for(2)
         assert trio.current_time() - took_office >= grace
         assert posted(receiver) == [("started", "model_parked m", "cp1"), ("resolved", "model_parked m", "cp2")]
+
+
+async def test_a_whole_fleet_lost_at_once_is_recorded_in_commands_raft_carries(
+        autojump_clock: trio.testing.MockClock) -> None:
+    store = MemoryStore()
+    hub = AgentHub(clock=trio.current_time)
+    ctx = Context(store=store, hub=hub, reconciler=Reconciler(store, hub, clock=trio.current_time),
+                  clock=trio.current_time)
+    lost = [Condition("node_lost", f"gpu-{i:04}", CRITICAL, "w" * 5000) for i in range(1200)]
+    async with httpx.AsyncClient() as out:
+        notifier = Notifier(http_post(out), clock=trio.current_time)
+        for _ in range(3):
+            await notifier.check(lost, trio.current_time(), notify_ops.ledger(ctx))
+    updates = [c for c in store.log if c["op"] == "condition.update"]
+    assert [len(c["start"]) for c in updates] == [UPDATE_BATCH, UPDATE_BATCH, 1200 - 2 * UPDATE_BATCH]
+    assert max(len(commands.encode(c)) for c in updates) < MAX_COMMAND_BYTES
+    assert len(store.snapshot().active_conditions) == 1200
