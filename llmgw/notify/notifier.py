@@ -190,6 +190,14 @@ class Notifier:
         took the event (a crash, its queue's retries) loses that one post, which the next leader does not
         repeat (the state says it was posted); a post is never made twice nor by a leader that could not
         commit. While the same leader lives, each event is tried ATTEMPTS times (at least once)."""
+        if not self._boxes and self._pending is None:
+            # No webhook: nothing is posted, so nothing is recorded (no write per condition for nobody). A
+            # webhook set later hears `started` of what is active then, `resolved` of what ended meanwhile.
+            self.conditions, self.checked_at = sorted(found), now
+            self.leading_since = now if self.leading_since is None else self.leading_since
+            self._clear_since.clear()
+            self._view, self.recorded = ledger.active(), True
+            return
         if self._pending is not None:
             command, post = self._pending
             self._pending = None
@@ -208,6 +216,9 @@ class Notifier:
         self._view, self.recorded = ledger.active(), True
 
     async def _record(self, ledger: Ledger, command: dict[str, Any], now: float, *, post: bool) -> bool:
+        # Said before each try, each a write to the replicated state (tests/support/campaign.py counts them).
+        log.info("recording conditions: %d to start, %d to resolve (condition.update %s)", len(command["start"]),
+                 len(command["resolve"]), command.get("cid"))
         try:
             result = await ledger.record(command)
         except NotRecorded as e:

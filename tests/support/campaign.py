@@ -45,7 +45,8 @@ _DIVERGED = "state machine may have diverged"  # pysyncobj's word for a follower
 # record that the group requires TLS between its members (once, or once more by a leader that had not yet
 # applied another's).
 _OWN_WRITES = ("llmgw.control.members: announced to the group", "this control plane's certificate: serial",
-               "the group requires TLS between its members from now on")
+               "the group requires TLS between its members from now on",
+               "llmgw.notify: recording conditions")  # a member missing in a round: the leader records it
 _NOTHING_DONE = frozenset({"no_leader", "not_leader", "leader_unreachable", "store_unavailable"})
 
 

@@ -26,6 +26,7 @@ from llmgw.domain import commands
 from llmgw.domain.conditions import CRITICAL, Condition
 from llmgw.domain.state import ClusterState
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
+from llmgw.notify.hooks import Webhook
 from llmgw.notify.notifier import UPDATE_BATCH, Notifier
 from llmgw.notify.watch import control_conditions, http_post, watch
 from llmgw.store import CommitUnknown
@@ -198,11 +199,30 @@ async def test_a_whole_fleet_lost_at_once_is_recorded_in_commands_raft_carries(
     ctx = Context(store=store, hub=hub, reconciler=Reconciler(store, hub, clock=trio.current_time),
                   clock=trio.current_time)
     lost = [Condition("node_lost", f"gpu-{i:04}", CRITICAL, "w" * 5000) for i in range(1200)]
-    async with httpx.AsyncClient() as out:
+    async with httpx.AsyncClient() as out, trio.open_nursery() as nursery:
         notifier = Notifier(http_post(out), clock=trio.current_time)
+        await nursery.start(notifier.run)
+        notifier.configure([Webhook("http://127.0.0.1:9/pager")])  # refused at once: each event is tried, fails
         for _ in range(3):
             await notifier.check(lost, trio.current_time(), notify_ops.ledger(ctx))
+        nursery.cancel_scope.cancel()
     updates = [c for c in store.log if c["op"] == "condition.update"]
     assert [len(c["start"]) for c in updates] == [UPDATE_BATCH, UPDATE_BATCH, 1200 - 2 * UPDATE_BATCH]
     assert max(len(commands.encode(c)) for c in updates) < MAX_COMMAND_BYTES
     assert len(store.snapshot().active_conditions) == 1200
+
+
+async def test_with_no_webhook_nothing_is_recorded_and_a_webhook_set_later_hears_what_is_active(
+        autojump_clock: trio.testing.MockClock) -> None:
+    store = parked_model()
+    async with group(store, ("cp1",)) as (receiver, (a,)):
+        url = store.snapshot().settings["notify.webhooks"][0]
+        store.submit_nowait(commands.put_setting("notify.webhooks", [], 0.0))
+        a.leads = True
+        park(store)
+        await trio.sleep(10)
+        assert [c.kind for c in a.notifier.conditions] == ["model_parked"]
+        assert store.snapshot().active_conditions == {} and not [c for c in store.log if c["op"] == "condition.update"]
+        store.submit_nowait(commands.put_setting("notify.webhooks", [url], trio.current_time()))
+        await receiver.wait_for(1)
+        assert posted(receiver) == [("started", "model_parked m", "cp1")]
