@@ -114,7 +114,8 @@ class NotRecorded(Exception):
 
 
 class Notifier:
-    """Run `run()` in a nursery first; then, while leading, `configure()` and `observe()` each check."""
+    """Run `run()` in a nursery first; then, while leading, `configure()` and `check()` (against the replicated
+    state) or `observe()` (against its own memory) each check; `step_down()` once no longer leading."""
 
     def __init__(self, post: Post, *, clock: Callable[[], float] = time.time, timeouts: Timeouts = TIMEOUTS,
                  cluster: Callable[[], Mapping[str, Any]] = dict, queue_max: int = QUEUE_MAX) -> None:
@@ -190,11 +191,12 @@ class Notifier:
         took the event (a crash, its queue's retries) loses that one post, which the next leader does not
         repeat (the state says it was posted); a post is never made twice nor by a leader that could not
         commit. While the same leader lives, each event is tried ATTEMPTS times (at least once)."""
+        found = sorted(found)
+        self.conditions, self.checked_at = found, now  # what it sees, posted or not
+        self.leading_since = now if self.leading_since is None else self.leading_since
         if not self._boxes and self._pending is None:
             # No webhook: nothing is posted, so nothing is recorded (no write per condition for nobody). A
             # webhook set later hears `started` of what is active then, `resolved` of what ended meanwhile.
-            self.conditions, self.checked_at = sorted(found), now
-            self.leading_since = now if self.leading_since is None else self.leading_since
             self._clear_since.clear()
             self._view, self.recorded = ledger.active(), True
             return
