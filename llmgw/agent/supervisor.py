@@ -491,6 +491,7 @@ class Supervisor:
         t = self._timeouts
         adopted = isinstance(proc, AdoptedProcess)
         if rep.obs.state != "ready":
+            fast_until = trio.current_time() + t.engine_health_fast_for_s
             while proc.running():
                 if not await self._probe(record, t.engine_health_request_s):
                     # Ready with what its engine says it does (llama.cpp's /props): no request meets it unknown.
@@ -503,7 +504,8 @@ class Supervisor:
                     self._fail(rep, f"not healthy within {t.engine_start_s:g} s")
                     return
                 await _rotate(rep.log_path)
-                await trio.sleep(t.engine_health_poll_s)
+                fast = trio.current_time() < fast_until
+                await trio.sleep(t.engine_health_fast_poll_s if fast else t.engine_health_poll_s)
             else:
                 await proc.wait()
                 await trio.sleep(t.engine_exit_log_s)  # let the log flush
