@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Iterator
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-__all__ = ["Cron", "CronError", "Ruling", "Rule", "ruling", "zone", "zone_problem"]
+__all__ = ["Cron", "CronError", "Ruling", "Rule", "in_force", "ruling", "zone", "zone_problem"]
 
 _FIELDS = (  # name, low, high, names for the values from `low`
     ("minute", 0, 59, ()),
@@ -226,7 +226,7 @@ class Rule:
         return doc
 
     def words(self) -> str:
-        until = f"until {self.end}" if self.end else f"for {_span(self.duration_s)}"
+        until = f"until {self.end}" if self.end else f"for {span_words(self.duration_s)}"
         return f"{self.start} {until}: replicas {self.min}..{self.max}"
 
     def window(self, t: float, tz: dt.tzinfo) -> tuple[float, float] | None:
@@ -248,7 +248,8 @@ def _cron(text: str) -> Cron:
     return Cron.parse(text)
 
 
-def _span(seconds: float) -> str:
+def span_words(seconds: float) -> str:
+    """A duration as a rule says it: "10 h", "90 min", "2 d"."""
     s = int(seconds)
     if s % 86400 == 0:
         return f"{s // 86400} d"
@@ -289,6 +290,14 @@ class Ruling:
     def to_doc(self, rules: tuple[Rule, ...]) -> dict[str, object]:
         return {"rule": self.rule, "min": self.min, "max": self.max, "since": self.since, "until": self.until,
                 "next_change": self.next_change, "time_zone": self.zone, "words": self.words(rules)}
+
+
+def in_force(rules: tuple[Rule, ...], own_min: int, own_max: int, t: float, tz_name: object) -> Ruling | None:
+    """`ruling` for a model's rules in the zone the setting `cluster.time_zone` names (`tz_name`; UTC when this
+    machine does not know it: a stored zone this member's time zone database lacks); None without rules."""
+    if not rules:
+        return None
+    return ruling(rules, own_min, own_max, t, "UTC" if zone_problem(tz_name) else str(tz_name))
 
 
 def ruling(rules: tuple[Rule, ...], own_min: int, own_max: int, t: float, tz_name: str) -> Ruling:

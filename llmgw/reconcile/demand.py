@@ -84,13 +84,9 @@ def duration(seconds: float) -> str:
 
 
 def schedule_now(state: ClusterState, model: ModelDef, now: float) -> schedule.Ruling | None:
-    """What the model's schedule rules say at `now` in the cluster's time zone (`cluster.time_zone`; UTC when
-    this machine does not know the stored one); None for a model without rules."""
-    if not model.schedules:
-        return None
-    name = str(effective(state.settings, "cluster.time_zone"))
-    return schedule.ruling(model.schedules, model.replicas_min, model.replicas_max, now,
-                           "UTC" if schedule.zone_problem(name) else name)
+    """What the model's schedule rules say at `now` in the cluster's time zone; None for a model without."""
+    return schedule.in_force(model.schedules, model.replicas_min, model.replicas_max, now,
+                             effective(state.settings, "cluster.time_zone"))
 
 
 def bounds(state: ClusterState, model: ModelDef, now: float) -> tuple[int, int, str]:
