@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
 
 from llmgw.domain.frozen import Doc
-from llmgw.domain.schedule import MAX_RULE_S, CronError, Cron, Rule
+from llmgw.domain.schedule import LONGEST_RULE, CronError, Cron, Rule
 
 ENGINES = ("sim", "llama.cpp", "vllm")
 ROLES = ("chat", "embedding", "guard", "rerank")
@@ -529,8 +529,8 @@ def _schedules(doc: Any, p: _Problems) -> tuple[Rule, ...] | None:
             p.add(pre, "needs one of end (a cron expression) or duration_s (seconds), not both")
         elif "duration_s" in item:
             duration = p.check(_num, item, "duration_s", 0.0, prefix=pre + ".") or 0.0
-            if not 60 <= duration <= MAX_RULE_S:
-                p.add(f"{pre}.duration_s", f"must be from 60 to {MAX_RULE_S:.0f} seconds (366 days)")
+            if not 60 <= duration <= LONGEST_RULE:
+                p.add(f"{pre}.duration_s", f"must be from 60 to {LONGEST_RULE:.0f} seconds (366 days)")
         if len(p.found) == before:
             rules.append(Rule(str(crons["start"]), int(low or 0), int(high or 0), str(crons.get("end") or ""),
                               duration))

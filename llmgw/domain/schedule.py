@@ -37,7 +37,7 @@ MAX_CRON_CHARS = 200
 # How far a search for a match goes, in days: 8 years hold a 29 February whatever the century. A cron that
 # matches no day at all (30 February) is refused when parsed, so the bound only stops a runaway.
 SEARCH_DAYS = 8 * 366
-MAX_RULE_S = 366 * 86400.0  # the longest a rule's duration may be (a bound on input)
+LONGEST_RULE = 366 * 86400.0  # seconds, the longest a rule may last (a bound on input, not a wait)
 UTC = dt.timezone.utc
 
 
