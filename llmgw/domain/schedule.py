@@ -20,6 +20,7 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 import functools
+import re
 from dataclasses import dataclass
 from typing import Iterator
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -34,6 +35,7 @@ _FIELDS = (  # name, low, high, names for the values from `low`
     ("day of week", 0, 7, ("sun", "mon", "tue", "wed", "thu", "fri", "sat")),
 )
 MAX_CRON_CHARS = 200
+_DIGITS = re.compile(r"[0-9]{1,4}")  # ASCII digits only: str.isdigit() takes '²', which int() refuses
 # How far a search for a match goes, in days: 8 years hold a 29 February whatever the century. A cron that
 # matches no day at all (30 February) is refused when parsed, so the bound only stops a runaway.
 SEARCH_DAYS = 8 * 366
@@ -113,7 +115,7 @@ def _field(part: str, name: str, low: int, high: int, names: tuple[str, ...]) ->
         body, slash, step_text = item.partition("/")
         step = 1
         if slash:
-            if not step_text.isdigit() or not 1 <= int(step_text) <= high - low + 1:
+            if not _DIGITS.fullmatch(step_text) or not 1 <= int(step_text) <= high - low + 1:
                 raise CronError(f"{name}: {item!r:.40} has a bad step (a whole number from 1 to {high - low + 1})")
             step = int(step_text)
         if body == "*":
@@ -133,7 +135,7 @@ def _field(part: str, name: str, low: int, high: int, names: tuple[str, ...]) ->
 def _value(text: str, name: str, low: int, high: int, names: tuple[str, ...]) -> int:
     if text.lower() in names:
         return low + names.index(text.lower())
-    if not text.isdigit() or not low <= int(text) <= high:
+    if not _DIGITS.fullmatch(text) or not low <= int(text) <= high:
         named = f" or {names[0]}-{names[-1]}" if names else ""
         raise CronError(f"{name}: {text!r:.40} is not a value from {low} to {high}{named}")
     return int(text)

@@ -85,6 +85,8 @@ def duration(seconds: float) -> str:
 
 def schedule_now(state: ClusterState, model: ModelDef, now: float) -> schedule.Ruling | None:
     """What the model's schedule rules say at `now` in the cluster's time zone; None for a model without."""
+    if not model.schedules:
+        return None
     return schedule.in_force(model.schedules, model.replicas_min, model.replicas_max, now,
                              effective(state.settings, "cluster.time_zone"))
 

@@ -103,6 +103,10 @@ def test_decide_scales_by_the_rule_in_force_and_agents_never_see_rules() -> None
     assert desired_replicas(state, m, seen, monday_0800_berlin) == 2
     plan = decide(state, seen, monday_0800_berlin)
     assert sum(c["op"] == "placement.add" for c in plan.commands) == 2
+    for cmd in plan.commands:
+        store.submit_nowait(cmd)
+    starts = [a for a in decide(store.snapshot(), seen, monday_0800_berlin + 1).actions if a.kind == "start"]
+    assert len(starts) == 2 and all("schedules" not in a.model for a in starts)  # an older agent would refuse it
     # In UTC the rule starts an hour later.
     assert desired_replicas(store_with([m]).snapshot(), m, seen, monday_0800_berlin) == 1
 
