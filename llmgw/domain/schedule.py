@@ -302,8 +302,27 @@ def in_force(rules: tuple[Rule, ...], own_min: int, own_max: int, t: float, tz_n
     return ruling(rules, own_min, own_max, t, "UTC" if zone_problem(tz_name) else str(tz_name))
 
 
+# The last answer per model's rules, with the instant it was computed at: it holds until its `next_change` (no
+# rule starts before then, and the ruling one does not end), so a reconciler pass each second searches the
+# calendar once a change, not once a pass. The answer is the same with or without it.
+_LAST: dict[tuple[tuple[Rule, ...], int, int, str], tuple[float, Ruling]] = {}
+_LAST_MAX = 4096
+
+
 def ruling(rules: tuple[Rule, ...], own_min: int, own_max: int, t: float, tz_name: str) -> Ruling:
     """Which rule sets the replicas at `t` (see the module's docstring), in the zone named `tz_name`."""
+    key = (rules, own_min, own_max, tz_name)
+    seen = _LAST.get(key)
+    if seen is not None and seen[0] <= t and seen[1].next_change is not None and t < seen[1].next_change:
+        return seen[1]
+    found = _ruling(rules, own_min, own_max, t, tz_name)
+    if len(_LAST) >= _LAST_MAX:
+        _LAST.clear()
+    _LAST[key] = (t, found)
+    return found
+
+
+def _ruling(rules: tuple[Rule, ...], own_min: int, own_max: int, t: float, tz_name: str) -> Ruling:
     tz = zone(tz_name)
     best: tuple[float, int, float] | None = None  # (began, index, ends)
     for i, rule in enumerate(rules):

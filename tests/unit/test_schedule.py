@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmgw.domain import schedule
 from llmgw.domain.schedule import Cron, CronError, Rule, ruling, zone, zone_problem
 
 UTC = dt.timezone.utc
@@ -214,3 +215,14 @@ def test_ruling_is_a_rule_in_force_that_began_last(specs, t):
     else:
         assert r.rule == max(in_force)[1] and r.min == r.rule
     assert r.next_change is not None and r.next_change > t
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(CRONS, st.integers(1, 6 * 60)), min_size=1, max_size=3), INSTANTS,
+       st.lists(st.integers(1, 3 * 3600), min_size=1, max_size=12), ZONES)
+def test_the_remembered_answer_is_the_one_computed_afresh(specs, t, steps, tz_name):
+    """`ruling` keeps its last answer until that answer's next change: a pass each second finds the same."""
+    rules = tuple(Rule(c, i, i, duration_s=minutes * 60.0) for i, (c, minutes) in enumerate(specs))
+    for step in steps:
+        t += step
+        assert ruling(rules, 9, 9, t, tz_name) == schedule._ruling(rules, 9, 9, t, tz_name)
