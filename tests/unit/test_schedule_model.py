@@ -203,3 +203,12 @@ async def test_the_console_model_page_says_which_rule_rules() -> None:
     facts = dict((r[0], r[1]) for r in rows(page, "model-status"))
     assert facts["Schedule"].startswith("rule 1 (0 8 * * mon-fri until 0 18 * * mon-fri: replicas 2..3) since "
                                         "2027-01-15 08:00 UTC; next change 2027-01-15 18:00 UTC")
+
+
+def test_a_catalog_file_gives_rules_as_toml_tables(tmp_path: Any) -> None:
+    from llmgw.cli.ctl.definitions import definitions_from_file
+    path = tmp_path / "catalog.toml"
+    path.write_text('[[models]]\nname = "m"\nengine = "sim"\nsource = "sim://m"\nreplicas = {min = 0, max = 1}\n\n'
+                    '[[models.schedules]]\nstart = "0 8 * * mon-fri"\nend = "0 18 * * mon-fri"\nmin = 2\nmax = 3\n')
+    (doc,), _ = definitions_from_file(path)
+    assert ModelDef.from_doc(doc).to_doc()["schedules"] == [OFFICE]
