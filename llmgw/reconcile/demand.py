@@ -134,7 +134,8 @@ def desired(
     timeout, or requests in flight), `min` once idle or evicted (until asked again). Either mode:
     more under load, one replica per `scaling.outstanding_per_replica` requests in flight at the
     peak of the last `scale_down_delay_s`, up to `replicas.max`. Unknown demand or load holds
-    what runs (see the module's docstring).
+    what runs (see the module's docstring). While a schedule rule rules, its min/max stand for
+    `replicas.min/max` throughout (`bounds`; max 0: none, even when asked for).
 
     Which wins: an on-demand model known to be idle (nothing in flight, not asked for within its
     `idle_timeout_s`) or evicted goes to `min` at once, whatever the load's memory says; the load
