@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
 
 from llmgw.domain.frozen import Doc
+from llmgw.domain.schedule import LONGEST_RULE, CronError, Cron, Rule
 
 ENGINES = ("sim", "llama.cpp", "vllm")
 ROLES = ("chat", "embedding", "guard", "rerank")
@@ -22,6 +23,7 @@ MODES = ("always", "on-demand")
 MAX_REPLICAS = 256
 MAX_FALLBACKS = 8  # models tried after this one, in order (each costs the client a refusal's time at most)
 MAX_ALIASES = 16  # public names beyond its own
+MAX_SCHEDULES = 16  # schedule rules of one model
 # Engines that serve LoRA adapters (every one): vLLM and the sim load them at run time (agent/adapters.py);
 # llama.cpp at launch (`lora`), its replicas replaced by ones started with a new adapter (reconcile/adapters.py).
 ADAPTER_ENGINES = ENGINES
@@ -129,6 +131,9 @@ class ModelDef:
     # is the index): set by the reconciler from the adapters defined on the model (reconcile/adapters.py), in the
     # definition sent to agents only, never in a stored one (the admin API refuses the key).
     lora: tuple[str, ...] = ()
+    # Schedule rules (domain/schedule.py): from a cron time, for a while, replicas.min/max are the rule's. Read
+    # by the reconciler's `demand.desired`; in the cluster's time zone (setting `cluster.time_zone`).
+    schedules: tuple[Rule, ...] = ()
 
     @property
     def is_adapter(self) -> bool:
@@ -167,6 +172,8 @@ class ModelDef:
             doc["base"] = self.base
         if self.lora:
             doc["lora"] = list(self.lora)
+        if self.schedules:
+            doc["schedules"] = [r.to_doc() for r in self.schedules]
         return doc
 
     def launch_hash(self) -> str:
@@ -208,12 +215,13 @@ class ModelDef:
         aliases = p.check(_names, doc, "aliases", MAX_ALIASES, name)
         routing = _routing(doc.get("routing", {}), p)
         lora = p.check(_lora, doc)
+        schedules = _schedules(doc.get("schedules", []), p)
         p.raise_if_any()
         # No problem was found, so every check returned its value.
         assert name and engine and role and source and mode and replicas and idle and window and profile and limits
         assert timeouts is not None and routing is not None
         assert args is not None and fallbacks is not None and aliases is not None and base is not None
-        assert lora is not None
+        assert lora is not None and schedules is not None
         if engine == "sim" and not profile.cpu and not _asks_for_gpus(doc.get("profile", {})):
             # A sim model whose profile says nothing of GPUs runs on CPU (it needs none); one that
             # names gpus/tp/pp/nodes/classes or says `cpu = false` takes GPUs like a real engine.
@@ -237,6 +245,7 @@ class ModelDef:
             routing=routing,
             base=base,
             lora=lora,
+            schedules=schedules,
         )
 
 
@@ -306,7 +315,7 @@ def _check_source_text(source: str) -> None:
 _KEYS = frozenset({
     "name", "engine", "role", "source", "mode", "replicas",
     "idle_timeout_s", "activation_window_s", "args", "profile", "limits", "timeouts", "fallbacks", "aliases",
-    "routing", "base", "lora",
+    "routing", "base", "lora", "schedules",
 })
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -489,6 +498,54 @@ def _replicas(doc: Any, mode: str | None, p: _Problems) -> tuple[int, int] | Non
         p.add("replicas.min", "must not exceed replicas.max")
         return None
     return rmin, rmax
+
+
+_RULE_KEYS = ("start", "end", "duration_s", "min", "max")
+
+
+def _schedules(doc: Any, p: _Problems) -> tuple[Rule, ...] | None:
+    """The schedule rules, or None with the problems added to `p`: each `{start = CRON, end = CRON or
+    duration_s = SECONDS, min = N, max = N}`, 0 <= min <= max."""
+    if not isinstance(doc, list) or len(doc) > MAX_SCHEDULES:
+        p.add("schedules", f"must be a list of at most {MAX_SCHEDULES} rules like "
+                           '{start = "0 8 * * mon-fri", end = "0 18 * * mon-fri", min = 2, max = 4}')
+        return None
+    before = len(p.found)
+    rules = []
+    for i, item in enumerate(doc):
+        pre = f"schedules[{i}]"
+        if not p.table(item, pre, _RULE_KEYS, '{start = "0 8 * * mon-fri", duration_s = 36000, min = 2, max = 4}'):
+            continue
+        crons = {key: p.check(_cron, item, key, pre) for key in ("start", "end") if key in item or key == "start"}
+        low = p.check(_int, item, "min", 0, low=0, high=MAX_REPLICAS, prefix=pre + ".")
+        high = p.check(_int, item, "max", 0, low=0, high=MAX_REPLICAS, prefix=pre + ".")
+        for key in ("min", "max"):
+            if key not in item:
+                p.add(f"{pre}.{key}", "is required (the replicas while the rule rules; max 0: none)")
+        if low is not None and high is not None and low > high:
+            p.add(f"{pre}.min", f"must not exceed {pre}.max")
+        duration = 0.0
+        if ("end" in item) == ("duration_s" in item):
+            p.add(pre, "needs one of end (a cron expression) or duration_s (seconds), not both")
+        elif "duration_s" in item:
+            duration = p.check(_num, item, "duration_s", 0.0, prefix=pre + ".") or 0.0
+            if not 60 <= duration <= LONGEST_RULE:
+                p.add(f"{pre}.duration_s", f"must be from 60 to {LONGEST_RULE:.0f} seconds (366 days)")
+        if len(p.found) == before:
+            rules.append(Rule(str(crons["start"]), int(low or 0), int(high or 0), str(crons.get("end") or ""),
+                              duration))
+    return None if len(p.found) > before else tuple(rules)
+
+
+def _cron(doc: Mapping[str, Any], key: str, prefix: str) -> str:
+    value = doc[key] if key in doc else None
+    if not isinstance(value, str):
+        raise DefinitionError(f"{prefix}.{key}", 'must be a cron expression such as "0 8 * * mon-fri"'
+                              if key in doc else "is required (a cron expression such as \"0 8 * * mon-fri\")")
+    try:
+        return Cron.parse(value).text
+    except CronError as e:
+        raise DefinitionError(f"{prefix}.{key}", str(e)) from None
 
 
 def _positive_num(doc: Mapping[str, Any], key: str, default: float) -> float:

@@ -230,9 +230,9 @@ def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeou
                 continue
             if p.group and p.rank == 0 and not all(_running(observed, m) for m in unit[1:]):
                 continue  # rank 0 serves once every member has joined: it starts after them
-            # Without the gateway's own fields (fallbacks, aliases): an agent does not use them, and one of an
-            # older release refuses a definition with a key it does not know.
-            launch = replace(state.models[p.model], fallbacks=(), aliases=()).to_doc()
+            # Without the gateway's and the reconciler's own fields (fallbacks, aliases, schedules): an agent does not
+            # use them, and one of an older release refuses a definition with a key it does not know.
+            launch = replace(state.models[p.model], fallbacks=(), aliases=(), schedules=()).to_doc()
             actions.append(AgentAction(p.node, "start", p.replica_id, launch, p.gpus, _group_doc(p, unit)))
     # Stops: every rank 0 (and lone replica) first, then the members, whose leader is gone by then.
     stops = [(rank_of(rid, state), rid, obs.node) for rid, obs in observed.replicas.items()
@@ -351,6 +351,10 @@ def _views(
                       f"{health.last_error or 'no error text'}")
         elif desired.get(name, 0) > 0:
             route_state, reason = "starting", "waiting for a placement"
+        elif (ruled := demand.schedule_now(state, model, now)) is not None and ruled.rule is not None \
+                and ruled.max == 0:
+            route_state, reason = "absent", \
+                f"schedule rule {ruled.rule + 1} allows no replica until {ruled.at(ruled.until)}"
         elif model.mode == "on-demand" and name in observed.evicted:
             route_state, reason = "absent", f"{observed.evicted[name][1]}; a request starts it again"
         elif model.mode == "on-demand":
@@ -361,7 +365,8 @@ def _views(
         progress = _progress(mine, observed, size, rate, timeouts) if route_state == "starting" else None
         if route_state != "ready":
             route_reason = reason
-        want = model.replicas_min if route_state == "absent" and evicted and name in evicted else desired.get(name, 0)
+        want = demand.bounds(state, model, now)[0] if route_state == "absent" and evicted and name in evicted \
+            else desired.get(name, 0)
         views[name] = ModelView(name, want, len(mine), len(ready), starting, route_state, reason,
                                 failures, error, progress, window)
         routes[name] = ModelRoute(

@@ -120,7 +120,19 @@ def _definition() -> Schema:
                          "prefix_chars": _int(1, model.MAX_PREFIX_CHARS)}, (), closed=True),
         # A LoRA adapter of this defined model: `source` is the adapter file's absolute path.
         "base": _MODEL_NAME,
+        # Schedule rules (domain/schedule.py): from each match of the `start` cron (cluster.time_zone) until the
+        # `end` cron or `duration_s` later, replicas between min and max.
+        "schedules": {**_arr(_rule(_CRON, _int(0, _REPLICAS_MAX), closed=True)), "maxItems": model.MAX_SCHEDULES},
     }, ("name", "source"), closed=True)
+
+
+_CRON = {"type": "string", "minLength": 9, "maxLength": 200}  # 5 fields: "0 8 * * mon-fri"
+
+
+def _rule(cron: Schema, count: Schema, *, closed: bool = False) -> Schema:
+    """A schedule rule: `start` and `min`, `max` required; `end` (a cron) or `duration_s` (60 s to 366 days)."""
+    return _obj({"start": cron, "end": cron, "duration_s": {"type": "number", "minimum": 60, "maximum": 366 * 86400},
+                 "min": count, "max": count}, ("start", "min", "max"), closed=closed)
 
 
 def _stored_definition() -> Schema:
@@ -142,6 +154,7 @@ def _stored_definition() -> Schema:
         "fallbacks": _arr(_STR), "aliases": _arr(_STR),
         "routing": _obj({"affinity": _null(_STR), "prefix_chars": _INT}),
         "base": _STR,  # a LoRA adapter's base model: only on adapters
+        "schedules": _arr(_rule(_STR, _INT)),  # only when set
     }, shown)
 
 
@@ -165,7 +178,12 @@ def _model() -> Schema:
                    # A LoRA adapter's state per replica of its base (loaded, loading, "failed: why"); a base's adapters.
                    "adapter_on": {"type": "object", "additionalProperties": _STR}, "adapters": _arr(_STR),
                    "breakers": _arr(_obj({"replica_id": _STR, "gateway": _STR, "reason": _STR, "since": _NUM,
-                                          "half_open": _BOOL}))},
+                                          "half_open": _BOOL})),
+                   # Only on a model with schedule rules: which rules now (`rule`: its index, null: none) and when
+                   # that changes next (unix seconds), with the bounds in force and a line of words.
+                   "schedule": _obj({"rule": _null(_INT), "min": _INT, "max": _INT, "since": _null(_NUM),
+                                     "until": _null(_NUM), "next_change": _null(_NUM), "time_zone": _STR,
+                                     "words": _STR}, ("rule", "min", "max", "next_change", "words"))},
                   ("desired", "ready", "starting", "state", "reason", "parked", "failures_in_row", "last_error",
                    "replicas"))
     return {"allOf": [_ref("StoredDefinition"), _obj({"status": status})]}
