@@ -1,5 +1,7 @@
 """`serve(config)`: one stream to the leading control plane, found among `controls`, followed
-to the next leader when it goes; this node's inventory, observed again every `storage_rescan_s`.
+to the next leader when it goes; this node's inventory, observed again every `storage_rescan_s` and sent
+when it changed (`llmgw.agent.inventory.changed`: GPU readings alone do not count), else every
+`inventory_refresh_s`.
 
 Engines keep running while the stream is down; when it comes back (to any leader) the agent
 reports what it runs and control adopts it from there (level-triggered). Every message from
@@ -21,7 +23,7 @@ import httpx
 import trio
 
 from llmgw import __version__, release
-from llmgw.agent.inventory import NvmlProbe
+from llmgw.agent.inventory import NvmlProbe, changed
 from llmgw.agent.mirror_fetch import MirrorCache
 from llmgw.agent.mirror_fetch import fetch as mirror_fetch
 from llmgw.agent.storage import StorageDir, StorageScanner
@@ -353,6 +355,10 @@ async def _observe_once(config: AgentConfig, scanner: StorageScanner, cache: Mir
 
 
 async def _observe(config: AgentConfig, scanner: StorageScanner, link: _Link, cache: MirrorCache | None = None) -> None:
+    """Observe the node every `storage_rescan_s`; hand on (to be sent) an inventory that `changed` from the
+    one last handed on, or any once that one is `inventory_refresh_s` old: a GPU node's readings move at
+    every look, and a fleet's worth of inventories every 30 s, each waking the reconciler, is no news."""
+    handed = trio.current_time()
     while True:
         await trio.sleep(config.timeouts.storage_rescan_s)
         try:
@@ -360,6 +366,8 @@ async def _observe(config: AgentConfig, scanner: StorageScanner, link: _Link, ca
         except Exception:  # a probe or scan that fails once: report the last known, try again
             log.exception("observing this node failed; the inventory last reported stands")
             continue
-        if info != link.inventory:
-            link.inventory = info
+        now = trio.current_time()
+        if changed(link.inventory, info) or (now - handed >= config.timeouts.inventory_refresh_s
+                                             and info != link.inventory):
+            link.inventory, handed = info, now
             link.mark()
