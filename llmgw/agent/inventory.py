@@ -123,7 +123,7 @@ def changed(sent: NodeInfo, seen: NodeInfo) -> bool:
 
 
 def _steady(gpu: Gpu) -> Gpu:
-    return replace(gpu, **{reading: () if reading == "processes" else None for reading in GPU_READINGS})
+    return replace(gpu, utilization=None, temperature_c=None, power_w=None, processes=(), memory_used=None)
 
 
 def _memory_moved(a: Gpu, b: Gpu) -> bool:

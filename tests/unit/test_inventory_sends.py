@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.agent import service
-from llmgw.agent.inventory import MEMORY_STEP, changed
+from llmgw.agent.inventory import GPU_READINGS, MEMORY_STEP, changed
 from llmgw.agent.storage import StorageScanner
 from llmgw.agent.supervisor import Supervisor
 from llmgw.domain.observed import Gpu, NodeInfo
@@ -51,6 +51,16 @@ def test_readings_alone_are_no_change_and_anything_else_is() -> None:
     assert changed(INFO, dataclasses.replace(INFO, engines=("sim", "vllm"))), "an engine installed"
     assert changed(INFO, dataclasses.replace(INFO, storage=({"path": "/models", "models": []},)))
     assert changed(INFO, dataclasses.replace(INFO, reserved_gpus=(1,)))
+
+
+def test_every_gpu_field_but_the_readings_counts() -> None:
+    other: dict[type, Any] = {int: 7, str: "other", bool: False, float: 1.5}
+    for f in dataclasses.fields(Gpu):
+        if f.name in GPU_READINGS or f.name == "parent_index":
+            continue
+        value = other[type(getattr(CARD, f.name))]
+        assert changed(INFO, dataclasses.replace(INFO, gpus=(dataclasses.replace(CARD, **{f.name: value}),
+                                                             INFO.gpus[1]))), f.name
 
 
 def test_used_memory_counts_once_it_moved_by_a_step_of_the_card() -> None:
