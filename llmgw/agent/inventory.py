@@ -190,4 +190,5 @@ class HostProbe:
 # The name the agent's config used before the nvidia-smi path existed; the path is LLMGW_GPU_PROBE's.
 NvmlProbe = HostProbe
 
-__all__ = ["GPU_READINGS", "MEMORY_STEP", "CpuFacts", "HostProbe", "NvmlProbe", "changed", "engine_versions", "parse_cpuinfo", "parse_meminfo"]
+__all__ = ["GPU_READINGS", "MEMORY_STEP", "CpuFacts", "HostProbe", "NvmlProbe", "changed", "engine_versions",
+           "parse_cpuinfo", "parse_meminfo"]

@@ -56,6 +56,7 @@ _LEFT_RUNNING: list[object] = []
 # version the replica needs), rather than anything about the replica.
 ENGINE_MISSING = ("engine_unavailable", "engine_too_old")
 
+
 class MirrorFetchFailed(Exception):
     """A `mirror://` source could not be fetched: the replica fails with this reason."""
 

@@ -276,8 +276,8 @@ def engine_refusal(model: ModelDef | Need, node: NodeInfo) -> Refusal | None:
             and forms is not None and "llama-server" not in forms):
         where = "across nodes" if model.nodes > 1 else "on GPUs"
         return Refusal(node.node, NOT_NOW, "engine_missing",
-                       f"engine llama.cpp is not installed in the form a replica {where} runs: the node has "
-                       f"{forms or 'the in-process binding'}, not the llama-server binary (put llama-server on the "
+                       f"engine llama.cpp is not installed in the form a replica {where} runs: the node has only "
+                       f"the in-process binding (xllamacpp), not the llama-server binary (put llama-server on the "
                        f"agent's PATH, or set LLMGW_LLAMA_SERVER)")
     return None
 

@@ -7,7 +7,7 @@ A node lives in the leader's memory (`control.hub`), which a new leader rebuilds
 state: a forgotten node that still held one would come back, as "waiting for node …" then lost, after every
 leader change. `node.forget` removes them with the forgetting, so no leader finds it again; a multi-node
 replica with a member there goes whole (what is left of it could not serve). Its approval stays: approval
-is trust in the machine, which `ctl trust revoke` takes away, not the leader's memory of it.
+is trust in the machine, which `ctl nodes revoke` takes away, not the leader's memory of it.
 
 Approving a node already approved changes nothing (its first approval's time is kept): a retried commit,
 or the batch that approves every known node when the setting is turned on, is harmless.
