@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
@@ -101,11 +102,17 @@ class BusyProbe:
 class Sent:
     def __init__(self) -> None:
         self.inventories: list[tuple[float, dict[str, Any]]] = []
+        self.arrived = trio.Event()
 
     async def send(self, text: str) -> None:
         message = json.loads(text)
         if message["type"] == "inventory":
             self.inventories.append((trio.current_time(), message["inventory"]))
+            self.arrived.set()
+
+    async def next(self) -> None:
+        self.arrived = trio.Event()
+        await self.arrived.wait()
 
 
 @pytest.fixture
@@ -123,7 +130,8 @@ async def observations(probe: BusyProbe, n: int) -> None:
 
 
 @asynccontextmanager
-async def running(tmp_path: Path, refresh_s: float) -> AsyncIterator[tuple[BusyProbe, Sent, Any]]:
+async def running(tmp_path: Path, refresh_s: float, heartbeat_s: float = TIMEOUTS.stream_heartbeat_s,
+                  ) -> AsyncIterator[tuple[BusyProbe, Sent, Any]]:
     probe, sent = BusyProbe(INFO), Sent()
     timeouts = dataclasses.replace(TIMEOUTS, inventory_refresh_s=refresh_s)
     config = service.AgentConfig(controls=["http://c"], tls=None, state_dir=tmp_path, node="n1", probe=probe,
@@ -135,7 +143,7 @@ async def running(tmp_path: Path, refresh_s: float) -> AsyncIterator[tuple[BusyP
                                 on_change=link.mark, http=http)
         nursery.start_soon(service._observe, config, scanner, link)
         # As after the hello: the first inventory went with it.
-        nursery.start_soon(service._report, sent.send, supervisor, link, link.inventory, timeouts.stream_heartbeat_s)
+        nursery.start_soon(service._report, sent.send, supervisor, link, link.inventory, heartbeat_s)
         yield probe, sent, link
         nursery.cancel_scope.cancel()
 
@@ -153,10 +161,12 @@ async def test_an_unchanged_inventory_is_not_sent_and_a_changed_one_once(clock: 
 
 async def test_the_slow_refresh_sends_the_readings(clock: trio.testing.MockClock, tmp_path: Path) -> None:
     refresh = 4 * RESCAN
-    async with running(tmp_path, refresh_s=refresh) as (probe, sent, _):
+    # No timer but the agent's own while its probe runs in a worker thread (no heartbeat, the test waits on
+    # sends): the MockClock has nothing to jump to meanwhile, so each look comes exactly RESCAN after the last.
+    async with running(tmp_path, refresh_s=refresh, heartbeat_s=math.inf) as (probe, sent, _):
         start, looks = trio.current_time(), probe.calls
-        while len(sent.inventories) < 3:
-            await trio.sleep(RESCAN / 7)
+        for _ in range(3):
+            await sent.next()
         times = [start, *(at for at, _ in sent.inventories)]
         assert all(later - earlier >= refresh for earlier, later in zip(times, times[1:])), "never before it is due"
         assert probe.calls - looks >= 3 * 4, "one send per refresh, not per look"
