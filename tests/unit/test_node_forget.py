@@ -94,3 +94,12 @@ def test_a_member_leading_again_does_not_bring_back_a_node_another_leader_forgot
     state, _ = commands.apply(placed(), commands.forget_node("gone", now))  # forgotten under another leader
     hub.take_office(p.node for p in state.placements.values())  # this member leads again
     assert hub.node_state("gone") == "unknown" and [a["node"] for a in hub.agents()] == ["n1"]
+
+
+def test_ctl_says_which_placements_went_with_the_node() -> None:
+    from ctl_fakes import FakeApi, ctl
+
+    api = FakeApi().on("DELETE", "/api/v1/nodes/gone", json_body={"forgotten": "gone",
+                                                                 "removed_placements": ["demo-r1", "big-g3-r0"]})
+    r = ctl(["nodes", "forget", "gone"], api)
+    assert r.rc == 0 and r.out.strip() == "forgot node gone and its placements demo-r1, big-g3-r0"
