@@ -52,6 +52,11 @@ PROPS_PATH = "/props"  # llama.cpp's server properties, its chat template's capa
 _LEFT_RUNNING: list[object] = []
 
 
+# The refusals that say the engine itself cannot run on this node (not installed, or not in the form or
+# version the replica needs), rather than anything about the replica.
+ENGINE_MISSING = ("engine_unavailable", "engine_too_old")
+
+
 class MirrorFetchFailed(Exception):
     """A `mirror://` source could not be fetched: the replica fails with this reason."""
 
@@ -122,6 +127,7 @@ class Supervisor:
         inventory: Callable[[], NodeInfo] | None = None,
         roots: Sequence[str] = (),
         fetcher: Fetcher | None = None,
+        on_engine_missing: Callable[[], None] | None = None,
     ) -> None:
         self._nursery = nursery
         self.node = node
@@ -136,6 +142,9 @@ class Supervisor:
         self._inventory = inventory
         self._roots = tuple(roots)
         self._fetcher = fetcher  # None: this agent has no mirror cache (a `mirror://` source fails)
+        # Called when a start finds its engine cannot run here (`ENGINE_MISSING`): the node's inventory, which
+        # said it could, is out of date; the agent looks again at once (llmgw.agent.service).
+        self._on_engine_missing = on_engine_missing
         self._adopt()
 
     def replicas(self) -> list[ReplicaObs]:
@@ -383,6 +392,8 @@ class Supervisor:
                     spec = build() if model.engine == "sim" else await trio.to_thread.run_sync(build)
                 except EngineError as e:
                     self._fail(rep, e.message)
+                    if e.code in ENGINE_MISSING and self._on_engine_missing is not None:
+                        self._on_engine_missing()
                     return
                 rep.engine, rep.launch_lora, rep.lora_skipped = model.engine, model.lora, dict(spec.lora_skipped)
                 self._loading(rep, spec.weights_bytes)

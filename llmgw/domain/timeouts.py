@@ -62,6 +62,7 @@ class Timeouts:
     stream_heartbeat_s: float = _t(1.5, "agent", "on an agent's stream, each end (agent and leader) with nothing else to send sends a heartbeat this often; an end that heard nothing for 3 intervals (4.5 s: a vanished peer is noticed within 5 s) takes its peer for gone (the agent looks for the leader, the leader closes the stream and the node's grace period starts)")
     agent_connect_s: float = _t(5.0, "agent", "one connect (TCP and handshake) of an agent to a control plane gives up after this long (and `llmgw server add`'s check, from the new machine, that it reaches the control plane)")
     storage_rescan_s: float = _t(30.0, "agent", "an agent rescans its --storage directories this often (unchanged files are not read again) and reports its inventory again when they changed")
+    inventory_refresh_s: float = _t(300.0, "agent", "an agent whose inventory did not change (GPU readings such as utilisation, temperature, power and small moves of used memory do not count: llmgw.agent.inventory.changed) sends it again this often anyway, so the leader's readings are at most this old")
     agent_reconnect_min_s: float = _t(0.2, "agent", "first wait before an agent reconnects to control (doubles, with jitter)")
     agent_reconnect_max_s: float = _t(10.0, "agent", "longest wait between an agent's reconnection attempts")
     agent_election_retry_s: float = _t(1.0, "agent", "longest wait between an agent's rounds while control planes answer but none leads (an election)")

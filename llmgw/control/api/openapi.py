@@ -424,7 +424,9 @@ def _paths() -> Schema:
         "/api/v1/nodes": {"get": _op("every node the leader knows", _obj({"nodes": _arr(_obj(
             {"node": _STR, "state": _STR, "approval": _STR, "gpus": _null(_arr(_OBJ)), "replicas": _null(_arr(_STR)),
              "connected_at": _null(_NUM)}))}))},
-        "/api/v1/nodes/{name}": {"delete": _op("forget a lost node", _obj({"forgotten": _STR}),
+        "/api/v1/nodes/{name}": {"delete": _op("forget a lost node; the placements the state still holds there go in "
+                                                "the same command (`removed_placements`), so no later leader finds it "
+                                                "again", _obj({"forgotten": _STR, "removed_placements": _arr(_STR)}),
                                                errors=("404", "409"), params=(node,), write=True)},
         "/api/v1/nodes/{name}/approve": {"post": _op(
             "approve a node (while nodes.require_approval is on, a new node is pending: nothing is placed on it "
