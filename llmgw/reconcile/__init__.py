@@ -283,6 +283,10 @@ def _scale(run: _Pass, model: ModelDef, want: int, found: Scan) -> str:
         run.set_asleep(unit, False)
         fresh.append(unit)
     asleep = asleep[wake:]
+    if asleep and not sleep.may_keep(run.state, model):
+        for unit in asleep:  # serving stopped (or the model may no longer sleep): asleep replicas stop too
+            run.remove(unit, "scaled down")
+        asleep = []
     for extra in fresh[want:][::-1]:
         if sleep.may_sleep(run.state, model, run.observed, run.now, extra):
             run.set_asleep(extra, True)

@@ -36,6 +36,11 @@ def may_sleep(state: ClusterState, model: ModelDef, observed: Observed, now: flo
     return idle is not None and idle >= model.idle_timeout_s
 
 
+def may_keep(state: ClusterState, model: ModelDef) -> bool:
+    """Whether the model's asleep replicas may stay asleep: not once serving is stopped (`llmgw stop`)."""
+    return bool(model.sleep_level) and model.mode == "on-demand" and not effective(state.settings, "serving.stopped")
+
+
 def asleep(p: Placement, value: bool) -> Placement:
     return replace(p, asleep=value)
 

@@ -126,6 +126,13 @@ def test_a_model_still_asked_for_or_a_stopped_service_does_not_sleep() -> None:
         == [("placement.remove", "lazy-r1", "scaled down")]
 
 
+def test_llmgw_stop_stops_an_asleep_replica_too() -> None:
+    state = commit(lazy_ready(), decide(lazy_ready(), seen([replica("lazy-r1", "g1")], {"lazy": NOW - IDLE}), NOW))
+    state, _ = commands.apply(state, commands.put_setting("serving.stopped", True, NOW))
+    plan = decide(state, seen([replica("lazy-r1", "g1", "sleeping")], {"lazy": NOW - IDLE}), NOW + 1)
+    assert ops(plan) == [("placement.remove", "lazy-r1", "scaled down")] and acts(plan) == [("stop", "lazy-r1", 0)]
+
+
 def test_a_request_wakes_the_asleep_replica_before_anything_is_placed() -> None:
     state = commit(lazy_ready(), decide(lazy_ready(), seen([replica("lazy-r1", "g1")], {"lazy": NOW - IDLE}), NOW))
     asked = seen([replica("lazy-r1", "g1", "sleeping")], {"lazy": NOW + 10})
