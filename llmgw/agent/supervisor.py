@@ -251,7 +251,7 @@ class Supervisor:
         if self._stop_on_exit:
             self.stop_all()
             return
-        running = [r for r in self._replicas.values() if r.obs.state in ("starting", "ready")]
+        running = [r for r in self._replicas.values() if r.obs.state in ("starting", "ready", "sleeping")]
         if running:
             log.warning("%d engines keep running; the next agent adopts them", len(running))
 

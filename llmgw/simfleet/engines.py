@@ -140,10 +140,9 @@ class SimRunner:
             self.nursery.start_soon(self._wake, sim)
 
     async def _wake(self, sim: _Sim) -> None:
-        with sim.cancel:
-            await trio.sleep(sim.wake_s)
-            if sim.obs.state == "starting":
-                self._set(sim, "ready", phase="")
+        await trio.sleep(sim.wake_s)
+        if sim.obs.state == "starting":
+            self._set(sim, "ready", phase="")  # a no-op once stopped or replaced meanwhile
 
     def load_adapters(self, replica_id: str, adapters: Mapping[str, str]) -> None:
         """The fleet's simulated nodes hold no adapter files: each adapter is reported failed, with why."""

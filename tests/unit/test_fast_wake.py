@@ -222,3 +222,17 @@ async def test_the_sim_sleeps_at_once_and_wakes_after_its_wake_delay() -> None:
         assert (await http.get("/is_sleeping")).json() == {"is_sleeping": False}
         assert (await http.post("/v1/chat/completions", json=chat)).status_code == 200
         assert (await http.post("/sleep?level=3")).status_code == 400
+
+
+def test_the_agent_protocol_carries_sleep_and_wake() -> None:
+    from llmgw.wire import protocol_agent as pa
+    from llmgw.wire.protocol import ProtocolError
+
+    assert pa.read_down({"type": "sleep_replica", "replica_id": "lazy-r1", "level": 2}) == pa.SleepReplica("lazy-r1", 2)
+    assert pa.read_down({"type": "wake_replica", "replica_id": "lazy-r1"}) == pa.WakeReplica("lazy-r1")
+    for level in (0, 3, "1", True, None):
+        with pytest.raises(ProtocolError, match="level"):
+            pa.read_down({"type": "sleep_replica", "replica_id": "lazy-r1", "level": level})
+    up = pa.read_up({"type": "replicas", "replicas": [{"replica_id": "lazy-r1", "model": "lazy", "node": "n1",
+                                                       "state": "sleeping"}]}, "n1")
+    assert isinstance(up, pa.Replicas) and up.replicas[0].state == "sleeping"
