@@ -120,6 +120,8 @@ def _definition() -> Schema:
                          "prefix_chars": _int(1, model.MAX_PREFIX_CHARS)}, (), closed=True),
         # A LoRA adapter of this defined model: `source` is the adapter file's absolute path.
         "base": _MODEL_NAME,
+        # Fast wake: an idle on-demand vllm (or sim) model sleeps at this level instead of stopping; 0: off.
+        "sleep_level": {"type": "integer", "enum": list(model.SLEEP_LEVELS)},
     }, ("name", "source"), closed=True)
 
 
@@ -142,6 +144,7 @@ def _stored_definition() -> Schema:
         "fallbacks": _arr(_STR), "aliases": _arr(_STR),
         "routing": _obj({"affinity": _null(_STR), "prefix_chars": _INT}),
         "base": _STR,  # a LoRA adapter's base model: only on adapters
+        "sleep_level": _INT,  # fast wake: only when set (1 or 2)
     }, shown)
 
 
@@ -152,7 +155,7 @@ def _estimate() -> Schema:
 
 def _activation() -> Schema:
     """A starting model's progress (llmgw/domain/activation.py; the gateway's 503 model_activating has it too)."""
-    return _obj({"phase": {"type": "string", "enum": ["placing", "fetching", "starting", "loading"]},
+    return _obj({"phase": {"type": "string", "enum": ["placing", "fetching", "starting", "loading", "waking"]},
                  "since": _null(_NUM), "bytes_done": _null(_INT), "bytes_total": _null(_INT),
                  "expected_s": _null(_NUM), "eta_s": _null(_NUM), "elapsed_s": _null(_NUM), "words": _STR},
                 ("phase",))
