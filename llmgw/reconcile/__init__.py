@@ -450,7 +450,7 @@ def _progress(mine: list[Placement], observed: Observed, size: int | None, rate:
         o = observed.replicas.get(p.replica_id)
         if o is None or (o.state == "starting" and p.node not in observed.nodes):
             found.append(of("placing", p.placed_at, size))
-        elif o.state == "starting" and o.phase == "waking":  # fast wake: no load, no size
+        elif o.state == "sleeping" or o.state == "starting" and o.phase == "waking":  # fast wake: no load estimate
             found.append(Progress("waking", o.since))
         elif o.state == "starting" and o.phase == "fetching":
             found.append(_fetching(o, size, rate, timeouts))

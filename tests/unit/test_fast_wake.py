@@ -140,6 +140,7 @@ def test_a_request_wakes_the_asleep_replica_before_anything_is_placed() -> None:
     assert ops(plan) == [("placement.sleep", "lazy-r1", False)]  # no placement.add: no cold start
     assert acts(plan) == [("wake", "lazy-r1", 0)]
     assert plan.views["lazy"].state == "starting"
+    assert plan.views["lazy"].activation is not None and plan.views["lazy"].activation.phase == "waking"
     state = commit(state, plan)
     # The agent reports it waking (starting, phase `waking`), then ready: it serves.
     waking = seen([replace(replica("lazy-r1", "g1", "starting"), phase="waking")], {"lazy": NOW + 10})
@@ -236,3 +237,11 @@ def test_the_agent_protocol_carries_sleep_and_wake() -> None:
     up = pa.read_up({"type": "replicas", "replicas": [{"replica_id": "lazy-r1", "model": "lazy", "node": "n1",
                                                        "state": "sleeping"}]}, "n1")
     assert isinstance(up, pa.Replicas) and up.replicas[0].state == "sleeping"
+
+
+def test_ctl_model_show_says_the_model_sleeps_when_idle() -> None:
+    from llmgw.cli.ctl.render import render_model
+
+    shown = render_model({**sleepy(level=1).build().to_doc(), "status": {}})
+    assert "fast wake" in shown and "sleeps when idle, level 1 (weights kept in CPU RAM); a request wakes it" in shown
+    assert "fast wake" not in render_model({**model("plain").build().to_doc(), "status": {}})
