@@ -145,10 +145,14 @@ class _Pass:
     view: FleetView | None = None
     evicted: list[demand.Eviction] = field(default_factory=list)
     eviction_searches: int = 0
+    slept: set[str] = field(default_factory=set)  # replicas this pass put to sleep (fast wake)
     pending: frozenset[str] = frozenset()  # nodes waiting for approval: nothing is placed on them  # how many unplaceable models looked for idle replicas to evict
 
     def remove(self, unit: Unit, why: str) -> None:
         for p in unit:
+            if p.replica_id in self.slept:  # put to sleep by this pass, then evicted by it: only removed
+                self.slept.discard(p.replica_id)
+                self.cmds = [c for c in self.cmds if c.get("op") != "placement.sleep" or c["replica_id"] != p.replica_id]
             if p.replica_id not in self.removed:
                 self.removed.add(p.replica_id)
                 if self.live.pop(p.replica_id, None) is not None and self.view is not None:
@@ -160,6 +164,8 @@ class _Pass:
         p = self.live[unit[0].replica_id]
         self.live[p.replica_id] = sleep.asleep(p, value)
         self.cmds.append(commands.sleep_placement(p.replica_id, value, self.now))
+        if value:
+            self.slept.add(p.replica_id)
 
     def place(self, model: ModelDef, avoided: dict[str, Strikes]) -> PlacementResult:
         """Placement for one more replica, off the nodes avoided for this model when another fits."""

@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmgw.domain import codec, commands, levels
 from llmgw.domain.model import DefinitionError, ModelDef
@@ -164,6 +166,14 @@ def test_a_model_that_wants_the_gpu_evicts_the_asleep_replica_which_is_stopped()
     assert plan.evictions[0].replica_id == "lazy-r1"
 
 
+def test_an_idle_replica_whose_gpu_is_wanted_now_is_stopped_not_slept() -> None:
+    other = model("need").vllm().gpus(1).on_demand(idle_timeout_s=IDLE)
+    wanted = seen([replica("lazy-r1", "g1")], {"lazy": NOW - IDLE, "need": NOW})
+    plan = decide(lazy_ready(1, other), wanted, NOW)
+    assert [o[:2] for o in ops(plan)] == [("placement.remove", "lazy-r1"), ("placement.add", "need")]
+    assert ("stop", "lazy-r1", 0) in acts(plan) and not [a for a in plan.actions if a.kind == "sleep"]
+
+
 def test_the_asleep_replica_is_evicted_before_an_awake_one() -> None:
     # Asked for 30 min ago: one replica still wanted (idle timeout 2 h), the other asleep; both may be evicted.
     two = model("lazy").vllm().gpus(1).on_demand(idle_timeout_s=2 * HOUR).replicas(0, 2)
@@ -245,3 +255,51 @@ def test_ctl_model_show_says_the_model_sleeps_when_idle() -> None:
     shown = render_model({**sleepy(level=1).build().to_doc(), "status": {}})
     assert "fast wake" in shown and "sleeps when idle, level 1 (weights kept in CPU RAM); a request wakes it" in shown
     assert "fast wake" not in render_model({**model("plain").build().to_doc(), "status": {}})
+
+
+# --- a property -------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    slots=st.lists(st.tuples(st.booleans(), st.sampled_from(["ready", "sleeping", "starting", "failed", None])),
+                   min_size=1, max_size=3),
+    asked_ago=st.one_of(st.none(), st.floats(0, 3 * IDLE)),
+    others_asked=st.booleans(),
+    stopped=st.booleans(),
+)
+def test_asleep_replicas_are_woken_before_any_is_placed_and_never_both_slept_and_removed(
+        slots: list[tuple[bool, str | None]], asked_ago: float | None, others_asked: bool, stopped: bool) -> None:
+    lazy = sleepy().replicas(0, 3)
+    need = model("need").vllm().gpus(1).on_demand(idle_timeout_s=IDLE)
+    state = state_with([lazy, need], [placed("lazy", "g1", [i], at=float(i)) for i in range(len(slots))],
+                       {"serving.stopped": stopped})
+    placements = dict(state.placements)
+    reports = []
+    for (asleep_now, report), rid in zip(slots, sorted(placements, key=lambda r: placements[r].placed_at)):
+        placements[rid] = replace(placements[rid], asleep=asleep_now)
+        if report is not None:
+            reports.append(replica(rid, "g1", report, model="lazy"))
+    state = replace(state, placements=placements)
+    demand = {"lazy": NOW - asked_ago} if asked_ago is not None else {}
+    if others_asked:
+        demand["need"] = NOW
+    fleet = replace(seen(reports, demand), nodes={"g1": node("g1").gpus(3).engines("vllm").build()})
+    plan = decide(state, fleet, NOW)
+    assert plan == decide(state, fleet, NOW)  # pure
+    slept = {c["replica_id"] for c in plan.commands if c["op"] == "placement.sleep" and c["asleep"]}
+    woken = {c["replica_id"] for c in plan.commands if c["op"] == "placement.sleep" and not c["asleep"]}
+    removed = {c["replica_id"] for c in plan.commands if c["op"] == "placement.remove"}
+    assert not slept & removed and not woken & removed and not slept & woken
+    after = commit(state, plan)
+    still_asleep = [p for p in after.placements.values() if p.model == "lazy" and p.asleep]
+    if any(c["op"] == "placement.add" and c["model"] == "lazy" for c in plan.commands):
+        assert not still_asleep, "a cold start while an asleep replica could have been woken"
+    if stopped:
+        assert not still_asleep and not slept, "serving stopped: nothing sleeps"
+    # Every sleep or wake committed is told to the agent when its replica is in the state to take it.
+    for a in plan.actions:
+        if a.kind == "sleep":
+            assert after.placements[a.replica_id].asleep and a.level == 1
+        if a.kind == "wake":
+            assert not after.placements[a.replica_id].asleep
