@@ -363,7 +363,9 @@ def _views(
         size = _checkpoint_bytes(model, obs, weights)
         window = activation.window_s(model.activation_window_s, size, rate, timeouts.activation_load_base_s)
         ready = sorted((o for o in obs if o.state == "ready" and o.url), key=lambda o: o.replica_id)
-        starting = sum(1 for p in mine if (o := observed.replicas.get(p.replica_id)) is None or o.state == "starting")
+        # (A replica reported sleeping under an awake placement is being woken: starting.)
+        starting = sum(1 for p in mine if (o := observed.replicas.get(p.replica_id)) is None
+                       or o.state in ("starting", "sleeping"))
         health = state.model_health(name)
         failures, error, flaps, flap_ready_s = parking.get(
             name, (health.failures_in_row, health.last_error, health.flaps, health.flap_ready_s))

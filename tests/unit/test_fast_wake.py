@@ -143,6 +143,7 @@ def test_a_request_wakes_the_asleep_replica_before_anything_is_placed() -> None:
     assert acts(plan) == [("wake", "lazy-r1", 0)]
     assert plan.views["lazy"].state == "starting"
     assert plan.views["lazy"].activation is not None and plan.views["lazy"].activation.phase == "waking"
+    assert plan.views["lazy"].starting == 1  # being woken: starting (no alarm says it is down)
     state = commit(state, plan)
     # The agent reports it waking (starting, phase `waking`), then ready: it serves.
     waking = seen([replace(replica("lazy-r1", "g1", "starting"), phase="waking")], {"lazy": NOW + 10})
