@@ -183,6 +183,16 @@ class ReplicaRunner(Protocol):
 
     def stop(self, replica_id: str) -> None: ...
 
+    def sleep(self, replica_id: str, level: int) -> None:
+        """Fast wake: put a ready replica's engine to sleep at `level` (1 or 2); reported `sleeping` at once, failed
+        (its engine then stopped by control) when the engine refuses. A no-op for one not ready."""
+        ...
+
+    def wake(self, replica_id: str) -> None:
+        """Fast wake: wake a sleeping replica's engine; reported starting (phase `waking`), then ready, or failed
+        with why. A no-op for one not sleeping."""
+        ...
+
     def load_adapters(self, replica_id: str, adapters: Mapping[str, str]) -> None:
         """Make a ready replica's engine hold exactly these LoRA adapters (name -> file), each reported on the
         replica (`ReplicaObs.adapters`) as loading, then loaded once the engine lists it, or failed with why."""

@@ -297,6 +297,10 @@ def _act(message: pa.DownMessage, supervisor: ReplicaRunner, link: _Link) -> Non
             _start(supervisor, message)
         elif isinstance(message, pa.StopReplica):
             supervisor.stop(message.replica_id)
+        elif isinstance(message, pa.SleepReplica):
+            supervisor.sleep(message.replica_id, message.level)
+        elif isinstance(message, pa.WakeReplica):
+            supervisor.wake(message.replica_id)
         elif isinstance(message, pa.LoadAdapters):
             supervisor.load_adapters(message.replica_id, dict(message.adapters))
         elif isinstance(message, pa.Rejected):

@@ -30,6 +30,7 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo, ReplicaObs
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.engines import PARENT_ENV, EngineError, Group, launch_spec, start_failure
+from llmgw.engines.vllm import SLEEP_PATH, WAKE_PATH
 from llmgw.errors import describe
 from llmgw.net import free_port, url_host
 from llmgw.wire.protocol_agent import MirrorSource
@@ -200,6 +201,44 @@ class Supervisor:
         self._nursery.start_soon(sync_adapters, self._http, rep.obs.url, dict(adapters), had, report,
                                  self._timeouts.adapter_load_s)
 
+    def sleep(self, replica_id: str, level: int) -> None:
+        """Fast wake: a ready replica's engine sleeps at `level` (`POST /sleep?level=N`, vLLM's sleep mode); it is
+        reported `sleeping` at once (it serves nothing from now), failed when its engine refuses."""
+        rep = self._replicas.get(replica_id)
+        if rep is None or rep.obs.state != "ready":
+            return
+        self._set(rep, "sleeping", url=rep.obs.url)
+        self._nursery.start_soon(self._sleep_call, rep, f"{SLEEP_PATH}?level={level}", "sleeping",
+                                 self._timeouts.engine_sleep_s)
+
+    def wake(self, replica_id: str) -> None:
+        """Fast wake: a sleeping replica's engine wakes (`POST /wake_up`): starting (phase `waking`), then ready once
+        the engine answers, or failed with why."""
+        rep = self._replicas.get(replica_id)
+        if rep is None or rep.obs.state != "sleeping":
+            return
+        rep.obs = replace(rep.obs, phase="waking")
+        self._set(rep, "starting")
+        self._nursery.start_soon(self._sleep_call, rep, WAKE_PATH, "starting", self._timeouts.engine_wake_s)
+
+    async def _sleep_call(self, rep: _Replica, path: str, during: str, timeout_s: float) -> None:
+        url = rep.obs.url
+        try:
+            with trio.fail_after(timeout_s):
+                r = await self._http.post(url + path, timeout=timeout_s)
+            problem = "" if r.status_code == 200 else f"answered HTTP {r.status_code}"
+        except (trio.TooSlowError, httpx.TimeoutException):
+            problem = f"no answer within {timeout_s:g} s"
+        except (httpx.HTTPError, OSError) as e:
+            problem = describe(e)
+        if self._replicas.get(rep.obs.replica_id) is not rep or rep.obs.state != during:
+            return  # stopped, or asked otherwise meanwhile
+        if problem:
+            self._fail(rep, f"engine {path.split('?')[0]} failed: {problem}")
+        elif path == WAKE_PATH:
+            log.info("replica %s woke at %s", rep.obs.replica_id, url)
+            self._set(rep, "ready", url=url)
+
     def stop(self, replica_id: str) -> None:
         """Stop and forget a replica: its process is terminated (then killed), its record and log removed."""
         rep = self._replicas.pop(replica_id, None)
@@ -221,7 +260,7 @@ class Supervisor:
         if self._stop_on_exit:
             self.stop_all()
             return
-        running = [r for r in self._replicas.values() if r.obs.state in ("starting", "ready")]
+        running = [r for r in self._replicas.values() if r.obs.state in ("starting", "ready", "sleeping")]
         if running:
             log.warning("%d engines keep running; the next agent adopts them", len(running))
 
@@ -385,7 +424,8 @@ class Supervisor:
                     build = functools.partial(
                         launch_spec, model.engine, model=model.name, role=model.role, source=source,
                         host=self.host, port=port, args=model.args, devices=devices, group=group,
-                        roots=roots, cwd=str(self._records.dir.resolve()), lora=model.lora)
+                        roots=roots, cwd=str(self._records.dir.resolve()), lora=model.lora,
+                        sleep_mode=bool(model.sleep_level))
                     # Off the loop where it reads and checks the weights' header (up to 64 MiB, maybe
                     # on a network filer): the stream's heartbeats must not wait for it. The sim
                     # reads no weights.

@@ -27,6 +27,10 @@ MAX_SCHEDULES = 16  # schedule rules of one model
 # Engines that serve LoRA adapters (every one): vLLM and the sim load them at run time (agent/adapters.py);
 # llama.cpp at launch (`lora`), its replicas replaced by ones started with a new adapter (reconcile/adapters.py).
 ADAPTER_ENGINES = ENGINES
+# Engines whose replicas can sleep (`sleep_level`): vLLM's sleep mode (`POST /sleep?level=N`, `POST /wake_up`) and
+# the simulator, which models it (docs/models.md, "Fast wake").
+SLEEP_ENGINES = ("vllm", "sim")
+SLEEP_LEVELS = (0, 1, 2)
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # used with fullmatch
 _SOURCE_SCHEMES = ("sim://", "mirror://", "hf://", "pkg://")
@@ -134,6 +138,10 @@ class ModelDef:
     # Schedule rules (domain/schedule.py): from a cron time, for a while, replicas.min/max are the rule's. Read
     # by the reconciler's `demand.desired`; in the cluster's time zone (setting `cluster.time_zone`).
     schedules: tuple[Rule, ...] = ()
+    # Fast wake (docs/models.md): 1 or 2, an idle on-demand replica is put to sleep at that vLLM sleep level
+    # (1: weights kept in CPU RAM, 2: discarded) instead of being stopped, and woken by the next request;
+    # 0: stopped as before.
+    sleep_level: int = 0
 
     @property
     def is_adapter(self) -> bool:
@@ -174,13 +182,17 @@ class ModelDef:
             doc["lora"] = list(self.lora)
         if self.schedules:
             doc["schedules"] = [r.to_doc() for r in self.schedules]
+        if self.sleep_level:
+            doc["sleep_level"] = self.sleep_level
         return doc
 
     def launch_hash(self) -> str:
         """What a running replica was started from: a change here replaces replicas
         and un-parks the model (a new source or profile deserves a fresh try)."""
         doc = self.to_doc()
-        launch = {k: doc[k] for k in ("engine", "role", "source", "args", "profile", "lora") if k in doc}
+        launch: dict[str, Any] = {k: doc[k] for k in ("engine", "role", "source", "args", "profile", "lora") if k in doc}
+        if self.sleep_level:  # vLLM starts with sleep mode on (`--enable-sleep-mode`) or not: a new launch
+            launch["sleep_mode"] = True
         blob = json.dumps(launch, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -216,12 +228,13 @@ class ModelDef:
         routing = _routing(doc.get("routing", {}), p)
         lora = p.check(_lora, doc)
         schedules = _schedules(doc.get("schedules", []), p)
+        sleep_level = p.check(_sleep_level, doc, engine, mode)
         p.raise_if_any()
         # No problem was found, so every check returned its value.
         assert name and engine and role and source and mode and replicas and idle and window and profile and limits
         assert timeouts is not None and routing is not None
         assert args is not None and fallbacks is not None and aliases is not None and base is not None
-        assert lora is not None and schedules is not None
+        assert lora is not None and schedules is not None and sleep_level is not None
         if engine == "sim" and not profile.cpu and not _asks_for_gpus(doc.get("profile", {})):
             # A sim model whose profile says nothing of GPUs runs on CPU (it needs none); one that
             # names gpus/tp/pp/nodes/classes or says `cpu = false` takes GPUs like a real engine.
@@ -246,6 +259,7 @@ class ModelDef:
             base=base,
             lora=lora,
             schedules=schedules,
+            sleep_level=sleep_level,
         )
 
 
@@ -315,7 +329,7 @@ def _check_source_text(source: str) -> None:
 _KEYS = frozenset({
     "name", "engine", "role", "source", "mode", "replicas",
     "idle_timeout_s", "activation_window_s", "args", "profile", "limits", "timeouts", "fallbacks", "aliases",
-    "routing", "base", "lora", "schedules",
+    "routing", "base", "lora", "schedules", "sleep_level",
 })
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -430,6 +444,20 @@ def _lora(doc: Mapping[str, Any]) -> tuple[str, ...]:
         except DefinitionError as e:
             raise DefinitionError("lora", f"{item[:80]!r}: {e.message}") from None
     return tuple(value)
+
+
+def _sleep_level(doc: Mapping[str, Any], engine: str | None, mode: str | None) -> int:
+    """`sleep_level`: 0 (off), 1 or 2; only for an engine that can sleep and an on-demand model (the one that idles)."""
+    value = doc.get("sleep_level", 0)
+    if type(value) is not int or value not in SLEEP_LEVELS:
+        raise DefinitionError("sleep_level", "must be 0 (off), 1 (weights kept in CPU RAM) or 2 (weights discarded)")
+    if value and engine is not None and engine not in SLEEP_ENGINES:
+        raise DefinitionError("sleep_level", f"engine {engine} cannot sleep: only {' and '.join(SLEEP_ENGINES)} "
+                                             f"replicas sleep (leave sleep_level at 0)")
+    if value and mode is not None and mode != "on-demand":
+        raise DefinitionError("sleep_level", "applies to on-demand models (an idle one sleeps instead of stopping); "
+                                             f"this one is {mode}")
+    return value
 
 
 def _adapter_source(doc: Mapping[str, Any]) -> str:

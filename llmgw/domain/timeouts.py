@@ -80,6 +80,8 @@ class Timeouts:
     mirror_fetch_retry_s: float = _t(5.0, "agent", "after a round of every control plane gave nothing of a mirror file, an agent waits this long before the next round (3 such rounds: the replica fails)")
     engine_exit_log_s: float = _t(0.1, "agent", "an engine that exited before serving: its log's last lines are read after this long")
     adapter_load_s: float = _t(60.0, "agent", "one LoRA adapter load asked of an engine (and the list of what it serves read after it) gives up after this long; the adapter is then reported failed on that replica")
+    engine_sleep_s: float = _t(300.0, "agent", "fast wake: an engine's `POST /sleep` (vLLM moving its weights to CPU RAM) gives up after this long; the replica is then failed and stopped")
+    engine_wake_s: float = _t(600.0, "agent", "fast wake: an engine's `POST /wake_up` (weights back on the GPU; reloaded from disk at sleep level 2) gives up after this long; the replica is then failed, as a failed start")
     engine_stop_grace_s: float = _t(5.0, "agent", "after SIGTERM, an engine is killed (SIGKILL) once this has passed")
     engine_parent_poll_s: float = _t(1.0, "engine", "how often an engine checks that its agent is alive (it stops when not)")
     engine_version_s: float = _t(5.0, "agent", "`llama-server --version` or `vllm --version`, run once per binary to report the engine's version, gives up after this long (the version shows as unknown)")

@@ -317,7 +317,9 @@ def _candidates(
         model, idle = state.models[name], idle_models[name]
         unit_list = [tuple(sorted(u, key=lambda p: p.rank)) for u in by_unit.values()]
         spare = len(unit_list) - bounds(state, model, now)[0]
-        newest = sorted(unit_list, key=lambda u: (u[0].placed_at, u[0].replica_id), reverse=True)[: max(0, spare)]
+        # Asleep replicas first (fast wake: they serve nothing), then the newest.
+        newest = sorted(unit_list, key=lambda u: (u[0].asleep, u[0].placed_at, u[0].replica_id),
+                        reverse=True)[: max(0, spare)]
         found.extend((-idle, name, i, u) for i, u in enumerate(newest))
     found.sort(key=lambda f: f[:3])
     return [(-f[0], f[3]) for f in found]

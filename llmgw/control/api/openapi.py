@@ -123,6 +123,8 @@ def _definition() -> Schema:
         # Schedule rules (domain/schedule.py): from each match of the `start` cron (cluster.time_zone) until the
         # `end` cron or `duration_s` later, replicas between min and max.
         "schedules": {**_arr(_rule(_CRON, _int(0, _REPLICAS_MAX), closed=True)), "maxItems": model.MAX_SCHEDULES},
+        # Fast wake: an idle on-demand vllm (or sim) model sleeps at this level instead of stopping; 0: off.
+        "sleep_level": {"type": "integer", "enum": list(model.SLEEP_LEVELS)},
     }, ("name", "source"), closed=True)
 
 
@@ -155,6 +157,7 @@ def _stored_definition() -> Schema:
         "routing": _obj({"affinity": _null(_STR), "prefix_chars": _INT}),
         "base": _STR,  # a LoRA adapter's base model: only on adapters
         "schedules": _arr(_rule(_STR, _INT)),  # only when set
+        "sleep_level": _INT,  # fast wake: only when set (1 or 2)
     }, shown)
 
 
@@ -165,7 +168,7 @@ def _estimate() -> Schema:
 
 def _activation() -> Schema:
     """A starting model's progress (llmgw/domain/activation.py; the gateway's 503 model_activating has it too)."""
-    return _obj({"phase": {"type": "string", "enum": ["placing", "fetching", "starting", "loading"]},
+    return _obj({"phase": {"type": "string", "enum": ["placing", "fetching", "starting", "loading", "waking"]},
                  "since": _null(_NUM), "bytes_done": _null(_INT), "bytes_total": _null(_INT),
                  "expected_s": _null(_NUM), "eta_s": _null(_NUM), "elapsed_s": _null(_NUM), "words": _STR},
                 ("phase",))

@@ -273,6 +273,12 @@ def _adapter_row(m: Any) -> list[Any]:
             f"{len(loaded)} loaded / {len(states)}", _state(dig(m, "status")), _short(reason)]
 
 
+def _sleep_level(level: Any) -> str:
+    """A model's `sleep_level` (fast wake), shown only when set."""
+    kept = {1: "weights kept in CPU RAM", 2: "weights discarded"}.get(level, "")
+    return f"sleeps when idle, level {level}" + (f" ({kept}); a request wakes it" if kept else "")
+
+
 def render_model(model: Mapping[str, Any]) -> str:
     status = dig(model, "status") or {}
     rows: list[tuple[str, Any]] = [
@@ -293,6 +299,7 @@ def render_model(model: Mapping[str, Any]) -> str:
         *[("schedules", _rules(rules)) for rules in [dig(model, "schedules")] if isinstance(rules, list) and rules],
         *[("schedule now", dig(ruled, "words")) for ruled in [dig(status, "schedule")] if isinstance(ruled, Mapping)],
         *([("adapter of", dig(model, "base"))] if dig(model, "base") else []),
+        *([("fast wake", _sleep_level(dig(model, "sleep_level")))] if dig(model, "sleep_level") else []),
         *[("adapters", ", ".join(map(str, names))) for names in [dig(status, "adapters")]
           if isinstance(names, list) and names],
         # Shown only when set (the API leaves them out otherwise): in the order the gateway tries them.
