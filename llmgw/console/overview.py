@@ -136,12 +136,24 @@ def _warnings(s: Summary) -> str:
                 '(notify.webhooks): lost nodes, parked models and judges down reach nobody. Set one on '
                 '<a href="/settings">Settings</a> or with <code>llmgw ctl settings notify.webhooks '
                 '\'["https://..."]\'</code>.</div>')
-    warnings = [w for w in s.warnings if not w.startswith("no notify.webhooks set")]
+    warnings = [_said_below(w, s) for w in s.warnings if not w.startswith("no notify.webhooks set")]
     if warnings:
         items = "".join(f"<li>{esc(w)}</li>" for w in warnings[:SHOWN])
         out += (f'<section class="card" data-testid="warnings"><h2>Warnings ({len(warnings)})</h2><ul>{items}'
                 f'</ul>{_more(len(warnings), SHOWN, "/models", "models")}</section>')
     return out
+
+
+def _said_below(warning: str, s: Summary) -> str:
+    """A warning on a model of the Parked and unplaceable table, or on a judge of the Judges table, its words
+    left to that row: each reason once on the page."""
+    rows = [(f"model {m.name} ", m.reason, "Models by state") for m in
+            [m for m in s.models if m.parked or m.state == "unplaceable"][:SHOWN]]
+    rows += [(f"judge {j.model} ", j.problem, "Judges and guards") for j in s.guard.judges]
+    for start, words, card in rows:
+        if words and warning.startswith(start) and words in warning:
+            return warning.replace(words, f"why in {card}, below")
+    return warning
 
 
 def _usage(ctx: Context) -> str:

@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 from console_world import NOW, VIEWER, World, csrf_of, rows, sign_in
 from llmgw.agent.gpus.facts import CardFacts, MachineFacts, MigFacts, pending_change, to_gpus, warnings
 from llmgw.console import chart
-from llmgw.domain.observed import NodeInfo
-from llmgw.testing.builders import GIB
+from llmgw.domain import commands, summary
+from llmgw.domain.guard import GuardPolicy
+from llmgw.domain.observed import NodeInfo, Observed
+from llmgw.reconcile import ModelView
+from llmgw.testing.builders import GIB, model, store_with
 from test_console_pages import models_world
 
 HOUR = 3600
@@ -120,6 +123,8 @@ async def test_a_model_pages_memory_line_and_last_error_say_their_words_once() -
     assert facts["Last error"] == "in why"
     stuck = {r[0]: r for r in rows(overview, "stuck-models")}["broken"]
     assert " ".join(stuck).count("ImportError") == 1, stuck
+    assert body(overview).count("ImportError: no module named torch") == 1  # not again in the warnings
+    assert "model broken is parked: why in Models by state, below" in body(overview)
 
 
 async def test_a_refusal_page_says_its_title_once() -> None:
@@ -131,3 +136,26 @@ async def test_a_refusal_page_says_its_title_once() -> None:
     assert r.status_code == 403
     assert body(r.text).count("Refused: a viewer cannot act") == 1, body(r.text)
     assert "<h1>Refused: a viewer cannot act</h1>" in r.text
+
+
+def test_a_restart_storm_of_a_model_failing_its_starts_is_one_warning_quoting_its_error_once() -> None:
+    state = store_with([model("m").sim().replicas(3)]).snapshot()
+    crash = ModelView("m", 3, 1, 1, 0, "ready", "", failures_in_row=4, last_error="ImportError: no module x")
+    observed = Observed(restarts={"m": (NOW - 3, NOW - 2, NOW - 1, NOW)})
+    warnings = summary.summarize(state, observed, {"m": crash}, {}, NOW).warnings
+    said = [w for w in warnings if w.startswith("model m")]
+    assert said == ["model m: 4 restarts of its replicas in the last restart window (a restart storm), 4 failed "
+                    "start(s) in a row, 1/3 ready: ImportError: no module x"], said
+
+
+async def test_the_overview_says_a_judges_problem_once() -> None:
+    store = store_with()
+    store.submit_nowait(commands.set_policy(GuardPolicy("strict", "guard-1"), 0.0))
+    world = World(store)
+    await world.reconciler.run_once()
+    async with world.client() as c:
+        await sign_in(c)
+        page = (await c.get("/")).text
+    problem = {r[0]: r[2] for r in rows(page, "judges-table")}["guard-1"]
+    assert problem and body(page).count(problem) == 1, body(page)
+    assert "judge guard-1 (policies strict): why in Judges and guards, below" in body(page)
