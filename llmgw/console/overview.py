@@ -136,21 +136,26 @@ def _warnings(s: Summary) -> str:
                 '(notify.webhooks): lost nodes, parked models and judges down reach nobody. Set one on '
                 '<a href="/settings">Settings</a> or with <code>llmgw ctl settings notify.webhooks '
                 '\'["https://..."]\'</code>.</div>')
-    warnings = [_said_below(w, s) for w in s.warnings if not w.startswith("no notify.webhooks set")]
+    warnings = [w for w in s.warnings if not w.startswith("no notify.webhooks set")]
     if warnings:
-        items = "".join(f"<li>{esc(w)}</li>" for w in warnings[:SHOWN])
+        below = _rows_below(s)
+        items = "".join(f"<li>{esc(_said_below(w, below))}</li>" for w in warnings[:SHOWN])
         out += (f'<section class="card" data-testid="warnings"><h2>Warnings ({len(warnings)})</h2><ul>{items}'
                 f'</ul>{_more(len(warnings), SHOWN, "/models", "models")}</section>')
     return out
 
 
-def _said_below(warning: str, s: Summary) -> str:
-    """A warning on a model of the Parked and unplaceable table, or on a judge of the Judges table, its words
-    left to that row: each reason once on the page."""
+def _rows_below(s: Summary) -> list[tuple[str, str, str]]:
+    """(how a warning on it starts, its reason, the card whose row says it): the models of the Parked and
+    unplaceable table and the judges of the Judges table."""
     rows = [(f"model {m.name} ", m.reason, "Models by state") for m in
             [m for m in s.models if m.parked or m.state == "unplaceable"][:SHOWN]]
-    rows += [(f"judge {j.model} ", j.problem, "Judges and guards") for j in s.guard.judges]
-    for start, words, card in rows:
+    return rows + [(f"judge {j.model} ", j.problem, "Judges and guards") for j in s.guard.judges]
+
+
+def _said_below(warning: str, below: Sequence[tuple[str, str, str]]) -> str:
+    """A warning on a row of a card below, its reason left to that row: each reason once on the page."""
+    for start, words, card in below:
         if words and warning.startswith(start) and words in warning:
             return warning.replace(words, f"why in {card}, below")
     return warning
