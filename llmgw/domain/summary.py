@@ -397,20 +397,24 @@ def summarize(
 
 
 def _model_warnings(m: ModelRow) -> list[str]:
-    out = []
-    if m.restart_storm:
-        out.append(f"model {m.name}: {m.restarts} restarts of its replicas in the last restart window "
-                   f"(a restart storm), {m.ready}/{m.desired} ready: {m.last_error or 'no error text'}")
+    """A model's warnings, its last error said once: a restart storm of a model that is parked or failing its
+    starts is one line, not two quoting the same error."""
+    storm = (f"{m.restarts} restarts of its replicas in the last restart window (a restart storm)"
+             if m.restart_storm else "")
     if m.parked:
-        out.append(f"model {m.name} is parked: {m.reason}")
-    elif m.state == "unplaceable" and m.base:
+        return [f"model {m.name} is parked: {m.reason}" + (f" ({storm})" if storm else "")]
+    out = []
+    if m.state == "unplaceable" and m.base:
         out.append(f"LoRA adapter {m.name} of {m.base} is loaded on no replica: {m.reason}")
     elif m.state == "unplaceable":
         out.append(f"model {m.name} cannot be placed: {m.reason}")
     elif m.failures_in_row and m.state not in ("stopped", "absent"):
         # "ready 1/3" and nothing more is how a crash loop hides behind one good replica.
-        out.append(f"model {m.name}: {m.failures_in_row} failed start(s) in a row, "
-                   f"{m.ready}/{m.desired} ready: {m.last_error or 'no error text'}")
+        said = f"{storm}, " if storm else ""
+        return [f"model {m.name}: {said}{m.failures_in_row} failed start(s) in a row, "
+                f"{m.ready}/{m.desired} ready: {m.last_error or 'no error text'}"]
+    if storm:
+        out.insert(0, f"model {m.name}: {storm}, {m.ready}/{m.desired} ready: {m.last_error or 'no error text'}")
     return out
 
 
