@@ -1,4 +1,4 @@
-"""The console at a glance in a real browser (issue 27): Overview, Nodes, Models and a model page at 1400 px
+"""The console at a glance in a real browser (issue 27): Overview, Nodes, Models and a model page at 1400 px (and 1280 px, checked, not shot)
 and at 800 px, over a fleet of 18 simulated nodes of four kinds (`llmgw sim-fleet`: H100 nodes on two
 fabrics, L40S nodes, A100 nodes cut into MIG instances, CPU-only nodes), with traffic in the current hour.
 
