@@ -93,9 +93,9 @@ def test_every_screenshot_the_browser_tests_take_is_shown_in_the_docs() -> None:
     taken = set(re.findall(r'\.shot\("([^"]+)"\)', (ROOT / "tests/e2e/test_console_browser.py").read_text()))
     layout = (ROOT / "tests/e2e/test_console_layout.py").read_text()  # glance-PAGE-WIDTH, each page at each width
     pages = re.findall(r'\("(\w+)", "/[^"]*"\)', layout.split("PAGES = ", 1)[1].split("\n", 1)[0])
-    widths = re.search(r"GLANCE_WIDTHS', '([\d,]+)'", layout)
+    widths = re.search(r"SHOT_WIDTHS = \(([\d, ]+)\)", layout)
     assert pages and widths, "test_console_layout.py names its pages and widths otherwise"
-    taken |= {f"glance-{p}-{w}" for p in pages for w in widths.group(1).split(",")}
+    taken |= {f"glance-{p}-{w.strip()}" for p in pages for w in widths.group(1).split(",")}
     doc = (ROOT / "docs/console.md").read_text()
     shown = set(re.findall(r"!\[[^\]]*\]\(console/([^)]+)\.png\)", doc))
     assert len(taken) >= 7 and taken == shown, (taken ^ shown)
