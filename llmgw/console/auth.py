@@ -84,10 +84,12 @@ def same_origin() -> bool:
 
 def refused(title: str, why: str, session: Session | None, status: int = 403) -> Response:
     """A refusal as a page: what was refused and why, in words, with the way out."""
-    body = (f'<section class="refusal" id="refusal" data-testid="refusal"><h2>{layout.esc(title)}</h2>'
+    # The title once: the page's heading (a signed-out page, without the shell, gets it here).
+    body = (f'<section class="refusal" id="refusal" data-testid="refusal">'
             f'<p data-testid="refusal-reason">{layout.esc(why)}</p></section>')
     if session is None:
-        return html(layout.bare(title, body + '<p><a href="/signin">Sign in</a></p>'), status)
+        return html(layout.bare(title, f"<h1>{layout.esc(title)}</h1>" + body +
+                                '<p><a href="/signin">Sign in</a></p>'), status)
     return html(layout.page(title, "", body, session=session), status)
 
 

@@ -43,8 +43,9 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, sortable: bo
                    for row in rows)
     if not body:
         body = f'<tr class="empty"><td colspan="{len(headers)}">{esc(empty)}</td></tr>'
-    return f'<table class="{"sortable" if sortable else "plain"}"{attrs}><thead><tr>{head}</tr></thead>' \
-           f'<tbody>{body}</tbody></table>'
+    # In a box of its own: a table wider than its place (a narrow window) scrolls as a whole, its card does not.
+    return f'<div class="table-wrap"><table class="{"sortable" if sortable else "plain"}"{attrs}><thead><tr>' \
+           f'{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def with_query(base_url: str, **params: object) -> str:

@@ -191,12 +191,26 @@ def where(placements: Sequence[Placement]) -> str:
     return esc(", ".join(nodes[:WHERE_SHOWN]) + more)
 
 
-def estimate_html(e: MemoryEstimate) -> str:
+def estimate_html(e: MemoryEstimate, *, detail: bool = False) -> str:
+    """The estimate, its words once: shown after it (`detail`, or when it is unknown), else its tooltip."""
+    said = f' <small data-testid="memory-detail">{esc(e.detail)}</small>' if e.detail else ""
     if e.total_bytes is None:
-        return f'{UNKNOWN} <small>{esc(e.detail)}</small>' if e.detail else UNKNOWN
+        return UNKNOWN + said
     at_least = "" if e.complete else "≥ "
     per = f" ({e.devices} devices)" if e.devices > 1 else ""
+    if detail:
+        return f'<span>{at_least}{e.total_bytes / GIB:.1f} GiB{esc(per)}</span>{said}'
     return f'<span title="{esc(e.detail)}">{at_least}{e.total_bytes / GIB:.1f} GiB{esc(per)}</span>'
+
+
+def error_once(reason: str, error: str) -> str:
+    """The last error's cell next to a reason that may already quote it (a parked model's does): its words
+    once, here "in why" where the reason says them."""
+    if not error:
+        return "none"
+    if error in reason:
+        return '<span class="said" data-testid="error-in-why">in why</span>'
+    return esc(error)
 
 
 # --- activation: a model that is loading -------------------------------------------------------------
@@ -261,16 +275,18 @@ def render_model(state: ClusterState, observed: Observed, views: Mapping[str, An
              ("Ready / desired", counts(r)), ("Activation", phase_html(status)),
              ("Parked", "yes" if r.parked else "no"),
              ("Failed starts in a row", cell(r.failures)),
-             ("Last error", esc(r.last_error) if r.last_error else "none"),
-             ("Memory (one replica)", f'{estimate_html(estimate)} <small>{esc(estimate.detail)}</small>')]
+             ("Last error", error_once(r.reason, r.last_error)),
+             ("Memory (one replica)", estimate_html(estimate, detail=True))]
+    if "schedule" in status:  # a model with schedule rules: which rules now and the next change
+        facts.append(("Schedule", f'<span data-testid="model-schedule">{esc(status["schedule"]["words"])}</span>'))
     out = [table(["Fact", "Value"], [[k, v] for k, v in facts], sortable=False, testid="model-status")]
     if r.parked:
         hint = ('<form method="post" action="/do/retry" data-testid="retry-form">'
                 f'<input type="hidden" name="name" value="{esc(name)}">'
                 f'{csrf_field(session)}<button type="submit">Retry…</button></form>' if session.role == "admin" else
                 "an admin can retry it from Do")
-        out.append(f'<p class="banner warn" data-testid="parked-notice">Parked after {r.failures} failed start(s): '
-                   f'not placed again until its definition changes or it is retried. {hint}</p>')
+        out.append(f'<p class="banner warn" data-testid="parked-notice">Parked (why: above): not placed again until '
+                   f'its definition changes or it is retried. {hint}</p>')
     if m.base:  # a LoRA adapter: no replicas of its own; its state on each replica of its base
         base = f'<a href="/models/{esc(quote(m.base, safe=""))}">{esc(m.base)}</a>'
         out.append(f'<h2>On the replicas of {base}</h2><p>A LoRA adapter of {base}: served by its replicas whose '

@@ -166,15 +166,39 @@ def gpus_html(d: Mapping[str, Any]) -> str:
 
 
 def health(d: Mapping[str, Any]) -> list[str] | None:
-    """What is wrong with the node's devices and probe, in words; None when it is unknown (gone)."""
+    """What is wrong with the node's devices and probe, in words, each fact once; None when it is unknown
+    (gone)."""
+    devices = device_problems(d)
+    if devices is None:
+        return None
+    return [line for line, _ in devices] + probe_warnings(d, [reason for _, reason in devices])
+
+
+def device_problems(d: Mapping[str, Any]) -> list[tuple[str, str]] | None:
+    """(line, reason): one line per reason, naming every device it keeps out (a MIG card and its instances,
+    or eight cards in MIG mode, share theirs); None when unknown."""
     counts = d.get("gpu_counts")
     if d.get("gpus") is None or not isinstance(counts, Mapping):
         return None
-    out = []
+    said: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for u in counts.get("unusable", ()):
         what = "unhealthy" if u.get("healthy") is False else "not placeable"
-        out.append(f"GPU {u.get('label')} ({u.get('class')}) {what}: {u.get('reason') or 'no reason given'}")
-    out += [str(w) for w in d.get("warnings") or ()]
+        said.setdefault((what, str(u.get("reason") or "no reason given")), []).append(u)
+    out = []
+    for (what, reason), devices in said.items():
+        labels = ", ".join(str(u.get("label")) for u in devices)
+        classes = ", ".join(dict.fromkeys(str(u.get("class")) for u in devices))
+        out.append((f"{'GPUs' if len(devices) > 1 else 'GPU'} {labels} ({classes}) {what}: {reason}", reason))
+    return out
+
+
+def probe_warnings(d: Mapping[str, Any], reasons: Sequence[str]) -> list[str]:
+    """The probe's warnings that say something the devices' reasons do not: "GPU 0: <a reason>" is said."""
+    out: list[str] = []
+    for w in d.get("warnings") or ():
+        words = str(w).partition(": ")[2] or str(w)
+        if not (len(words) >= 16 and any(words in r for r in reasons)) and str(w) not in out:
+            out.append(str(w))
     return out
 
 
@@ -233,9 +257,10 @@ def render_node(d: Mapping[str, Any] | None, name: str) -> str:
              ("Last contact", contact_html(d)),
              ("Replicas reported", cell(", ".join(d["replicas"]) if isinstance(d.get("replicas"), list) else None))]
     out = [table(["Fact", "Value"], [[k, v] for k, v in facts], sortable=False, testid="node-facts")]
-    problems = health(d)
+    # Each device's reason is in its row of the GPU table below: here only what the rows do not say.
+    problems = probe_warnings(d, [str(g.get("reason") or "") for g in d.get("gpus") or () if isinstance(g, Mapping)])
     if problems:
-        out.append('<h2>Health</h2><ul data-testid="node-problems">' +
+        out.append('<h2>Probe warnings</h2><ul data-testid="node-problems">' +
                    "".join(f"<li>{esc(p)}</li>" for p in problems) + "</ul>")
     gpus = d.get("gpus")
     out.append("<h2>GPUs</h2>")

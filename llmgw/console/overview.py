@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from llmgw.console import auth, chart, sessions
 from llmgw.console.layout import UNKNOWN, bar, cell, esc, page, table
+from llmgw.console.models import error_once
 from llmgw.domain import usage
 from llmgw.domain.judges import Guard
 from llmgw.domain.summary import ClusterPart, Summary
@@ -34,8 +35,11 @@ def _more(total: int, shown: int, href: str, what: str) -> str:
            f'all {esc(what)}</a></p>'
 
 
-def _section(title: str, testid: str, body: str) -> str:
-    return f'<section class="card" id="{testid}" data-testid="{testid}"><h2>{esc(title)}</h2>{body}</section>'
+def _section(title: str, testid: str, body: str, *, wide: bool = False) -> str:
+    """A card of the grid; `wide`: a table of many columns, given the grid's whole width (never a scrollbar
+    of its own at 1280 px and wider)."""
+    kind = "card wide" if wide else "card"
+    return f'<section class="{kind}" id="{testid}" data-testid="{testid}"><h2>{esc(title)}</h2>{body}</section>'
 
 
 def _capacity(rows: Sequence[CapacityRow]) -> str:
@@ -43,7 +47,7 @@ def _capacity(rows: Sequence[CapacityRow]) -> str:
         [esc(r.gpu_class), "MIG instance" if r.mig else "whole card", r.used, r.free, r.unusable, r.reserved,
          bar(r.used, r.used + r.free, label=f"{r.used} of {r.used + r.free} usable used"),
          r.nodes] for r in rows], testid="capacity-table", empty="no GPUs reported (CPU nodes only, or none)")
-    return _section("Capacity per GPU class", "capacity", body)
+    return _section("Capacity per GPU class", "capacity", body, wide=True)
 
 
 def _fabrics(rows: Sequence[Fabric]) -> str:
@@ -63,13 +67,14 @@ def _models(s: Summary) -> str:
             f'desired, {replicas.starting} starting, {replicas.failed} failed</p>')
     stuck = [m for m in s.models if m.parked or m.state == "unplaceable"]
     rows = [[f'<a href="/models/{esc(quote(m.name, safe=""))}">{esc(m.name)}</a>',
-             "parked" if m.parked else "unplaceable", esc(m.reason), esc(m.last_error)] for m in stuck[:SHOWN]]
+             "parked" if m.parked else "unplaceable", esc(m.reason), error_once(m.reason, m.last_error)]
+            for m in stuck[:SHOWN]]
     more = _more(len(stuck), SHOWN, "/models?state=unplaceable", "unplaceable models")
     if more:  # Models filters one state at a time: a link to each
         more = more.removesuffix("</p>") + ', <a href="/models?state=parked">all parked models</a></p>'
     stuck_html = ("<h3>Parked and unplaceable</h3>" + table(["model", "state", "why", "last error"], rows,
                                                             testid="stuck-models", empty="none") + more)
-    return _section("Models by state", "models", counts + reps + stuck_html)
+    return _section("Models by state", "models", counts + reps + stuck_html, wide=True)
 
 
 def _idle(rows: Sequence[IdleRow]) -> str:
@@ -101,7 +106,7 @@ def _members(cluster: ClusterPart) -> str:
     body = table(["member", "role", "state", "why", "admin URL", "version", "lag"], [
         [esc(r.id), cell(r.role), esc(r.state), esc(r.reason), cell(r.admin_url), cell(r.version), cell(r.lag)]
         for r in rows], testid="members-table", empty="unknown: no member answered")
-    return _section("Control planes", "members", head + body + _gateways(cluster))
+    return _section("Control planes", "members", head + body + _gateways(cluster), wide=True)
 
 
 def _gateways(cluster: ClusterPart) -> str:
@@ -133,10 +138,27 @@ def _warnings(s: Summary) -> str:
                 '\'["https://..."]\'</code>.</div>')
     warnings = [w for w in s.warnings if not w.startswith("no notify.webhooks set")]
     if warnings:
-        items = "".join(f"<li>{esc(w)}</li>" for w in warnings[:SHOWN])
+        below = _rows_below(s)
+        items = "".join(f"<li>{esc(_said_below(w, below))}</li>" for w in warnings[:SHOWN])
         out += (f'<section class="card" data-testid="warnings"><h2>Warnings ({len(warnings)})</h2><ul>{items}'
                 f'</ul>{_more(len(warnings), SHOWN, "/models", "models")}</section>')
     return out
+
+
+def _rows_below(s: Summary) -> list[tuple[str, str, str]]:
+    """(how a warning on it starts, its reason, the card whose row says it): the models of the Parked and
+    unplaceable table and the judges of the Judges table."""
+    rows = [(f"model {m.name} ", m.reason, "Models by state") for m in
+            [m for m in s.models if m.parked or m.state == "unplaceable"][:SHOWN]]
+    return rows + [(f"judge {j.model} ", j.problem, "Judges and guards") for j in s.guard.judges]
+
+
+def _said_below(warning: str, below: Sequence[tuple[str, str, str]]) -> str:
+    """A warning on a row of a card below, its reason left to that row: each reason once on the page."""
+    for start, words, card in below:
+        if words and warning.startswith(start) and words in warning:
+            return warning.replace(words, f"why in {card}, below")
+    return warning
 
 
 def _usage(ctx: Context) -> str:

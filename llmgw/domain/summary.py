@@ -15,7 +15,7 @@ from typing import Any
 
 from llmgw.domain.activation import Progress
 from llmgw.domain.frozen import Doc
-from llmgw.domain import judges
+from llmgw.domain import judges, schedule
 from llmgw.domain import summary_fleet as fleet
 from llmgw.domain.conditions import Condition
 from llmgw.domain.judges import Guard
@@ -117,6 +117,7 @@ class ModelRow(Doc):
     activation: Mapping[str, Any] | None = None
     window_s: float | None = None  # the activation window in force (longer than the definition's for a big checkpoint)
     base: str = ""  # a LoRA adapter's base model ("" for a model of its own)
+    schedule: str = ""  # a model with schedule rules: which rules now and the next change, in words ("" without)
 
 
 # --- the control planes -----------------------------------------------------------------------------------
@@ -396,20 +397,24 @@ def summarize(
 
 
 def _model_warnings(m: ModelRow) -> list[str]:
-    out = []
-    if m.restart_storm:
-        out.append(f"model {m.name}: {m.restarts} restarts of its replicas in the last restart window "
-                   f"(a restart storm), {m.ready}/{m.desired} ready: {m.last_error or 'no error text'}")
+    """A model's warnings, its last error said once: a restart storm of a model that is parked or failing its
+    starts is one line, not two quoting the same error."""
+    storm = (f"{m.restarts} restarts of its replicas in the last restart window (a restart storm)"
+             if m.restart_storm else "")
     if m.parked:
-        out.append(f"model {m.name} is parked: {m.reason}")
-    elif m.state == "unplaceable" and m.base:
+        return [f"model {m.name} is parked: {m.reason}" + (f" ({storm})" if storm else "")]
+    out = []
+    if m.state == "unplaceable" and m.base:
         out.append(f"LoRA adapter {m.name} of {m.base} is loaded on no replica: {m.reason}")
     elif m.state == "unplaceable":
         out.append(f"model {m.name} cannot be placed: {m.reason}")
     elif m.failures_in_row and m.state not in ("stopped", "absent"):
         # "ready 1/3" and nothing more is how a crash loop hides behind one good replica.
-        out.append(f"model {m.name}: {m.failures_in_row} failed start(s) in a row, "
-                   f"{m.ready}/{m.desired} ready: {m.last_error or 'no error text'}")
+        said = f"{storm}, " if storm else ""
+        return [f"model {m.name}: {said}{m.failures_in_row} failed start(s) in a row, "
+                f"{m.ready}/{m.desired} ready: {m.last_error or 'no error text'}"]
+    if storm:
+        out.insert(0, f"model {m.name}: {storm}, {m.ready}/{m.desired} ready: {m.last_error or 'no error text'}")
     return out
 
 
@@ -441,6 +446,7 @@ def model_row(state: ClusterState, name: str, view: Any | None, failed: int, res
         activation=activation_doc(view, now),
         window_s=(getattr(view, "window_s", 0.0) or m.activation_window_s) if view else None,
         base=m.base,
+        schedule=str(_schedule_status(state, name, now).get("schedule", {}).get("words", "")),
     )
 
 
@@ -556,7 +562,18 @@ def model_status(state: ClusterState, observed: Observed, name: str, view: Any |
         "window_s": (getattr(view, "window_s", 0.0) or state.models[name].activation_window_s) if view else None,
         "replicas": replicas,
         **_adapter_status(state, observed, name),
+        **_schedule_status(state, name, now),
     }
+
+
+def _schedule_status(state: ClusterState, name: str, now: float | None) -> dict[str, Any]:
+    """A model with schedule rules: `schedule`, which rules at `now` and when that changes (`Ruling.to_doc`)."""
+    model = state.models[name]
+    if not model.schedules or now is None:
+        return {}
+    ruled = schedule.in_force(model.schedules, model.replicas_min, model.replicas_max, now,
+                              effective(state.settings, "cluster.time_zone"))
+    return {"schedule": ruled.to_doc(model.schedules)} if ruled is not None else {}
 
 
 def _adapter_status(state: ClusterState, observed: Observed, name: str) -> dict[str, Any]:

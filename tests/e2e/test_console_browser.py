@@ -16,6 +16,7 @@ takes its certificate as it is (`ignore_https_errors`).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import ssl
@@ -31,6 +32,7 @@ import pytest
 
 from llmgw.domain.settings import SETTINGS
 from tests.support.processes import UpProcess
+from tests.support.small_png import RGBA_OF_PNG_JS, palette_png
 
 pytestmark = pytest.mark.slow
 
@@ -180,7 +182,15 @@ class Console:
 
     def shot(self, name: str) -> None:
         # The Overview whole (its chart, members and judges are below the fold); other pages as seen.
-        self.page.screenshot(path=str(self.cluster.shots / f"{name}.png"), full_page=name.startswith("overview"))
+        png = self.page.screenshot(full_page=name.startswith("overview"))
+        if os.environ.get("LLMGW_SCREENSHOTS"):  # copies to keep (docs/console): 256 colours, small
+            blank = self.context.new_page()
+            try:
+                got = blank.evaluate(RGBA_OF_PNG_JS, base64.b64encode(png).decode())
+            finally:
+                blank.close()
+            png = palette_png(base64.b64decode(got["rgba"]), got["width"], got["height"])
+        (self.cluster.shots / f"{name}.png").write_bytes(png)
 
     def check_no_key(self) -> None:
         html = self.page.content()

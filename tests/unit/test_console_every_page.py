@@ -91,6 +91,11 @@ def test_the_static_files_are_package_data_so_the_zipapp_carries_them() -> None:
 
 def test_every_screenshot_the_browser_tests_take_is_shown_in_the_docs() -> None:
     taken = set(re.findall(r'\.shot\("([^"]+)"\)', (ROOT / "tests/e2e/test_console_browser.py").read_text()))
+    layout = (ROOT / "tests/e2e/test_console_layout.py").read_text()  # glance-PAGE-WIDTH, each page at each width
+    pages = re.findall(r'\("(\w+)", "/[^"]*"\)', layout.split("PAGES = ", 1)[1].split("\n", 1)[0])
+    widths = re.search(r"SHOT_WIDTHS = \(([\d, ]+)\)", layout)
+    assert pages and widths, "test_console_layout.py names its pages and widths otherwise"
+    taken |= {f"glance-{p}-{w.strip()}" for p in pages for w in widths.group(1).split(",")}
     doc = (ROOT / "docs/console.md").read_text()
     shown = set(re.findall(r"!\[[^\]]*\]\(console/([^)]+)\.png\)", doc))
     assert len(taken) >= 7 and taken == shown, (taken ^ shown)

@@ -165,7 +165,7 @@ async def test_a_parked_model_offers_retry_to_an_admin_and_says_so_to_a_viewer()
     async with world.client() as c:
         await sign_in(c, VIEWER)
         viewer = (await c.get("/models/broken")).text
-    assert 'data-testid="retry-form"' in admin and "Parked after 5 failed start(s)" in admin
+    assert 'data-testid="retry-form"' in admin and "Parked (why: above)" in admin
     assert 'data-testid="retry-form"' not in viewer and "an admin can retry it from Do" in viewer
 
 
