@@ -83,6 +83,7 @@ LATER_FIELDS: Mapping[tuple[type, str], int] = {
     (ClusterState, "mirror"): 3,  # the model mirror's catalog (domain/mirror.py)
     (ModelHealth, "flaps"): 3, (ModelHealth, "flap_ready_s"): 3,  # flapping replicas (domain/health.py)
     (ClusterState, "approved_nodes"): 3,  # nodes approved to take placements (`node.approve`)
+    (ClusterState, "cordoned_nodes"): 3,  # cordoned and draining nodes (`node.cordon`)
 }
 # New values of fields every release reads, with the level that brought them: an earlier release reads the
 # value but cannot serve it (a model role it does not know).

@@ -179,7 +179,8 @@ class Member:
 
 # The mappings whose values are frozen dataclasses; `settings` holds JSON values, frozen deeply.
 _MAPPINGS = ("models", "keys", "placements", "health", "members", "usage", "usage_marks", "guard_policies",
-             "authorities", "join_tokens", "machines", "revoked", "mirror", "approved_nodes")
+             "authorities", "join_tokens", "machines", "revoked", "mirror", "approved_nodes",
+             "cordoned_nodes")
 
 
 def _empty() -> MappingProxyType[str, Any]:
@@ -231,6 +232,9 @@ class ClusterState:
     # Nodes an operator approved (`node.approve`; `ctl nodes approve`), by name -> when. While the setting
     # `nodes.require_approval` is on, a node not here is pending: it connects and reports, nothing is placed on it.
     approved_nodes: MappingProxyType[str, float] = field(default_factory=_empty)
+    # Nodes under maintenance (`node.cordon`; `ctl nodes cordon|drain|uncordon`), by name -> "cordon" (nothing new
+    # is placed there) or "drain" (also: its replicas move elsewhere, one at a time; reconcile/drain.py).
+    cordoned_nodes: MappingProxyType[str, str] = field(default_factory=_empty)
 
     def __post_init__(self) -> None:
         # A read-only mapping is kept as is: `replace` passes the unchanged fields on, and

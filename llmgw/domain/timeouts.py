@@ -90,6 +90,7 @@ class Timeouts:
     reconcile_startup_quiet_s: float = _t(10.0, "control", "no no-placement warning this soon after control starts (agents connect)")
     start_resend_s: float = _t(15.0, "control", "a start an agent has not acted on is sent again after this long")
     lost_node_grace_s: float = _t(30.0, "control", "a node whose stream closed keeps its placements this long")
+    drain_stop_grace_s: float = _t(30.0, "control", "draining a node (`ctl nodes drain`), a replica whose replacement is ready leaves the gateways' routes at once (nothing new is sent to it) and is stopped this long after the replacement became ready: its requests in flight, streams included, finish meanwhile")
     agent_report_grace_s: float = _t(10.0, "control", "a leader that just took office (a start, a restart, an election) gives its agents this long to connect and report before it judges a model down or unplaceable or a judge down: no alarm for what their first reports heal")
     start_backoff_first_s: float = _t(1.0, "control", "wait before the next start in a replica slot whose start failed once (doubles each failure in a row)")
     start_backoff_max_s: float = _t(30.0, "control", "longest wait before the next start in a failing replica slot")
