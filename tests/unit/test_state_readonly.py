@@ -154,7 +154,8 @@ def test_the_pickled_form_is_plain_dicts_so_files_from_before_still_load():
     written = pickle.loads(pickle.dumps(s, protocol=2)).__getstate__()
     assert written == {**plain, "outcomes": [], "refusals": (), "members": {}, "usage": {}, "usage_marks": {},
                        "guard_policies": {}, "authorities": {}, "join_tokens": {}, "machines": {}, "revoked": {},
-                       "raft_tls_since": 0.0, "store_level": 1, "mirror": {}, "approved_nodes": {}}
+                       "raft_tls_since": 0.0, "store_level": 1, "mirror": {}, "approved_nodes": {},
+                           "cordoned_nodes": {}}
 
 
 # --- property: whatever the commands, every state is read-only and earlier states never change --------------------
