@@ -59,6 +59,20 @@ def test_the_op_needs_level_3_and_the_field_is_a_later_one_kept_in_snapshots() -
     assert dict(codec.state_from_json(codec.state_to_json(state)).cordoned_nodes) == {"n1": "drain"}
 
 
+def test_status_warns_of_each_cordoned_and_draining_node() -> None:
+    from llmgw.domain import summary
+
+    loop = _loop(["m1"], ["a", "b", "c"])
+    held = next(p.node for p in loop.state.placements.values())
+    others = sorted({"a", "b", "c"} - {held})
+    loop.store.submit_nowait(commands.cordon_nodes([held], "drain", loop.now))
+    loop.store.submit_nowait(commands.cordon_nodes([others[0]], "cordon", loop.now))
+    warnings = summary.summarize(loop.state, loop.observed(), {}, {}).warnings
+    assert f"node {held} is draining: 1 replica(s) left" in warnings
+    assert any(w.startswith(f"node {others[0]} is cordoned: nothing new is placed on it") for w in warnings)
+    assert not any(w.startswith(f"node {others[1]} ") for w in warnings)
+
+
 # --- placement ----------------------------------------------------------------------------------------
 
 
