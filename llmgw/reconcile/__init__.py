@@ -323,11 +323,12 @@ def _scale(run: _Pass, model: ModelDef, want: int, found: Scan) -> str:
 
 def _drain(run: _Pass, moving: list[Unit], fresh: list[Unit], needed: int, ready: set[str]) -> list[Unit]:
     """Of a model's replicas on draining nodes, those kept as stand-ins (serving, while fewer than `needed`
-    replicas elsewhere are ready). One that does not serve moves at once; one no longer needed leaves
+    replicas elsewhere are ready). One that does not serve moves at once (one whose node is gone quiet is
+    left to the node's grace period); one no longer needed leaves
     the routes, and is removed `drain_stop_grace_s` after its replacement became ready."""
     serving = [u for u in moving if u[0].replica_id in ready]
-    for u in moving:
-        if u[0].replica_id not in ready:
+    for u in moving:  # one on a node gone quiet stays placed (its node's grace period rules it), and is replaced
+        if u[0].replica_id not in ready and all(p.node in run.observed.nodes for p in u):
             run.remove(u, "node draining: moved before it served")
     since = drain.ready_since(fresh, ready, run.observed)
     for u in serving[needed:]:

@@ -187,6 +187,17 @@ def test_a_replica_that_does_not_serve_yet_moves_at_once() -> None:
     assert q.node != drained
 
 
+def test_a_draining_node_gone_quiet_keeps_its_placements_for_its_grace_and_is_replaced() -> None:
+    loop = _loop(["m1"], ["a"])
+    loop.nodes["b"] = cpu_node("b", "sim")
+    loop.store.submit_nowait(commands.cordon_nodes(["a"], "drain", loop.now))
+    del loop.nodes["a"]  # its agent restarts (its stream closed): nothing it runs is reported meanwhile
+    loop.replicas = {k: v for k, v in loop.replicas.items() if v.node != "a"}
+    loop.tick()
+    assert _on(loop, "a") == ["m1"], "not removed while its node is within its grace period"
+    assert [p.node for p in loop.state.placements.values() if p.node != "a"] == ["b"], "replaced meanwhile"
+
+
 # --- the property -----------------------------------------------------------------------------------------
 
 
