@@ -219,6 +219,7 @@ class Timeouts:
     server_add_join_s: float = _t(180.0, "server add", "`llmgw server add` waits this long for the machine to have joined (an agent connected, a control plane added and caught up, a gateway following the leader), once its service started")
     server_add_poll_s: float = _t(0.5, "server add", "`llmgw server add` asks the admin API again this often while it waits for the machine to join")
     server_add_clock_skew_s: float = _t(2.0, "server add", "`llmgw server add` refuses a machine whose clock is surely further than this from the operator's machine's (beyond half the probe's round trip)")
+    ctl_node_drain_s: float = _t(3600.0, "ctl", "`llmgw ctl nodes drain --wait` follows the drain this long at most (the drain itself goes on past it)")
     ctl_node_restart_s: float = _t(60.0, "ctl", "`llmgw ctl nodes restart` waits this long for the node's agent to be back on a new stream (`--no-wait`: not at all)")
     ctl_gateway_restart_s: float = _t(120.0, "ctl", "`llmgw ctl gateways restart` waits this long for the gateway to follow the leader again, restarted (its drain included: gateway_restart_drain_s; `--no-wait`: not at all)")
     ctl_member_restart_s: float = _t(60.0, "ctl", "`llmgw ctl members restart` waits this long for the member to answer again, restarted and caught up (`--no-wait`: not at all)")

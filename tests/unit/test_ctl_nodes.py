@@ -142,3 +142,18 @@ def test_cordon_drain_and_uncordon_each_send_one_post() -> None:
         assert r.rc == 0 and r.out.strip() == said, r.out
         [request] = api.requests
         assert request.headers["idempotency-key"]
+
+
+def test_drain_wait_follows_the_drain_until_the_node_is_empty() -> None:
+    drained = {"nodes": [{"node": "n1", "state": "connected", "cordon": "drain",
+                          "drain": {"left": 0, "moving": None, "blocked": None, "words": "drained: no replica left"}}]}
+    api = (FakeApi().on("POST", "/api/v1/nodes/n1/drain", json_body={"node": "n1", "cordon": "drain", "changed": True})
+           .on("GET", "/api/v1/nodes", json_body=drained))
+    r = ctl(["nodes", "drain", "n1", "--wait"], api)
+    assert r.rc == 0 and r.out.strip() == "node n1: drained: no replica left", r.out
+    assert [(q.method, q.url.path) for q in api.requests] == [("POST", "/api/v1/nodes/n1/drain"),
+                                                              ("GET", "/api/v1/nodes")]
+    gone = FakeApi().on("POST", "/api/v1/nodes/n1/drain", json_body={}).on(
+        "GET", "/api/v1/nodes", json_body={"nodes": [{"node": "n1", "cordon": "none", "drain": None}]})
+    r = ctl(["nodes", "drain", "n1", "--wait"], gone)
+    assert r.rc != 0 and "no longer draining" in r.err

@@ -83,7 +83,9 @@ def nodes_cordon(name: str, /, *, session: SessionParam) -> int:
 
 
 @nodes_app.command(name="drain")
-def nodes_drain(name: str, /, *, session: SessionParam) -> int:
+def nodes_drain(name: str, /, *, wait: Annotated[bool, Parameter(
+        help="Follow the drain until the node is empty, saying each change of its progress (at most "
+             "ctl_node_drain_s), or return at once (default).")] = False, session: SessionParam) -> int:
     """Drain a node: cordon it, and move its replicas to other nodes one at a time. Each replacement is
     ready before the old replica leaves the gateways' routes (its requests in flight finish, for at most
     drain_stop_grace_s), so a model never loses its last ready replica. `llmgw ctl nodes` shows the
@@ -94,7 +96,28 @@ def nodes_drain(name: str, /, *, session: SessionParam) -> int:
     name
         The node's name, as `llmgw ctl nodes` lists it.
     """
-    return _cordon("drain", name, session)
+    if not wait:
+        return _cordon("drain", name, session)
+    session.request("POST", api_path("nodes", name, "drain"))
+    deadline = time.monotonic() + TIMEOUTS.ctl_node_drain_s
+    said = ""
+    while True:
+        _, doc = session.request("GET", api_path("nodes"))
+        node = next((n for n in dig(doc, "nodes") or [] if isinstance(n, Mapping) and n.get("node") == name), None)
+        drain = node.get("drain") if node is not None else None
+        if node is None or not isinstance(drain, Mapping):
+            raise CtlError(f"node {name} is no longer draining (uncordoned meanwhile?): `llmgw ctl nodes` says more")
+        words = clean(str(drain.get("words")))
+        if drain.get("left") == 0:
+            session.show(node, lambda n: f"node {name}: {words}")
+            return EXIT_OK
+        if words != said:
+            session.note(f"node {name}: {words}")
+            said = words
+        if time.monotonic() > deadline:
+            raise CtlError(f"node {name} is not drained within {TIMEOUTS.ctl_node_drain_s:g} s: {words} (the drain "
+                           f"goes on; `llmgw ctl nodes` follows it)")
+        time.sleep(TIMEOUTS.ctl_poll_s)
 
 
 @nodes_app.command(name="uncordon")
