@@ -6,7 +6,7 @@ In one process they are plain calls; across machines an adapter carries them.
 from __future__ import annotations
 
 import ssl
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from llmgw.domain.observed import BreakerSeen, ModelRoute, NodeInfo, ReplicaObs
 from llmgw.domain.state import ApiKey, ClusterState
@@ -29,6 +29,11 @@ class EndpointSink(Protocol):
 
 class DemandReport(Protocol):
     """Router → control, the opposite direction: who asked for what, and when."""
+
+    def on_ask(self, wake: Callable[[], None]) -> None:
+        """Call `wake` when a request starts waiting for an activation (the reader of the asks, the control plane,
+        plans now rather than at its next tick)."""
+        ...
 
     def last_used(self) -> Mapping[str, float]:
         """Replica id -> last Acquire time (trio clock). Absent means unknown, never idle."""
@@ -177,6 +182,16 @@ class ReplicaRunner(Protocol):
         ...
 
     def stop(self, replica_id: str) -> None: ...
+
+    def sleep(self, replica_id: str, level: int) -> None:
+        """Fast wake: put a ready replica's engine to sleep at `level` (1 or 2); reported `sleeping` at once, failed
+        (its engine then stopped by control) when the engine refuses. A no-op for one not ready."""
+        ...
+
+    def wake(self, replica_id: str) -> None:
+        """Fast wake: wake a sleeping replica's engine; reported starting (phase `waking`), then ready, or failed
+        with why. A no-op for one not sleeping."""
+        ...
 
     def load_adapters(self, replica_id: str, adapters: Mapping[str, str]) -> None:
         """Make a ready replica's engine hold exactly these LoRA adapters (name -> file), each reported on the

@@ -1,5 +1,7 @@
 """What this node has: CPUs (cores, memory, vector flags from /proc), GPUs (through the discovery
 path LLMGW_GPU_PROBE picks, llmgw/agent/gpus/) and engines; `HostProbe` is the agent's `GpuProbe`.
+`changed` says whether a new observation is worth sending (the agent sends it at once when it is,
+else at the slow refresh, `inventory_refresh_s`).
 
 The /proc parsers are pure (text in); the probe reads each file once per inventory.
 """
@@ -9,13 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from llmgw import __version__
 from llmgw.agent.gpus.probe import Discovery, Runner, chosen, discover
-from llmgw.domain.observed import NodeInfo
+from llmgw.domain.observed import Gpu, NodeInfo
 
 log = logging.getLogger("llmgw.agent.inventory")
 
@@ -100,6 +102,36 @@ def _memory_total(meminfo: str) -> int:
         return 0
 
 
+# A GPU's readings: they move by themselves from one observation to the next (a busy card's utilisation,
+# temperature and power never read the same twice), so they alone never make an inventory "changed"; they
+# travel with every inventory sent, and with the slow refresh. Used memory counts once it moved by
+# MEMORY_STEP of the card's memory since the inventory last sent (an engine loaded, another program took
+# the card), or became known or unknown.
+GPU_READINGS = ("utilization", "temperature_c", "power_w", "processes", "memory_used")
+MEMORY_STEP = 0.10
+
+
+def changed(sent: NodeInfo, seen: NodeInfo) -> bool:
+    """Whether `seen` says something the inventory `sent` did not: any field but the GPUs' readings (their
+    devices, health, reasons, classes, MIG layout, storage, engines, reserve, warnings …), or used memory
+    moved by MEMORY_STEP of a card's memory."""
+    if sent == seen:
+        return False
+    if replace(sent, gpus=()) != replace(seen, gpus=()) or len(sent.gpus) != len(seen.gpus):
+        return True
+    return any(_steady(a) != _steady(b) or _memory_moved(a, b) for a, b in zip(sent.gpus, seen.gpus))
+
+
+def _steady(gpu: Gpu) -> Gpu:
+    return replace(gpu, utilization=None, temperature_c=None, power_w=None, processes=(), memory_used=None)
+
+
+def _memory_moved(a: Gpu, b: Gpu) -> bool:
+    if a.memory_used is None or b.memory_used is None:
+        return (a.memory_used is None) != (b.memory_used is None)
+    return a.memory_used != b.memory_used and abs(a.memory_used - b.memory_used) >= MEMORY_STEP * b.memory_total
+
+
 def engine_versions() -> dict[str, str]:
     """Engines this node can start -> version ("" unknown)."""
     from llmgw.engines import detect_engines
@@ -158,4 +190,5 @@ class HostProbe:
 # The name the agent's config used before the nvidia-smi path existed; the path is LLMGW_GPU_PROBE's.
 NvmlProbe = HostProbe
 
-__all__ = ["CpuFacts", "HostProbe", "NvmlProbe", "engine_versions", "parse_cpuinfo", "parse_meminfo"]
+__all__ = ["GPU_READINGS", "MEMORY_STEP", "CpuFacts", "HostProbe", "NvmlProbe", "changed", "engine_versions",
+           "parse_cpuinfo", "parse_meminfo"]

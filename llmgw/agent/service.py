@@ -1,5 +1,7 @@
 """`serve(config)`: one stream to the leading control plane, found among `controls`, followed
-to the next leader when it goes; this node's inventory, observed again every `storage_rescan_s`.
+to the next leader when it goes; this node's inventory, observed again every `storage_rescan_s` and sent
+when it changed (`llmgw.agent.inventory.changed`: GPU readings alone do not count), else every
+`inventory_refresh_s`.
 
 Engines keep running while the stream is down; when it comes back (to any leader) the agent
 reports what it runs and control adopts it from there (level-triggered). Every message from
@@ -21,7 +23,7 @@ import httpx
 import trio
 
 from llmgw import __version__, release
-from llmgw.agent.inventory import NvmlProbe
+from llmgw.agent.inventory import NvmlProbe, changed
 from llmgw.agent.mirror_fetch import MirrorCache
 from llmgw.agent.mirror_fetch import fetch as mirror_fetch
 from llmgw.agent.storage import StorageDir, StorageScanner
@@ -96,9 +98,14 @@ class _Link:
         self.welcomed = trio.Event()
         self.inventory = inventory  # the latest observed; sent again when it is not the one sent
         self.outbox: list[dict[str, Any]] = []  # answers to control (rejected), sent by `_report`
+        self.look = trio.Event()  # set: observe the node now, not at the next rescan (`look_again`)
 
     def mark(self) -> None:
         self.dirty.set()
+
+    def look_again(self) -> None:
+        """A start found its engine missing: the inventory that offered it is out of date."""
+        self.look.set()
 
     def answer(self, message: dict[str, Any]) -> None:
         self.outbox.append(message)
@@ -138,7 +145,7 @@ async def serve(config: AgentConfig, *, task_status: Any = trio.TASK_STATUS_IGNO
                                 engine_dir=config.state_dir / "engines", on_change=link.mark, http=http,
                                 timeouts=timeouts, stop_on_exit=config.stop_engines_on_exit,
                                 inventory=lambda: link.inventory, roots=[str(d.path) for d in config.storage],
-                                fetcher=fetcher)
+                                fetcher=fetcher, on_engine_missing=link.look_again)
         supervisors.append(supervisor)
         await _run(config, scanner, link, supervisor, task_status, cache)
         if config.restart_asked:  # the engines' watchers end; the engines, left running, are adopted next
@@ -290,6 +297,10 @@ def _act(message: pa.DownMessage, supervisor: ReplicaRunner, link: _Link) -> Non
             _start(supervisor, message)
         elif isinstance(message, pa.StopReplica):
             supervisor.stop(message.replica_id)
+        elif isinstance(message, pa.SleepReplica):
+            supervisor.sleep(message.replica_id, message.level)
+        elif isinstance(message, pa.WakeReplica):
+            supervisor.wake(message.replica_id)
         elif isinstance(message, pa.LoadAdapters):
             supervisor.load_adapters(message.replica_id, dict(message.adapters))
         elif isinstance(message, pa.Rejected):
@@ -353,13 +364,23 @@ async def _observe_once(config: AgentConfig, scanner: StorageScanner, cache: Mir
 
 
 async def _observe(config: AgentConfig, scanner: StorageScanner, link: _Link, cache: MirrorCache | None = None) -> None:
+    """Observe the node every `storage_rescan_s`, and at once when a start found its engine missing (the
+    engines it offers are detected again, so placement stops choosing it for that engine rather than see
+    its starts fail in a row); hand on (to be sent) an inventory that `changed` from the one last handed
+    on, or any once that one is `inventory_refresh_s` old: a GPU node's readings move at every look, and
+    a fleet's worth of inventories every 30 s, each waking the reconciler, is no news."""
+    handed = trio.current_time()
     while True:
-        await trio.sleep(config.timeouts.storage_rescan_s)
+        with trio.move_on_after(config.timeouts.storage_rescan_s):
+            await link.look.wait()  # or sooner: a start found its engine missing (`_Link.look_again`)
+        link.look = trio.Event()
         try:
             info = await _observe_once(config, scanner, cache)
         except Exception:  # a probe or scan that fails once: report the last known, try again
             log.exception("observing this node failed; the inventory last reported stands")
             continue
-        if info != link.inventory:
-            link.inventory = info
+        now = trio.current_time()
+        if changed(link.inventory, info) or (now - handed >= config.timeouts.inventory_refresh_s
+                                             and info != link.inventory):
+            link.inventory, handed = info, now
             link.mark()

@@ -30,6 +30,7 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo, ReplicaObs
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.engines import PARENT_ENV, EngineError, Group, launch_spec, start_failure
+from llmgw.engines.vllm import SLEEP_PATH, WAKE_PATH
 from llmgw.errors import describe
 from llmgw.net import free_port, url_host
 from llmgw.wire.protocol_agent import MirrorSource
@@ -50,6 +51,11 @@ PROPS_PATH = "/props"  # llama.cpp's server properties, its chat template's capa
 # Engines left running for the next agent: their process objects are kept until this process
 # exits, since one collected while its child runs warns (ResourceWarning) and closes its pidfd.
 _LEFT_RUNNING: list[object] = []
+
+
+# The refusals that say the engine itself cannot run on this node (not installed, or not in the form or
+# version the replica needs), rather than anything about the replica.
+ENGINE_MISSING = ("engine_unavailable", "engine_too_old")
 
 
 class MirrorFetchFailed(Exception):
@@ -122,6 +128,7 @@ class Supervisor:
         inventory: Callable[[], NodeInfo] | None = None,
         roots: Sequence[str] = (),
         fetcher: Fetcher | None = None,
+        on_engine_missing: Callable[[], None] | None = None,
     ) -> None:
         self._nursery = nursery
         self.node = node
@@ -136,6 +143,9 @@ class Supervisor:
         self._inventory = inventory
         self._roots = tuple(roots)
         self._fetcher = fetcher  # None: this agent has no mirror cache (a `mirror://` source fails)
+        # Called when a start finds its engine cannot run here (`ENGINE_MISSING`): the node's inventory, which
+        # said it could, is out of date; the agent looks again at once (llmgw.agent.service).
+        self._on_engine_missing = on_engine_missing
         self._adopt()
 
     def replicas(self) -> list[ReplicaObs]:
@@ -191,6 +201,44 @@ class Supervisor:
         self._nursery.start_soon(sync_adapters, self._http, rep.obs.url, dict(adapters), had, report,
                                  self._timeouts.adapter_load_s)
 
+    def sleep(self, replica_id: str, level: int) -> None:
+        """Fast wake: a ready replica's engine sleeps at `level` (`POST /sleep?level=N`, vLLM's sleep mode); it is
+        reported `sleeping` at once (it serves nothing from now), failed when its engine refuses."""
+        rep = self._replicas.get(replica_id)
+        if rep is None or rep.obs.state != "ready":
+            return
+        self._set(rep, "sleeping", url=rep.obs.url)
+        self._nursery.start_soon(self._sleep_call, rep, f"{SLEEP_PATH}?level={level}", "sleeping",
+                                 self._timeouts.engine_sleep_s)
+
+    def wake(self, replica_id: str) -> None:
+        """Fast wake: a sleeping replica's engine wakes (`POST /wake_up`): starting (phase `waking`), then ready once
+        the engine answers, or failed with why."""
+        rep = self._replicas.get(replica_id)
+        if rep is None or rep.obs.state != "sleeping":
+            return
+        rep.obs = replace(rep.obs, phase="waking")
+        self._set(rep, "starting")
+        self._nursery.start_soon(self._sleep_call, rep, WAKE_PATH, "starting", self._timeouts.engine_wake_s)
+
+    async def _sleep_call(self, rep: _Replica, path: str, during: str, timeout_s: float) -> None:
+        url = rep.obs.url
+        try:
+            with trio.fail_after(timeout_s):
+                r = await self._http.post(url + path, timeout=timeout_s)
+            problem = "" if r.status_code == 200 else f"answered HTTP {r.status_code}"
+        except (trio.TooSlowError, httpx.TimeoutException):
+            problem = f"no answer within {timeout_s:g} s"
+        except (httpx.HTTPError, OSError) as e:
+            problem = describe(e)
+        if self._replicas.get(rep.obs.replica_id) is not rep or rep.obs.state != during:
+            return  # stopped, or asked otherwise meanwhile
+        if problem:
+            self._fail(rep, f"engine {path.split('?')[0]} failed: {problem}")
+        elif path == WAKE_PATH:
+            log.info("replica %s woke at %s", rep.obs.replica_id, url)
+            self._set(rep, "ready", url=url)
+
     def stop(self, replica_id: str) -> None:
         """Stop and forget a replica: its process is terminated (then killed), its record and log removed."""
         rep = self._replicas.pop(replica_id, None)
@@ -212,7 +260,7 @@ class Supervisor:
         if self._stop_on_exit:
             self.stop_all()
             return
-        running = [r for r in self._replicas.values() if r.obs.state in ("starting", "ready")]
+        running = [r for r in self._replicas.values() if r.obs.state in ("starting", "ready", "sleeping")]
         if running:
             log.warning("%d engines keep running; the next agent adopts them", len(running))
 
@@ -376,13 +424,16 @@ class Supervisor:
                     build = functools.partial(
                         launch_spec, model.engine, model=model.name, role=model.role, source=source,
                         host=self.host, port=port, args=model.args, devices=devices, group=group,
-                        roots=roots, cwd=str(self._records.dir.resolve()), lora=model.lora)
+                        roots=roots, cwd=str(self._records.dir.resolve()), lora=model.lora,
+                        sleep_mode=bool(model.sleep_level))
                     # Off the loop where it reads and checks the weights' header (up to 64 MiB, maybe
                     # on a network filer): the stream's heartbeats must not wait for it. The sim
                     # reads no weights.
                     spec = build() if model.engine == "sim" else await trio.to_thread.run_sync(build)
                 except EngineError as e:
                     self._fail(rep, e.message)
+                    if e.code in ENGINE_MISSING and self._on_engine_missing is not None:
+                        self._on_engine_missing()
                     return
                 rep.engine, rep.launch_lora, rep.lora_skipped = model.engine, model.lora, dict(spec.lora_skipped)
                 self._loading(rep, spec.weights_bytes)
@@ -491,6 +542,7 @@ class Supervisor:
         t = self._timeouts
         adopted = isinstance(proc, AdoptedProcess)
         if rep.obs.state != "ready":
+            fast_until = trio.current_time() + t.engine_health_fast_for_s
             while proc.running():
                 if not await self._probe(record, t.engine_health_request_s):
                     # Ready with what its engine says it does (llama.cpp's /props): no request meets it unknown.
@@ -503,7 +555,8 @@ class Supervisor:
                     self._fail(rep, f"not healthy within {t.engine_start_s:g} s")
                     return
                 await _rotate(rep.log_path)
-                await trio.sleep(t.engine_health_poll_s)
+                fast = trio.current_time() < fast_until
+                await trio.sleep(t.engine_health_fast_poll_s if fast else t.engine_health_poll_s)
             else:
                 await proc.wait()
                 await trio.sleep(t.engine_exit_log_s)  # let the log flush

@@ -263,6 +263,8 @@ def render_model(state: ClusterState, observed: Observed, views: Mapping[str, An
              ("Failed starts in a row", cell(r.failures)),
              ("Last error", esc(r.last_error) if r.last_error else "none"),
              ("Memory (one replica)", f'{estimate_html(estimate)} <small>{esc(estimate.detail)}</small>')]
+    if "schedule" in status:  # a model with schedule rules: which rules now and the next change
+        facts.append(("Schedule", f'<span data-testid="model-schedule">{esc(status["schedule"]["words"])}</span>'))
     out = [table(["Fact", "Value"], [[k, v] for k, v in facts], sortable=False, testid="model-status")]
     if r.parked:
         hint = ('<form method="post" action="/do/retry" data-testid="retry-form">'

@@ -108,6 +108,9 @@ class GatewayHub:
 
     # --- DemandReport (the reconciler reads what gateways asked for) --------------------
 
+    def on_ask(self, wake: Callable[[], None]) -> None:
+        self.wake = wake
+
     def last_used(self) -> Mapping[str, float]:
         return dict(self._last_used)
 

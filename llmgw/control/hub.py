@@ -205,9 +205,15 @@ class AgentHub:
         since it started (a standby that takes over after an hour must not find every node "lost"
         at once: their agents are on their way), and demand heard in an earlier term is dropped.
         `known`: the nodes the state places replicas on; one that never connects shows as lost
-        once its grace period ends, never silently dropped with its placements."""
+        once its grace period ends, never silently dropped with its placements. What an earlier term of
+        this member remembered of other nodes is dropped with the rest: another leader may have forgotten
+        one since (`node.forget`), and every member that takes office knows the same nodes."""
         self.since = self._clock()
-        self.lost = {node: self.since for node in {*self.lost, *known} if node not in self.links}
+        known = set(known)
+        self.lost = {node: self.since for node in known if node not in self.links}
+        for memory in (self.connected_at, self.last_contact, self.nodes, self.replicas):
+            for node in [n for n in memory if n not in self.links and n not in known]:
+                del memory[node]
         self.demand.clear()
         self.outstanding.clear()
         self._peaks.clear()
@@ -248,7 +254,19 @@ class AgentHub:
 
     def forget(self, node: str) -> str | None:
         """Forget a lost node (its record in this leader's memory); None when done, else why not.
-        A node that connects again later simply reappears."""
+        A node that connects again later simply reappears. (Its placements in the state go first, with
+        `node.forget`: `control.ops.nodes.forget`.)"""
+        refusal = self.why_not_forget(node)
+        if refusal is not None:
+            return refusal
+        for memory in (self.lost, self.connected_at, self.last_contact, self.nodes, self.replicas):
+            memory.pop(node, None)
+        log.info("node %s forgotten", node)
+        self.changed()
+        return None
+
+    def why_not_forget(self, node: str) -> str | None:
+        """Why `forget(node)` would refuse now (None: it would forget it)."""
         state = self.node_state(node)
         if state == "connected":
             return f"node {node} is connected: stop its agent first (a node is forgotten once lost)"
@@ -258,10 +276,6 @@ class AgentHub:
                     f" {left:.0f} s left): its placements are kept in case it comes back; forget it once it is lost")
         if state == "unknown":
             return f"no node named {node!r} is known to this leader"
-        for memory in (self.lost, self.connected_at, self.last_contact, self.nodes, self.replicas):
-            memory.pop(node, None)
-        log.info("node %s forgotten", node)
-        self.changed()
         return None
 
     def agents(self) -> list[dict[str, Any]]:

@@ -256,6 +256,8 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
             await trust.ready()
         hub = AgentHub(config.clock, timeouts)
         # Remote gateways follow the table through `gateways`, the same seams `up`'s router is fed by.
+        for report in config.demand:  # `llmgw up`'s router: a request that waits for an activation wakes the reconciler
+            report.on_ask(hub.changed)
         gateways = GatewayHub(store, config.raft_addr, wake=hub.changed, agents=hub, clock=config.clock,
                               timeouts=timeouts)
         reconciler = Reconciler(store, hub, sinks=[*config.sinks, gateways], demand=[*config.demand, gateways],

@@ -17,6 +17,8 @@ Phases, in the order a replica goes through them (docs/operations.md, "Cold star
 - `loading`: the engine process runs and loads the checkpoint until its health check answers. The agent
   sees the checkpoint's size on disk, not how much of it the engine has read: the ETA is the size at the
   nominal load rate (`activation.load_mib_per_s`) past the start, never a measured rate.
+- `waking`: an asleep replica's engine wakes (fast wake, `POST /wake_up`): its process runs, no load is
+  estimated.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-PHASES = ("placing", "fetching", "starting", "loading")
+PHASES = ("placing", "fetching", "starting", "loading", "waking")
 _RANK = {p: i for i, p in enumerate(PHASES)}  # later is further along
 MIB = 1 << 20
 
@@ -86,6 +88,8 @@ class Progress:
             head = f"fetching the checkpoint: {done} of{size or ' ?'}"
             if self.bytes_done is not None and self.bytes_total:
                 head += f" ({100 * self.bytes_done // self.bytes_total}%)"
+        elif self.phase == "waking":
+            head = "waking the engine from sleep"
         elif self.phase == "loading":
             head = f"loading the{size} checkpoint" if size else "loading the checkpoint (size unknown)"
         else:

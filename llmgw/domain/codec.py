@@ -20,7 +20,7 @@ from typing import Any
 from llmgw.domain import levels
 from llmgw.domain.frozen import freeze
 from llmgw.domain.model import Limits, ModelDef
-from llmgw.domain.state import ApiKey, ClusterState, ModelHealth
+from llmgw.domain.state import ApiKey, ClusterState, ModelHealth, Placement
 
 # Bump when a field changes meaning or shape. A field that is only added (with a default)
 # needs no bump: an older document lacks it and gets the default. A reader refuses a
@@ -83,6 +83,8 @@ LATER_FIELDS: Mapping[tuple[type, str], int] = {
     (ClusterState, "mirror"): 3,  # the model mirror's catalog (domain/mirror.py)
     (ModelHealth, "flaps"): 3, (ModelHealth, "flap_ready_s"): 3,  # flapping replicas (domain/health.py)
     (ClusterState, "approved_nodes"): 3,  # nodes approved to take placements (`node.approve`)
+    (ModelDef, "schedules"): 3,  # schedule rules (domain/schedule.py)
+    (ModelDef, "sleep_level"): 3, (Placement, "asleep"): 3,  # fast wake (`placement.sleep`, reconcile/sleep.py)
     (ClusterState, "cordoned_nodes"): 3,  # cordoned and draining nodes (`node.cordon`)
 }
 # New values of fields every release reads, with the level that brought them: an earlier release reads the

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, TypeVar
 
 from llmgw.domain.frozen import Doc
+from llmgw.domain.schedule import LONGEST_RULE, CronError, Cron, Rule
 
 ENGINES = ("sim", "llama.cpp", "vllm")
 ROLES = ("chat", "embedding", "guard", "rerank")
@@ -22,9 +23,14 @@ MODES = ("always", "on-demand")
 MAX_REPLICAS = 256
 MAX_FALLBACKS = 8  # models tried after this one, in order (each costs the client a refusal's time at most)
 MAX_ALIASES = 16  # public names beyond its own
+MAX_SCHEDULES = 16  # schedule rules of one model
 # Engines that serve LoRA adapters (every one): vLLM and the sim load them at run time (agent/adapters.py);
 # llama.cpp at launch (`lora`), its replicas replaced by ones started with a new adapter (reconcile/adapters.py).
 ADAPTER_ENGINES = ENGINES
+# Engines whose replicas can sleep (`sleep_level`): vLLM's sleep mode (`POST /sleep?level=N`, `POST /wake_up`) and
+# the simulator, which models it (docs/models.md, "Fast wake").
+SLEEP_ENGINES = ("vllm", "sim")
+SLEEP_LEVELS = (0, 1, 2)
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # used with fullmatch
 _SOURCE_SCHEMES = ("sim://", "mirror://", "hf://", "pkg://")
@@ -129,6 +135,13 @@ class ModelDef:
     # is the index): set by the reconciler from the adapters defined on the model (reconcile/adapters.py), in the
     # definition sent to agents only, never in a stored one (the admin API refuses the key).
     lora: tuple[str, ...] = ()
+    # Schedule rules (domain/schedule.py): from a cron time, for a while, replicas.min/max are the rule's. Read
+    # by the reconciler's `demand.desired`; in the cluster's time zone (setting `cluster.time_zone`).
+    schedules: tuple[Rule, ...] = ()
+    # Fast wake (docs/models.md): 1 or 2, an idle on-demand replica is put to sleep at that vLLM sleep level
+    # (1: weights kept in CPU RAM, 2: discarded) instead of being stopped, and woken by the next request;
+    # 0: stopped as before.
+    sleep_level: int = 0
 
     @property
     def is_adapter(self) -> bool:
@@ -167,13 +180,19 @@ class ModelDef:
             doc["base"] = self.base
         if self.lora:
             doc["lora"] = list(self.lora)
+        if self.schedules:
+            doc["schedules"] = [r.to_doc() for r in self.schedules]
+        if self.sleep_level:
+            doc["sleep_level"] = self.sleep_level
         return doc
 
     def launch_hash(self) -> str:
         """What a running replica was started from: a change here replaces replicas
         and un-parks the model (a new source or profile deserves a fresh try)."""
         doc = self.to_doc()
-        launch = {k: doc[k] for k in ("engine", "role", "source", "args", "profile", "lora") if k in doc}
+        launch: dict[str, Any] = {k: doc[k] for k in ("engine", "role", "source", "args", "profile", "lora") if k in doc}
+        if self.sleep_level:  # vLLM starts with sleep mode on (`--enable-sleep-mode`) or not: a new launch
+            launch["sleep_mode"] = True
         blob = json.dumps(launch, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -208,12 +227,14 @@ class ModelDef:
         aliases = p.check(_names, doc, "aliases", MAX_ALIASES, name)
         routing = _routing(doc.get("routing", {}), p)
         lora = p.check(_lora, doc)
+        schedules = _schedules(doc.get("schedules", []), p)
+        sleep_level = p.check(_sleep_level, doc, engine, mode)
         p.raise_if_any()
         # No problem was found, so every check returned its value.
         assert name and engine and role and source and mode and replicas and idle and window and profile and limits
         assert timeouts is not None and routing is not None
         assert args is not None and fallbacks is not None and aliases is not None and base is not None
-        assert lora is not None
+        assert lora is not None and schedules is not None and sleep_level is not None
         if engine == "sim" and not profile.cpu and not _asks_for_gpus(doc.get("profile", {})):
             # A sim model whose profile says nothing of GPUs runs on CPU (it needs none); one that
             # names gpus/tp/pp/nodes/classes or says `cpu = false` takes GPUs like a real engine.
@@ -237,6 +258,8 @@ class ModelDef:
             routing=routing,
             base=base,
             lora=lora,
+            schedules=schedules,
+            sleep_level=sleep_level,
         )
 
 
@@ -306,7 +329,7 @@ def _check_source_text(source: str) -> None:
 _KEYS = frozenset({
     "name", "engine", "role", "source", "mode", "replicas",
     "idle_timeout_s", "activation_window_s", "args", "profile", "limits", "timeouts", "fallbacks", "aliases",
-    "routing", "base", "lora",
+    "routing", "base", "lora", "schedules", "sleep_level",
 })
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -423,6 +446,20 @@ def _lora(doc: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _sleep_level(doc: Mapping[str, Any], engine: str | None, mode: str | None) -> int:
+    """`sleep_level`: 0 (off), 1 or 2; only for an engine that can sleep and an on-demand model (the one that idles)."""
+    value = doc.get("sleep_level", 0)
+    if type(value) is not int or value not in SLEEP_LEVELS:
+        raise DefinitionError("sleep_level", "must be 0 (off), 1 (weights kept in CPU RAM) or 2 (weights discarded)")
+    if value and engine is not None and engine not in SLEEP_ENGINES:
+        raise DefinitionError("sleep_level", f"engine {engine} cannot sleep: only {' and '.join(SLEEP_ENGINES)} "
+                                             f"replicas sleep (leave sleep_level at 0)")
+    if value and mode is not None and mode != "on-demand":
+        raise DefinitionError("sleep_level", "applies to on-demand models (an idle one sleeps instead of stopping); "
+                                             f"this one is {mode}")
+    return value
+
+
 def _adapter_source(doc: Mapping[str, Any]) -> str:
     source = _str(doc, "source", required=True)
     check_adapter_source(source)
@@ -489,6 +526,54 @@ def _replicas(doc: Any, mode: str | None, p: _Problems) -> tuple[int, int] | Non
         p.add("replicas.min", "must not exceed replicas.max")
         return None
     return rmin, rmax
+
+
+_RULE_KEYS = ("start", "end", "duration_s", "min", "max")
+
+
+def _schedules(doc: Any, p: _Problems) -> tuple[Rule, ...] | None:
+    """The schedule rules, or None with the problems added to `p`: each `{start = CRON, end = CRON or
+    duration_s = SECONDS, min = N, max = N}`, 0 <= min <= max."""
+    if not isinstance(doc, list) or len(doc) > MAX_SCHEDULES:
+        p.add("schedules", f"must be a list of at most {MAX_SCHEDULES} rules like "
+                           '{start = "0 8 * * mon-fri", end = "0 18 * * mon-fri", min = 2, max = 4}')
+        return None
+    before = len(p.found)
+    rules = []
+    for i, item in enumerate(doc):
+        pre = f"schedules[{i}]"
+        if not p.table(item, pre, _RULE_KEYS, '{start = "0 8 * * mon-fri", duration_s = 36000, min = 2, max = 4}'):
+            continue
+        crons = {key: p.check(_cron, item, key, pre) for key in ("start", "end") if key in item or key == "start"}
+        low = p.check(_int, item, "min", 0, low=0, high=MAX_REPLICAS, prefix=pre + ".")
+        high = p.check(_int, item, "max", 0, low=0, high=MAX_REPLICAS, prefix=pre + ".")
+        for key in ("min", "max"):
+            if key not in item:
+                p.add(f"{pre}.{key}", "is required (the replicas while the rule rules; max 0: none)")
+        if low is not None and high is not None and low > high:
+            p.add(f"{pre}.min", f"must not exceed {pre}.max")
+        duration = 0.0
+        if ("end" in item) == ("duration_s" in item):
+            p.add(pre, "needs one of end (a cron expression) or duration_s (seconds), not both")
+        elif "duration_s" in item:
+            duration = p.check(_num, item, "duration_s", 0.0, prefix=pre + ".") or 0.0
+            if not 60 <= duration <= LONGEST_RULE:
+                p.add(f"{pre}.duration_s", f"must be from 60 to {LONGEST_RULE:.0f} seconds (366 days)")
+        if len(p.found) == before:
+            rules.append(Rule(str(crons["start"]), int(low or 0), int(high or 0), str(crons.get("end") or ""),
+                              duration))
+    return None if len(p.found) > before else tuple(rules)
+
+
+def _cron(doc: Mapping[str, Any], key: str, prefix: str) -> str:
+    value = doc[key] if key in doc else None
+    if not isinstance(value, str):
+        raise DefinitionError(f"{prefix}.{key}", 'must be a cron expression such as "0 8 * * mon-fri"'
+                              if key in doc else "is required (a cron expression such as \"0 8 * * mon-fri\")")
+    try:
+        return Cron.parse(value).text
+    except CronError as e:
+        raise DefinitionError(f"{prefix}.{key}", str(e)) from None
 
 
 def _positive_num(doc: Mapping[str, Any], key: str, default: float) -> float:

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from llmgw.domain.activation import Progress
 from llmgw.domain.frozen import Doc
 
-REPLICA_STATES = ("starting", "ready", "failed", "stopped")
+REPLICA_STATES = ("starting", "ready", "failed", "stopped", "sleeping")  # sleeping: fast wake (reconcile/sleep.py)
 MAX_ADAPTERS = 1024  # LoRA adapters one replica reports
 
 

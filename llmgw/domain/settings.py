@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 
 from llmgw.domain.frozen import thaw
 from llmgw.domain.priority import CLASSES
+from llmgw.domain.schedule import zone_problem
 
 
 class SettingError(ValueError):
@@ -189,6 +190,9 @@ SETTINGS: Mapping[str, SettingSpec] = MappingProxyType({
         SettingSpec("nodes.require_approval", False, "true: a node whose agent connects for the first time is "
                     "pending (listed with its inventory, nothing placed on it) until `ctl nodes approve NAME`; the "
                     "nodes known when it is turned on are approved then (docs/security.md, \"Approving nodes\")", _bool),
+        SettingSpec("cluster.time_zone", "UTC", "the time zone of the models' schedule rules (their cron times): an "
+                    "IANA name such as Europe/Berlin, as this machine's time zone database knows it (docs/operations.md, "
+                    "\"Schedules\")", zone_problem),
         SettingSpec("mirror.budget_gib", 100, "the model mirror keeps at most this many GiB of files on each control "
                     "plane; an upload that would pass it is refused at its start (docs/mirror.md)", _positive_number),
     )

@@ -71,6 +71,10 @@ class Placement:
     # takes the same slot, so failures and backoff are counted per slot (see `domain.health`).
     # Placements written before slots existed read as slot 0.
     slot: int = 0
+    # Asleep (fast wake, `ModelDef.sleep_level`): its engine was told to sleep when its model went idle; it keeps
+    # its GPUs but serves nothing, a request wakes it (`placement.sleep` with asleep false), and a model that
+    # wants its GPUs evicts it (the placement is removed, the engine stopped).
+    asleep: bool = False
 
     @property
     def serves(self) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 from llmgw.domain.activation import Progress
 from llmgw.domain.frozen import Doc
-from llmgw.domain import judges
+from llmgw.domain import judges, schedule
 from llmgw.domain import summary_fleet as fleet
 from llmgw.domain.conditions import Condition
 from llmgw.domain.judges import Guard
@@ -117,6 +117,7 @@ class ModelRow(Doc):
     activation: Mapping[str, Any] | None = None
     window_s: float | None = None  # the activation window in force (longer than the definition's for a big checkpoint)
     base: str = ""  # a LoRA adapter's base model ("" for a model of its own)
+    schedule: str = ""  # a model with schedule rules: which rules now and the next change, in words ("" without)
 
 
 # --- the control planes -----------------------------------------------------------------------------------
@@ -450,6 +451,7 @@ def model_row(state: ClusterState, name: str, view: Any | None, failed: int, res
         activation=activation_doc(view, now),
         window_s=(getattr(view, "window_s", 0.0) or m.activation_window_s) if view else None,
         base=m.base,
+        schedule=str(_schedule_status(state, name, now).get("schedule", {}).get("words", "")),
     )
 
 
@@ -565,7 +567,18 @@ def model_status(state: ClusterState, observed: Observed, name: str, view: Any |
         "window_s": (getattr(view, "window_s", 0.0) or state.models[name].activation_window_s) if view else None,
         "replicas": replicas,
         **_adapter_status(state, observed, name),
+        **_schedule_status(state, name, now),
     }
+
+
+def _schedule_status(state: ClusterState, name: str, now: float | None) -> dict[str, Any]:
+    """A model with schedule rules: `schedule`, which rules at `now` and when that changes (`Ruling.to_doc`)."""
+    model = state.models[name]
+    if not model.schedules or now is None:
+        return {}
+    ruled = schedule.in_force(model.schedules, model.replicas_min, model.replicas_max, now,
+                              effective(state.settings, "cluster.time_zone"))
+    return {"schedule": ruled.to_doc(model.schedules)} if ruled is not None else {}
 
 
 def _adapter_status(state: ClusterState, observed: Observed, name: str) -> dict[str, Any]:

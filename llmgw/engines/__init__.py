@@ -150,6 +150,7 @@ def launch_spec(
     cwd: str | None = None,
     environ: Mapping[str, str] | None = None,
     lora: Sequence[str] = (),
+    sleep_mode: bool = False,
 ) -> LaunchSpec:
     """The process to start for one replica (or one rank of a group); EngineError when it cannot run here.
 
@@ -158,6 +159,8 @@ def launch_spec(
     it starts, a directory the agent owns ("/" when not given), never the agent's own. `lora`: LoRA adapter
     files a llama.cpp replica loads at launch (scale 0 until a request names one); one that cannot be used is
     left out, with why (`LaunchSpec.lora_skipped`), and the engine starts without it. Other engines ignore it.
+    `sleep_mode`: the model may sleep (fast wake, `ModelDef.sleep_level`): vLLM starts with `--enable-sleep-mode`
+    and its dev-mode endpoints (`VLLM_SERVER_DEV_MODE=1`: `/sleep`, `/wake_up`); the sim always answers them.
     Every check happens here, before any process starts: engine, role, name, args, source, weights.
     """
     if engine not in ENGINE_ARGS:
@@ -188,6 +191,10 @@ def launch_spec(
     loras, skipped = _lora_files(lora, roots) if engine == "llama.cpp" else ([], {})
     spec = _weights_engine(engine, weights, values, model=model, role=role, host=host, port=port, devices=devices,
                            group=group, env=env, common=common, args=args, where=where, environ=env_in, lora=loras)
+    if sleep_mode and engine == "vllm":
+        from llmgw.engines import vllm
+
+        spec = replace(spec, argv=[*spec.argv, vllm.SLEEP_MODE_FLAG], env={**spec.env, **vllm.SLEEP_MODE_ENV})
     # What the replica reports while loading; the adapters left out, for its report.
     return replace(spec, weights_bytes=checkpoint_bytes(weights), lora_skipped=skipped)
 

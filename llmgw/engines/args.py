@@ -35,6 +35,8 @@ ENGINE_ARGS: dict[str, dict[str, EngineArg]] = {
         "--prefix-cache-blocks": EngineArg(int, "blocks of 16 words the prefix cache keeps (default 4096), with "
                                                 "--prefill-tokens-per-s"),
         "--lora-lie": EngineArg(bool, "a LoRA adapter load answers 200 and loads nothing (failure injection)"),
+        "--wake-delay": EngineArg(float, "seconds a `POST /wake_up` takes after `POST /sleep` (fast wake: vLLM's "
+                                         "sleep mode, modelled); 0 (default) wakes at once"),
     },
     "llama.cpp": {
         "--ctx-size": EngineArg(int, "context length (default 2048 on CPU; llama.cpp's choice with llama-server)"),

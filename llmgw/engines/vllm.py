@@ -26,9 +26,17 @@ from dataclasses import dataclass
 from llmgw.engines.base import EngineError, EngineKind, Group, binary_version, find_binary, split_hostport
 from llmgw.engines.sources import find_spec
 
-__all__ = ["ENV_VAR", "FAILURES", "KIND", "NATIVE_MULTINODE", "Serve", "command", "ray_argvs", "serve_argv", "version"]
+__all__ = ["ENV_VAR", "FAILURES", "KIND", "NATIVE_MULTINODE", "SLEEP_MODE_ENV", "SLEEP_MODE_FLAG", "SLEEP_PATH",
+           "WAKE_PATH", "Serve", "command", "ray_argvs", "serve_argv", "version"]
 
 ENV_VAR = "LLMGW_VLLM"
+# Fast wake (docs/models.md): a model with `sleep_level` starts with vLLM's sleep mode on, and its dev-mode
+# endpoints served: `POST /sleep?level=1|2`, `POST /wake_up`, `GET /is_sleeping`
+# (https://docs.vllm.ai/en/latest/features/sleep_mode/).
+SLEEP_MODE_FLAG = "--enable-sleep-mode"
+SLEEP_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+SLEEP_PATH = "/sleep"
+WAKE_PATH = "/wake_up"
 NATIVE_MULTINODE = (0, 11, 1)  # --nnodes/--node-rank/--master-addr/--master-port/--headless (PR #23691)
 _VERSION = re.compile(r"^\s*(\d+\.\d+[\w.+-]*)\s*$", re.MULTILINE)
 _METADATA = "import importlib.metadata as m; print(m.version('vllm'))"

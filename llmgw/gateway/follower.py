@@ -385,11 +385,18 @@ async def _report(ws: WebSocketConnection, router: Router, t: Timeouts, judges: 
     last report (all of them in the first), the models asked for, and, every time, the models
     that have requests waiting (a new leader must learn of them too), the requests in flight
     per model when they changed (all of them in the first), and its open circuit breakers when they
-    changed (`breakers`: a key an older leader passes over). A heartbeat when quiet."""
+    changed (`breakers`: a key an older leader passes over). A heartbeat when quiet. Every
+    `gateway_demand_report_s`, and at once when a request starts waiting for an activation (the router's `wake`)."""
     sent: dict[str, float] = {}
     sent_load: dict[str, int] | None = None
     sent_breakers: dict[str, tuple[object, object, object]] | None = None
     last_sent = trio.current_time()
+    asked = trio.Event()
+
+    def wake() -> None:  # a request waits for an activation: report it now, not at the next round
+        asked.set()
+
+    router.on_ask(wake)
     while True:
         now = trio.current_time()
         used = router.last_used()
@@ -420,7 +427,9 @@ async def _report(ws: WebSocketConnection, router: Router, t: Timeouts, judges: 
             last_sent = now
         for model, words in judges.due(now):  # for `ctl guard judge status` at the leader
             await ws.send_message(protocol.dumps(protocol.judge_failure_message(model, words)))
-        await trio.sleep(t.gateway_demand_report_s)
+        with trio.move_on_after(t.gateway_demand_report_s):
+            await asked.wait()
+        asked = trio.Event()
 
 
 async def _send_usage(ws: WebSocketConnection, feeds: _Feeds, t: Timeouts) -> None:

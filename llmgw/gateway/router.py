@@ -174,7 +174,7 @@ class Router:
     def __init__(self, probe_s: float = TIMEOUTS.upstream_refused_probe_s,
                  breaker_open_s: float = TIMEOUTS.breaker_open_s, name: str = "local",
                  retry_after_s: float = TIMEOUTS.activation_retry_after_s,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, ask_wake_s: float = TIMEOUTS.gateway_demand_report_s) -> None:
         self.probe_s = probe_s
         self.name = name  # as control names this gateway where it shows its open breakers
         self.breaker_open_s = breaker_open_s
@@ -185,6 +185,12 @@ class Router:
         self._by_model: dict[str, list[_Slot]] = {}
         self._rotation: dict[str, int] = {}
         self._asks: dict[str, float] = {}
+        # Called at a model's first ask since the last `take_activation_asks` (at most once per `ask_wake_s` per
+        # model): whoever reads the asks reads them now, not at its next round. Set (`on_ask`) by who reads them:
+        # the control plane in this process (`llmgw up`: the reconciler's wake), or the follower's demand report.
+        self._wake: Callable[[], None] = lambda: None
+        self.ask_wake_s = ask_wake_s
+        self._woken: dict[str, float] = {}  # model -> when its last ask called `wake`
         self._waiting: dict[str, int] = {}
         self._changed = trio.Event()
         self._turn = 0  # spreads a group alias's ties (`least_loaded`)
@@ -218,6 +224,7 @@ class Router:
         self._slots = slots
         self._by_model = by_model
         self._rotation = {m: n for m, n in self._rotation.items() if m in by_model}
+        self._woken = {m: t for m, t in self._woken.items() if m in routes}
         rings: dict[str, tuple[Ring, list[_Slot]]] = {}
         for name, (ring, _) in self._rings.items():
             current = by_model.get(name)
@@ -238,9 +245,20 @@ class Router:
         """Replica id -> last acquire time (trio clock); absent means unknown, never idle."""
         return {rid: s.last_used for rid, s in self._slots.items() if s.last_used is not None}
 
+    def on_ask(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+
     def take_activation_asks(self) -> dict[str, float]:
         asks, self._asks = self._asks, {}
         return asks
+
+    def _ask(self, model: str, now: float) -> None:
+        """Record a request that found no ready replica of `model`; wake the reader of asks if it is news."""
+        news = model not in self._asks and now - self._woken.get(model, -math.inf) >= self.ask_wake_s
+        self._asks[model] = now
+        if news:
+            self._woken[model] = now
+            self._wake()
 
     def outstanding(self) -> dict[str, int]:
         """Model -> requests in flight to its replicas or waiting for one (the load scaling reads)."""
@@ -395,7 +413,7 @@ class Router:
         if code == "model_unplaceable":
             # Still count the demand: capacity may free up, and an on-demand model
             # nobody is seen asking for would never be tried again.
-            self._asks[model] = trio.current_time()
+            self._ask(model, trio.current_time())
         raise NoEndpoint(code, _refusal_words(model, route))
 
     def _activating(self, model: str, why: str) -> NoEndpoint:
@@ -419,7 +437,7 @@ class Router:
         if slot is not None:
             return slot
         started = trio.current_time()
-        self._asks[model] = started  # also when the client does not wait: its ask starts the model
+        self._ask(model, started)  # also when the client does not wait: its ask starts the model
         budgeted = False  # the client's patience ends the wait before the window does
         if patience is not None:
             progress = self._routes[model].activation if model in self._routes else None

@@ -37,7 +37,7 @@ REASONS: dict[str, tuple[str, str]] = {
     "gpu_count": (NEVER, "fewer GPUs that meet the profile than it takes"),
     "gpus_unhealthy": (NOT_NOW, "enough GPUs, but some are unhealthy now"),
     "gpus_unusable": (NOT_NOW, "enough GPUs, but some are not placeable now (MIG mode pending, nothing carved)"),
-    "engine_missing": (NOT_NOW, "the model's engine is not installed on the node"),
+    "engine_missing": (NOT_NOW, "the model's engine is not installed on the node, or not in the form the replica needs"),
     "gpus_busy": (NOT_NOW, "not enough free GPUs on the node now"),
     "cpu_memory": (NEVER, "a CPU replica needs more memory than the node has"),
     "cpu_memory_busy": (NOT_NOW, "the node's CPU replicas leave too little memory now"),
@@ -268,11 +268,25 @@ def cordon_refusal(node: str) -> Refusal:
 
 
 def engine_refusal(model: ModelDef | Need, node: NodeInfo) -> Refusal | None:
-    if model.engine in node.engines:
-        return None
-    hint = ENGINE_HINTS.get(model.engine, "")
-    msg = f"engine {model.engine} is not installed" + (f" ({hint})" if hint else "")
-    return Refusal(node.node, NOT_NOW, "engine_missing", msg)
+    """The node cannot start the model's engine: not installed (not among the engines its agent detected), or
+    not in the form the replica needs (llama.cpp on GPUs or across nodes runs the llama-server binary; a node
+    with only the in-process binding says `xllamacpp`). NOT_NOW: it fits once someone installs it, and the
+    agent detects its engines again at every look. llmgw installs no engine itself. The words name no node
+    (`PlacementResult.reason` puts the names of the nodes refused alike before them: "gpu-3, gpu-7: engine …").
+    """
+    if model.engine not in node.engines:
+        hint = ENGINE_HINTS.get(model.engine, "")
+        return Refusal(node.node, NOT_NOW, "engine_missing",
+                       f"engine {model.engine} is not installed" + (f" ({hint})" if hint else ""))
+    forms = node.engine_versions.get(model.engine)
+    if (model.engine == "llama.cpp" and isinstance(model, Need) and (not model.cpu or model.nodes > 1)
+            and forms is not None and "llama-server" not in forms):
+        where = "across nodes" if model.nodes > 1 else "on GPUs"
+        return Refusal(node.node, NOT_NOW, "engine_missing",
+                       f"engine llama.cpp is not installed in the form a replica {where} runs: the node has only "
+                       f"the in-process binding (xllamacpp), not the llama-server binary (put llama-server on the "
+                       f"agent's PATH, or set LLMGW_LLAMA_SERVER)")
+    return None
 
 
 def engine_host(node: NodeInfo) -> str:

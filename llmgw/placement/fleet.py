@@ -83,7 +83,10 @@ def _shape_key(info: NodeInfo) -> tuple[object, ...]:
                  for g in info.gpus)
     ready = info.warnings if (not info.gpus and info.probe == "none") else ()
     reserve = (info.reserved_gpus, info.reserved_memory, info.reserved_vram)
-    return (gpus, tuple(sorted(info.engines)), info.fabric, info.memory_total, ready, node_fabrics(info), reserve)
+    forms = info.engine_versions.get("llama.cpp")  # which of llama.cpp's forms it has (`engine_refusal`)
+    llama_server = None if forms is None else "llama-server" in forms
+    return (gpus, tuple(sorted(info.engines)), info.fabric, info.memory_total, ready, node_fabrics(info), reserve,
+            llama_server)
 
 
 class FleetView:

@@ -30,7 +30,7 @@ from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState, Placement, Strikes
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.placement import FleetView, PlacementResult, place
-from llmgw.reconcile import demand, drain
+from llmgw.reconcile import demand, drain, sleep
 from llmgw.reconcile.adapters import adapter_loads, adapter_state, with_launch_lora
 from llmgw.reconcile.failures import (
     Scan,
@@ -58,7 +58,7 @@ EVICTION_SEARCHES_PER_PASS = 8
 @dataclass(frozen=True)
 class AgentAction:
     node: str
-    kind: str  # "start" | "stop" | "adapters"
+    kind: str  # "start" | "stop" | "adapters" | "sleep" | "wake"
     replica_id: str
     model: dict[str, Any] = field(default_factory=dict)  # the definition, for "start"
     gpus: tuple[int, ...] = ()
@@ -68,6 +68,7 @@ class AgentAction:
     group: dict[str, Any] | None = None
     # "adapters": the LoRA adapters the replica's engine should have loaded, name -> source (the whole set).
     adapters: dict[str, str] = field(default_factory=dict)
+    level: int = 0  # "sleep": the model's sleep level (1 or 2)
 
     def message(self) -> dict[str, Any]:
         if self.kind == "adapters":
@@ -79,6 +80,10 @@ class AgentAction:
             if self.group is not None:
                 doc["group"] = dict(self.group)
             return doc
+        if self.kind == "sleep":
+            return {"type": "sleep_replica", "replica_id": self.replica_id, "level": self.level}
+        if self.kind == "wake":
+            return {"type": "wake_replica", "replica_id": self.replica_id}
         return {"type": "stop_replica", "replica_id": self.replica_id}
 
 
@@ -141,6 +146,7 @@ class _Pass:
     view: FleetView | None = None
     evicted: list[demand.Eviction] = field(default_factory=list)
     eviction_searches: int = 0
+    slept: set[str] = field(default_factory=set)  # replicas this pass put to sleep (fast wake)
     pending: frozenset[str] = frozenset()  # nodes waiting for approval: nothing is placed on them  # how many unplaceable models looked for idle replicas to evict
     draining: frozenset[str] = frozenset()  # nodes being drained (reconcile/drain.py)
     moving: dict[str, str] = field(default_factory=dict)  # draining node -> the model whose move is in flight
@@ -149,11 +155,22 @@ class _Pass:
 
     def remove(self, unit: Unit, why: str) -> None:
         for p in unit:
+            if p.replica_id in self.slept:  # put to sleep by this pass, then evicted by it: only removed
+                self.slept.discard(p.replica_id)
+                self.cmds = [c for c in self.cmds if c.get("op") != "placement.sleep" or c["replica_id"] != p.replica_id]
             if p.replica_id not in self.removed:
                 self.removed.add(p.replica_id)
                 if self.live.pop(p.replica_id, None) is not None and self.view is not None:
                     self.view.remove(p.replica_id)
                 self.cmds.append(commands.remove_placement(p.replica_id, self.now, reason=why))
+
+    def set_asleep(self, unit: Unit, value: bool) -> None:
+        """Mark a lone replica asleep (its engine sleeps, its GPUs stay held) or awake (fast wake)."""
+        p = self.live[unit[0].replica_id]
+        self.live[p.replica_id] = sleep.asleep(p, value)
+        self.cmds.append(commands.sleep_placement(p.replica_id, value, self.now))
+        if value:
+            self.slept.add(p.replica_id)
 
     def place(self, model: ModelDef, avoided: dict[str, Strikes]) -> PlacementResult:
         """Placement for one more replica, off the nodes avoided for this model when another fits."""
@@ -231,17 +248,25 @@ def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeou
 
     # 3. Tell agents: start what is placed and not running, stop what runs unplaced.
     actions: list[AgentAction] = []
-    kept = {rid: p for rid, p in state.placements.items() if rid not in run.removed}
+    # As this pass leaves them (asleep or awake: fast wake).
+    kept = {rid: run.live.get(rid, p) for rid, p in state.placements.items() if rid not in run.removed}
     for unit in units(kept.values()):
         for p in unit:
             obs = observed.replicas.get(p.replica_id)
+            if p.node in observed.nodes and obs is not None and (p.asleep or obs.state == "sleeping"):
+                if p.asleep and obs.state == "ready":
+                    level = state.models[p.model].sleep_level
+                    actions.append(AgentAction(p.node, "sleep", p.replica_id, level=level))
+                elif not p.asleep and obs.state == "sleeping":
+                    actions.append(AgentAction(p.node, "wake", p.replica_id))
+                continue
             if p.node not in observed.nodes or (obs is not None and obs.state != "stopped"):
                 continue
             if p.group and p.rank == 0 and not all(_running(observed, m) for m in unit[1:]):
                 continue  # rank 0 serves once every member has joined: it starts after them
-            # Without the gateway's own fields (fallbacks, aliases): an agent does not use them, and one of an
-            # older release refuses a definition with a key it does not know.
-            launch = replace(state.models[p.model], fallbacks=(), aliases=()).to_doc()
+            # Without the gateway's and the reconciler's own fields (fallbacks, aliases, schedules): an agent does not
+            # use them, and one of an older release refuses a definition with a key it does not know.
+            launch = replace(state.models[p.model], fallbacks=(), aliases=(), schedules=()).to_doc()
             actions.append(AgentAction(p.node, "start", p.replica_id, launch, p.gpus, _group_doc(p, unit)))
     # Stops: every rank 0 (and lone replica) first, then the members, whose leader is gone by then.
     stops = [(rank_of(rid, state), rid, obs.node) for rid, obs in observed.replicas.items()
@@ -270,10 +295,28 @@ def _scale(run: _Pass, model: ModelDef, want: int, found: Scan) -> str:
     if run.draining:
         moving = oldest_first([u for u in mine if drain.on(u, run.draining)])
         mine = [u for u in mine if not drain.on(u, run.draining)]
+        for unit in [u for u in moving if u[0].asleep]:  # serves nothing: stopped, not moved (woken elsewhere)
+            run.remove(unit, "node draining: an asleep replica stops")
+        moving = [u for u in moving if not u[0].asleep]
     fresh = oldest_first([u for u in mine if u[0].launch_hash == launch])
     stale = oldest_first([u for u in mine if u[0].launch_hash != launch])
+    asleep = [u for u in fresh if u[0].asleep]  # fast wake (reconcile/sleep.py): woken before any is placed
+    fresh = [u for u in fresh if not u[0].asleep]
+    wake = max(0, want - len(fresh))
+    for unit in asleep[:wake]:
+        run.set_asleep(unit, False)
+        fresh.append(unit)
+    asleep = asleep[wake:]
+    if asleep and not sleep.may_keep(run.state, model):
+        for unit in asleep:  # serving stopped (or the model may no longer sleep): asleep replicas stop too
+            run.remove(unit, "scaled down")
+        asleep = []
     for extra in fresh[want:][::-1]:
-        run.remove(extra, "scaled down")
+        if sleep.may_sleep(run.state, model, run.observed, run.now, extra):
+            run.set_asleep(extra, True)
+            asleep.append(extra)
+        else:
+            run.remove(extra, "scaled down")
     fresh = fresh[:want]
     ready = {u[0].replica_id for u in found.ready.get(name, [])}
     still_needed = max(0, want - sum(1 for u in fresh if u[0].replica_id in ready))
@@ -286,7 +329,7 @@ def _scale(run: _Pass, model: ModelDef, want: int, found: Scan) -> str:
     health = run.state.model_health(name)
     avoided = avoided_nodes(run.state, health, run.now, run.timeouts) if health.nodes else {}
     failed_now = found.failed_slots.get(name, set())
-    for i, slot in enumerate(free_slots({u[0].slot for u in fresh}, want - len(fresh))):
+    for i, slot in enumerate(free_slots({u[0].slot for u in fresh + asleep}, want - len(fresh))):
         if slot in failed_now or slot_wait(health, slot, run.now, run.timeouts) > 0:
             continue  # this slot backs off; the others are not held back by it
         there: list[str] = []  # the draining nodes this placement moves a replica off
@@ -352,8 +395,11 @@ def _views(
 ) -> tuple[dict[str, ModelView], dict[str, ModelRoute]]:
     stopped = bool(effective(state.settings, "serving.stopped"))
     serving: dict[str, list[Placement]] = {}
+    sleeping: set[str] = set()  # models with an asleep replica (fast wake): none of their replicas
     for p in kept.values():
-        if p.serves:  # a group counts once, as its rank 0
+        if p.asleep:
+            sleeping.add(p.model)
+        elif p.serves:  # a group counts once, as its rank 0
             serving.setdefault(p.model, []).append(p)
     views: dict[str, ModelView] = {}
     routes: dict[str, ModelRoute] = {}
@@ -367,7 +413,9 @@ def _views(
         size = _checkpoint_bytes(model, obs, weights)
         window = activation.window_s(model.activation_window_s, size, rate, timeouts.activation_load_base_s)
         ready = sorted((o for o in obs if o.state == "ready" and o.url), key=lambda o: o.replica_id)
-        starting = sum(1 for p in mine if (o := observed.replicas.get(p.replica_id)) is None or o.state == "starting")
+        # (A replica reported sleeping under an awake placement is being woken: starting.)
+        starting = sum(1 for p in mine if (o := observed.replicas.get(p.replica_id)) is None
+                       or o.state in ("starting", "sleeping"))
         health = state.model_health(name)
         failures, error, flaps, flap_ready_s = parking.get(
             name, (health.failures_in_row, health.last_error, health.flaps, health.flap_ready_s))
@@ -382,6 +430,8 @@ def _views(
             if len(ready) < desired.get(name, 0) or avoided:
                 note = failing_note(health, avoided) or unplaceable.get(name, "")
                 reason = f"{len(ready)} of {desired[name]} ready" + (f": {note}" if note else "")
+        elif name in sleeping and not mine and not desired.get(name, 0):
+            route_state, reason = "absent", sleep.asleep_words(model)
         elif evicted and name in evicted and not mine:
             route_state, reason = "absent", f"{evicted[name]}; a request starts it again"
         elif name in unplaceable:
@@ -398,6 +448,10 @@ def _views(
                       f"{health.last_error or 'no error text'}")
         elif desired.get(name, 0) > 0:
             route_state, reason = "starting", "waiting for a placement"
+        elif (ruled := demand.schedule_now(state, model, now)) is not None and ruled.rule is not None \
+                and ruled.max == 0:
+            route_state, reason = "absent", \
+                f"schedule rule {ruled.rule + 1} allows no replica until {ruled.at(ruled.until)}"
         elif model.mode == "on-demand" and name in observed.evicted:
             route_state, reason = "absent", f"{observed.evicted[name][1]}; a request starts it again"
         elif model.mode == "on-demand":
@@ -408,7 +462,8 @@ def _views(
         progress = _progress(mine, observed, size, rate, timeouts) if route_state == "starting" else None
         if route_state != "ready":
             route_reason = reason
-        want = model.replicas_min if route_state == "absent" and evicted and name in evicted else desired.get(name, 0)
+        want = demand.bounds(state, model, now)[0] if route_state == "absent" and evicted and name in evicted \
+            else desired.get(name, 0)
         views[name] = ModelView(name, want, len(mine), len(ready), starting, route_state, reason,
                                 failures, error, progress, window)
         routes[name] = ModelRoute(
@@ -458,6 +513,8 @@ def _progress(mine: list[Placement], observed: Observed, size: int | None, rate:
         o = observed.replicas.get(p.replica_id)
         if o is None or (o.state == "starting" and p.node not in observed.nodes):
             found.append(of("placing", p.placed_at, size))
+        elif o.state == "sleeping" or o.state == "starting" and o.phase == "waking":  # fast wake: no load estimate
+            found.append(Progress("waking", o.since))
         elif o.state == "starting" and o.phase == "fetching":
             found.append(_fetching(o, size, rate, timeouts))
         elif o.state == "starting":

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from llmgw.domain import schedule
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo, Observed
 from llmgw.domain.settings import effective
@@ -82,6 +83,24 @@ def duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60} min"
 
 
+def schedule_now(state: ClusterState, model: ModelDef, now: float) -> schedule.Ruling | None:
+    """What the model's schedule rules say at `now` in the cluster's time zone; None for a model without."""
+    if not model.schedules:
+        return None
+    return schedule.in_force(model.schedules, model.replicas_min, model.replicas_max, now,
+                             effective(state.settings, "cluster.time_zone"))
+
+
+def bounds(state: ClusterState, model: ModelDef, now: float) -> tuple[int, int, str]:
+    """(min, max, words) of the model's replicas at `now`: the ruling schedule rule's (words naming it), else
+    the model's own replicas.min/max (words "")."""
+    ruled = schedule_now(state, model, now)
+    if ruled is None or ruled.rule is None:
+        return model.replicas_min, max(model.replicas_min, model.replicas_max), ""
+    return ruled.min, ruled.max, (f"schedule rule {ruled.rule + 1} sets replicas {ruled.min}..{ruled.max} until "
+                                  f"{ruled.at(ruled.until)}")
+
+
 def with_adapters(state: ClusterState, observed: Observed) -> Observed:
     """`observed` with each LoRA adapter's demand and load counted as its base's: a request for an adapter asks
     for its base model's replicas (an on-demand base starts for it; its load scales the base)."""
@@ -115,7 +134,8 @@ def desired(
     timeout, or requests in flight), `min` once idle or evicted (until asked again). Either mode:
     more under load, one replica per `scaling.outstanding_per_replica` requests in flight at the
     peak of the last `scale_down_delay_s`, up to `replicas.max`. Unknown demand or load holds
-    what runs (see the module's docstring).
+    what runs (see the module's docstring). While a schedule rule rules, its min/max stand for
+    `replicas.min/max` throughout (`bounds`; max 0: none, even when asked for).
 
     Which wins: an on-demand model known to be idle (nothing in flight, not asked for within its
     `idle_timeout_s`) or evicted goes to `min` at once, whatever the load's memory says; the load
@@ -126,15 +146,15 @@ def desired(
         return Desired(0, f"a LoRA adapter: served by the replicas of {model.base}")
     if effective(state.settings, "serving.stopped"):
         return Desired(0, "serving is stopped")
-    lo, hi = model.replicas_min, max(model.replicas_min, model.replicas_max)
+    lo, hi, ruled = bounds(state, model, now)
     heard = now - observed.since
     idle_unknown = False
     if model.mode == "always":
-        base, why = lo, f"always on: replicas.min = {lo}"
+        base, why = lo, f"always on: {ruled or f'replicas.min = {lo}'}"
     else:
-        base, why, idle_unknown, idle = _on_demand(model, observed, now, heard)
-        if idle:
-            return Desired(base, why)
+        base, why, idle_unknown, idle = _on_demand(model, observed, now, heard, lo)
+        if idle or hi < base:  # idle, or a schedule rule allows fewer than it would have
+            return Desired(min(base, hi), f"{why}; {ruled}" if ruled else why)
     in_flight = observed.outstanding.get(name, 0)
     peak = max(observed.peak.get(name, 0), in_flight)
     per = int(effective(state.settings, "scaling.outstanding_per_replica"))
@@ -146,6 +166,8 @@ def desired(
     count = max(lo, min(want, hi))
     if count == hi and want > hi and by_load > base:
         why += f" (replicas.max = {hi})"
+    if ruled and ruled not in why:
+        why += f"; {ruled}"
     if idle_unknown:
         why = f"demand unknown: not asked for in the {duration(heard)} since this leader took office" \
               f" (known after {duration(model.idle_timeout_s)})"
@@ -160,10 +182,9 @@ def desired(
     return Desired(count, why, idle_unknown)
 
 
-def _on_demand(model: ModelDef, observed: Observed, now: float, heard: float) -> tuple[int, str, bool, bool]:
-    """(base count, why, demand unknown, idle) of an on-demand model, load aside. `idle`: known to be
-    idle past its idle timeout, or evicted: `min`, which the load does not raise."""
-    lo = model.replicas_min
+def _on_demand(model: ModelDef, observed: Observed, now: float, heard: float, lo: int) -> tuple[int, str, bool, bool]:
+    """(base count, why, demand unknown, idle) of an on-demand model whose min is `lo`, load aside. `idle`:
+    known to be idle past its idle timeout, or evicted: `min`, which the load does not raise."""
     asked = observed.demand.get(model.name)
     in_flight = observed.outstanding.get(model.name, 0)
     evicted = observed.evicted.get(model.name)
@@ -297,8 +318,10 @@ def _candidates(
     for name, by_unit in by_model.items():
         model, idle = state.models[name], idle_models[name]
         unit_list = [tuple(sorted(u, key=lambda p: p.rank)) for u in by_unit.values()]
-        spare = len(unit_list) - model.replicas_min
-        newest = sorted(unit_list, key=lambda u: (u[0].placed_at, u[0].replica_id), reverse=True)[: max(0, spare)]
+        spare = len(unit_list) - bounds(state, model, now)[0]
+        # Asleep replicas first (fast wake: they serve nothing), then the newest.
+        newest = sorted(unit_list, key=lambda u: (u[0].asleep, u[0].placed_at, u[0].replica_id),
+                        reverse=True)[: max(0, spare)]
         found.extend((-idle, name, i, u) for i, u in enumerate(newest))
     found.sort(key=lambda f: f[:3])
     return [(-f[0], f[3]) for f in found]

@@ -67,6 +67,12 @@ def scan(state: ClusterState, observed: Observed, now: float, timeouts: Timeouts
             # An old definition's replica that does not serve holds a place for nothing; its
             # failure says nothing of the new definition, so it is not counted.
             out.gone.append((unit, "definition changed"))
+        elif head.asleep and (head_obs is None and head.node in observed.nodes
+                              or head_obs is not None and head_obs.state in ("failed", "stopped")):
+            # Fast wake: an asleep replica whose engine ended (its sleep failed, it exited, its agent restarted
+            # without it) is gone; no start failed, nothing is counted. Its model starts cold when asked.
+            error = head_obs.error if head_obs is not None and head_obs.error else "its engine is gone"
+            out.gone.append((unit, f"ended while asleep: {error}"))
         elif failed:
             # The first member to fail is the likely cause (the others follow it out).
             _, rank, culprit, report = failed[0]

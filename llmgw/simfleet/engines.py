@@ -75,6 +75,7 @@ class _Sim:
     obs: ReplicaObs
     launch: str = ""
     cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
+    wake_s: float = 0.0  # fast wake: how long a wake takes (the sim's `--wake-delay`)
 
 
 @dataclass(eq=False)
@@ -114,7 +115,8 @@ class SimRunner:
         except ValueError as e:
             self._put(replica_id, self._failed(replica_id, model.name, f"engine could not be started: {e}"))
             return
-        sim = _Sim(ReplicaObs(replica_id, model.name, self.node, "starting", since=time.time()), launch)
+        sim = _Sim(ReplicaObs(replica_id, model.name, self.node, "starting", since=time.time()), launch,
+                   wake_s=opts.wake_delay)
         self._put(replica_id, sim)
         self.nursery.start_soon(self._run, sim, opts, app)
 
@@ -123,6 +125,24 @@ class SimRunner:
         if sim is not None:
             self._end(sim)
             self._changed()
+
+    def sleep(self, replica_id: str, level: int) -> None:
+        """Fast wake: a ready replica sleeps at once (it keeps its app, and serves nothing routed to it)."""
+        sim = self._replicas.get(replica_id)
+        if sim is not None and sim.obs.state == "ready":
+            self._set(sim, "sleeping")
+
+    def wake(self, replica_id: str) -> None:
+        """Fast wake: a sleeping replica is starting (phase `waking`) for its `--wake-delay`, then ready again."""
+        sim = self._replicas.get(replica_id)
+        if sim is not None and sim.obs.state == "sleeping":
+            self._set(sim, "starting", phase="waking")
+            self.nursery.start_soon(self._wake, sim)
+
+    async def _wake(self, sim: _Sim) -> None:
+        await trio.sleep(sim.wake_s)
+        if sim.obs.state == "starting":
+            self._set(sim, "ready", phase="")  # a no-op once stopped or replaced meanwhile
 
     def load_adapters(self, replica_id: str, adapters: Mapping[str, str]) -> None:
         """The fleet's simulated nodes hold no adapter files: each adapter is reported failed, with why."""
@@ -200,7 +220,7 @@ class SimRunner:
 
     def _end(self, sim: _Sim) -> None:
         sim.cancel.cancel()
-        if sim.obs.state == "ready":  # one replica of an id is ready at a time: the app is its own
+        if sim.obs.state in ("ready", "sleeping", "starting"):  # one replica of an id runs at a time: its own app
             self.server.apps.pop(sim.obs.replica_id, None)
 
     def _set(self, sim: _Sim, state: str, **fields: Any) -> None:

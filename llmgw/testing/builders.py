@@ -172,6 +172,13 @@ class ModelBuilder:
         self._doc.update(mode="on-demand", idle_timeout_s=idle_timeout_s, activation_window_s=activation_window_s)
         return self
 
+    def schedule(self, start: str, low: int, high: int, *, end: str = "", duration_s: float = 0.0) -> ModelBuilder:
+        """One more schedule rule: from `start` until `end` (a cron) or for `duration_s`, replicas low..high."""
+        rule: dict[str, Any] = {"start": start, "min": low, "max": high}
+        rule.update({"end": end} if end else {"duration_s": duration_s})
+        self._doc.setdefault("schedules", []).append(rule)
+        return self
+
     def always(self) -> ModelBuilder:
         self._doc["mode"] = "always"
         return self

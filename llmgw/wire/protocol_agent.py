@@ -6,7 +6,8 @@ its type's schema and return the typed value, `Unknown` for a type this side doe
 
 Up: hello, inventory (again whenever it changes), replicas (the full list, on every change),
 renew (a certificate request, at two thirds of its certificate's life), heartbeat, rejected. Down:
-welcome, start_replica, stop_replica, load_adapters (a replica's LoRA adapters), restart_agent, upgrade_agent, certificate (the renewed one, with the trust bundle), refused
+welcome, start_replica, stop_replica, load_adapters (a replica's LoRA adapters), sleep_replica and wake_replica (fast
+wake), restart_agent, upgrade_agent, certificate (the renewed one, with the trust bundle), refused
 (not the leader, or stepped down), heartbeat, rejected. `rejected` answers a malformed message of a known type
 (`message_type`, `reason`, `replica_id` when one was readable); the stream goes on.
 """
@@ -131,6 +132,22 @@ class StopReplica:
 
 
 @dataclass(frozen=True)
+class SleepReplica:
+    """Fast wake: put a ready replica's engine to sleep at `level` (1: weights to CPU RAM, 2: discarded); it
+    is reported `sleeping` and serves nothing until `WakeReplica`."""
+
+    replica_id: str
+    level: int
+
+
+@dataclass(frozen=True)
+class WakeReplica:
+    """Fast wake: wake a sleeping replica's engine; it is reported starting (phase `waking`), then ready."""
+
+    replica_id: str
+
+
+@dataclass(frozen=True)
 class LoadAdapters:
     """The LoRA adapters a replica's engine should have loaded (the whole set, name -> source): the agent loads
     the missing ones, unloads the others, and reports each as loaded only once its engine lists it."""
@@ -165,7 +182,7 @@ class Refused:
 
 
 UpMessage = Union[Hello, Inventory, Replicas, Renew, Heartbeat, Rejected, Unknown]
-DownMessage = Union[Welcome, StartReplica, StopReplica, LoadAdapters, RestartAgent, UpgradeAgent, Certificate, Refused, Heartbeat,
+DownMessage = Union[Welcome, StartReplica, StopReplica, SleepReplica, WakeReplica, LoadAdapters, RestartAgent, UpgradeAgent, Certificate, Refused, Heartbeat,
                     Rejected, Unknown]
 PEM_MAX_CHARS = 20_000
 
@@ -215,6 +232,13 @@ def read_down(message: Mapping[str, Any]) -> DownMessage:
                             _group(message.get("group"), kind), _mirror(message.get("mirror"), kind))
     if kind == "stop_replica":
         return StopReplica(_id(message, "replica_id", kind))
+    if kind == "sleep_replica":
+        level = message.get("level")
+        if not _is_int(level) or level not in (1, 2):
+            raise ProtocolError(f"{kind}.level: must be 1 or 2")
+        return SleepReplica(_id(message, "replica_id", kind), level)
+    if kind == "wake_replica":
+        return WakeReplica(_id(message, "replica_id", kind))
     if kind == "load_adapters":
         return LoadAdapters(_id(message, "replica_id", kind), _adapters(message.get("adapters"), kind))
     if kind == "certificate":

@@ -139,7 +139,7 @@ async def test_a_stopped_agent_is_gone_within_three_intervals_then_lost_then_for
             await wait_for("the node lost", lost, timeout=5)
             assert (await listed())["n1"]["gone_for_s"] >= 1.0
             forgot = await api.delete("/api/v1/nodes/n1")
-            assert forgot.status_code == 200 and forgot.json() == {"forgotten": "n1"}
+            assert forgot.status_code == 200 and forgot.json() == {"forgotten": "n1", "removed_placements": []}
             assert "n1" not in await listed()
 
             agent.send_signal(signal.SIGCONT)  # a forgotten node that comes back simply reappears

@@ -285,3 +285,24 @@ def test_the_mirror_fetch_bench_runs() -> None:
     assert min(result["upload_s"], result["fetch_s"], result["verify_s"], result["cp_s"], result["verify_big_s"]) > 0
     out = bench.table(result)
     assert all(row in out for row in ("x cp", "upload (ctl mirror add", "fetch (HTTP", "verify a 1 MiB file"))
+
+
+def test_the_activation_bench_runs(tmp_path: Path) -> None:
+    """tests/bench/activation.py (issue 26 point 3) on a toy size: one cold start under `llmgw up`, its stages read
+    from the agent's log; and one sim engine started by hand."""
+    bench = load_bench("activation")
+    [trial] = bench.run_up(1, tmp_path)
+    assert trial["total"] > 0 and trial["ask_start"] > 0 and trial["start_ready"] > 0
+    assert trial["total"] >= trial["ask_start"] + trial["start_ready"] - 50  # the stages lie within the whole
+    [hand] = bench.by_hand(1, tmp_path)
+    assert hand > 0
+
+
+async def test_the_wake_bench_runs() -> None:
+    """tests/bench/wake.py (fast wake: a request's wait for a slept model against a cold start, on the sim) on a
+    toy size, so it cannot rot unseen; only that the slept path woke rather than started cold is judged."""
+    bench = load_bench("wake")
+    found = await bench.measure(cold_s=1.0, wake_s=0.01, rounds=1, idle_s=0.5)
+    assert len(found["cold"]) == len(found["slept"]) == 1
+    assert found["slept"][0] < found["cold"][0]
+    assert bench.table(found, 1.0, 0.01)[2][4].endswith("x faster")

@@ -19,6 +19,7 @@ from llmgw.control.service import ControlConfig, ControlHandle, Seed
 from llmgw.control.service import serve as control_serve
 from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import NodeInfo
+from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.gateway.app import GatewayDeps
 from llmgw.gateway.app import serve as gateway_serve
 from llmgw.gateway.router import Router
@@ -35,20 +36,20 @@ class OneNode:
 
 @asynccontextmanager
 async def one_node(tmp_path: Path, models: Sequence[ModelDef], *, admin_key: str, client_key: str,
-                   node: NodeInfo) -> AsyncIterator[OneNode]:
+                   node: NodeInfo, timeouts: Timeouts = TIMEOUTS) -> AsyncIterator[OneNode]:
     """The three roles serving `models` (seeded) until the block ends; engines run as the agent starts them."""
     router = Router()
     config = ControlConfig(state_dir=tmp_path / "control", raft_addr=f"127.0.0.1:{free_port()}",
                            admin_host="127.0.0.1", admin_port=free_port(),
                            seed=Seed(admin_key=admin_key, client_key=client_key, models=list(models)),
-                           sinks=[router], demand=[router])
+                           sinks=[router], demand=[router], timeouts=timeouts)
     async with trio.open_nursery() as nursery:
         control: ControlHandle = await nursery.start(control_serve, config)
         assert control.context is not None
         credential = control.context.local_credential("agent", "n1")
         await nursery.start(agent_serve, AgentConfig(controls=[control.admin_url], tls=None,
                                                      local_credential=credential, state_dir=tmp_path / "agent",
-                                                     node="n1", probe=FakeGpuProbe(node)))
+                                                     node="n1", probe=FakeGpuProbe(node), timeouts=timeouts))
         host, port = await nursery.start(partial(gateway_serve, "127.0.0.1", 0,
                                                  GatewayDeps(router=router, state=control.store)))
         yield OneNode(control, router, f"http://{host}:{port}")

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import shlex
+from datetime import datetime, timezone
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmgw.cli.ctl.definitions import schedule_from_flag
 from llmgw.domain import commands as C
 from llmgw.domain.model import DefinitionError, ModelDef
 from llmgw.domain.observed import Endpoint, NodeInfo, Observed
@@ -721,6 +724,8 @@ class Scenario:
                 b = b.classes(*value.split(","))
             elif key == "memory":
                 b = b.memory(float(value))
+            elif key == "schedule":  # as `ctl model serve --schedule`: "start=CRON; end=CRON; min=N; max=N"
+                b._doc.setdefault("schedules", []).append(schedule_from_flag(value))
             else:
                 raise ValueError(f"unknown model word {word!r}")
         self.loop.store.submit_nowait(C.put_model(b.build(), self.loop.now))
@@ -773,6 +778,14 @@ class Scenario:
     def do_advance(self, seconds: str) -> None:
         self.loop.now += float(seconds)
 
+    def do_at(self, when: str, zone_name: str = "UTC") -> str:
+        """`at YYYY-MM-DDTHH:MM [ZONE]`: the clock jumps forward to that wall time; says its UTC time."""
+        t = datetime.strptime(when, "%Y-%m-%dT%H:%M").replace(tzinfo=ZoneInfo(zone_name)).timestamp()
+        if t < self.loop.now:
+            raise ValueError(f"at {when}: the clock does not go back")
+        self.loop.now = t
+        return datetime.fromtimestamp(t, timezone.utc).strftime("now %Y-%m-%d %H:%M UTC (%a)")
+
     # -- the reconciler
 
     def do_decide(self) -> str:
@@ -787,14 +800,14 @@ class Scenario:
             plan = self.loop.tick(float(opts.get("dt", 1)))
             if "busy" in opts and not plan.commands and not plan.actions:
                 continue
-            out.append(f"pass {self.loop.passes} @{at:g}:")
+            out.append(f"pass {self.loop.passes} @{_clock(at)}:")
             out += ["  " + line for line in render_plan(plan).splitlines()]
         return "\n".join(out) or "(nothing to do)"
 
     def do_settle(self) -> str:
         start = self.loop.passes
         plan = self.loop.settle()
-        return f"quiet after {self.loop.passes - start} passes @{self.loop.now - 1:g}\n" + render_routes(plan)
+        return f"quiet after {self.loop.passes - start} passes @{_clock(self.loop.now - 1)}\n" + render_routes(plan)
 
     def do_state(self) -> str:
         s = self.loop.state
@@ -806,6 +819,11 @@ class Scenario:
             out.append(f"health {name}: {h.failures_in_row} failures{' PARKED' if h.parked else ''}"
                        f" last at {h.last_failure_at:g}: {h.last_error}")
         return "\n".join(out)
+
+
+def _clock(t: float) -> str:
+    """A scenario's clock: seconds from its start, or a UTC time once `at` has moved it to a real date."""
+    return f"{t:g}" if t < 1e8 else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def render_plan(plan: Plan) -> str:

@@ -132,6 +132,35 @@ async def test_activation_asks_recorded_and_cleared(autojump_clock: trio.testing
     assert router.take_activation_asks() == {}
 
 
+async def test_a_models_first_ask_wakes_the_reader_of_asks_at_most_once_per_interval(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """The reconciler (or a remote gateway's demand report) hears of a request waiting for an activation at once,
+    not at its next round; a crowd of requests for one cold model wakes it once per `ask_wake_s`."""
+    woken: list[float] = []
+    router = Router(ask_wake_s=0.25)
+    router.on_ask(lambda: woken.append(trio.current_time()))
+    router.update_routes({"cold": state("cold", "absent"), "other": state("other", "absent")})
+
+    async def ask(model: str) -> None:
+        with pytest.raises(NoEndpoint):
+            async with router.acquire(model, deadline=trio.current_time() + 0.01):
+                pass
+
+    await trio.sleep(5)
+    await ask("cold")
+    assert woken == [5.0]
+    await ask("cold")
+    await ask("other")  # another model's first ask is news
+    assert woken == pytest.approx([5.0, 5.02])
+    router.take_activation_asks()
+    await ask("cold")  # read, but the last wake for it was under ask_wake_s ago: the next round takes it
+    assert woken == pytest.approx([5.0, 5.02])
+    router.take_activation_asks()
+    await trio.sleep(1)
+    await ask("cold")
+    assert woken == pytest.approx([5.0, 5.02, 6.04])
+
+
 async def test_ready_model_records_no_ask() -> None:
     router = Router()
     router.update_routes({"m": ready("m", "a")})

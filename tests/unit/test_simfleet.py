@@ -192,3 +192,25 @@ async def test_the_engine_server_answers_each_replica_at_its_path_at_its_tokens_
             assert gone.status_code == 404 and "slow-r1" in gone.json()["error"]["message"]
             assert (await http.get("/elsewhere")).status_code == 404
         nursery.cancel_scope.cancel()
+
+
+async def test_a_replica_sleeps_at_once_and_wakes_after_its_wake_delay(clock: trio.testing.MockClock) -> None:
+    """Fast wake in the fleet simulator: `sleep` reports sleeping at once, `wake` starting (phase waking) for the
+    model's `--wake-delay`, then ready at the same path; neither applies to a replica in another state."""
+    async with trio.open_nursery() as nursery:
+        node = Node(nursery)
+        node.runner.start("lazy-r1", sim_model("lazy", "--startup-delay", "5", "--wake-delay", "0.5"), [0])
+        node.runner.sleep("lazy-r1", 1)  # still starting: nothing to put to sleep
+        await trio.sleep(5.1)
+        node.runner.wake("lazy-r1")  # ready: nothing to wake
+        assert node.state("lazy-r1")[0] == "ready"
+        node.runner.sleep("lazy-r1", 1)
+        assert node.state("lazy-r1")[0] == "sleeping"
+        node.runner.wake("lazy-r1")
+        [obs] = node.runner.replicas()
+        assert (obs.state, obs.phase) == ("starting", "waking")
+        await trio.sleep(0.4)
+        assert node.state("lazy-r1")[0] == "starting"
+        await trio.sleep(0.2)
+        assert node.state("lazy-r1") == ("ready", "http://fleet/r/lazy-r1", "")
+        nursery.cancel_scope.cancel()

@@ -110,6 +110,7 @@ def definition_from_flags(
     slots: int | None = None,
     affinity: str | None = None,
     prefix_chars: int | None = None,
+    schedules: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     missing = flags.missing()
     if missing:
@@ -144,7 +145,41 @@ def definition_from_flags(
     routing = {k: v for k, v in (("affinity", affinity), ("prefix_chars", prefix_chars)) if v is not None}
     if routing:
         doc["routing"] = routing  # the rest stay the defaults; the range is checked by the API
+    if schedules:
+        doc["schedules"] = [schedule_from_flag(text) for text in schedules]
     return doc
+
+
+SCHEDULE_KEYS = ("start", "end", "duration_s", "min", "max")
+
+
+def schedule_from_flag(text: str) -> dict[str, Any]:
+    """One `--schedule` value, `start=CRON; end=CRON (or duration_s=SECONDS); min=N; max=N`, as a rule of the
+    definition's `schedules`; the API checks the crons and the numbers (400 invalid_model), ctl only the shape."""
+    rule: dict[str, Any] = {}
+    for part in text.split(";"):
+        if not part.strip():
+            continue
+        key, eq, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or key not in SCHEDULE_KEYS:
+            raise UsageError(f"--schedule {text!r}: {part.strip()!r} is not KEY=VALUE with a key of "
+                             f"{', '.join(SCHEDULE_KEYS)} (e.g. --schedule 'start=0 8 * * mon-fri; "
+                             f"end=0 18 * * mon-fri; min=2; max=4')")
+        if key in rule:
+            raise UsageError(f"--schedule {text!r}: {key} is given twice")
+        rule[key] = value if key in ("start", "end") else _number(value)
+    return rule
+
+
+def _number(text: str) -> Any:
+    """An int or float from a flag's text; the text itself when it is neither (the API names what is wrong)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
 
 
 def example_serve(*, name: str | None, engine: str | None, source: str | None) -> str:

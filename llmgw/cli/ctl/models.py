@@ -56,6 +56,7 @@ def model_serve(
     alias: Annotated[list[str] | None, Parameter(name="--alias", negative_iterable="")] = None,
     affinity: Annotated[Literal["prefix", "off"] | None, Parameter(name="--affinity")] = None,
     prefix_chars: Annotated[int | None, Parameter(name="--prefix-chars")] = None,
+    schedule: Annotated[list[str] | None, Parameter(name="--schedule", negative_iterable="")] = None,
     from_mirror: Annotated[str | None, Parameter(name="--from-mirror")] = None,
     yes: Annotated[bool, Parameter(name="--yes", negative="", show_default=False)] = False,
     session: SessionParam,
@@ -103,6 +104,11 @@ def model_serve(
     prefix_chars
         How many leading characters of a request prefix affinity reads (routing.prefix_chars, 1 to 1048576;
         default 4096).
+    schedule
+        A schedule rule: 'start=CRON; end=CRON; min=N; max=N' (or duration_s=SECONDS instead of end): from each
+        time the start cron matches (minute hour day month weekday, in the setting cluster.time_zone) until the
+        end, the model's replicas are between min and max (max 0: none). Repeat for more; where rules overlap,
+        the one that began last rules. Outside every rule, --min and --max apply.
     from_mirror
         Make the definition from this mirror file's metadata (engine, role, a profile that fits, the memory
         estimate; source mirror://NAME), show it with where it would run, and store it once confirmed. --name
@@ -116,7 +122,7 @@ def model_serve(
         others = [f for f, v in (("--file", file), ("--source", flags.source), ("--base", flags.base),
                                  ("--max-tokens", max_tokens), ("--max-n", max_n), ("--slots", slots),
                                  ("--fallback", fallback), ("--alias", alias), ("--affinity", affinity),
-                                 ("--prefix-chars", prefix_chars)) if v is not None]
+                                 ("--prefix-chars", prefix_chars), ("--schedule", schedule)) if v is not None]
         others += [f"--{k.replace('_s', '')}-timeout".replace("_", "-") for k, v in timeouts.items() if v is not None]
         if others:
             raise UsageError("model serve --from-mirror takes --name, --mode, --role, --engine, --min, --max, "
@@ -126,7 +132,7 @@ def model_serve(
         raise UsageError("--yes goes with --from-mirror")
     flags_given = bool(flags.given()) or cpu or any(
         v is not None for v in (min_, max_, gpus, arg, max_tokens, max_n, fallback, alias, slots,
-                                affinity, prefix_chars, *timeouts.values()))
+                                affinity, prefix_chars, schedule, *timeouts.values()))
     if file is not None:
         if flags_given:
             raise UsageError("model serve takes --file FILE or the model flags, not both")
@@ -136,7 +142,7 @@ def model_serve(
         definitions = [definition_from_flags(flags, min_=min_, max_=max_, gpus=gpus, cpu=cpu, args=arg,
                                              max_tokens=max_tokens, max_n=max_n, timeouts=timeouts,
                                              fallbacks=fallback, aliases=alias, slots=slots,
-                                             affinity=affinity, prefix_chars=prefix_chars)]
+                                             affinity=affinity, prefix_chars=prefix_chars, schedules=schedule)]
     answers: list[Any] = []
     failed = 0
     for definition in definitions:

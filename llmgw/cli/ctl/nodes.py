@@ -37,8 +37,9 @@ nodes_app.default(nodes_list)  # `ctl nodes` alone does the same
 
 @nodes_app.command(name="forget")
 def nodes_forget(name: str, /, *, session: SessionParam) -> int:
-    """Forget a lost node (gone past its grace period); a connected one is refused. A forgotten
-    node whose agent connects again simply reappears.
+    """Forget a lost node (gone past its grace period); a connected one is refused. Placements still
+    on it go with it, so no later leader finds it again. A forgotten node whose agent connects again
+    simply reappears.
 
     Parameters
     ----------
@@ -46,7 +47,13 @@ def nodes_forget(name: str, /, *, session: SessionParam) -> int:
         The node's name, as `llmgw ctl nodes` lists it.
     """
     return session.show_answer("DELETE", api_path("nodes", name),
-                               render=lambda d: f"forgot node {cell(dig(d, 'forgotten'))}")
+                               render=_forgot)
+
+
+def _forgot(d: Any) -> str:
+    removed = dig(d, "removed_placements")
+    went = f" and its placements {', '.join(cell(r) for r in removed)}" if isinstance(removed, list) and removed else ""
+    return f"forgot node {cell(dig(d, 'forgotten'))}{went}"
 
 
 @nodes_app.command(name="approve")

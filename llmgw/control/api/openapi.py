@@ -120,7 +120,21 @@ def _definition() -> Schema:
                          "prefix_chars": _int(1, model.MAX_PREFIX_CHARS)}, (), closed=True),
         # A LoRA adapter of this defined model: `source` is the adapter file's absolute path.
         "base": _MODEL_NAME,
+        # Schedule rules (domain/schedule.py): from each match of the `start` cron (cluster.time_zone) until the
+        # `end` cron or `duration_s` later, replicas between min and max.
+        "schedules": {**_arr(_rule(_CRON, _int(0, _REPLICAS_MAX), closed=True)), "maxItems": model.MAX_SCHEDULES},
+        # Fast wake: an idle on-demand vllm (or sim) model sleeps at this level instead of stopping; 0: off.
+        "sleep_level": {"type": "integer", "enum": list(model.SLEEP_LEVELS)},
     }, ("name", "source"), closed=True)
+
+
+_CRON = {"type": "string", "minLength": 9, "maxLength": 200}  # 5 fields: "0 8 * * mon-fri"
+
+
+def _rule(cron: Schema, count: Schema, *, closed: bool = False) -> Schema:
+    """A schedule rule: `start` and `min`, `max` required; `end` (a cron) or `duration_s` (60 s to 366 days)."""
+    return _obj({"start": cron, "end": cron, "duration_s": {"type": "number", "minimum": 60, "maximum": 366 * 86400},
+                 "min": count, "max": count}, ("start", "min", "max"), closed=closed)
 
 
 def _stored_definition() -> Schema:
@@ -142,6 +156,8 @@ def _stored_definition() -> Schema:
         "fallbacks": _arr(_STR), "aliases": _arr(_STR),
         "routing": _obj({"affinity": _null(_STR), "prefix_chars": _INT}),
         "base": _STR,  # a LoRA adapter's base model: only on adapters
+        "schedules": _arr(_rule(_STR, _INT)),  # only when set
+        "sleep_level": _INT,  # fast wake: only when set (1 or 2)
     }, shown)
 
 
@@ -152,7 +168,7 @@ def _estimate() -> Schema:
 
 def _activation() -> Schema:
     """A starting model's progress (llmgw/domain/activation.py; the gateway's 503 model_activating has it too)."""
-    return _obj({"phase": {"type": "string", "enum": ["placing", "fetching", "starting", "loading"]},
+    return _obj({"phase": {"type": "string", "enum": ["placing", "fetching", "starting", "loading", "waking"]},
                  "since": _null(_NUM), "bytes_done": _null(_INT), "bytes_total": _null(_INT),
                  "expected_s": _null(_NUM), "eta_s": _null(_NUM), "elapsed_s": _null(_NUM), "words": _STR},
                 ("phase",))
@@ -165,7 +181,12 @@ def _model() -> Schema:
                    # A LoRA adapter's state per replica of its base (loaded, loading, "failed: why"); a base's adapters.
                    "adapter_on": {"type": "object", "additionalProperties": _STR}, "adapters": _arr(_STR),
                    "breakers": _arr(_obj({"replica_id": _STR, "gateway": _STR, "reason": _STR, "since": _NUM,
-                                          "half_open": _BOOL}))},
+                                          "half_open": _BOOL})),
+                   # Only on a model with schedule rules: which rules now (`rule`: its index, null: none) and when
+                   # that changes next (unix seconds), with the bounds in force and a line of words.
+                   "schedule": _obj({"rule": _null(_INT), "min": _INT, "max": _INT, "since": _null(_NUM),
+                                     "until": _null(_NUM), "next_change": _null(_NUM), "time_zone": _STR,
+                                     "words": _STR}, ("rule", "min", "max", "next_change", "words"))},
                   ("desired", "ready", "starting", "state", "reason", "parked", "failures_in_row", "last_error",
                    "replicas"))
     return {"allOf": [_ref("StoredDefinition"), _obj({"status": status})]}
@@ -406,7 +427,9 @@ def _paths() -> Schema:
         "/api/v1/nodes": {"get": _op("every node the leader knows", _obj({"nodes": _arr(_obj(
             {"node": _STR, "state": _STR, "approval": _STR, "cordon": _STR, "drain": _null(_OBJ),
              "gpus": _null(_arr(_OBJ)), "replicas": _null(_arr(_STR)), "connected_at": _null(_NUM)}))}))},
-        "/api/v1/nodes/{name}": {"delete": _op("forget a lost node", _obj({"forgotten": _STR}),
+        "/api/v1/nodes/{name}": {"delete": _op("forget a lost node; the placements the state still holds there go in "
+                                                "the same command (`removed_placements`), so no later leader finds it "
+                                                "again", _obj({"forgotten": _STR, "removed_placements": _arr(_STR)}),
                                                errors=("404", "409"), params=(node,), write=True)},
         "/api/v1/nodes/{name}/approve": {"post": _op(
             "approve a node (while nodes.require_approval is on, a new node is pending: nothing is placed on it "

@@ -58,7 +58,7 @@ ROUTES: tuple[Route, ...] = (
           lambda c: settings.put(c.ctx, c.commit, c.path["key"], c.body), body=True),
     # Nodes.
     Route("GET", "/api/v1/nodes", VIEWER, lambda c: nodes.list_nodes(c.ctx)),
-    Route("DELETE", "/api/v1/nodes/<path:name>", ADMIN, lambda c: nodes.forget(c.ctx, c.path["name"])),
+    Route("DELETE", "/api/v1/nodes/<path:name>", ADMIN, lambda c: nodes.forget(c.ctx, c.commit, c.path["name"])),
     Route("POST", "/api/v1/nodes/<path:name>/approve", ADMIN,
           lambda c: nodes.approve(c.ctx, c.commit, c.path["name"])),
     Route("POST", "/api/v1/nodes/<path:name>/restart", ADMIN, lambda c: nodes.restart(c.ctx, c.path["name"])),

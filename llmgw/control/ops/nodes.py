@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from llmgw.control.context import Context
-from llmgw.control.ops import Commit
-from llmgw.domain import commands, summary
+from llmgw.control.ops import Commit, command_refusal
+from llmgw.domain import commands, levels, summary
 from llmgw.domain.observed import NodeInfo
 from llmgw.domain.state import ClusterState
 from llmgw.domain.trust import machine_id
@@ -20,14 +20,30 @@ async def list_nodes(ctx: Context) -> dict[str, Any]:
     return {"nodes": node_docs(ctx)}
 
 
-async def forget(ctx: Context, name: str) -> dict[str, Any]:
-    """Forget a lost node (its placements go); 409 while it is within its grace period."""
+async def forget(ctx: Context, commit: Commit, name: str) -> dict[str, Any]:
+    """Forget a lost node; 409 while it is within its grace period. The placements the state still holds
+    there go first, in the same command as the forgetting (`node.forget`): a new leader rebuilds its nodes
+    from the placements, and would otherwise find the forgotten node again. A group below store level 3
+    removes them one by one (`placement.remove`)."""
     if ctx.hub.node_state(name) == "unknown":
         raise AdminError(404, "node_not_found", f"no node named {name!r} is known to the leader")
-    refusal = ctx.hub.forget(name)
+    refusal = ctx.hub.why_not_forget(name)
     if refusal is not None:
         raise AdminError(409, "node_not_lost", refusal)
-    return {"forgotten": name}
+    state = ctx.state()
+    placed = sorted(rid for rid, p in state.placements.items() if p.node == name)
+    removed: list[str] = []
+    if placed and state.store_level >= levels.op_level("node.forget"):
+        removed = list((await commit(commands.forget_node(name, ctx.clock())) or {}).get("removed", []))
+    elif placed:
+        for rid in placed:
+            try:
+                await ctx.store.submit(commands.remove_placement(rid, ctx.clock(), reason=f"node {name} forgotten"))
+            except commands.CommandError as e:
+                raise command_refusal(e) from None
+        removed = placed
+    ctx.hub.forget(name)
+    return {"forgotten": name, "removed_placements": removed}
 
 
 def known_nodes(ctx: Context) -> list[str]:

@@ -37,9 +37,9 @@ from llmgw.domain.commands.health import became_ready, start_failed
 from llmgw.domain.commands.keys import add_key, revoke_key
 from llmgw.domain.commands.members import announce_member, forget_member, raise_level
 from llmgw.domain.commands.mirror import pin_file, put_file, remove_file
-from llmgw.domain.commands.nodes import approve_nodes, cordon_nodes
+from llmgw.domain.commands.nodes import approve_nodes, cordon_nodes, forget_node
 from llmgw.domain.commands.models import put_model, remove_model, retry_model
-from llmgw.domain.commands.placements import add_group, add_placement, remove_placement
+from llmgw.domain.commands.placements import add_group, add_placement, remove_placement, sleep_placement
 from llmgw.domain.commands.settings import put_setting
 from llmgw.domain.commands.usage import add_usage
 from llmgw.domain.state import ClusterState, Outcome, Refusal
@@ -67,6 +67,7 @@ __all__ = [
     "digest",
     "encode",
     "forget_member",
+    "forget_node",
     "make",
     "pin_file",
     "put_file",
@@ -82,6 +83,7 @@ __all__ = [
     "retry_model",
     "revoke_key",
     "set_policy",
+    "sleep_placement",
     "start_failed",
     "with_cid",
 ]
@@ -107,6 +109,7 @@ _OPS: dict[str, tuple[Check, Change]] = {
     "placement.add": (placements.check_add, placements.apply_add),
     "placement.add_group": (placements.check_add_group, placements.apply_add_group),
     "placement.remove": (placements.check_remove, placements.apply_remove),
+    "placement.sleep": (placements.check_sleep, placements.apply_sleep),
     "health.start_failed": (health.check, health.apply_start_failed),
     "health.ready": (health.check, health.apply_ready),
     "member.announce": (members.check_announce, members.apply_announce),
@@ -126,6 +129,7 @@ _OPS: dict[str, tuple[Check, Change]] = {
     "mirror.pin": (mirror.check_pin, mirror.apply_pin),
     "node.approve": (nodes.check_approve, nodes.apply_approve),
     "node.cordon": (nodes.check_cordon, nodes.apply_cordon),
+    "node.forget": (nodes.check_forget, nodes.apply_forget),
 }
 
 

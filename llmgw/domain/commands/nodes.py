@@ -1,8 +1,15 @@
 """The node commands: `node.approve` (nodes an operator let take placements while the setting
-`nodes.require_approval` is on) and `node.cordon` (maintenance: a cordoned node takes nothing new, a draining
-one also has its replicas moved elsewhere); their builders, stateless checks and changes. The rules that read
-them are `ClusterState.pending_nodes` (placement refuses a pending node with `awaiting_approval`) and
+`nodes.require_approval` is on), `node.forget` (a lost node an operator forgot: its placements go in the
+same command) and `node.cordon` (maintenance: a cordoned node takes nothing new, a draining one also has its
+replicas moved elsewhere); their builders, stateless checks and changes. The rules that read them are
+`ClusterState.pending_nodes` (placement refuses a pending node with `awaiting_approval`) and
 `ClusterState.cordoned_nodes` (placement refuses with `cordoned`; the reconciler drains, `reconcile.drain`).
+
+A node lives in the leader's memory (`control.hub`), which a new leader rebuilds from the placements in the
+state: a forgotten node that still held one would come back, as "waiting for node …" then lost, after every
+leader change. `node.forget` removes them with the forgetting, so no leader finds it again; a multi-node
+replica with a member there goes whole (what is left of it could not serve). Its approval stays: approval
+is trust in the machine, which `ctl nodes revoke` takes away, not the leader's memory of it.
 
 Approving a node already approved changes nothing (its first approval's time is kept): a retried commit,
 or the batch that approves every known node when the setting is turned on, is harmless.
@@ -19,6 +26,26 @@ from llmgw.domain.state import ClusterState
 
 NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")  # an agent's node name (wire.protocol_agent.ID_RE)
 APPROVE_MAX_NODES = 10_000  # one command approves at most this many (turning the setting on in a large fleet)
+
+
+def forget_node(name: str, at: float) -> dict[str, Any]:
+    return make("node.forget", at, node=name)
+
+
+def check_forget(c: dict[str, Any]) -> None:
+    name = c.get("node")
+    if not isinstance(name, str) or not NODE_RE.fullmatch(name):
+        raise CommandError("bad_command", f"{str(name)[:80]!r} is not a node name")
+
+
+def apply_forget(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    node = c["node"]
+    groups = {p.group for p in s.placements.values() if p.node == node and p.group}
+    gone = sorted(rid for rid, p in s.placements.items() if p.node == node or (p.group and p.group in groups))
+    if not gone:
+        return s, {"forgotten": node, "removed": []}
+    kept = {rid: p for rid, p in s.placements.items() if rid not in gone}
+    return replace(s, placements=readonly(kept)), {"forgotten": node, "removed": gone}
 
 
 def approve_nodes(names: list[str], at: float) -> dict[str, Any]:

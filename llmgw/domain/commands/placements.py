@@ -1,6 +1,6 @@
 """The placement commands: `placement.add` (one replica on one node's GPUs), `placement.add_group`
-(one multi-node replica, all members or none) and `placement.remove` (by replica id); their
-builders, stateless checks and changes.
+(one multi-node replica, all members or none), `placement.remove` (by replica id) and `placement.sleep`
+(a replica asleep or awake: fast wake); their builders, stateless checks and changes.
 
 A placement on GPUs already placed is refused (`gpu_taken`): a plan made on a stale snapshot, so
 the reconciler replans and never double-books. A removal of a replica no longer placed is no
@@ -126,3 +126,22 @@ def apply_remove(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Cluster
         return s, {"removed": False}  # idempotent: a rerun of the same plan is harmless
     placements = {k: v for k, v in s.placements.items() if k != rid}
     return replace(s, placements=readonly(placements)), {"removed": True}
+
+
+def sleep_placement(replica_id: str, asleep: bool, at: float) -> dict[str, Any]:
+    """Mark a replica asleep (its engine sleeps, it keeps its GPUs) or awake again (fast wake)."""
+    return make("placement.sleep", at, replica_id=replica_id, asleep=asleep)
+
+
+def check_sleep(c: dict[str, Any]) -> None:
+    required(c, "replica_id")
+    if type(c.get("asleep")) is not bool:
+        raise CommandError("bad_command", "asleep must be true or false")
+
+
+def apply_sleep(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    p = s.placements.get(c["replica_id"])
+    if p is None or p.asleep == c["asleep"]:
+        return s, {"changed": False}  # gone meanwhile, or already so: a rerun of the same plan is harmless
+    return replace(s, placements=readonly(s.placements | {p.replica_id: replace(p, asleep=c["asleep"])})), \
+        {"changed": True}

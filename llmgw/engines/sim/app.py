@@ -52,6 +52,10 @@ _ROUTES: dict[str, str] = {
     "/v1/rerank": "POST",  # llama.cpp's paths and shapes (tokens.py)
     "/tokenize": "POST",
     "/detokenize": "POST",
+    # vLLM's sleep mode (its dev-mode endpoints: `VLLM_SERVER_DEV_MODE=1`), modelled for fast wake.
+    "/sleep": "POST",
+    "/wake_up": "POST",
+    "/is_sleeping": "GET",
 }
 
 
@@ -73,6 +77,7 @@ class SimOptions:
     prefill_tokens_per_s: float = 0.0  # prompt reading speed past what the prefix cache holds; 0: instant
     prefix_cache_blocks: int = 4096  # the prefix cache's size (prefix.py), with prefill_tokens_per_s
     lora_lie: bool = False  # a LoRA adapter load answers 200 and loads nothing (lora.py)
+    wake_delay: float = 0.0  # fast wake: how long `POST /wake_up` takes (a cold start takes `startup_delay`)
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,7 @@ class SimApp(RawApp):
         self.adapters = SimAdapters(opts.model, opts.lora_lie)  # LoRA adapters, vLLM's runtime API (lora.py)
         self.vocabulary = sim_tokens.Vocabulary()
         self.reranked = 0  # rerank requests answered
+        self.sleep_level = 0  # vLLM's sleep mode, modelled: 0 awake, else the level it sleeps at
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -143,6 +149,10 @@ class SimApp(RawApp):
                 raise OpenAIError(405, "method_not_allowed", message, headers=[(b"allow", allowed.encode())])
             if path == "/health":
                 await send_json(send, 200, dumps({"status": "ok"}))
+            elif path in ("/sleep", "/wake_up", "/is_sleeping"):
+                await self._sleep_mode(path, scope, send)
+            elif self.sleep_level and path != "/v1/models":
+                raise OpenAIError(503, "engine_asleep", "the engine is asleep (POST /wake_up wakes it)")
             elif path == "/v1/models":
                 await send_json(send, 200, dumps(self._models()))
             else:
@@ -158,6 +168,25 @@ class SimApp(RawApp):
                     await self._generate(path, body, receive, send, ex)
         except OpenAIError as error:
             await send_json(send, error.status, dumps(error.doc()), error.headers)
+
+    async def _sleep_mode(self, path: str, scope: Scope, send: Send) -> None:
+        """vLLM's sleep mode as its API answers: `POST /sleep?level=1|2` frees the GPU at once (the sim holds
+        nothing: it stops serving), `POST /wake_up` serves again after `wake_delay`, `GET /is_sleeping`."""
+        if path == "/sleep":
+            query = dict(part.split("=", 1) for part in scope.get("query_string", b"").decode().split("&")
+                         if "=" in part)
+            level = query.get("level", "1")
+            if level not in ("1", "2"):
+                raise OpenAIError(400, "invalid_value", "level must be 1 or 2", param="level")
+            self.sleep_level = int(level)
+            await send_json(send, 200, b"{}")
+        elif path == "/wake_up":
+            if self.sleep_level:
+                await trio.sleep(self.opts.wake_delay)
+                self.sleep_level = 0
+            await send_json(send, 200, b"{}")
+        else:
+            await send_json(send, 200, dumps({"is_sleeping": bool(self.sleep_level)}))
 
     def _models(self) -> dict[str, Any]:
         return {

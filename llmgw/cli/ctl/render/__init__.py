@@ -11,6 +11,7 @@ from typing import Any
 
 from llmgw.domain.health import flap_words
 from llmgw.domain.model import PREFIX_CHARS, ModelDef, Routing
+from llmgw.domain.schedule import span_words
 
 REASON_WIDTH = 100  # tables cut long reasons; `ctl model show` prints them whole
 NO_MODELS = "no models defined — `llmgw ctl model serve --file examples/catalog.toml` adds some"
@@ -272,6 +273,12 @@ def _adapter_row(m: Any) -> list[Any]:
             f"{len(loaded)} loaded / {len(states)}", _state(dig(m, "status")), _short(reason)]
 
 
+def _sleep_level(level: Any) -> str:
+    """A model's `sleep_level` (fast wake), shown only when set."""
+    kept = {1: "weights kept in CPU RAM", 2: "weights discarded"}.get(level, "")
+    return f"sleeps when idle, level {level}" + (f" ({kept}); a request wakes it" if kept else "")
+
+
 def render_model(model: Mapping[str, Any]) -> str:
     status = dig(model, "status") or {}
     rows: list[tuple[str, Any]] = [
@@ -288,7 +295,11 @@ def render_model(model: Mapping[str, Any]) -> str:
         ("request limits", _limits(dig(model, "limits"))),
         ("upstream timeouts", _timeouts(dig(model, "timeouts"))),
         ("routing", _routing(model)),
+        # Shown only on a model with schedule rules: each rule, then which rules now and the next change.
+        *[("schedules", _rules(rules)) for rules in [dig(model, "schedules")] if isinstance(rules, list) and rules],
+        *[("schedule now", dig(ruled, "words")) for ruled in [dig(status, "schedule")] if isinstance(ruled, Mapping)],
         *([("adapter of", dig(model, "base"))] if dig(model, "base") else []),
+        *([("fast wake", _sleep_level(dig(model, "sleep_level")))] if dig(model, "sleep_level") else []),
         *[("adapters", ", ".join(map(str, names))) for names in [dig(status, "adapters")]
           if isinstance(names, list) and names],
         # Shown only when set (the API leaves them out otherwise): in the order the gateway tries them.
@@ -336,6 +347,18 @@ def render_model(model: Mapping[str, Any]) -> str:
                            _open_for(dig(b, "since"), now, dig(b, "half_open")), _short(dig(b, "reason"))]
                           for b in breakers)))
     return "\n".join(out)
+
+
+def _rules(rules: list[Any]) -> str:
+    """A model's schedule rules, numbered as `schedule now` names them: "1) 0 8 * * mon-fri until 0 18 * *
+    mon-fri: 2..4; 2) ..."."""
+    out = []
+    for i, r in enumerate(rules, 1):
+        span = dig(r, "duration_s")
+        end = f"until {cell(dig(r, 'end'))}" if dig(r, "end") else \
+            f"for {span_words(span) if isinstance(span, (int, float)) else cell(span)}"
+        out.append(f"{i}) {cell(dig(r, 'start'))} {end}: {cell(dig(r, 'min'))}..{cell(dig(r, 'max'))}")
+    return "; ".join(out)
 
 
 def _open_for(since: Any, now: float, half_open: Any) -> str | None:

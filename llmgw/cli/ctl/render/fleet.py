@@ -199,6 +199,7 @@ def _models(doc: Mapping[str, Any]) -> list[str]:
                          ([dig(m, "name"), dig(m, "engine"), dig(m, "role"), _ratio(dig(m, "ready"), dig(m, "desired")),
                            _state(m), _short(_why(m))] for m in shown)))
         out += [f"  {cell(dig(m, 'name'))}: {cell(words)}" for m in shown if (words := _activation(m))]
+        out += [f"  {cell(dig(m, 'name'))}: schedule {cell(words)}" for m in shown if (words := dig(m, "schedule"))]
     if left:
         out.append(left)
     return out
