@@ -198,6 +198,19 @@ def test_a_draining_node_gone_quiet_keeps_its_placements_for_its_grace_and_is_re
     assert [p.node for p in loop.state.placements.values() if p.node != "a"] == ["b"], "replaced meanwhile"
 
 
+def test_an_asleep_replica_on_a_draining_node_stops_and_is_not_moved() -> None:
+    loop = _loop(["m1"], ["a", "b"], replicas=2)
+    asleep = next(p for p in loop.state.placements.values() if p.node == "a")
+    loop.store.submit_nowait(commands.sleep_placement(asleep.replica_id, True, loop.now))
+    loop.store.submit_nowait(commands.put_model(model("m1").sim().replicas(1, 1).build(), loop.now))
+    loop.store.submit_nowait(commands.cordon_nodes(["a"], "drain", loop.now))
+    plan = loop.tick()
+    removed = [c for c in plan.commands if c["op"] == "placement.remove"]
+    assert [(c["replica_id"], c["reason"]) for c in removed] == [(asleep.replica_id,
+                                                                  "node draining: an asleep replica stops")]
+    assert not any(c["op"].startswith("placement.add") for c in plan.commands)
+
+
 # --- the property -----------------------------------------------------------------------------------------
 
 
