@@ -85,6 +85,12 @@ def test_a_cordoned_node_is_refused_with_its_reason() -> None:
     assert alone.choice is None and [r.code for r in alone.refusals] == ["cordoned"]
     assert "cordoned for maintenance" in alone.reason() and "ctl nodes uncordon a" in alone.reason()
     assert REASONS["cordoned"][0] == NOT_NOW
+    from llmgw.control.ops.plan import plan_doc
+    from llmgw.testing.builders import observed
+
+    state = applied(ClusterState(store_level=3), commands.cordon_nodes(["a"], "cordon", 1.0))
+    shown = plan_doc(demo, state, observed([nodes["a"]]))
+    assert shown["choice"] is None and "cordoned for maintenance" in str(shown), "ctl plan says why"
     grouped = model("grp").vllm().build()
     multi = replace(grouped, profile=replace(grouped.profile, gpus=1, tp=2, nodes=2))
     fab = {n: node(n).gpus(1, "h100-80g").engines("vllm").fabric("ib").build() for n in ("x", "y", "z")}
