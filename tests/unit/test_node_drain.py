@@ -248,3 +248,28 @@ def test_a_drain_never_leaves_a_served_model_without_a_ready_replica_and_ends_em
             break
     assert _on(loop, victim) == [], "capacity exists elsewhere: the drain ends with the node empty"
     assert decide(loop.state, loop.observed(), loop.now).drains[victim].left == 0
+
+
+# --- the admin API -------------------------------------------------------------------------------------------
+
+
+async def test_the_routes_answer_404_for_an_unknown_node_and_409_below_level_3() -> None:
+    from console_world import ADMIN, World
+
+    from llmgw.testing import MemoryStore
+
+    world = World(store=MemoryStore(ClusterState(store_level=2)), nodes=[cpu_node("n1", "sim")])
+    async with world.client(ADMIN) as api:
+        r = await api.post("/api/v1/nodes/n1/drain")
+        assert r.status_code == 409 and r.json()["error"]["code"] == "upgrade_pending", r.text
+        assert not world.store.snapshot().cordoned_nodes, "nothing was written"
+        r = await api.post("/api/v1/nodes/nowhere/cordon")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "node_not_found"
+        world.store.submit_nowait(commands.raise_level(3, 0.0))
+        r = await api.post("/api/v1/nodes/n1/drain")
+        assert r.status_code == 200 and r.json()["cordon"] == "drain" and r.json()["changed"] is True, r.text
+        assert r.json()["drain"]["left"] == 0
+        again = await api.post("/api/v1/nodes/n1/drain")
+        assert again.status_code == 200 and again.json()["changed"] is False
+        r = await api.post("/api/v1/nodes/n1/uncordon")
+        assert r.json() == {"node": "n1", "cordon": "none", "changed": True, "drain": None}
