@@ -1,5 +1,5 @@
 """The console's Do menu (`/do`): serve a model (with `ctl plan`'s verdict first), retry a parked model,
-approve a pending node, enable the judge, stop / start the system, guards on / off; and how to add a machine (`llmgw server add`).
+approve a pending node, cordon / drain / uncordon a node, enable the judge, stop / start the system, guards on / off; and how to add a machine (`llmgw server add`).
 
 Every action is two POSTs: the first shows what will happen and asks to confirm, the second does it
 through the admin API's own operations (`control/ops`: models, judges, system, settings) and shows the result,
@@ -38,6 +38,12 @@ if TYPE_CHECKING:
 
 SYSTEM = {"stop": True, "start": False}  # the form's `to` -> serving.stopped
 GUARDS = {"on": True, "off": False}  # the form's `to` -> guard.enabled
+CORDON_WORDS = {  # the confirmation's words, by the form's `verb`
+    "cordon": "node {name} takes no new replica once cordoned; what runs there stays",
+    "drain": "node {name} is cordoned and its replicas move to other nodes one at a time, each replacement ready "
+             "before the old one stops: no model loses its last ready replica",
+    "uncordon": "node {name} takes replicas again (a drain in progress stops; what moved stays where it is)",
+}
 PARKED_SHOWN = 50  # rows of the retry list; the rest are on Models (state parked), each page with its Retry
 
 
@@ -107,6 +113,27 @@ def register(app: QuartTrio) -> None:
                     f'may place replicas on it (<a href="/nodes/{esc(name)}">its page</a>, '
                     f"<code>llmgw ctl nodes</code>).")
         return await _result(session, f"Approve {name}", "approve", act())
+
+    @console_route(app, "/do/cordon", ("POST",), action=True)
+    async def cordon(session: Session, ctx: Context) -> str:
+        form = await _form()
+        name, verb = form.get("name", ""), form.get("verb", "")
+        if verb not in node_ops.CORDON_VERBS:
+            return _page("Cordon", _outcome(False, f"unknown action {verb!r}: cordon, drain or uncordon", "cordon"),
+                         session)
+        title = f"{verb.capitalize()} {name}"
+        if form.get("confirm") != "yes":
+            said = CORDON_WORDS[verb].format(name=name)
+            return _page(title, f"<p>{esc(said)}</p>" + _confirm(
+                session, "/do/cordon", title, {"name": name, "verb": verb}, "cordon"), session)
+
+        async def act() -> str:
+            answer = await node_ops.cordon(ctx, committer(ctx, session, form.get("token")), name, verb)
+            drain = answer.get("drain")
+            words = drain["words"] if drain else {"cordon": "cordoned", "none": "uncordoned"}[answer["cordon"]]
+            return (f"node {esc(name)}: {esc(words)} (<a href=\"/nodes/{esc(name)}\">its page</a>, "
+                    f"<code>llmgw ctl nodes</code>).")
+        return await _result(session, title, "cordon", act())
 
     @console_route(app, "/do/judge", ("POST",), action=True)
     async def judge(session: Session, ctx: Context) -> str:
@@ -231,6 +258,17 @@ def menu(session: Session, ctx: Context) -> str:
         out.append('<section class="card" id="do-approve"><h2>Approve a pending node</h2>' +
                    table(["Node", ""], rows, sortable=False, testid="pending-table",
                          empty="no node is waiting for approval") + more + "</section>")
+    known = node_ops.known_nodes(ctx)
+    rows = [[esc(n), esc(state.cordoned_nodes.get(n, "-")),
+             " ".join(_button("/do/cordon", csrf, {"name": n, "verb": v}, f"{v.capitalize()}…", f"{v}-{n}")
+                      for v in (("uncordon",) if n in state.cordoned_nodes else ("cordon", "drain")))]
+            for n in known[:PARKED_SHOWN]]
+    more = (f'<p class="more">… and {len(known) - PARKED_SHOWN} more: <code>llmgw ctl nodes cordon|drain NAME'
+            f'</code>.</p>' if len(known) > PARKED_SHOWN else "")
+    out.append('<section class="card" id="do-cordon"><h2>Cordon or drain a node</h2><p>For maintenance: a cordoned '
+               'node takes no new replica; a drained one also has its replicas moved elsewhere, one at a time.</p>' +
+               table(["Node", "Cordon", ""], rows, sortable=False, testid="cordon-table", empty="no node is known")
+               + more + "</section>")
     out.append('<section class="card" id="do-judge"><h2>Enable the judge</h2>' + judge_form(ctx, csrf) + "</section>")
     stopped = bool(effective(state.settings, "serving.stopped"))
     out.append(f'<section class="card" id="do-system"><h2>Stop / start the system</h2><p data-testid="system-state">'

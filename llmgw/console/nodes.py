@@ -129,6 +129,11 @@ def state_html(d: Mapping[str, Any]) -> str:
     if d.get("approval") == "pending":  # nodes.require_approval: nothing is placed on it until approved
         text += (' <span class="state pending" data-testid="node-pending">pending approval</span> '
                  f'(<code>llmgw ctl nodes approve {esc(str(d.get("node")))}</code>)')
+    drain = d.get("drain")
+    if d.get("cordon") == "drain" and isinstance(drain, Mapping):  # `ctl nodes drain`: its progress, what blocks it
+        text += f' <span class="state draining" data-testid="node-draining">{esc(str(drain.get("words")))}</span>'
+    elif d.get("cordon") == "cordon":
+        text += ' <span class="state cordoned" data-testid="node-cordoned">cordoned: nothing new is placed</span>'
     return text
 
 

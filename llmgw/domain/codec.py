@@ -86,6 +86,7 @@ LATER_FIELDS: Mapping[tuple[type, str], int] = {
     (ModelDef, "schedules"): 3,  # schedule rules (domain/schedule.py)
     (ModelDef, "sleep_level"): 3, (Placement, "asleep"): 3,  # fast wake (`placement.sleep`, reconcile/sleep.py)
     (ClusterState, "active_conditions"): 3,  # conditions posted as started (`condition.update`, llmgw/notify)
+    (ClusterState, "cordoned_nodes"): 3,  # cordoned and draining nodes (`node.cordon`)
 }
 # New values of fields every release reads, with the level that brought them: an earlier release reads the
 # value but cannot serve it (a model role it does not know).

@@ -26,6 +26,7 @@ RELEASES: Mapping[int, str] = {1: "0.1.0", 2: "0.2.0", 3: "0.3.0"}
 # Operations brought after level 1, with the level that brought them; every other known one is level 1.
 OPS_SINCE: Mapping[str, int] = {"mirror.put": 3, "mirror.remove": 3, "mirror.pin": 3,  # the model mirror
                                  "node.approve": 3,  # approved nodes (`nodes.require_approval`)
+                                 "node.cordon": 3,  # cordoned and draining nodes (maintenance)
                                  "node.forget": 3,  # a forgotten node's placements go with it
                                  "placement.sleep": 3,  # fast wake: a placement asleep or awake
                                  "condition.update": 3}  # conditions posted as started (llmgw/notify)

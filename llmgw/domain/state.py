@@ -185,7 +185,7 @@ class Member:
 # The mappings whose values are frozen dataclasses; `settings` holds JSON values, frozen deeply.
 _MAPPINGS = ("models", "keys", "placements", "health", "members", "usage", "usage_marks", "guard_policies",
              "authorities", "join_tokens", "machines", "revoked", "mirror", "approved_nodes",
-             "active_conditions")
+             "active_conditions", "cordoned_nodes")
 
 
 def _empty() -> MappingProxyType[str, Any]:
@@ -240,6 +240,9 @@ class ClusterState:
     # The conditions the leader posted as started and not yet as resolved (`condition.update`;
     # domain/active_conditions.py), by `kind:subject`: a new leader posts their "resolved", never their "started" again.
     active_conditions: MappingProxyType[str, ActiveCondition] = field(default_factory=_empty)
+    # Nodes under maintenance (`node.cordon`; `ctl nodes cordon|drain|uncordon`), by name -> "cordon" (nothing new
+    # is placed there) or "drain" (also: its replicas move elsewhere, one at a time; reconcile/drain.py).
+    cordoned_nodes: MappingProxyType[str, str] = field(default_factory=_empty)
 
     def __post_init__(self) -> None:
         # A read-only mapping is kept as is: `replace` passes the unchanged fields on, and

@@ -376,6 +376,15 @@ def summarize(
         shown = ", ".join(pending[:5]) + (f" and {len(pending) - 5} more" if len(pending) > 5 else "")
         warnings.append(f"{len(pending)} node(s) waiting for approval: {shown} (nothing is placed on them until "
                         f"`llmgw ctl nodes approve NAME`)")
+    for name, mode in sorted(state.cordoned_nodes.items()):  # maintenance (`ctl nodes cordon|drain`)
+        if mode == "drain":
+            left = len({p.group or p.replica_id for p in state.placements.values() if p.node == name})
+            warnings.append(f"node {name} is draining: {left} replica(s) left" if left else
+                            f"node {name} is drained: no replica left (`llmgw ctl nodes uncordon {name}` "
+                            f"ends it)")
+        else:
+            warnings.append(f"node {name} is cordoned: nothing new is placed on it (`llmgw ctl nodes uncordon "
+                            f"{name}` ends it)")
     members = cluster.get("members")
     warnings += member_warnings(members if isinstance(members, list) else [])
     return Summary(

@@ -43,10 +43,11 @@ def place(
     models: Mapping[str, ModelDef] | None = None,
     sources: Mapping[str, Mapping[str, Any]] | None = None,
     pending: Iterable[str] = (),
+    cordoned: Iterable[str] = (),
 ) -> PlacementResult:
     """Choose a node (and devices) for one more replica of `model`, with every other node's
     refusal; with `profile.nodes > 1`, the nodes of one more multi-node replica. `models` sizes
     the replicas already placed (see `FleetView`); `sources`: `Observed.sources`, for memory estimates;
-    `pending`: nodes waiting for approval."""
+    `pending`: nodes waiting for approval; `cordoned`: nodes cordoned or draining (`ClusterState.cordoned_nodes`)."""
     return FleetView(nodes, placements, {**(models or {}), model.name: model}, sources,
-                     pending).place(model, explain=True)
+                     pending, cordoned).place(model, explain=True)

@@ -45,6 +45,7 @@ REASONS: dict[str, tuple[str, str]] = {
     "node_busy": (NOT_NOW, "a multi-node replica needs a whole free node"),
     "reserved": (NEVER, "it would fit only in what the node reserves for other work (`llmgw agent --reserve`)"),
     "awaiting_approval": (NOT_NOW, "the node is waiting for approval (`nodes.require_approval`): `ctl nodes approve`"),
+    "cordoned": (NOT_NOW, "the node is cordoned or draining for maintenance: `ctl nodes uncordon` ends it"),
 }
 
 
@@ -258,6 +259,12 @@ def approval_refusal(node: str) -> Refusal:
     return Refusal(node, NOT_NOW, "awaiting_approval",
                    f"waiting for approval: nodes.require_approval is on and no operator approved this node yet "
                    f"(llmgw ctl nodes approve {node})")
+
+
+def cordon_refusal(node: str) -> Refusal:
+    """A cordoned or draining node takes nothing new (`ClusterState.cordoned_nodes`)."""
+    return Refusal(node, NOT_NOW, "cordoned",
+                   f"cordoned for maintenance: nothing new is placed here (llmgw ctl nodes uncordon {node})")
 
 
 def engine_refusal(model: ModelDef | Need, node: NodeInfo) -> Refusal | None:

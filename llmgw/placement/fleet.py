@@ -28,6 +28,7 @@ from llmgw.placement.filters import (
     PlacementResult,
     Refusal,
     approval_refusal,
+    cordon_refusal,
     devices,
     engine_refusal,
     gib,
@@ -48,9 +49,10 @@ class _Fit:
 
 
 class _Shape:
-    def __init__(self, info: NodeInfo, pending: bool = False) -> None:
+    def __init__(self, info: NodeInfo, pending: bool = False, cordoned: bool = False) -> None:
         self.rep = info  # any node of the shape judges for all of them (names are swapped in)
         self.pending = pending  # its nodes wait for approval: each refuses every replica
+        self.cordoned = cordoned  # its nodes are cordoned or draining: each refuses every new replica
         self.usable = frozenset(g.index for g in info.gpus if info.placeable(g))  # reserved ones are not
         self.capacity = len(self.usable)
         self.fabric = info.fabric
@@ -92,11 +94,13 @@ class FleetView:
     choice, `add(placement)` / `remove(replica_id)` as the plan (or the state) changes,
     `verdicts(model)` for every node's verdict. `models` sizes the replicas already placed
     (CPU memory); a placed replica of a model not given there counts as unknown size. `pending`:
-    nodes waiting for an operator's approval: listed, each refusing every replica (`awaiting_approval`)."""
+    nodes waiting for an operator's approval: listed, each refusing every replica (`awaiting_approval`);
+    `cordoned`: nodes under maintenance, likewise (`cordoned`)."""
 
     def __init__(self, nodes: Mapping[str, NodeInfo], placements: Iterable[Placement] = (),
                  models: Mapping[str, ModelDef] | None = None,
-                 sources: Mapping[str, Mapping[str, Any]] | None = None, pending: Iterable[str] = ()) -> None:
+                 sources: Mapping[str, Mapping[str, Any]] | None = None, pending: Iterable[str] = (),
+                 cordoned: Iterable[str] = ()) -> None:
         self.infos = nodes
         self.sources = sources  # `Observed.sources`: facts of sources no node reports, for estimates
         self.models = dict(models or {})
@@ -111,13 +115,13 @@ class FleetView:
         self._held: dict[str, Held] = {}
         shapes: dict[tuple[object, ...], _Shape] = {}
         self.nodes: dict[str, _Node] = {}
-        waiting = frozenset(pending)
+        waiting, fenced = frozenset(pending), frozenset(cordoned)
         for name in sorted(nodes):
             info = nodes[name]
-            key = (*_shape_key(info), name in waiting)
+            key = (*_shape_key(info), name in waiting, name in fenced)
             shape = shapes.get(key)
             if shape is None:
-                shape = shapes[key] = _Shape(info, name in waiting)
+                shape = shapes[key] = _Shape(info, name in waiting, name in fenced)
             self.nodes[name] = _Node(info, shape)
         self.shapes = [shapes[k] for k in shapes]
         self.placements: dict[str, Placement] = {}
@@ -401,6 +405,8 @@ def _judge(need: Need, shape: _Shape) -> Refusal | _Fit:
     info = shape.rep
     if shape.pending:
         return approval_refusal(info.node)
+    if shape.cordoned:
+        return cordon_refusal(info.node)
     if need.cpu:
         total = need.total
         if total is not None and 0 < info.memory_total < total:

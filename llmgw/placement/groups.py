@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from llmgw.domain.model import ModelDef
 from llmgw.placement.filters import (NEVER, NOT_NOW, Choice, Member, PlacementResult, Refusal, Verdict,
-                                     approval_refusal, engine_host, engine_refusal)
+                                     approval_refusal, cordon_refusal, engine_host, engine_refusal)
 
 if TYPE_CHECKING:  # FleetView hands its index over and calls these: a type, not a dependency
     from llmgw.placement.fleet import FleetView
@@ -80,6 +80,8 @@ def _whole_node(model: ModelDef, view: FleetView, name: str) -> tuple[int, tuple
     need = view.need(model)
     if node.shape.pending:
         return approval_refusal(name)
+    if node.shape.cordoned:
+        return cordon_refusal(name)
     if not info.fabric:
         return Refusal(name, NEVER, "no_fabric",
                        "node has no fabric configured: a multi-node replica runs within one fabric")

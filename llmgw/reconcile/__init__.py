@@ -30,7 +30,7 @@ from llmgw.domain.settings import effective
 from llmgw.domain.state import ClusterState, Placement, Strikes
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.placement import FleetView, PlacementResult, place
-from llmgw.reconcile import demand, sleep
+from llmgw.reconcile import demand, drain, sleep
 from llmgw.reconcile.adapters import adapter_loads, adapter_state, with_launch_lora
 from llmgw.reconcile.failures import (
     Scan,
@@ -114,6 +114,7 @@ class Plan:
     views: dict[str, ModelView]
     unplaceable: dict[str, str]  # model -> why no node fits
     evictions: tuple[demand.Eviction, ...] = ()  # idle replicas removed to make room (logged by the loop)
+    drains: Mapping[str, drain.DrainView] = field(default_factory=dict)  # draining node -> its progress
 
 
 def should_have(state: ClusterState, model: ModelDef, observed: Observed, now: float) -> int:
@@ -147,6 +148,10 @@ class _Pass:
     eviction_searches: int = 0
     slept: set[str] = field(default_factory=set)  # replicas this pass put to sleep (fast wake)
     pending: frozenset[str] = frozenset()  # nodes waiting for approval: nothing is placed on them  # how many unplaceable models looked for idle replicas to evict
+    draining: frozenset[str] = frozenset()  # nodes being drained (reconcile/drain.py)
+    moving: dict[str, str] = field(default_factory=dict)  # draining node -> the model whose move is in flight
+    blocked: dict[str, str] = field(default_factory=dict)  # draining node -> why its next replica cannot move
+    leaving: set[str] = field(default_factory=set)  # drained replicas out of the routes, stopped after the grace
 
     def remove(self, unit: Unit, why: str) -> None:
         for p in unit:
@@ -172,11 +177,13 @@ class _Pass:
         nodes: dict[str, NodeInfo] = self.observed.nodes
         if avoided:  # rare: a one-off plan without them
             elsewhere = place(model, {n: i for n, i in nodes.items() if n not in avoided}, self.live.values(),
-                              models=self.state.models, sources=self.observed.sources, pending=self.pending)
+                              models=self.state.models, sources=self.observed.sources, pending=self.pending,
+                              cordoned=self.state.cordoned_nodes)
             if elsewhere.choice is not None:
                 return elsewhere
         if self.view is None:
-            self.view = FleetView(nodes, self.live.values(), self.state.models, self.observed.sources, self.pending)
+            self.view = FleetView(nodes, self.live.values(), self.state.models, self.observed.sources, self.pending,
+                                  self.state.cordoned_nodes)
         return self.view.place(model)  # every refusal comes when nothing fits
 
     def _added(self, p: Placement) -> None:
@@ -202,7 +209,8 @@ class _Pass:
 def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeouts = TIMEOUTS) -> Plan:
     observed = demand.with_adapters(state, observed)  # a LoRA adapter's requests are its base's demand
     state = with_launch_lora(state)  # a llama.cpp base starts with its adapters' files
-    run = _Pass(state, observed, now, timeouts, live=dict(state.placements), pending=state.pending_nodes(observed.nodes))
+    run = _Pass(state, observed, now, timeouts, live=dict(state.placements), pending=state.pending_nodes(observed.nodes),
+                draining=drain.draining(state))
     # 1. Replicas that must go: their model went, their node is lost, they failed to start (a
     #    group: any member), an old definition's that does not serve. Failures are all counted
     #    before any "ready" is recorded, so the outcome never depends on replica id order.
@@ -214,6 +222,7 @@ def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeou
         if unit[0].replica_id in failed_units:
             run.cmds.append(failure_of[unit[0].replica_id])
     run.cmds.extend(ready_commands(state, found, now))
+    run.moving = drain.in_flight(state, found, run.draining)
 
     # 2. Scale each model toward what it should have now.
     unplaceable: dict[str, str] = {}
@@ -268,8 +277,10 @@ def decide(state: ClusterState, observed: Observed, now: float, timeouts: Timeou
 
     # A model this pass evicted is absent (waiting for a request), not a model that lost its replica.
     evicted = {e.model: e.why for e in run.evicted}
-    views, routes = _views(state, observed, now, timeouts, kept, desired, unplaceable, parking, evicted)
-    return Plan(tuple(run.cmds), tuple(actions), routes, views, unplaceable, tuple(run.evicted))
+    serving = {rid: p for rid, p in kept.items() if rid not in run.leaving} if run.leaving else kept
+    views, routes = _views(state, observed, now, timeouts, serving, desired, unplaceable, parking, evicted)
+    drains = drain.views(run.draining, kept, run.moving, run.blocked) if run.draining else {}
+    return Plan(tuple(run.cmds), tuple(actions), routes, views, unplaceable, tuple(run.evicted), drains)
 
 
 def _scale(run: _Pass, model: ModelDef, want: int, found: Scan) -> str:
@@ -280,6 +291,13 @@ def _scale(run: _Pass, model: ModelDef, want: int, found: Scan) -> str:
     nowhere else."""
     name, launch = model.name, launch_of(model)
     mine = [u for u in found.kept.get(name, []) if u[0].replica_id not in run.removed]
+    moving: list[Unit] = []  # its replicas on a draining node (reconcile/drain.py)
+    if run.draining:
+        moving = oldest_first([u for u in mine if drain.on(u, run.draining)])
+        mine = [u for u in mine if not drain.on(u, run.draining)]
+        for unit in [u for u in moving if u[0].asleep]:  # serves nothing: stopped, not moved (woken elsewhere)
+            run.remove(unit, "node draining: an asleep replica stops")
+        moving = [u for u in moving if not u[0].asleep]
     fresh = oldest_first([u for u in mine if u[0].launch_hash == launch])
     stale = oldest_first([u for u in mine if u[0].launch_hash != launch])
     asleep = [u for u in fresh if u[0].asleep]  # fast wake (reconcile/sleep.py): woken before any is placed
@@ -305,12 +323,20 @@ def _scale(run: _Pass, model: ModelDef, want: int, found: Scan) -> str:
     for old in stale[: max(0, len(stale) - still_needed)]:
         run.remove(old, "definition changed")
     stale = stale[max(0, len(stale) - still_needed):]
+    if moving:
+        moving = _drain(run, moving, fresh, max(0, still_needed - len(stale)), ready)
+    normal = max(0, want - len(fresh) - len(moving))  # what it places whatever the drain; the rest replace `moving`
     health = run.state.model_health(name)
     avoided = avoided_nodes(run.state, health, run.now, run.timeouts) if health.nodes else {}
     failed_now = found.failed_slots.get(name, set())
-    for slot in free_slots({u[0].slot for u in fresh + asleep}, want - len(fresh)):
+    for i, slot in enumerate(free_slots({u[0].slot for u in fresh + asleep}, want - len(fresh))):
         if slot in failed_now or slot_wait(health, slot, run.now, run.timeouts) > 0:
             continue  # this slot backs off; the others are not held back by it
+        there: list[str] = []  # the draining nodes this placement moves a replica off
+        if i >= normal:
+            there = sorted({p.node for p in moving[i - normal] if p.node in run.draining})
+            if any(n in run.moving for n in there):
+                continue  # one move at a time per node: the next waits for the one in flight
         if any(e.model == name for e in run.evicted):
             break  # evicted by this pass to make room: not placed again elsewhere
         result = run.place(model, avoided)
@@ -326,10 +352,34 @@ def _scale(run: _Pass, model: ModelDef, want: int, found: Scan) -> str:
                 run.remove((run.live[e.replica_id],), e.why)
             run.evicted.extend(victims)
             result = run.place(model, avoided)
+        if result.choice is None and there:
+            for n in there:  # the drain waits, and says why; the model itself still serves
+                run.blocked.setdefault(n, f"nowhere to go for {name}: {result.reason()}")
+            continue
         if result.choice is None:
             return result.reason()
         run.add(model, result, slot)
+        for n in there:
+            run.moving[n] = name
     return ""
+
+
+def _drain(run: _Pass, moving: list[Unit], fresh: list[Unit], needed: int, ready: set[str]) -> list[Unit]:
+    """Of a model's replicas on draining nodes, those kept as stand-ins (serving, while fewer than `needed`
+    replicas elsewhere are ready). One that does not serve moves at once (one whose node is gone quiet is
+    left to the node's grace period); one no longer needed leaves
+    the routes, and is removed `drain_stop_grace_s` after its replacement became ready."""
+    serving = [u for u in moving if u[0].replica_id in ready]
+    for u in moving:  # one on a node gone quiet stays placed (its node's grace period rules it), and is replaced
+        if u[0].replica_id not in ready and all(p.node in run.observed.nodes for p in u):
+            run.remove(u, "node draining: moved before it served")
+    since = drain.ready_since(fresh, ready, run.observed)
+    for u in serving[needed:]:
+        if since is None or run.now >= since + run.timeouts.drain_stop_grace_s:
+            run.remove(u, "node draining: moved to another node (its replacement serves)")
+        else:  # out of the routes now: its requests in flight finish meanwhile
+            run.leaving.update(p.replica_id for p in u)
+    return serving[:needed]
 
 
 def _views(

@@ -266,7 +266,8 @@ def evictions(
     (then fewer victims, then the node's name). A model that is itself idle evicts nothing."""
     live = list(state.placements.values() if placements is None else placements)
     if refusal is None:
-        refusal = place(need, observed.nodes, live, sources=observed.sources, pending=state.pending_nodes(observed.nodes))
+        refusal = place(need, observed.nodes, live, sources=observed.sources, pending=state.pending_nodes(observed.nodes),
+                        cordoned=state.cordoned_nodes)
     if refusal.choice is not None:
         return []  # it fits as things are
     if refusal.refusals and not refusal.summary \
@@ -281,7 +282,8 @@ def evictions(
     if not victims:
         return []
     src = observed.sources
-    pending = state.pending_nodes(observed.nodes)  # waiting for approval: no room is made for them
+    # Waiting for approval, or cordoned: no room is made for them.
+    pending = state.pending_nodes(observed.nodes) | frozenset(state.cordoned_nodes)
     nodes = {n: i for n, i in observed.nodes.items() if n not in pending} if pending else observed.nodes
     chosen = _multi_node(need, nodes, live, victims, src) if need.profile.nodes > 1 else \
         _one_node(need, nodes, live, victims, src)

@@ -118,6 +118,7 @@ def test_the_generated_states_are_not_trivial() -> None:
         (commands.put_file("tiny", "a" * 64, 10, "gguf", {"architecture": "llama"}, 18.0), None),  # level 3
         (commands.approve_nodes(["n1"], 19.0), None),  # level 3
         (commands.update_conditions([Condition("model_parked", "a", "critical", "parked")], [], 20.0), None),  # 3
+        (commands.cordon_nodes(["n1"], "drain", 20.0), None),  # level 3
     ])
     for f in dataclasses.fields(ClusterState):
         if f.name == "store_level" and levels.LEVEL == 1:

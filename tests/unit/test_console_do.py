@@ -217,3 +217,29 @@ async def test_approve_lists_the_pending_nodes_and_approves_one_as_the_api_does(
     async with world.client(ADMIN) as api:
         shown = {n["node"]: n["approval"] for n in (await api.get("/api/v1/nodes")).json()["nodes"]}
     assert shown == {"old": "approved", "new": "approved"}
+
+
+async def test_cordon_drain_and_uncordon_from_do_as_the_api_does() -> None:
+    store = store_with([model("m1").sim()])
+    world = World(store=store, nodes=[node("a").engines("sim").build(), node("b").engines("sim").build()])
+    async with world.client() as c:
+        await sign_in(c)
+        menu = (await c.get("/do")).text
+        assert [r[0] for r in rows(menu, "cordon-table")] == ["a", "b"]
+        assert 'data-testid="drain-a"' in menu and 'data-testid="uncordon-a"' not in menu
+        page, done = await confirm(c, "/do/cordon", {"name": "a", "verb": "drain"})
+        assert "replicas move to other nodes one at a time" in page
+        assert 'data-outcome="done"' in done.text and "node a: drained: no replica left" in text_of(done.text, "action-result")
+        assert dict(world.store.snapshot().cordoned_nodes) == {"a": "drain"}
+        menu = (await c.get("/do")).text
+        assert 'data-testid="uncordon-a"' in menu and 'data-testid="drain-a"' not in menu
+        nodes_page = (await c.get("/nodes")).text
+        assert 'data-testid="node-draining"' in nodes_page
+        _, done = await confirm(c, "/do/cordon", {"name": "a", "verb": "uncordon"})
+        assert "node a: uncordoned" in text_of(done.text, "action-result")
+    assert dict(world.store.snapshot().cordoned_nodes) == {}
+    async with world.client(ADMIN) as api:
+        r = await api.post("/api/v1/nodes/b/cordon")
+        assert r.status_code == 200 and r.json()["changed"] is True
+        shown = {n["node"]: n["cordon"] for n in (await api.get("/api/v1/nodes")).json()["nodes"]}
+    assert shown == {"a": "none", "b": "cordon"}

@@ -109,3 +109,51 @@ def test_approve_sends_one_post_with_a_key_and_says_what_it_did() -> None:
     again = FakeApi().on("POST", "/api/v1/nodes/gpu-09/approve",
                          json_body={"approved": "gpu-09", "already": True, "approved_at": 1.0})
     assert ctl(["nodes", "approve", "gpu-09"], again).out.strip() == "node gpu-09: already approved"
+
+
+def test_cordoned_and_draining_nodes_show_so_with_the_drain_progress() -> None:
+    doc = {"nodes": [{**NODES["nodes"][0], "node": "gpu-07", "cordon": "drain",
+                      "drain": {"left": 2, "moving": "llama", "blocked": None,
+                                "words": "draining: 2 replicas left; moving llama (waiting for its replacement "
+                                         "to be ready)"}},
+                     {**NODES["nodes"][0], "node": "gpu-08", "cordon": "cordon", "drain": None},
+                     {**NODES["nodes"][0], "cordon": "none", "drain": None}]}
+    r = ctl(["nodes"], FakeApi().on("GET", "/api/v1/nodes", json_body=doc))
+    assert r.rc == 0
+    rows = {line.split()[0]: line for line in r.out.splitlines() if line.startswith("gpu-0")}
+    assert "connected, draining" in rows["gpu-07"] and "connected, cordoned" in rows["gpu-08"]
+    assert "cordoned" not in rows["gpu-01"] and "draining" not in rows["gpu-01"]
+    assert "node gpu-07: draining: 2 replicas left; moving llama" in r.out
+    assert "llmgw ctl nodes uncordon NAME" in r.out
+
+
+def test_cordon_drain_and_uncordon_each_send_one_post() -> None:
+    for verb, answer, said in (
+            ("cordon", {"node": "n1", "cordon": "cordon", "changed": True, "drain": None},
+             "node n1: cordoned: nothing new is placed on it"),
+            ("drain", {"node": "n1", "cordon": "drain", "changed": True,
+                       "drain": {"left": 1, "moving": None, "blocked": "nowhere to go for m: no node has sim",
+                                 "words": "draining: 1 replica left; blocked: nowhere to go for m: no node has sim"}},
+             "node n1: draining: 1 replica left; blocked: nowhere to go for m: no node has sim"),
+            ("uncordon", {"node": "n1", "cordon": "none", "changed": False, "drain": None},
+             "node n1: uncordoned: it takes replicas again (already so)")):
+        api = FakeApi().on("POST", f"/api/v1/nodes/n1/{verb}", json_body=answer)
+        r = ctl(["nodes", verb, "n1"], api)
+        assert r.rc == 0 and r.out.strip() == said, r.out
+        [request] = api.requests
+        assert request.headers["idempotency-key"]
+
+
+def test_drain_wait_follows_the_drain_until_the_node_is_empty() -> None:
+    drained = {"nodes": [{"node": "n1", "state": "connected", "cordon": "drain",
+                          "drain": {"left": 0, "moving": None, "blocked": None, "words": "drained: no replica left"}}]}
+    api = (FakeApi().on("POST", "/api/v1/nodes/n1/drain", json_body={"node": "n1", "cordon": "drain", "changed": True})
+           .on("GET", "/api/v1/nodes", json_body=drained))
+    r = ctl(["nodes", "drain", "n1", "--wait"], api)
+    assert r.rc == 0 and r.out.strip() == "node n1: drained: no replica left", r.out
+    assert [(q.method, q.url.path) for q in api.requests] == [("POST", "/api/v1/nodes/n1/drain"),
+                                                              ("GET", "/api/v1/nodes")]
+    gone = FakeApi().on("POST", "/api/v1/nodes/n1/drain", json_body={}).on(
+        "GET", "/api/v1/nodes", json_body={"nodes": [{"node": "n1", "cordon": "none", "drain": None}]})
+    r = ctl(["nodes", "drain", "n1", "--wait"], gone)
+    assert r.rc != 0 and "no longer draining" in r.err

@@ -155,7 +155,7 @@ def test_the_pickled_form_is_plain_dicts_so_files_from_before_still_load():
     assert written == {**plain, "outcomes": [], "refusals": (), "members": {}, "usage": {}, "usage_marks": {},
                        "guard_policies": {}, "authorities": {}, "join_tokens": {}, "machines": {}, "revoked": {},
                        "raft_tls_since": 0.0, "store_level": 1, "mirror": {}, "approved_nodes": {},
-                       "active_conditions": {}}
+                       "active_conditions": {}, "cordoned_nodes": {}}
 
 
 # --- property: whatever the commands, every state is read-only and earlier states never change --------------------

@@ -1,5 +1,6 @@
 """The `nodes` commands: every node the leader knows (connected, disconnected within its grace
-period, or lost), with its GPUs, engines and storage; approving a pending one, and forgetting a lost one."""
+period, or lost), with its GPUs, engines and storage; approving a pending one, cordoning, draining and
+uncordoning one (maintenance), and forgetting a lost one."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ def register(app: cyclopts.App) -> None:
     app.command(nodes_app)
 
 
-nodes_app = cyclopts.App(name="nodes", help="The nodes (agents) the leader knows; approve a pending one, restart "
-                                             "one's agent, forget a lost one.")
+nodes_app = cyclopts.App(name="nodes", help="The nodes (agents) the leader knows; approve a pending one, cordon, "
+                                             "drain or uncordon one, restart one's agent, forget a lost one.")
 
 
 @nodes_app.command(name="list")
@@ -69,6 +70,83 @@ def nodes_approve(name: str, /, *, session: SessionParam) -> int:
     return session.show_answer("POST", api_path("nodes", name, "approve"),
                                render=lambda d: f"node {cell(dig(d, 'approved'))}: "
                                                 f"{'already approved' if dig(d, 'already') else 'approved'}")
+
+
+def _cordon(verb: str, name: str, session: SessionParam) -> int:
+    return session.show_answer("POST", api_path("nodes", name, verb), render=render_cordon)
+
+
+@nodes_app.command(name="cordon")
+def nodes_cordon(name: str, /, *, session: SessionParam) -> int:
+    """Cordon a node for maintenance: nothing new is placed on it (placement says `cordoned`); what runs
+    there stays. `llmgw ctl nodes uncordon NAME` ends it.
+
+    Parameters
+    ----------
+    name
+        The node's name, as `llmgw ctl nodes` lists it.
+    """
+    return _cordon("cordon", name, session)
+
+
+@nodes_app.command(name="drain")
+def nodes_drain(name: str, /, *, wait: Annotated[bool, Parameter(
+        help="Follow the drain until the node is empty, saying each change of its progress (at most "
+             "ctl_node_drain_s), or return at once (default).")] = False, session: SessionParam) -> int:
+    """Drain a node: cordon it, and move its replicas to other nodes one at a time. Each replacement is
+    ready before the old replica leaves the gateways' routes (its requests in flight finish, for at most
+    drain_stop_grace_s), so a model never loses its last ready replica. `llmgw ctl nodes` shows the
+    progress ("draining: k replicas left") and what blocks it (nowhere to go, with placement's reasons).
+
+    Parameters
+    ----------
+    name
+        The node's name, as `llmgw ctl nodes` lists it.
+    """
+    if not wait:
+        return _cordon("drain", name, session)
+    session.request("POST", api_path("nodes", name, "drain"))
+    deadline = time.monotonic() + TIMEOUTS.ctl_node_drain_s
+    said = ""
+    while True:
+        _, doc = session.request("GET", api_path("nodes"))
+        node = next((n for n in dig(doc, "nodes") or [] if isinstance(n, Mapping) and n.get("node") == name), None)
+        drain = node.get("drain") if node is not None else None
+        if node is None or not isinstance(drain, Mapping):
+            raise CtlError(f"node {name} is no longer draining (uncordoned meanwhile?): `llmgw ctl nodes` says more")
+        words = clean(str(drain.get("words")))
+        if drain.get("left") == 0:
+            session.show(node, lambda n: f"node {name}: {words}")
+            return EXIT_OK
+        if words != said:
+            session.note(f"node {name}: {words}")
+            said = words
+        if time.monotonic() > deadline:
+            raise CtlError(f"node {name} is not drained within {TIMEOUTS.ctl_node_drain_s:g} s: {words} (the drain "
+                           f"goes on; `llmgw ctl nodes` follows it)")
+        time.sleep(TIMEOUTS.ctl_poll_s)
+
+
+@nodes_app.command(name="uncordon")
+def nodes_uncordon(name: str, /, *, session: SessionParam) -> int:
+    """End a node's cordon or drain: it takes replicas again (those already moved stay where they are).
+
+    Parameters
+    ----------
+    name
+        The node's name, as `llmgw ctl nodes` lists it.
+    """
+    return _cordon("uncordon", name, session)
+
+
+def render_cordon(doc: Mapping[str, Any]) -> str:
+    mode, name = dig(doc, "cordon"), cell(dig(doc, "node"))
+    words = {"cordon": "cordoned: nothing new is placed on it", "drain": "draining",
+             "none": "uncordoned: it takes replicas again"}.get(str(mode), str(mode))
+    drain = dig(doc, "drain")
+    if isinstance(drain, Mapping) and drain.get("words"):
+        words = clean(str(drain["words"]))
+    return f"node {name}: {words}" + ("" if dig(doc, "changed") else " (already so)")
 
 
 @nodes_app.command(name="restart")
@@ -134,6 +212,12 @@ def render_nodes(doc: Mapping[str, Any]) -> str:
         kept = _reserve(n)
         if kept:
             out += ["", f"{cell(n.get('node'))}: reserved for other work (--reserve): {kept}"]
+    for n in nodes:
+        drain = n.get("drain") if isinstance(n, Mapping) else None
+        if isinstance(drain, Mapping) and drain.get("words"):
+            out += ["", f"node {cell(n.get('node'))}: {clean(str(drain['words']))}"]
+    if any(isinstance(n, Mapping) and n.get("cordon") in ("cordon", "drain") for n in nodes):
+        out += ["", "cordoned and draining nodes take no new replica: `llmgw ctl nodes uncordon NAME` ends it"]
     if any(isinstance(n, Mapping) and n.get("approval") == "pending" for n in nodes):
         out += ["", "pending nodes take no replica until approved: `llmgw ctl nodes approve NAME`"]
     lost = [n for n in nodes if isinstance(n, Mapping) and n.get("state") == "lost"]
@@ -145,6 +229,10 @@ def render_nodes(doc: Mapping[str, Any]) -> str:
 def _state(n: Mapping[str, Any]) -> Any:
     """The node's state, with `pending` while it waits for approval (`nodes.require_approval`)."""
     state = n.get("state")
+    if n.get("cordon") == "cordon":
+        state = f"{state}, cordoned"
+    elif n.get("cordon") == "drain":
+        state = f"{state}, draining"
     return f"{state}, pending" if n.get("approval") == "pending" else state
 
 

@@ -425,8 +425,8 @@ def _paths() -> Schema:
                        write=True),
         },
         "/api/v1/nodes": {"get": _op("every node the leader knows", _obj({"nodes": _arr(_obj(
-            {"node": _STR, "state": _STR, "approval": _STR, "gpus": _null(_arr(_OBJ)), "replicas": _null(_arr(_STR)),
-             "connected_at": _null(_NUM)}))}))},
+            {"node": _STR, "state": _STR, "approval": _STR, "cordon": _STR, "drain": _null(_OBJ),
+             "gpus": _null(_arr(_OBJ)), "replicas": _null(_arr(_STR)), "connected_at": _null(_NUM)}))}))},
         "/api/v1/nodes/{name}": {"delete": _op("forget a lost node; the placements the state still holds there go in "
                                                 "the same command (`removed_placements`), so no later leader finds it "
                                                 "again", _obj({"forgotten": _STR, "removed_placements": _arr(_STR)}),
@@ -436,6 +436,15 @@ def _paths() -> Schema:
             "until approved); remembered in the cluster state. Approving twice is no error (`already`)",
             _obj({"approved": _STR, "already": _BOOL, "approved_at": _null(_NUM)}), errors=("404",), params=(node,),
             write=True)},
+        **{f"/api/v1/nodes/{{name}}/{verb}": {"post": _op(
+            what + "; kept in the cluster state. Asking for what holds already is no error (`changed` false)",
+            _obj({"node": _STR, "cordon": _STR, "changed": _BOOL, "drain": _null(_obj(
+                {"left": _INT, "moving": _null(_STR), "blocked": _null(_STR), "words": _STR}))}),
+            errors=("404", "409"), params=(node,), write=True)} for verb, what in (
+            ("cordon", "cordon a node for maintenance: nothing new is placed on it, what runs there stays"),
+            ("drain", "drain a node: cordon it, and move its replicas elsewhere one at a time (each replacement "
+                      "ready before the old one leaves the routes; the old one stops drain_stop_grace_s later)"),
+            ("uncordon", "uncordon a node: ends a cordon or a drain (replicas already moved stay where they are)"))},
         "/api/v1/nodes/{name}/restart": {"post": _op(
             "ask a connected node's agent to restart in place (engines keep serving, adopted)",
             _obj({"restarting": _STR, "connected_at": _null(_NUM)}), errors=("404", "409", "503"), params=(node,),

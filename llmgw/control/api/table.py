@@ -62,6 +62,12 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/api/v1/nodes/<path:name>/approve", ADMIN,
           lambda c: nodes.approve(c.ctx, c.commit, c.path["name"])),
     Route("POST", "/api/v1/nodes/<path:name>/restart", ADMIN, lambda c: nodes.restart(c.ctx, c.path["name"])),
+    Route("POST", "/api/v1/nodes/<path:name>/cordon", ADMIN,
+          lambda c: nodes.cordon(c.ctx, c.commit, c.path["name"], "cordon")),
+    Route("POST", "/api/v1/nodes/<path:name>/drain", ADMIN,
+          lambda c: nodes.cordon(c.ctx, c.commit, c.path["name"], "drain")),
+    Route("POST", "/api/v1/nodes/<path:name>/uncordon", ADMIN,
+          lambda c: nodes.cordon(c.ctx, c.commit, c.path["name"], "uncordon")),
     Route("POST", "/api/v1/nodes/<path:name>/upgrade", ADMIN,
           lambda c: upgrade.upgrade_node(c.ctx, c.path["name"], c.body), body=True),
     # Gateways (the leader's streams).

@@ -1,5 +1,6 @@
 """Nodes: every node the leader knows (connected, disconnected within its grace period, or lost),
-forgetting a lost one, and approving one (while `nodes.require_approval` is on, a new node is pending)."""
+forgetting a lost one, approving one (while `nodes.require_approval` is on, a new node is pending), and
+cordoning, draining and uncordoning one (maintenance: reconcile/drain.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from llmgw.domain import commands, levels, summary
 from llmgw.domain.observed import NodeInfo
 from llmgw.domain.state import ClusterState
 from llmgw.domain.trust import machine_id
+from llmgw.reconcile.drain import DrainView
 from llmgw.errors import AdminError
 
 
@@ -66,6 +68,38 @@ async def approve(ctx: Context, commit: Commit, name: str) -> dict[str, Any]:
     return {"approved": name, "already": False, "approved_at": ctx.state().approved_nodes.get(name)}
 
 
+CORDON_VERBS = {"cordon": "cordon", "drain": "drain", "uncordon": "none"}  # the route's verb -> node.cordon's mode
+
+
+async def cordon(ctx: Context, commit: Commit, name: str, verb: str) -> dict[str, Any]:
+    """Cordon a node (nothing new is placed on it), drain it (also: its replicas move elsewhere, one at a time,
+    each replaced before it stops) or uncordon it (either ends). 404 for a node the leader does not know.
+    Asking for what holds already is no error (`changed` false)."""
+    mode = CORDON_VERBS[verb]
+    if name not in known_nodes(ctx) and name not in ctx.state().cordoned_nodes:
+        raise AdminError(404, "node_not_found", f"no node named {name!r} is known to the leader")
+    before = ctx.state().cordoned_nodes.get(name, "none")
+    if before != mode:
+        await commit(commands.cordon_nodes([name], mode, ctx.clock()))
+    return {"node": name, "cordon": ctx.state().cordoned_nodes.get(name, "none"), "changed": before != mode,
+            "drain": drain_doc(ctx, name)}
+
+
+def drain_doc(ctx: Context, name: str) -> dict[str, Any] | None:
+    """A draining node's progress as the reconciler's last pass saw it: `left` (replicas still placed there),
+    `moving` (the model whose replacement starts), `blocked` (why the next cannot move), `words`; None
+    when the node is not draining."""
+    state = ctx.state()
+    if state.cordoned_nodes.get(name) != "drain":
+        return None
+    plan = ctx.reconciler.last_plan
+    seen = plan.drains.get(name) if plan is not None else None
+    if seen is None:  # drained from this command on: the reconciler has not passed yet
+        left = len({p.group or p.replica_id for p in state.placements.values() if p.node == name})
+        seen = DrainView(name, left)
+    return {"left": seen.left, "moving": seen.moving or None, "blocked": seen.blocked or None, "words": seen.words()}
+
+
 def approval(state: ClusterState, name: str) -> str:
     """approved (an operator approved it, or it was known when approval was first required); pending
     (approval is required and it has none: nothing is placed on it); not_required (the setting is off)."""
@@ -115,6 +149,8 @@ def node_docs(ctx: Context) -> list[dict[str, Any]]:
             "gpus": gpus,
             "state": hub.node_state(name),
             "approval": approval(state, name),
+            "cordon": state.cordoned_nodes.get(name, "none"),  # cordon | drain | none (`ctl nodes cordon|drain`)
+            "drain": drain_doc(ctx, name),
             "lost_at": lost_at,
             "grace_s": hub.grace_s,
             "lost_after": None if lost_at is None else lost_at + hub.grace_s,

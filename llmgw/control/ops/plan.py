@@ -36,7 +36,7 @@ def plan_doc(model: ModelDef, state: ClusterState, observed: Observed) -> dict[s
     whole (`refusals`) and grouped by verdict and reason (`groups`). A model of that name already
     defined keeps its replicas: the plan is for one more, spread from them as the reconciler would."""
     result = place(model, observed.nodes, state.placements.values(), sources=observed.sources,
-                   pending=state.pending_nodes(observed.nodes))
+                   pending=state.pending_nodes(observed.nodes), cordoned=state.cordoned_nodes)
     existing = state.models.get(model.name)
     return {
         "model": model.name,

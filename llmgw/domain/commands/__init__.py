@@ -39,7 +39,7 @@ from llmgw.domain.commands.health import became_ready, start_failed
 from llmgw.domain.commands.keys import add_key, revoke_key
 from llmgw.domain.commands.members import announce_member, forget_member, raise_level
 from llmgw.domain.commands.mirror import pin_file, put_file, remove_file
-from llmgw.domain.commands.nodes import approve_nodes, forget_node
+from llmgw.domain.commands.nodes import approve_nodes, cordon_nodes, forget_node
 from llmgw.domain.commands.models import put_model, remove_model, retry_model
 from llmgw.domain.commands.placements import add_group, add_placement, remove_placement, sleep_placement
 from llmgw.domain.commands.settings import put_setting
@@ -64,6 +64,7 @@ __all__ = [
     "apply_entry",
     "became_ready",
     "check",
+    "cordon_nodes",
     "decode",
     "digest",
     "encode",
@@ -130,6 +131,7 @@ _OPS: dict[str, tuple[Check, Change]] = {
     "mirror.remove": (mirror.check_name, mirror.apply_remove),
     "mirror.pin": (mirror.check_pin, mirror.apply_pin),
     "node.approve": (nodes.check_approve, nodes.apply_approve),
+    "node.cordon": (nodes.check_cordon, nodes.apply_cordon),
     "node.forget": (nodes.check_forget, nodes.apply_forget),
     "condition.update": (conditions.check_update, conditions.apply_update),
 }

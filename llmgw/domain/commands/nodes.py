@@ -1,7 +1,9 @@
 """The node commands: `node.approve` (nodes an operator let take placements while the setting
-`nodes.require_approval` is on) and `node.forget` (a lost node an operator forgot: its placements go in the
-same command); their builders, stateless checks and changes. The rule that reads approvals is
-`ClusterState.pending_nodes`; placement refuses a pending node with `awaiting_approval`.
+`nodes.require_approval` is on), `node.forget` (a lost node an operator forgot: its placements go in the
+same command) and `node.cordon` (maintenance: a cordoned node takes nothing new, a draining one also has its
+replicas moved elsewhere); their builders, stateless checks and changes. The rules that read them are
+`ClusterState.pending_nodes` (placement refuses a pending node with `awaiting_approval`) and
+`ClusterState.cordoned_nodes` (placement refuses with `cordoned`; the reconciler drains, `reconcile.drain`).
 
 A node lives in the leader's memory (`control.hub`), which a new leader rebuilds from the placements in the
 state: a forgotten node that still held one would come back, as "waiting for node …" then lost, after every
@@ -65,3 +67,31 @@ def apply_approve(s: ClusterState, c: dict[str, Any], at: float) -> tuple[Cluste
     if not fresh:
         return s, {"approved": []}
     return replace(s, approved_nodes=readonly(s.approved_nodes | {n: at for n in fresh})), {"approved": fresh}
+
+
+CORDON_MODES = ("cordon", "drain", "none")  # none: uncordoned (the node takes placements again)
+
+
+def cordon_nodes(names: list[str], mode: str, at: float) -> dict[str, Any]:
+    """`mode`: cordon (nothing new is placed there), drain (cordon, and its replicas move elsewhere one at a
+    time), none (uncordon: ends a cordon or a drain)."""
+    return make("node.cordon", at, nodes=sorted(set(names)), mode=mode)
+
+
+def check_cordon(c: dict[str, Any]) -> None:
+    check_approve(c)
+    if c.get("mode") not in CORDON_MODES:
+        raise CommandError("bad_command", f"mode must be one of {', '.join(CORDON_MODES)}")
+
+
+def apply_cordon(s: ClusterState, c: dict[str, Any], at: float) -> tuple[ClusterState, Any]:
+    mode, names = c["mode"], c["nodes"]
+    if mode == "none":
+        changed = sorted(n for n in names if n in s.cordoned_nodes)
+        kept = {n: m for n, m in s.cordoned_nodes.items() if n not in changed}
+    else:
+        changed = sorted(n for n in names if s.cordoned_nodes.get(n) != mode)
+        kept = {**s.cordoned_nodes, **{n: mode for n in changed}}
+    if not changed:
+        return s, {"changed": []}
+    return replace(s, cordoned_nodes=readonly(kept)), {"changed": changed}
