@@ -1,11 +1,17 @@
 """`FleetView`: the fleet as placement sees it, indexed once per plan and kept up to date as
-placements are added or removed, so one more placement costs about the same at 10 or 1,000 nodes.
+placements are added or removed, so one more placement costs about the same at 10 or 1,000 nodes,
+whether the nodes are all alike or each of its own shape.
 
-Nodes with the same hardware, engines, fabrics and memory form one *shape*; what a profile needs
-is judged once per shape (`_judge`), and each shape keeps its nodes in buckets by how many usable
-GPUs they have free. The best node of a shape is then the first name in the fullest bucket that
-still fits; only nodes whose score differs from their shape's (running the model already, or
-holding its weights locally) are looked at one by one. Pure; nothing here reads a clock.
+Nodes with the same hardware, engines, fabrics and memory form one *shape*; whether a profile fits
+is judged once per shape, one kind of device at a time (`_quick`: the devices of one class, size,
+health and reserve count once), and the words of a refusal only when asked (`_judge`). Each GPU
+profile (`Need`) keeps a *pool* (`_Pool`): the nodes whose hardware fits it, those with room now
+sorted best first (fullest once the replica is there, then by name), one list per set of storage
+fabrics (holding the weights outranks packing). A placement only re-sorts the node it changed, and
+only in the pools asked afterwards (`_log`). The best node is then the head of a few lists; nodes
+whose score differs from the rest (running the model already, or holding its weights locally) are
+looked at one by one. `_explained` (every node judged in full, what `place` returns) is the plain
+reference the fast path must agree with. Pure; nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llmgw.domain.memory import MemoryEstimate, WeightsIndex, estimate_for
-from llmgw.domain.model import ModelDef
-from llmgw.domain.observed import NodeInfo
+from llmgw.domain.model import ModelDef, is_mig_class
+from llmgw.domain.observed import Gpu, NodeInfo
 from llmgw.domain.state import Placement
 from llmgw.placement.filters import (
     FITS,
@@ -55,8 +61,28 @@ class _Shape:
         self.capacity = len(self.usable)
         self.fabric = info.fabric
         self.fabrics = node_fabrics(info)
-        self.buckets: list[list[str]] = [[] for _ in range(self.capacity + 1)]  # free count -> names
+        self.names: list[str] = []  # its nodes, by name
         self.static: dict[Need, Refusal | _Fit] = {}
+        # Its devices by kind (class, memory, usable, reserved): one of each, and their indexes.
+        kinds: dict[tuple[str, int, bool, bool], tuple[Gpu, list[int]]] = {}
+        for g in info.gpus:
+            key = (g.gpu_class, g.memory_total, g.usable, info.reserved(g))
+            kinds.setdefault(key, (g, []))[1].append(g.index)
+        self.kinds = tuple((g, tuple(indexes), key[3]) for key, (g, indexes) in kinds.items())
+
+
+class _Pool:
+    """The nodes whose hardware fits one GPU profile, best first: per set of storage fabrics, the
+    ones with room now as (-pack once the replica is there, name), sorted. `seen`: how much of the
+    view's log of changed nodes it has taken in."""
+
+    __slots__ = ("fits", "lists", "keys", "seen")
+
+    def __init__(self, seen: int) -> None:
+        self.fits: dict[str, _Fit] = {}  # node -> its shape's devices for the profile
+        self.lists: dict[frozenset[str], list[tuple[float, str]]] = {}
+        self.keys: dict[str, tuple[float, str] | None] = {}  # node -> its entry (None: no room now)
+        self.seen = seen
 
 
 class _Node:
@@ -103,6 +129,9 @@ class FleetView:
         self._needs: dict[ModelDef, Need] = {}
         self._by_id: dict[int, tuple[ModelDef, Need]] = {}
         self._fits: dict[Need, list[tuple[_Shape, _Fit]]] = {}
+        self._pools: dict[Need, _Pool] = {}
+        self._log: list[str] = []  # the nodes whose placements changed, in order (read by the pools)
+        self._launch: dict[int, tuple[ModelDef, str]] = {}  # id(model) -> (model, its launch hash)
         self._failed: dict[Need, tuple[int, PlacementResult]] = {}
         self.version = 0  # counts changes: a need that fitted nowhere at this version still does not
         self._held: dict[str, Held] = {}
@@ -122,7 +151,7 @@ class FleetView:
         for p in placements:
             self._apply(p, +1)
         for n in self.nodes.values():
-            bisect.insort(n.shape.buckets[n.free], n.info.node)
+            n.shape.names.append(n.info.node)  # in name order
 
     # --- what a model needs ---------------------------------------------------------------
 
@@ -150,13 +179,50 @@ class FleetView:
         found = self._fits.get(need)
         if found is None:
             found = self._fits[need] = []
+            gpus = need.gpus
             for shape in self.shapes:
-                fit = shape.static.get(need)
-                if fit is None:
-                    fit = shape.static[need] = _judge(need, shape)
-                if isinstance(fit, _Fit):
+                if need.cpu or gpus < 1:
+                    judged = _static(need, shape)
+                    fit = judged if isinstance(judged, _Fit) else None
+                elif shape.capacity < gpus:  # too few usable devices, whatever the filters say
+                    continue
+                else:
+                    fit = _quick(need, shape)
+                if fit is not None:
                     found.append((shape, fit))
         return found
+
+    def _pool(self, need: Need) -> _Pool:
+        """The GPU profile's pool, brought up to date with the nodes changed since it was last asked."""
+        pool = self._pools.get(need)
+        log = self._log
+        if pool is None:
+            pool = self._pools[need] = _Pool(len(log))
+            for shape, fit in self._fitting(need):
+                for name in shape.names:
+                    pool.fits[name] = fit
+                    key = pool.keys[name] = _entry(need, self.nodes[name], fit)
+                    if key is not None:
+                        pool.lists.setdefault(shape.fabrics, []).append(key)
+            for entries in pool.lists.values():
+                entries.sort()
+        elif pool.seen < len(log):
+            for name in set(log[pool.seen:]):
+                fit = pool.fits.get(name)
+                if fit is None:
+                    continue
+                node = self.nodes[name]
+                key = _entry(need, node, fit)
+                old = pool.keys[name]
+                if key != old:
+                    entries = pool.lists.setdefault(node.shape.fabrics, [])
+                    if old is not None:
+                        del entries[bisect.bisect_left(entries, old)]
+                    if key is not None:
+                        bisect.insort(entries, key)
+                    pool.keys[name] = key
+            pool.seen = len(log)
+        return pool
 
     def held(self, model: ModelDef) -> Held:
         found = self._held.get(model.source)
@@ -183,7 +249,10 @@ class FleetView:
 
     def take(self, model: ModelDef, choice: Choice, replica_id: str, at: float = 0.0) -> list[Placement]:
         """Add the placement(s) a choice stands for (one, or a group's members as `<id>-r<rank>`)."""
-        launch = model.launch_hash()
+        known = self._launch.get(id(model))
+        if known is None or known[0] is not model:
+            known = self._launch[id(model)] = (model, model.launch_hash())
+        launch = known[1]
         if not choice.members:
             out = [Placement(replica_id, model.name, choice.node, choice.gpus, launch, at)]
         else:
@@ -196,17 +265,12 @@ class FleetView:
 
     def _move(self, p: Placement, sign: int) -> None:
         self.version += 1
-        node = self.nodes.get(p.node)
-        if node is not None:
-            shape = node.shape
-            before = node.free
-            self._apply(p, sign)
-            if node.free != before:
-                bucket = shape.buckets[before]
-                del bucket[bisect.bisect_left(bucket, p.node)]
-                bisect.insort(shape.buckets[node.free], p.node)
-        else:
-            self._apply(p, sign)
+        self._apply(p, sign)
+        if p.node in self.nodes and p.gpus:
+            if len(self._log) > 4 * len(self.nodes) + 64:
+                self._pools.clear()  # rebuilt when next asked: the log stays short in a long-lived view
+                self._log.clear()
+            self._log.append(p.node)
 
     def _apply(self, p: Placement, sign: int) -> None:
         if sign > 0:
@@ -247,11 +311,7 @@ class FleetView:
     def static(self, need: Need, name: str) -> Refusal | _Fit:
         """What the node's hardware, engines and memory say, whatever is placed: a refusal
         (named for this node) or the devices it could use."""
-        node = self.nodes[name]
-        shape = node.shape
-        found = shape.static.get(need)
-        if found is None:
-            found = shape.static[need] = _judge(need, shape)
+        found = _static(need, self.nodes[name].shape)
         if isinstance(found, Refusal) and found.node != name:
             return replace(found, node=name)
         return found
@@ -304,7 +364,7 @@ class FleetView:
         for name, node in self.nodes.items():  # built in name order
             fit = fits.get(id(node.shape))
             if fit is None:
-                r = node.shape.static[need]
+                r = _static(need, node.shape)
                 assert isinstance(r, Refusal)
                 out.append(Refusal(name, r.verdict, r.code, r.message, r.numbers))
             else:
@@ -333,49 +393,32 @@ class FleetView:
         return PlacementResult(best, ())
 
     def _best_gpu(self, model: ModelDef, need: Need) -> Choice | None:
-        """The best node by the shape index: in each shape that fits, the first name in the fullest
-        bucket that still has room; nodes scored unlike their shape are judged one by one."""
+        """The best node by the profile's pool: the head of each list (storage fabrics holding the
+        weights first); the nodes scored unlike the rest are judged one by one."""
         held = self.held(model)
         hosting = self.hosting.get(model.name) or {}
         special = held.nodes | hosting.keys() if held.nodes or hosting else frozenset()
-        taking = need.gpus
+        pool = self._pool(need)
         best_rank: tuple[float, float, float] | None = None
         best_name = ""
-        best_node: _Node | None = None
-        best_fit: _Fit | None = None
-        slow: list[str] = sorted(n for n in special if n in self.nodes)
-        for shape, fit in self._fitting(need):
-            if not fit.all_usable:  # a class or memory filter leaves some devices out: one by one
-                slow.extend(n for bucket in shape.buckets for n in bucket if n not in special)
-                continue
-            weights = 100.0 if held.fabrics and held.fabrics & shape.fabrics else 0.0
-            buckets = shape.buckets
-            for free in range(taking, shape.capacity + 1):
-                bucket = buckets[free]
-                if not bucket:
-                    continue
-                name = bucket[0]
-                if name in special:
-                    name = next((n for n in bucket if n not in special), "")
-                    if not name:
-                        continue
-                cap = shape.capacity
-                rank = (combine(100.0, weights, 100.0 * (cap - free + taking) / cap), 100.0, weights)
-                if best_rank is None or rank > best_rank or (rank == best_rank and name < best_name):
-                    best_rank, best_name, best_node, best_fit = rank, name, self.nodes[name], fit
-                break
-        for name in slow:
+        for fabrics, entries in pool.lists.items():
+            weights = 100.0 if held.fabrics and held.fabrics & fabrics else 0.0
+            for neg_pack, name in entries:
+                if name not in special:
+                    rank = (combine(100.0, weights, -neg_pack), 100.0, weights)
+                    if best_rank is None or rank > best_rank or (rank == best_rank and name < best_name):
+                        best_rank, best_name = rank, name
+                    break
+        for name in sorted(n for n in special if n in pool.fits):
             v = self.verdict(model, name)
             if v.score is not None:
                 rank = v.score.rank()
                 if best_rank is None or rank > best_rank or (rank == best_rank and name < best_name):
-                    best_rank, best_name, best_node, best_fit = rank, name, None, _Fit(v.gpus, False)
-        if best_rank is None or best_fit is None:
+                    best_rank, best_name = rank, name
+        if best_rank is None:
             return None
-        if best_node is None:
-            return Choice(best_name, best_fit.candidates, best_rank[0])
-        used = best_node.used
-        gpus = tuple(i for i in best_fit.candidates if i not in used)[:taking]
+        used = self.nodes[best_name].used
+        gpus = tuple(i for i in pool.fits[best_name].candidates if i not in used)[: need.gpus]
         return Choice(best_name, gpus, best_rank[0])
 
     def _explained(self, model: ModelDef, need: Need) -> PlacementResult:
@@ -392,6 +435,53 @@ class FleetView:
         if best is not None and best.score is not None:
             return PlacementResult(Choice(best.node, best.gpus, best.score.total), tuple(refusals))
         return PlacementResult(None, tuple(refusals), short_by=short_by(need, refusals))
+
+
+def _entry(need: Need, node: _Node, fit: _Fit) -> tuple[float, str] | None:
+    """A node's place in a pool: (-pack once the replica is there, name), or None with too few of
+    the devices the profile may use free now."""
+    used = node.used
+    if fit.all_usable:
+        room = node.free >= need.gpus
+    else:
+        room = sum(1 for i in fit.candidates if i not in used) >= need.gpus if used else len(fit.candidates) >= need.gpus
+    if not room:
+        return None
+    return -gpu_pack(node.used_usable, need.gpus, node.shape.capacity), node.info.node
+
+
+def _static(need: Need, shape: _Shape) -> Refusal | _Fit:
+    """The shape's verdict with its words (for its representative node): a refusal or its fit."""
+    found = shape.static.get(need)
+    if found is None:
+        found = shape.static[need] = _judge(need, shape)
+    return found
+
+
+def _quick(need: Need, shape: _Shape) -> _Fit | None:
+    """`_judge`'s answer for a GPU profile without the words of a refusal: each kind of device judged
+    once by the same filters as `filters.devices` (MIG, class, memory, reserve, usable), then the
+    count. None: refused (`_judge` says why, when asked)."""
+    info = shape.rep
+    if shape.pending or not info.gpus or need.engine not in info.engines:
+        return None
+    many = need.gpus > 1 or need.nodes > 1
+    per_device = need.per_device
+    reserve = info.reserved_gpus or info.reserved_vram
+    least = 1 if per_device is None else per_device
+    found: list[int] = []
+    for g, indexes, reserved in shape.kinds:
+        if not g.usable or (many and is_mig_class(g.gpu_class)) or (need.classes and g.gpu_class not in need.classes):
+            continue
+        if per_device is not None and need.room(g) < per_device:
+            continue
+        if reserve and (reserved or need.room(g, info.reserved_vram) < least):
+            continue
+        found.extend(indexes)
+    if len(found) < need.gpus:
+        return None
+    candidates = tuple(sorted(found))
+    return _Fit(candidates, frozenset(candidates) == shape.usable)
 
 
 def _judge(need: Need, shape: _Shape) -> Refusal | _Fit:

@@ -60,6 +60,42 @@ def fleet(count: int, gpus: int = 8, seed: int = 1) -> dict[str, NodeInfo]:
     return out
 
 
+GENERATIONS = (("h100-80g", 80), ("a100-80g", 80), ("a100-40g", 40), ("l40s-48g", 48), ("h200-141g", 141))
+MIG_LAYOUTS = ((("3g.40gb", 40), ("3g.40gb", 40)), (("2g.20gb", 20),) * 3, (("1g.10gb", 10),) * 7,
+               (("4g.40gb", 40), ("2g.20gb", 20), ("1g.10gb", 10)))
+
+
+def mixed_fleet(count: int, seed: int = 1) -> dict[str, NodeInfo]:
+    """`fleet`'s nodes with each one's shape its own: 4 to 12 GPUs (8 on average) of one of five
+    generations, each GPU's memory as a probe reports it (a little under the card's size, per node),
+    the machine's memory, some cards in MIG mode (four layouts), a reserve on one node in 8 (a GPU,
+    some memory of each GPU, or memory), a sick GPU on one in 16: `count` nodes of about `count` shapes."""
+    rng = random.Random(seed)
+    out = {}
+    for i in range(count):
+        name = f"n{i:04d}"
+        fabric = FABRICS[i % len(FABRICS)]
+        gpus = rng.choice((4, 6, 8, 8, 10, 12))
+        gpu_class, size = rng.choice(GENERATIONS)
+        b = node(name).engines("vllm", "llama.cpp", "sim").fabric(fabric).memory_gib(rng.randrange(256, 2048, 16))
+        sick = [rng.randrange(gpus)] if rng.random() < 1 / 16 else []
+        b = b.gpus(gpus, gpu_class, memory_gib=size - rng.randrange(1, 40) / 20, unhealthy=sick)
+        if rng.random() < 1 / 8:
+            layout = rng.choice(MIG_LAYOUTS)
+            for card in range(rng.randrange(1, 4)):
+                b = b.mig(gpus + card, "a100-80g", *layout)
+        info = b.build()
+        roll = rng.random()
+        if roll < 1 / 24:
+            info = replace(info, reserved_gpus=(0,))
+        elif roll < 2 / 24:
+            info = replace(info, reserved_vram=rng.choice((4, 8, 16)) << 30)
+        elif roll < 3 / 24:
+            info = replace(info, reserved_memory=rng.choice((32, 64)) << 30)
+        out[name] = replace(info, storage=fleet(1, seed=seed + i)["n0000"].storage if i % 10 == 0 else ())
+    return out
+
+
 def models(count: int, seed: int = 2) -> list[tuple[ModelDef, int]]:
     """(model, replicas), by name."""
     rng = random.Random(seed)
