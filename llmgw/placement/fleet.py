@@ -53,6 +53,9 @@ class _Fit:
     all_usable: bool
 
 
+_SLOT = Refusal("", NEVER, "", "")  # a place `_judged` fills
+
+
 class _Shape:
     def __init__(self, info: NodeInfo, pending: bool = False) -> None:
         self.rep = info  # any node of the shape judges for all of them (names are swapped in)
@@ -63,12 +66,12 @@ class _Shape:
         self.fabrics = node_fabrics(info)
         self.names: list[str] = []  # its nodes, by name
         self.static: dict[Need, Refusal | _Fit] = {}
-        # Its devices by kind (class, memory, usable, reserved): one of each, and their indexes.
-        kinds: dict[tuple[str, int, bool, bool], tuple[Gpu, list[int]]] = {}
+        # The devices placement may use (usable, not reserved) by kind: (class, MIG instance, memory, indexes).
+        kinds: dict[tuple[str, int], list[int]] = {}
         for g in info.gpus:
-            key = (g.gpu_class, g.memory_total, g.usable, info.reserved(g))
-            kinds.setdefault(key, (g, []))[1].append(g.index)
-        self.kinds = tuple((g, tuple(indexes), key[3]) for key, (g, indexes) in kinds.items())
+            if info.placeable(g):
+                kinds.setdefault((g.gpu_class, g.memory_total), []).append(g.index)
+        self.kinds = tuple((c, is_mig_class(c), memory, tuple(indexes)) for (c, memory), indexes in kinds.items())
 
 
 class _Pool:
@@ -127,9 +130,11 @@ class FleetView:
         self._estimates: dict[ModelDef, MemoryEstimate] = {}
         self._index: WeightsIndex | None = None  # built on the first estimate
         self._needs: dict[ModelDef, Need] = {}
+        self._interned: dict[Need, Need] = {}
         self._by_id: dict[int, tuple[ModelDef, Need]] = {}
         self._fits: dict[Need, list[tuple[_Shape, _Fit]]] = {}
         self._pools: dict[Need, _Pool] = {}
+        self._refused: dict[Need, tuple[list[Verdict | Refusal], list[tuple[int, _Node, _Fit]]]] = {}
         self._log: list[str] = []  # the nodes whose placements changed, in order (read by the pools)
         self._launch: dict[int, tuple[ModelDef, str]] = {}  # id(model) -> (model, its launch hash)
         self._failed: dict[Need, tuple[int, PlacementResult]] = {}
@@ -170,7 +175,8 @@ class FleetView:
             return known[1]
         found = self._needs.get(model)
         if found is None:
-            found = self._needs[model] = Need.of(model, self.estimate(model))
+            made = Need.of(model, self.estimate(model))
+            found = self._needs[model] = self._interned.setdefault(made, made)  # one object per need: found by identity
         self._by_id[id(model)] = (model, found)
         return found
 
@@ -198,12 +204,14 @@ class FleetView:
         log = self._log
         if pool is None:
             pool = self._pools[need] = _Pool(len(log))
+            nodes, fits, keys = self.nodes, pool.fits, pool.keys
             for shape, fit in self._fitting(need):
+                entries = pool.lists.setdefault(shape.fabrics, [])
                 for name in shape.names:
-                    pool.fits[name] = fit
-                    key = pool.keys[name] = _entry(need, self.nodes[name], fit)
+                    fits[name] = fit
+                    key = keys[name] = _entry(need, nodes[name], fit)
                     if key is not None:
-                        pool.lists.setdefault(shape.fabrics, []).append(key)
+                        entries.append(key)
             for entries in pool.lists.values():
                 entries.sort()
         elif pool.seen < len(log):
@@ -358,17 +366,26 @@ class FleetView:
 
     def _judged(self, model: ModelDef, need: Need) -> list[Verdict | Refusal]:
         """Each node, by name: a refusal, or FITS with its score. A refused shape's refusal is
-        copied with each node's name; only the nodes of fitting shapes are judged one by one."""
-        fits = {id(shape): fit for shape, fit in self._fitting(need)}
-        out: list[Verdict | Refusal] = []
-        for name, node in self.nodes.items():  # built in name order
-            fit = fits.get(id(node.shape))
-            if fit is None:
-                r = _static(need, node.shape)
-                assert isinstance(r, Refusal)
-                out.append(Refusal(name, r.verdict, r.code, r.message, r.numbers))
-            else:
-                out.append(self._dynamic(model, need, node, fit))
+        copied with each node's name once per need (it cannot change); only the nodes of fitting
+        shapes are judged each time, into their slots of that list."""
+        found = self._refused.get(need)
+        if found is None:
+            fits = {id(shape): fit for shape, fit in self._fitting(need)}
+            template: list[Verdict | Refusal] = []
+            slots: list[tuple[int, _Node, _Fit]] = []
+            for name, node in self.nodes.items():  # built in name order
+                fit = fits.get(id(node.shape))
+                if fit is None:
+                    r = _static(need, node.shape)
+                    assert isinstance(r, Refusal)
+                    template.append(Refusal(name, r.verdict, r.code, r.message, r.numbers))
+                else:
+                    slots.append((len(template), node, fit))
+                    template.append(_SLOT)
+            found = self._refused[need] = (template, slots)
+        out = found[0].copy()
+        for i, node, fit in found[1]:
+            out[i] = self._dynamic(model, need, node, fit)
         return out
 
     def place(self, model: ModelDef, *, explain: bool = False) -> PlacementResult:
@@ -438,16 +455,16 @@ class FleetView:
 
 
 def _entry(need: Need, node: _Node, fit: _Fit) -> tuple[float, str] | None:
-    """A node's place in a pool: (-pack once the replica is there, name), or None with too few of
-    the devices the profile may use free now."""
-    used = node.used
+    """A node's place in a pool: (-pack once the replica is there, as `gpu_pack` says it), name), or
+    None with too few of the devices the profile may use free now."""
+    taking, used = need.gpus, node.used
     if fit.all_usable:
-        room = node.free >= need.gpus
-    else:
-        room = sum(1 for i in fit.candidates if i not in used) >= need.gpus if used else len(fit.candidates) >= need.gpus
-    if not room:
+        if node.shape.capacity - node.used_usable < taking:
+            return None
+    elif used and sum(1 for i in fit.candidates if i not in used) < taking:
         return None
-    return -gpu_pack(node.used_usable, need.gpus, node.shape.capacity), node.info.node
+    # What `gpu_pack` says: the devices it may use are usable ones, so used + taking <= capacity.
+    return -(100.0 * (node.used_usable + taking) / node.shape.capacity), node.info.node
 
 
 def _static(need: Need, shape: _Shape) -> Refusal | _Fit:
@@ -460,24 +477,29 @@ def _static(need: Need, shape: _Shape) -> Refusal | _Fit:
 
 def _quick(need: Need, shape: _Shape) -> _Fit | None:
     """`_judge`'s answer for a GPU profile without the words of a refusal: each kind of device judged
-    once by the same filters as `filters.devices` (MIG, class, memory, reserve, usable), then the
-    count. None: refused (`_judge` says why, when asked)."""
+    once by the filters of `filters.devices` (MIG, class, memory, reserve; an unusable or reserved
+    device never counts), then the count. None: refused (`_judge` says why, when asked)."""
     info = shape.rep
-    if shape.pending or not info.gpus or need.engine not in info.engines:
+    if shape.pending or need.engine not in info.engines:
         return None
     many = need.gpus > 1 or need.nodes > 1
-    per_device = need.per_device
-    reserve = info.reserved_gpus or info.reserved_vram
+    classes, per_device, share = need.classes, need.per_device, need.share
+    vram = info.reserved_vram
+    reserve = info.reserved_gpus or vram
     least = 1 if per_device is None else per_device
     found: list[int] = []
-    for g, indexes, reserved in shape.kinds:
-        if not g.usable or (many and is_mig_class(g.gpu_class)) or (need.classes and g.gpu_class not in need.classes):
+    for gpu_class, mig, memory, indexes in shape.kinds:
+        if (many and mig) or (classes and gpu_class not in classes):
             continue
-        if per_device is not None and need.room(g) < per_device:
+        room = memory if share is None else int(memory * share)  # `Need.room`
+        if per_device is not None and room < per_device:
             continue
-        if reserve and (reserved or need.room(g, info.reserved_vram) < least):
-            continue
-        found.extend(indexes)
+        if reserve:  # `filters._unreserved`: what the GPU's reserve leaves
+            if vram:
+                room = min(room, memory - vram) if share is None else (room if room <= memory - vram else 0)
+            if room < least:
+                continue
+        found += indexes
     if len(found) < need.gpus:
         return None
     candidates = tuple(sorted(found))
