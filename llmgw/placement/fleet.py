@@ -129,7 +129,6 @@ class FleetView:
         self.holdings = Holdings(nodes)
         self._estimates: dict[ModelDef, MemoryEstimate] = {}
         self._index: WeightsIndex | None = None  # built on the first estimate
-        self._needs: dict[ModelDef, Need] = {}
         self._interned: dict[Need, Need] = {}
         self._by_id: dict[int, tuple[ModelDef, Need]] = {}
         self._fits: dict[Need, list[tuple[_Shape, _Fit]]] = {}
@@ -169,14 +168,13 @@ class FleetView:
         return found
 
     def need(self, model: ModelDef) -> Need:
-        # By identity first: hashing a whole definition on every placement is most of its cost.
+        # By identity: hashing a whole definition on every placement is most of its cost. Equal needs
+        # are one object, so the caches keyed by need find it by identity too.
         known = self._by_id.get(id(model))
         if known is not None and known[0] is model:
             return known[1]
-        found = self._needs.get(model)
-        if found is None:
-            made = Need.of(model, self.estimate(model))
-            found = self._needs[model] = self._interned.setdefault(made, made)  # one object per need: found by identity
+        made = Need.of(model, self.estimate(model))
+        found = self._interned.setdefault(made, made)
         self._by_id[id(model)] = (model, found)
         return found
 
