@@ -214,11 +214,11 @@ class FleetView:
                 entries.sort()
         elif pool.seen < len(log):
             for name in set(log[pool.seen:]):
-                fit = pool.fits.get(name)
-                if fit is None:
+                fits_here = pool.fits.get(name)
+                if fits_here is None:
                     continue
                 node = self.nodes[name]
-                key = _entry(need, node, fit)
+                key = _entry(need, node, fits_here)
                 old = pool.keys[name]
                 if key != old:
                     entries = pool.lists.setdefault(node.shape.fabrics, [])
