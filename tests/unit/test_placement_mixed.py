@@ -40,7 +40,8 @@ def mixed_nodes(draw: st.DrawFn) -> dict[str, NodeInfo]:
             mig = draw(st.sampled_from(sorted(MIG)))
             gpus.append(Gpu(1000 + n, f"MIG-{name}-{n}", "mig", mig, MIG[mig] * GIB, 0, parent_index=0))
         indexes = [g.index for g in gpus]
-        info = NodeInfo(name, hostname=name, gpus=tuple(gpus), memory_total=draw(st.sampled_from([0, 32, 64, 96])) * GIB,
+        memory = draw(st.sampled_from([0, 32, 64, 96])) * GIB
+        info = NodeInfo(name, hostname=name, gpus=tuple(gpus), memory_total=memory,
                         engines=draw(st.sampled_from([("vllm", "sim"), ("vllm", "sim"), ("sim",)])),
                         fabric=draw(st.sampled_from(FABRICS)),
                         reserved_gpus=tuple(draw(st.lists(st.sampled_from(indexes), unique=True, max_size=2)))
@@ -48,7 +49,8 @@ def mixed_nodes(draw: st.DrawFn) -> dict[str, NodeInfo]:
                         reserved_vram=draw(st.sampled_from([0, 0, 0, 4, 30])) * GIB,
                         reserved_memory=draw(st.sampled_from([0, 0, 16])) * GIB)
         if draw(st.integers(0, 3)) == 0:
-            info = replace(info, storage=({"path": "/srv", "fabric": info.fabric or "eth", "shared": draw(st.booleans()),
+            shared = draw(st.booleans())
+            info = replace(info, storage=({"path": "/srv", "fabric": info.fabric or "eth", "shared": shared,
                                            "error": "", "not_weights": [],
                                            "models": [{"name": "m0", "path": "/srv/m0", "kind": "gguf", "size": 1}]},))
         out[name] = info
