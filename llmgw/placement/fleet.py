@@ -136,7 +136,7 @@ class FleetView:
         self._refused: dict[Need, tuple[list[Verdict | Refusal], list[tuple[int, _Node, _Fit]]]] = {}
         self._log: list[str] = []  # the nodes whose placements changed, in order (read by the pools)
         self._launch: dict[int, tuple[ModelDef, str]] = {}  # id(model) -> (model, its launch hash)
-        self._failed: dict[Need, tuple[int, PlacementResult]] = {}
+        self._failed: dict[Need, tuple[int, int, PlacementResult]] = {}  # need -> (version, log length, result)
         self.version = 0  # counts changes: a need that fitted nowhere at this version still does not
         self._held: dict[str, Held] = {}
         shapes: dict[tuple[object, ...], _Shape] = {}
@@ -276,6 +276,7 @@ class FleetView:
             if len(self._log) > 4 * len(self.nodes) + 64:
                 self._pools.clear()  # rebuilt when next asked: the log stays short in a long-lived view
                 self._log.clear()
+                self._failed.clear()  # their places in the log are gone
             self._log.append(p.node)
 
     def _apply(self, p: Placement, sign: int) -> None:
@@ -397,15 +398,21 @@ class FleetView:
 
             return place_group(model, self)
         failed = self._failed.get(need)
-        if failed is not None and failed[0] == self.version:
-            return failed[1]  # nothing changed since this very need fitted nowhere
+        if failed is not None and (failed[0] == self.version or (not need.cpu and self._untouched(need, failed[1]))):
+            return failed[2]  # nothing it depends on changed since this very need fitted nowhere
         best = None if need.cpu else self._best_gpu(model, need)
         if need.cpu or best is None or explain:
             result = self._explained(model, need)
             if result.choice is None:
-                self._failed[need] = (self.version, result)
+                self._failed[need] = (self.version, len(self._log), result)
             return result
         return PlacementResult(best, ())
+
+    def _untouched(self, need: Need, since: int) -> bool:
+        """Whether no node whose hardware fits the GPU profile changed since the log's `since`: its
+        refusals (the rest are its hardware's, and no device of those nodes was taken or freed) hold."""
+        pool = self._pools.get(need)
+        return pool is not None and not any(name in pool.fits for name in self._log[since:])
 
     def _best_gpu(self, model: ModelDef, need: Need) -> Choice | None:
         """The best node by the profile's pool: the head of each list (storage fabrics holding the
