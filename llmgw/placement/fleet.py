@@ -72,6 +72,9 @@ class _Shape:
             if info.placeable(g):
                 kinds.setdefault((g.gpu_class, g.memory_total), []).append(g.index)
         self.kinds = tuple((c, is_mig_class(c), memory, tuple(indexes)) for (c, memory), indexes in kinds.items())
+        self.engines = frozenset(info.engines)
+        self.reserve = bool(info.reserved_gpus or info.reserved_vram)
+        self.reserved_vram = info.reserved_vram
 
 
 class _Pool:
@@ -182,18 +185,11 @@ class FleetView:
         """The shapes whose hardware, engines and memory can take `need`, with their devices."""
         found = self._fits.get(need)
         if found is None:
-            found = self._fits[need] = []
-            gpus = need.gpus
-            for shape in self.shapes:
-                if need.cpu or gpus < 1:
-                    judged = _static(need, shape)
-                    fit = judged if isinstance(judged, _Fit) else None
-                elif shape.capacity < gpus:  # too few usable devices, whatever the filters say
-                    continue
-                else:
-                    fit = _quick(need, shape)
-                if fit is not None:
-                    found.append((shape, fit))
+            if need.cpu or need.gpus < 1:
+                found = [(shape, fit) for shape in self.shapes if isinstance(fit := _static(need, shape), _Fit)]
+            else:
+                found = _quick(need, self.shapes)
+            self._fits[need] = found
         return found
 
     def _pool(self, need: Need) -> _Pool:
@@ -432,8 +428,8 @@ class FleetView:
                         best_rank, best_name = rank, name
                     break
         for name in sorted(n for n in special if n in pool.fits):
-            v = self.verdict(model, name)
-            if v.score is not None:
+            v = self._dynamic(model, need, self.nodes[name], pool.fits[name])
+            if isinstance(v, Verdict) and v.score is not None:
                 rank = v.score.rank()
                 if best_rank is None or rank > best_rank or (rank == best_rank and name < best_name):
                     best_rank, best_name = rank, name
@@ -480,35 +476,39 @@ def _static(need: Need, shape: _Shape) -> Refusal | _Fit:
     return found
 
 
-def _quick(need: Need, shape: _Shape) -> _Fit | None:
-    """`_judge`'s answer for a GPU profile without the words of a refusal: each kind of device judged
-    once by the filters of `filters.devices` (MIG, class, memory, reserve; an unusable or reserved
-    device never counts), then the count. None: refused (`_judge` says why, when asked)."""
-    info = shape.rep
-    if shape.pending or need.engine not in info.engines:
-        return None
-    many = need.gpus > 1 or need.nodes > 1
+def _quick(need: Need, shapes: list[_Shape]) -> list[tuple[_Shape, _Fit]]:
+    """The shapes that can take a GPU profile, with their devices, as `_judge` decides it but without
+    the words of a refusal (`_judge` writes them when asked): each kind of device judged once by the
+    filters of `filters.devices` (MIG, class, memory, reserve; an unusable or reserved device never
+    counts), then the count. One loop over every shape: a fleet of 1,000 shapes asks it per profile."""
+    taking, engine = need.gpus, need.engine
+    many = taking > 1 or need.nodes > 1
     classes, per_device, share = need.classes, need.per_device, need.share
-    vram = info.reserved_vram
-    reserve = info.reserved_gpus or vram
     least = 1 if per_device is None else per_device
-    found: list[int] = []
-    for gpu_class, mig, memory, indexes in shape.kinds:
-        if (many and mig) or (classes and gpu_class not in classes):
+    out: list[tuple[_Shape, _Fit]] = []
+    for shape in shapes:
+        if shape.capacity < taking or shape.pending or engine not in shape.engines:
             continue
-        room = memory if share is None else int(memory * share)  # `Need.room`
-        if per_device is not None and room < per_device:
-            continue
-        if reserve:  # `filters._unreserved`: what the GPU's reserve leaves
-            if vram:
-                room = min(room, memory - vram) if share is None else (room if room <= memory - vram else 0)
-            if room < least:
+        vram = shape.reserved_vram
+        reserve = shape.reserve
+        found: list[int] = []
+        for gpu_class, mig, memory, indexes in shape.kinds:
+            if (many and mig) or (classes and gpu_class not in classes):
                 continue
-        found += indexes
-    if len(found) < need.gpus:
-        return None
-    candidates = tuple(sorted(found))
-    return _Fit(candidates, frozenset(candidates) == shape.usable)
+            room = memory if share is None else int(memory * share)  # `Need.room`
+            if per_device is not None and room < per_device:
+                continue
+            if reserve:  # `filters._unreserved`: what the GPU's reserve leaves
+                if vram:
+                    room = min(room, memory - vram) if share is None else (room if room <= memory - vram else 0)
+                if room < least:
+                    continue
+            found += indexes
+        if len(found) >= taking:
+            candidates = tuple(sorted(found))
+            all_usable = len(candidates) == shape.capacity and frozenset(candidates) == shape.usable
+            out.append((shape, _Fit(candidates, all_usable)))
+    return out
 
 
 def _judge(need: Need, shape: _Shape) -> Refusal | _Fit:
