@@ -7,7 +7,8 @@ generations, memory, MIG layouts and reserves differing per node, about one shap
 - plan 500 models on 1,024 GPUs (128 nodes) — goal 50 ms uniform, 25 ms mixed;
 - plan 2,000 models on 8,000 GPUs (1,000 nodes) — goal 250 ms;
 - one incremental placement (place + add) into the 1,000-node fleet after its plan — goal 1 ms.
-The last lines say how much longer the mixed fleet's plan takes than the uniform one's.
+The last lines say how much longer the mixed fleet's plan takes than the uniform one's (machines
+differ; the ratio says what the mixed goals ask wherever it runs).
 A plan: one `FleetView`, then for each model (by name) `place` and `take` per replica. The
 baseline: `place(model, nodes, placements)` per replica, rebuilding everything each call (what a
 caller without the view does). The fleet: 4 fabrics; one node in 16 has a sick GPU, one in 32
@@ -222,8 +223,10 @@ def main() -> int:
     print(f"{'case':<72} {'ours ms':>9} {'naive ms':>11} {'ratio':>8} {'goal ms':>7} result")
     for row in rows:
         print(row.line())
-    for n_nodes, label in ((128, "500 on 1,024 GPUs"), (1000, "2,000 on 8,000 GPUs")):
-        print(f"mixed / uniform, {label}: {plans['mixed', n_nodes] / plans['uniform', n_nodes]:.2f}x")
+    # Issue 26 set the mixed goals where the uniform plans took 8.7 and 37 ms: at most 2.9x and 6.8x those.
+    for n_nodes, label, most in ((128, "500 on 1,024 GPUs", 25 / 8.7), (1000, "2,000 on 8,000 GPUs", 250 / 37)):
+        print(f"mixed / uniform, {label}: {plans['mixed', n_nodes] / plans['uniform', n_nodes]:.2f}x "
+              f"(at most {most:.1f}x)")
     return 0 if all(r.ours_s <= r.goal_s for r in rows) else 1
 
 
