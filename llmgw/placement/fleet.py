@@ -3,15 +3,16 @@ placements are added or removed, so one more placement costs about the same at 1
 whether the nodes are all alike or each of its own shape.
 
 Nodes with the same hardware, engines, fabrics and memory form one *shape*; whether a profile fits
-is judged once per shape, one kind of device at a time (`_quick`: the devices of one class, size,
-health and reserve count once), and the words of a refusal only when asked (`_judge`). Each GPU
+is judged once per shape, one kind of device at a time (`_quick`: the usable, unreserved devices
+of one class and size count once), and the words of a refusal only when asked (`_judge`). Each GPU
 profile (`Need`) keeps a *pool* (`_Pool`): the nodes whose hardware fits it, those with room now
 sorted best first (fullest once the replica is there, then by name), one list per set of storage
 fabrics (holding the weights outranks packing). A placement only re-sorts the node it changed, and
 only in the pools asked afterwards (`_log`). The best node is then the head of a few lists; nodes
 whose score differs from the rest (running the model already, or holding its weights locally) are
-looked at one by one. `_explained` (every node judged in full, what `place` returns) is the plain
-reference the fast path must agree with. Pure; nothing here reads a clock.
+looked at one by one. `verdict` (one node judged in full: `_judge`, then its score) is the plain
+reference the fast path must agree with (tests/unit/test_placement_mixed.py). Pure; nothing here
+reads a clock.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from llmgw.domain.memory import MemoryEstimate, WeightsIndex, estimate_for
 from llmgw.domain.model import ModelDef, is_mig_class
-from llmgw.domain.observed import Gpu, NodeInfo
+from llmgw.domain.observed import NodeInfo
 from llmgw.domain.state import Placement
 from llmgw.placement.filters import (
     FITS,
