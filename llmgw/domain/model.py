@@ -189,8 +189,11 @@ class ModelDef:
     def launch_hash(self) -> str:
         """What a running replica was started from: a change here replaces replicas
         and un-parks the model (a new source or profile deserves a fresh try)."""
-        doc = self.to_doc()
-        launch: dict[str, Any] = {k: doc[k] for k in ("engine", "role", "source", "args", "profile", "lora") if k in doc}
+        # The fields of `to_doc` it reads, written as `to_doc` writes them (a plan hashes every model it places).
+        launch: dict[str, Any] = {"engine": self.engine, "role": self.role, "source": self.source,
+                                  "args": list(self.args), "profile": self.profile.to_doc()}
+        if self.lora:
+            launch["lora"] = list(self.lora)
         if self.sleep_level:  # vLLM starts with sleep mode on (`--enable-sleep-mode`) or not: a new launch
             launch["sleep_mode"] = True
         blob = json.dumps(launch, sort_keys=True).encode()

@@ -89,6 +89,15 @@ class Need:
     mig_single: bool  # a MIG class with gpus/tp/pp/nodes > 1: refused everywhere
     share: float | None = None  # the engine takes this share of each GPU (vLLM); None: all of it
 
+    def __hash__(self) -> int:
+        # A plan looks a need up once per shape and per node: hashed once (the fields never change).
+        found: int | None = self.__dict__.get("_hash")
+        if found is None:
+            found = hash((self.engine, self.cpu, self.gpus, self.nodes, self.classes, self.per_device, self.total,
+                          self.mig_single, self.share))
+            object.__setattr__(self, "_hash", found)
+        return found
+
     @classmethod
     def of(cls, model: ModelDef, estimate: MemoryEstimate) -> Need:
         prof = model.profile

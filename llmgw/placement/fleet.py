@@ -1,11 +1,18 @@
 """`FleetView`: the fleet as placement sees it, indexed once per plan and kept up to date as
-placements are added or removed, so one more placement costs about the same at 10 or 1,000 nodes.
+placements are added or removed, so one more placement costs about the same at 10 or 1,000 nodes,
+whether the nodes are all alike or each of its own shape.
 
-Nodes with the same hardware, engines, fabrics and memory form one *shape*; what a profile needs
-is judged once per shape (`_judge`), and each shape keeps its nodes in buckets by how many usable
-GPUs they have free. The best node of a shape is then the first name in the fullest bucket that
-still fits; only nodes whose score differs from their shape's (running the model already, or
-holding its weights locally) are looked at one by one. Pure; nothing here reads a clock.
+Nodes with the same hardware, engines, fabrics and memory form one *shape*; whether a profile fits
+is judged once per shape, one kind of device at a time (`_quick`: the usable, unreserved devices
+of one class and size count once), and the words of a refusal only when asked (`_judge`). Each GPU
+profile (`Need`) keeps a *pool* (`_Pool`): the nodes whose hardware fits it, those with room now
+sorted best first (fullest once the replica is there, then by name), one list per set of storage
+fabrics (holding the weights outranks packing). A placement only re-sorts the node it changed, and
+only in the pools asked afterwards (`_log`). The best node is then the head of a few lists; nodes
+whose score differs from the rest (running the model already, or holding its weights locally) are
+looked at one by one. `verdict` (one node judged in full: `_judge`, then its score) is the plain
+reference the fast path must agree with (tests/unit/test_placement_mixed.py). Pure; nothing here
+reads a clock.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llmgw.domain.memory import MemoryEstimate, WeightsIndex, estimate_for
-from llmgw.domain.model import ModelDef
+from llmgw.domain.model import ModelDef, is_mig_class
 from llmgw.domain.observed import NodeInfo
 from llmgw.domain.state import Placement
 from llmgw.placement.filters import (
@@ -48,6 +55,9 @@ class _Fit:
     all_usable: bool
 
 
+_SLOT = Refusal("", NEVER, "", "")  # a place `_judged` fills
+
+
 class _Shape:
     def __init__(self, info: NodeInfo, pending: bool = False, cordoned: bool = False) -> None:
         self.rep = info  # any node of the shape judges for all of them (names are swapped in)
@@ -57,8 +67,31 @@ class _Shape:
         self.capacity = len(self.usable)
         self.fabric = info.fabric
         self.fabrics = node_fabrics(info)
-        self.buckets: list[list[str]] = [[] for _ in range(self.capacity + 1)]  # free count -> names
+        self.names: list[str] = []  # its nodes, by name
         self.static: dict[Need, Refusal | _Fit] = {}
+        # The devices placement may use (usable, not reserved) by kind: (class, MIG instance, memory, indexes).
+        kinds: dict[tuple[str, int], list[int]] = {}
+        for g in info.gpus:
+            if info.placeable(g):
+                kinds.setdefault((g.gpu_class, g.memory_total), []).append(g.index)
+        self.kinds = tuple((c, is_mig_class(c), memory, tuple(indexes)) for (c, memory), indexes in kinds.items())
+        self.engines = frozenset(info.engines)
+        self.reserve = bool(info.reserved_gpus or info.reserved_vram)
+        self.reserved_vram = info.reserved_vram
+
+
+class _Pool:
+    """The nodes whose hardware fits one GPU profile, best first: per set of storage fabrics, the
+    ones with room now as (-pack once the replica is there, name), sorted. `seen`: how much of the
+    view's log of changed nodes it has taken in."""
+
+    __slots__ = ("fits", "lists", "keys", "seen")
+
+    def __init__(self, seen: int) -> None:
+        self.fits: dict[str, _Fit] = {}  # node -> its shape's devices for the profile
+        self.lists: dict[frozenset[str], list[tuple[float, str]]] = {}
+        self.keys: dict[str, tuple[float, str] | None] = {}  # node -> its entry (None: no room now)
+        self.seen = seen
 
 
 class _Node:
@@ -107,10 +140,14 @@ class FleetView:
         self.holdings = Holdings(nodes)
         self._estimates: dict[ModelDef, MemoryEstimate] = {}
         self._index: WeightsIndex | None = None  # built on the first estimate
-        self._needs: dict[ModelDef, Need] = {}
+        self._interned: dict[Need, Need] = {}
         self._by_id: dict[int, tuple[ModelDef, Need]] = {}
         self._fits: dict[Need, list[tuple[_Shape, _Fit]]] = {}
-        self._failed: dict[Need, tuple[int, PlacementResult]] = {}
+        self._pools: dict[Need, _Pool] = {}
+        self._refused: dict[Need, tuple[list[Verdict | Refusal], list[tuple[int, _Node, _Fit]]]] = {}
+        self._log: list[str] = []  # the nodes whose placements changed, in order (read by the pools)
+        self._launch: dict[int, tuple[ModelDef, str]] = {}  # id(model) -> (model, its launch hash)
+        self._failed: dict[Need, tuple[int, int, PlacementResult]] = {}  # need -> (version, log length, result)
         self.version = 0  # counts changes: a need that fitted nowhere at this version still does not
         self._held: dict[str, Held] = {}
         shapes: dict[tuple[object, ...], _Shape] = {}
@@ -129,7 +166,7 @@ class FleetView:
         for p in placements:
             self._apply(p, +1)
         for n in self.nodes.values():
-            bisect.insort(n.shape.buckets[n.free], n.info.node)
+            n.shape.names.append(n.info.node)  # in name order
 
     # --- what a model needs ---------------------------------------------------------------
 
@@ -142,13 +179,13 @@ class FleetView:
         return found
 
     def need(self, model: ModelDef) -> Need:
-        # By identity first: hashing a whole definition on every placement is most of its cost.
+        # By identity: hashing a whole definition on every placement is most of its cost. Equal needs
+        # are one object, so the caches keyed by need find it by identity too.
         known = self._by_id.get(id(model))
         if known is not None and known[0] is model:
             return known[1]
-        found = self._needs.get(model)
-        if found is None:
-            found = self._needs[model] = Need.of(model, self.estimate(model))
+        made = Need.of(model, self.estimate(model))
+        found = self._interned.setdefault(made, made)
         self._by_id[id(model)] = (model, found)
         return found
 
@@ -156,14 +193,46 @@ class FleetView:
         """The shapes whose hardware, engines and memory can take `need`, with their devices."""
         found = self._fits.get(need)
         if found is None:
-            found = self._fits[need] = []
-            for shape in self.shapes:
-                fit = shape.static.get(need)
-                if fit is None:
-                    fit = shape.static[need] = _judge(need, shape)
-                if isinstance(fit, _Fit):
-                    found.append((shape, fit))
+            if need.cpu or need.gpus < 1:
+                found = [(shape, fit) for shape in self.shapes if isinstance(fit := _static(need, shape), _Fit)]
+            else:
+                found = _quick(need, self.shapes)
+            self._fits[need] = found
         return found
+
+    def _pool(self, need: Need) -> _Pool:
+        """The GPU profile's pool, brought up to date with the nodes changed since it was last asked."""
+        pool = self._pools.get(need)
+        log = self._log
+        if pool is None:
+            pool = self._pools[need] = _Pool(len(log))
+            nodes, fits, keys = self.nodes, pool.fits, pool.keys
+            for shape, fit in self._fitting(need):
+                entries = pool.lists.setdefault(shape.fabrics, [])
+                for name in shape.names:
+                    fits[name] = fit
+                    key = keys[name] = _entry(need, nodes[name], fit)
+                    if key is not None:
+                        entries.append(key)
+            for entries in pool.lists.values():
+                entries.sort()
+        elif pool.seen < len(log):
+            for name in set(log[pool.seen:]):
+                fits_here = pool.fits.get(name)
+                if fits_here is None:
+                    continue
+                node = self.nodes[name]
+                key = _entry(need, node, fits_here)
+                old = pool.keys[name]
+                if key != old:
+                    entries = pool.lists.setdefault(node.shape.fabrics, [])
+                    if old is not None:
+                        del entries[bisect.bisect_left(entries, old)]
+                    if key is not None:
+                        bisect.insort(entries, key)
+                    pool.keys[name] = key
+            pool.seen = len(log)
+        return pool
 
     def held(self, model: ModelDef) -> Held:
         found = self._held.get(model.source)
@@ -190,7 +259,10 @@ class FleetView:
 
     def take(self, model: ModelDef, choice: Choice, replica_id: str, at: float = 0.0) -> list[Placement]:
         """Add the placement(s) a choice stands for (one, or a group's members as `<id>-r<rank>`)."""
-        launch = model.launch_hash()
+        known = self._launch.get(id(model))
+        if known is None or known[0] is not model:
+            known = self._launch[id(model)] = (model, model.launch_hash())
+        launch = known[1]
         if not choice.members:
             out = [Placement(replica_id, model.name, choice.node, choice.gpus, launch, at)]
         else:
@@ -203,17 +275,13 @@ class FleetView:
 
     def _move(self, p: Placement, sign: int) -> None:
         self.version += 1
-        node = self.nodes.get(p.node)
-        if node is not None:
-            shape = node.shape
-            before = node.free
-            self._apply(p, sign)
-            if node.free != before:
-                bucket = shape.buckets[before]
-                del bucket[bisect.bisect_left(bucket, p.node)]
-                bisect.insort(shape.buckets[node.free], p.node)
-        else:
-            self._apply(p, sign)
+        self._apply(p, sign)
+        if p.node in self.nodes and p.gpus:
+            if len(self._log) > 4 * len(self.nodes) + 64:
+                self._pools.clear()  # rebuilt when next asked: the log stays short in a long-lived view
+                self._log.clear()
+                self._failed.clear()  # their places in the log are gone
+            self._log.append(p.node)
 
     def _apply(self, p: Placement, sign: int) -> None:
         if sign > 0:
@@ -254,11 +322,7 @@ class FleetView:
     def static(self, need: Need, name: str) -> Refusal | _Fit:
         """What the node's hardware, engines and memory say, whatever is placed: a refusal
         (named for this node) or the devices it could use."""
-        node = self.nodes[name]
-        shape = node.shape
-        found = shape.static.get(need)
-        if found is None:
-            found = shape.static[need] = _judge(need, shape)
+        found = _static(need, self.nodes[name].shape)
         if isinstance(found, Refusal) and found.node != name:
             return replace(found, node=name)
         return found
@@ -305,17 +369,26 @@ class FleetView:
 
     def _judged(self, model: ModelDef, need: Need) -> list[Verdict | Refusal]:
         """Each node, by name: a refusal, or FITS with its score. A refused shape's refusal is
-        copied with each node's name; only the nodes of fitting shapes are judged one by one."""
-        fits = {id(shape): fit for shape, fit in self._fitting(need)}
-        out: list[Verdict | Refusal] = []
-        for name, node in self.nodes.items():  # built in name order
-            fit = fits.get(id(node.shape))
-            if fit is None:
-                r = node.shape.static[need]
-                assert isinstance(r, Refusal)
-                out.append(Refusal(name, r.verdict, r.code, r.message, r.numbers))
-            else:
-                out.append(self._dynamic(model, need, node, fit))
+        copied with each node's name once per need (it cannot change); only the nodes of fitting
+        shapes are judged each time, into their slots of that list."""
+        found = self._refused.get(need)
+        if found is None:
+            fits = {id(shape): fit for shape, fit in self._fitting(need)}
+            template: list[Verdict | Refusal] = []
+            slots: list[tuple[int, _Node, _Fit]] = []
+            for name, node in self.nodes.items():  # built in name order
+                fit = fits.get(id(node.shape))
+                if fit is None:
+                    r = _static(need, node.shape)
+                    assert isinstance(r, Refusal)
+                    template.append(Refusal(name, r.verdict, r.code, r.message, r.numbers))
+                else:
+                    slots.append((len(template), node, fit))
+                    template.append(_SLOT)
+            found = self._refused[need] = (template, slots)
+        out = found[0].copy()
+        for i, node, fit in found[1]:
+            out[i] = self._dynamic(model, need, node, fit)
         return out
 
     def place(self, model: ModelDef, *, explain: bool = False) -> PlacementResult:
@@ -329,60 +402,49 @@ class FleetView:
 
             return place_group(model, self)
         failed = self._failed.get(need)
-        if failed is not None and failed[0] == self.version:
-            return failed[1]  # nothing changed since this very need fitted nowhere
+        if failed is not None and (failed[0] == self.version or (not need.cpu and self._untouched(need, failed[1]))):
+            return failed[2]  # nothing it depends on changed since this very need fitted nowhere
         best = None if need.cpu else self._best_gpu(model, need)
         if need.cpu or best is None or explain:
             result = self._explained(model, need)
             if result.choice is None:
-                self._failed[need] = (self.version, result)
+                self._failed[need] = (self.version, len(self._log), result)
             return result
         return PlacementResult(best, ())
 
+    def _untouched(self, need: Need, since: int) -> bool:
+        """Whether no node whose hardware fits the GPU profile changed since the log's `since`: its
+        refusals (the rest are its hardware's, and no device of those nodes was taken or freed) hold."""
+        pool = self._pools.get(need)
+        return pool is not None and not any(name in pool.fits for name in self._log[since:])
+
     def _best_gpu(self, model: ModelDef, need: Need) -> Choice | None:
-        """The best node by the shape index: in each shape that fits, the first name in the fullest
-        bucket that still has room; nodes scored unlike their shape are judged one by one."""
+        """The best node by the profile's pool: the head of each list (storage fabrics holding the
+        weights first); the nodes scored unlike the rest are judged one by one."""
         held = self.held(model)
         hosting = self.hosting.get(model.name) or {}
         special = held.nodes | hosting.keys() if held.nodes or hosting else frozenset()
-        taking = need.gpus
+        pool = self._pool(need)
         best_rank: tuple[float, float, float] | None = None
         best_name = ""
-        best_node: _Node | None = None
-        best_fit: _Fit | None = None
-        slow: list[str] = sorted(n for n in special if n in self.nodes)
-        for shape, fit in self._fitting(need):
-            if not fit.all_usable:  # a class or memory filter leaves some devices out: one by one
-                slow.extend(n for bucket in shape.buckets for n in bucket if n not in special)
-                continue
-            weights = 100.0 if held.fabrics and held.fabrics & shape.fabrics else 0.0
-            buckets = shape.buckets
-            for free in range(taking, shape.capacity + 1):
-                bucket = buckets[free]
-                if not bucket:
-                    continue
-                name = bucket[0]
-                if name in special:
-                    name = next((n for n in bucket if n not in special), "")
-                    if not name:
-                        continue
-                cap = shape.capacity
-                rank = (combine(100.0, weights, 100.0 * (cap - free + taking) / cap), 100.0, weights)
-                if best_rank is None or rank > best_rank or (rank == best_rank and name < best_name):
-                    best_rank, best_name, best_node, best_fit = rank, name, self.nodes[name], fit
-                break
-        for name in slow:
-            v = self.verdict(model, name)
-            if v.score is not None:
+        for fabrics, entries in pool.lists.items():
+            weights = 100.0 if held.fabrics and held.fabrics & fabrics else 0.0
+            for neg_pack, name in entries:
+                if name not in special:
+                    rank = (combine(100.0, weights, -neg_pack), 100.0, weights)
+                    if best_rank is None or rank > best_rank or (rank == best_rank and name < best_name):
+                        best_rank, best_name = rank, name
+                    break
+        for name in sorted(n for n in special if n in pool.fits):
+            v = self._dynamic(model, need, self.nodes[name], pool.fits[name])
+            if isinstance(v, Verdict) and v.score is not None:
                 rank = v.score.rank()
                 if best_rank is None or rank > best_rank or (rank == best_rank and name < best_name):
-                    best_rank, best_name, best_node, best_fit = rank, name, None, _Fit(v.gpus, False)
-        if best_rank is None or best_fit is None:
+                    best_rank, best_name = rank, name
+        if best_rank is None:
             return None
-        if best_node is None:
-            return Choice(best_name, best_fit.candidates, best_rank[0])
-        used = best_node.used
-        gpus = tuple(i for i in best_fit.candidates if i not in used)[:taking]
+        used = self.nodes[best_name].used
+        gpus = tuple(i for i in pool.fits[best_name].candidates if i not in used)[: need.gpus]
         return Choice(best_name, gpus, best_rank[0])
 
     def _explained(self, model: ModelDef, need: Need) -> PlacementResult:
@@ -399,6 +461,62 @@ class FleetView:
         if best is not None and best.score is not None:
             return PlacementResult(Choice(best.node, best.gpus, best.score.total), tuple(refusals))
         return PlacementResult(None, tuple(refusals), short_by=short_by(need, refusals))
+
+
+def _entry(need: Need, node: _Node, fit: _Fit) -> tuple[float, str] | None:
+    """A node's place in a pool: (-pack once the replica is there, as `gpu_pack` says it), name), or
+    None with too few of the devices the profile may use free now."""
+    taking, used = need.gpus, node.used
+    if fit.all_usable:
+        if node.shape.capacity - node.used_usable < taking:
+            return None
+    elif used and sum(1 for i in fit.candidates if i not in used) < taking:
+        return None
+    # What `gpu_pack` says: the devices it may use are usable ones, so used + taking <= capacity.
+    return -(100.0 * (node.used_usable + taking) / node.shape.capacity), node.info.node
+
+
+def _static(need: Need, shape: _Shape) -> Refusal | _Fit:
+    """The shape's verdict with its words (for its representative node): a refusal or its fit."""
+    found = shape.static.get(need)
+    if found is None:
+        found = shape.static[need] = _judge(need, shape)
+    return found
+
+
+def _quick(need: Need, shapes: list[_Shape]) -> list[tuple[_Shape, _Fit]]:
+    """The shapes that can take a GPU profile, with their devices, as `_judge` decides it but without
+    the words of a refusal (`_judge` writes them when asked): each kind of device judged once by the
+    filters of `filters.devices` (MIG, class, memory, reserve; an unusable or reserved device never
+    counts), then the count. One loop over every shape: a fleet of 1,000 shapes asks it per profile."""
+    taking, engine = need.gpus, need.engine
+    many = taking > 1 or need.nodes > 1
+    classes, per_device, share = need.classes, need.per_device, need.share
+    least = 1 if per_device is None else per_device
+    out: list[tuple[_Shape, _Fit]] = []
+    for shape in shapes:
+        if shape.capacity < taking or shape.pending or engine not in shape.engines:
+            continue
+        vram = shape.reserved_vram
+        reserve = shape.reserve
+        found: list[int] = []
+        for gpu_class, mig, memory, indexes in shape.kinds:
+            if (many and mig) or (classes and gpu_class not in classes):
+                continue
+            room = memory if share is None else int(memory * share)  # `Need.room`
+            if per_device is not None and room < per_device:
+                continue
+            if reserve:  # `filters._unreserved`: what the GPU's reserve leaves
+                if vram:
+                    room = min(room, memory - vram) if share is None else (room if room <= memory - vram else 0)
+                if room < least:
+                    continue
+            found += indexes
+        if len(found) >= taking:
+            candidates = tuple(sorted(found))
+            all_usable = len(candidates) == shape.capacity and frozenset(candidates) == shape.usable
+            out.append((shape, _Fit(candidates, all_usable)))
+    return out
 
 
 def _judge(need: Need, shape: _Shape) -> Refusal | _Fit:

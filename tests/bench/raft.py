@@ -96,12 +96,25 @@ async def _member(self_addr: str, peers: list[str], state_dir: Path, secret: str
         store.close()
 
 
+def member_argv(self_addr: str, peers: list[str], state_dir: Path, secret_file: Path) -> list[str]:
+    """One `--member` process's command line. The cluster secret goes by a file, never on the command
+    line: `secrets.token_urlsafe` begins with "-" one time in 32, and argparse takes that for an option."""
+    return [sys.executable, __file__, "--member", self_addr, ",".join(peers), str(state_dir), str(secret_file)]
+
+
+def member_of(args: argparse.Namespace) -> tuple[str, list[str], Path, str]:
+    """What `--member` was given: its address, its peers, its state directory and the secret (read from its file)."""
+    self_addr, peers, state_dir, secret_file = args.member
+    return self_addr, peers.split(","), Path(state_dir), Path(secret_file).read_text().strip()
+
+
 def commit_throughput(root: Path, loads: list[tuple[int, int, bool]]) -> list[tuple[int, bool, dict[str, float]]]:
     addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    secret = secrets.token_urlsafe(32)
-    procs = [subprocess.Popen([sys.executable, __file__, "--member", a, ",".join(p for p in addrs if p != a),
-                               str(root / f"store{i}"), secret], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True) for i, a in enumerate(addrs)]
+    secret_file = root / "cluster.secret"
+    secret_file.touch(mode=0o600)
+    secret_file.write_text(secrets.token_urlsafe(32) + "\n")
+    procs = [subprocess.Popen(member_argv(a, [p for p in addrs if p != a], root / f"store{i}", secret_file),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i, a in enumerate(addrs)]
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready", "a store did not start"
@@ -125,6 +138,9 @@ def commit_throughput(root: Path, loads: list[tuple[int, int, bool]]) -> list[tu
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
 
 
 # --- through the admin API of `llmgw control` processes --------------------------------------
@@ -154,11 +170,11 @@ class Followers:
         self.gateway_port = free_port()
         self.logs = (root / "agent.log").open("ab"), (root / "gateway.log").open("ab")
         self.agent = subprocess.Popen([sys.executable, "-m", "llmgw", "agent", "--stop-engines-on-exit", *urls, "--state-dir", str(root / "agent"),
-                                       "--node", "bench-node", "--join-token", agent_token], stdout=self.logs[0],
+                                       "--node", "bench-node", f"--join-token={agent_token}"], stdout=self.logs[0],
                                       stderr=subprocess.STDOUT)
         self.gateway = subprocess.Popen([sys.executable, "-m", "llmgw", "gateway", *urls, "--listen",
                                          f"127.0.0.1:{self.gateway_port}", "--state-dir", str(root / "gateway"),
-                                         "--name", "bench-gateway", "--join-token", gateway_token],
+                                         "--name", "bench-gateway", f"--join-token={gateway_token}"],
                                         stdout=self.logs[1], stderr=subprocess.STDOUT)
 
     async def agent_on(self, cluster: Cluster, survivors: list[Member], http: httpx.AsyncClient) -> bool:
@@ -272,18 +288,21 @@ async def api_part(root: Path, args: argparse.Namespace, rows: list[Row]) -> Non
         cluster.close()
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--member", nargs=4, metavar=("SELF", "PEERS", "DIR", "SECRET"), help=argparse.SUPPRESS)
+    parser.add_argument("--member", nargs=4, metavar=("SELF", "PEERS", "DIR", "SECRET_FILE"), help=argparse.SUPPRESS)
     parser.add_argument("--commands", type=int, default=2000, help="commands per throughput figure")
     parser.add_argument("--inflight", type=int, nargs="+", default=[16, 256])
     parser.add_argument("--writes", type=int, default=200, help="writes per latency figure")
     parser.add_argument("--kills", type=int, default=6, help="SIGKILLs of the leader")
     parser.add_argument("--fsync-commits", type=int, default=300)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.member:
-        self_addr, peers, state_dir, secret = args.member
-        trio.run(_member, self_addr, peers.split(","), Path(state_dir), secret)
+        trio.run(_member, *member_of(args))
         return
     started = time.monotonic()
     rows: list[Row] = []

@@ -1,0 +1,130 @@
+"""S2 `FleetView` on a mixed fleet (issue 26): the fast path (`place`: each GPU profile's pool of nodes,
+the per-kind quick fit, the refusals copied once per profile) chooses, and refuses with, exactly what the
+straightforward one says: every node judged on its own (`FleetView.verdict`: the full filters, then
+its score), the best by score then name. Random small fleets where nodes differ in every way placement
+looks at: GPU counts, classes, memory as probes report it, health, MIG instances, reserves (devices,
+memory of each GPU, the machine's memory), engines, fabrics, storage, nodes awaiting approval."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmgw.domain.model import ModelDef
+from llmgw.domain.observed import Gpu, NodeInfo
+from llmgw.domain.state import Placement
+from llmgw.placement import FITS, FleetView, PlacementResult, Verdict
+from llmgw.testing.builders import GIB, model
+
+CLASSES = {"h100-80g": 80, "a100-40g": 40, "l40s-48g": 48}
+MIG = {"a100-80g-mig-3g.40gb": 40, "a100-80g-mig-1g.10gb": 10}
+FABRICS = ["ib-a", "ib-b", ""]
+
+
+@st.composite
+def mixed_nodes(draw: st.DrawFn) -> dict[str, NodeInfo]:
+    names = draw(st.lists(st.sampled_from([f"n{i}" for i in range(12)]), unique=True, max_size=10))
+    out = {}
+    for name in names:
+        gpus = []
+        cls = draw(st.sampled_from(sorted(CLASSES)))
+        jitter = draw(st.integers(0, 3)) * GIB // 2  # a probe reports a little under the card's size
+        for index in range(draw(st.integers(0, 6))):
+            state = draw(st.integers(0, 9))
+            gpus.append(Gpu(index, f"GPU-{name}-{index}", cls, cls, CLASSES[cls] * GIB - jitter, 0, healthy=state != 0,
+                            placeable=state != 1, reason="" if state > 1 else "not now"))
+        for n in range(draw(st.integers(0, 3)) if draw(st.integers(0, 2)) == 0 else 0):
+            mig = draw(st.sampled_from(sorted(MIG)))
+            gpus.append(Gpu(1000 + n, f"MIG-{name}-{n}", "mig", mig, MIG[mig] * GIB, 0, parent_index=0))
+        indexes = [g.index for g in gpus]
+        memory = draw(st.sampled_from([0, 32, 64, 96])) * GIB
+        info = NodeInfo(name, hostname=name, gpus=tuple(gpus), memory_total=memory,
+                        engines=draw(st.sampled_from([("vllm", "sim"), ("vllm", "sim"), ("sim",)])),
+                        fabric=draw(st.sampled_from(FABRICS)),
+                        reserved_gpus=tuple(draw(st.lists(st.sampled_from(indexes), unique=True, max_size=2)))
+                        if indexes and draw(st.integers(0, 3)) == 0 else (),
+                        reserved_vram=draw(st.sampled_from([0, 0, 0, 4, 30])) * GIB,
+                        reserved_memory=draw(st.sampled_from([0, 0, 16])) * GIB)
+        if draw(st.integers(0, 3)) == 0:
+            shared = draw(st.booleans())
+            info = replace(info, storage=({"path": "/srv", "fabric": info.fabric or "eth", "shared": shared,
+                                           "error": "", "not_weights": [],
+                                           "models": [{"name": "m0", "path": "/srv/m0", "kind": "gguf", "size": 1}]},))
+        out[name] = info
+    return out
+
+
+@st.composite
+def single_node_models(draw: st.DrawFn, name: str) -> ModelDef:
+    b = model(name).vllm(f"/srv/{name}")
+    if draw(st.integers(0, 7)) == 0:
+        return b.cpu().memory(draw(st.sampled_from([8, 30, 70]))).build()
+    gpus = draw(st.sampled_from([1, 1, 2, 3, 4]))
+    b = b.gpus(gpus)
+    roll = draw(st.integers(0, 5))
+    if roll < 2:
+        b = b.classes(*draw(st.lists(st.sampled_from(sorted(CLASSES)), min_size=1, max_size=2, unique=True)))
+    elif roll == 2 and gpus == 1:  # a MIG class takes one instance (validation refuses more)
+        b = b.classes(draw(st.sampled_from(sorted(MIG))))
+    if draw(st.booleans()):
+        b = b.memory(draw(st.sampled_from([8, 30, 36, 43, 60, 140])) * gpus)
+    return b.build()
+
+
+Said = tuple[str, str, str, str, dict[str, float]]
+
+
+def straightforward(view: FleetView, m: ModelDef) -> tuple[tuple[str, tuple[int, ...], float] | None, list[Said]]:
+    """Every node judged on its own, in name order: the best score wins, the first name among equals.
+    The choice (node, devices, score) and every other node's refusal."""
+    best: Verdict | None = None
+    refusals: list[Said] = []
+    for name in sorted(view.nodes):
+        v = view.verdict(m, name)
+        if v.verdict != FITS:
+            refusals.append((v.node, v.verdict, v.code, v.message, dict(v.numbers or {})))
+        elif v.score is not None and (best is None or best.score is None or v.score.rank() > best.score.rank()):
+            best = v
+    if best is None or best.score is None:
+        return None, refusals
+    return (best.node, best.gpus, best.score.total), refusals
+
+
+def said(result: PlacementResult) -> list[Said]:
+    return [(r.node, r.verdict, r.code, r.message, dict(r.numbers)) for r in result.refusals]
+
+
+def agree(view: FleetView, m: ModelDef) -> PlacementResult:
+    fast = view.place(m)
+    best, refusals = straightforward(view, m)
+    if best is None:
+        assert fast.choice is None and said(fast) == refusals
+    else:
+        assert fast.choice is not None and (fast.choice.node, fast.choice.gpus, fast.choice.score) == best
+    explained = view.place(m, explain=True)
+    assert explained.choice == fast.choice and said(explained) == refusals
+    return fast
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_the_fast_path_agrees_with_every_node_judged_on_its_own(data: Any):
+    nodes = data.draw(mixed_nodes())
+    wanted = [data.draw(single_node_models(f"m{i}")) for i in range(data.draw(st.integers(1, 6)))]
+    pending = data.draw(st.lists(st.sampled_from(sorted(nodes)), unique=True, max_size=2)) if nodes else []
+    view = FleetView(nodes, (), {m.name: m for m in wanted}, pending=pending)
+    taken: list[Placement] = []
+    for m in wanted:
+        for r in range(3):
+            result = agree(view, m)
+            if result.choice is None:
+                break
+            taken.extend(view.take(m, result.choice, f"{m.name}-r{r}"))
+    # Freed devices come back: after removing some, the pools still agree with every node judged anew.
+    for p in data.draw(st.lists(st.sampled_from(taken), unique=True)) if taken else []:
+        view.remove(p.replica_id)
+    for m in wanted:
+        agree(view, m)
