@@ -495,7 +495,9 @@ def _quick(need: Need, shapes: list[_Shape]) -> list[tuple[_Shape, _Fit]]:
     least = 1 if per_device is None else per_device
     out: list[tuple[_Shape, _Fit]] = []
     for shape in shapes:
-        if shape.capacity < taking or shape.pending or engine not in shape.engines:
+        if shape.capacity < taking or shape.pending or shape.cordoned or engine not in shape.engines:
+            continue
+        if engine == "llama.cpp" and engine_refusal(need, shape.rep) is not None:  # its form (llama-server)
             continue
         vram = shape.reserved_vram
         reserve = shape.reserve

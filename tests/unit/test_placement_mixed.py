@@ -42,7 +42,11 @@ def mixed_nodes(draw: st.DrawFn) -> dict[str, NodeInfo]:
         indexes = [g.index for g in gpus]
         memory = draw(st.sampled_from([0, 32, 64, 96])) * GIB
         info = NodeInfo(name, hostname=name, gpus=tuple(gpus), memory_total=memory,
-                        engines=draw(st.sampled_from([("vllm", "sim"), ("vllm", "sim"), ("sim",)])),
+                        engines=draw(st.sampled_from([("vllm", "sim"), ("vllm", "sim"), ("sim",),
+                                                      ("llama.cpp", "vllm", "sim")])),
+                        # llama.cpp's forms: only the in-process binding cannot run a replica on GPUs
+                        engine_versions=draw(st.sampled_from([{}, {"llama.cpp": "xllamacpp 0.2.1"},
+                                                              {"llama.cpp": "xllamacpp 0.2.1, llama-server b5000"}])),
                         fabric=draw(st.sampled_from(FABRICS)),
                         reserved_gpus=tuple(draw(st.lists(st.sampled_from(indexes), unique=True, max_size=2)))
                         if indexes and draw(st.integers(0, 3)) == 0 else (),
@@ -59,7 +63,7 @@ def mixed_nodes(draw: st.DrawFn) -> dict[str, NodeInfo]:
 
 @st.composite
 def single_node_models(draw: st.DrawFn, name: str) -> ModelDef:
-    b = model(name).vllm(f"/srv/{name}")
+    b = model(name).llamacpp() if draw(st.integers(0, 4)) == 0 else model(name).vllm(f"/srv/{name}")
     if draw(st.integers(0, 7)) == 0:
         return b.cpu().memory(draw(st.sampled_from([8, 30, 70]))).build()
     gpus = draw(st.sampled_from([1, 1, 2, 3, 4]))
@@ -115,7 +119,8 @@ def test_the_fast_path_agrees_with_every_node_judged_on_its_own(data: Any):
     nodes = data.draw(mixed_nodes())
     wanted = [data.draw(single_node_models(f"m{i}")) for i in range(data.draw(st.integers(1, 6)))]
     pending = data.draw(st.lists(st.sampled_from(sorted(nodes)), unique=True, max_size=2)) if nodes else []
-    view = FleetView(nodes, (), {m.name: m for m in wanted}, pending=pending)
+    cordoned = data.draw(st.lists(st.sampled_from(sorted(nodes)), unique=True, max_size=2)) if nodes else []
+    view = FleetView(nodes, (), {m.name: m for m in wanted}, pending=pending, cordoned=cordoned)
     taken: list[Placement] = []
     for m in wanted:
         for r in range(3):
