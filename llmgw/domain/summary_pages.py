@@ -77,7 +77,7 @@ def _flag(name: str, value: str) -> bool:
 def _count(name: str, value: str | None, default: int) -> int:
     if value is None:
         return default
-    if not (value.isascii() and value.isdigit()) or int(value) > MAX_ROWS:
+    if not (value.isascii() and value.isdigit() and len(value) <= len(str(MAX_ROWS))) or int(value) > MAX_ROWS:
         raise ValueError(f"{name} must be a whole number from 0 to {MAX_ROWS}, not {value!r:.40}")
     return int(value)
 
