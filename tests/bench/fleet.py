@@ -117,7 +117,7 @@ def main() -> int:
                 for want in (args.baseline, *steps):
                     began = time.monotonic()
                     fleets.append(fleet(control.url, want - have, have + 1, root / "fleet.log"))
-                    wait_for(f"{want} nodes connected", lambda: connected(api) == want, 60 + want * 0.3)
+                    wait_for(f"{want} nodes connected", lambda: connected(api) == want, 120 + want * 0.9)
                     have = want
                     print(f"{want} nodes connected in {time.monotonic() - began:.1f} s", flush=True)
                     time.sleep(SETTLE_S)
@@ -130,6 +130,8 @@ def main() -> int:
                     full = timed(api, "/api/v1/status?full=1", args.repeat, args.gap)
                     rows.append((f"status, {want} nodes", *default))
                     rows.append((f"status?full=1, {want} nodes", *full))
+                    for name, median, p95, size in rows[-2:]:  # as it goes: a later step may not come
+                        print(f"  {name}: median {median:.1f} ms, p95 {p95:.1f} ms, {size} bytes", flush=True)
                     if want != args.baseline:
                         judged.append((want, default[1], default[2], full[1], full[2]))
         finally:

@@ -285,3 +285,14 @@ def test_the_mirror_fetch_bench_runs() -> None:
     assert min(result["upload_s"], result["fetch_s"], result["verify_s"], result["cp_s"], result["verify_big_s"]) > 0
     out = bench.table(result)
     assert all(row in out for row in ("x cp", "upload (ctl mirror add", "fetch (HTTP", "verify a 1 MiB file"))
+
+
+async def test_the_status_bench_runs() -> None:
+    """tests/bench/status.py (`GET /api/v1/status` default and full, built and kept, against the route before pages)
+    on a toy fleet: every row measured, the default page smaller than the whole document; no time is judged here."""
+    bench = load_bench("status")
+    rows = await bench.measure(nodes=30, models=4, repeat=2)
+    assert [name.split(": ")[1] for name, *_ in rows] == [
+        "before (built, every row)", "default, built", "default, kept", "full=1, built", "full=1, kept"]
+    sizes = {name.split(": ")[1]: size for name, _, _, size in rows}
+    assert sizes["default, built"] < sizes["full=1, built"] and "vs before" in bench.table(rows)
