@@ -1,5 +1,5 @@
 """`GET /api/v1/status`'s document, aggregates first: the lists that grow with the fleet (a row per node, per
-model, per model holding replicas) carry a page of their rows, and `pages` says where the page starts, how long it
+model, per model holding replicas, per machine's certificate) carry a page of their rows, and `pages` says where the page starts, how long it
 may be and how many rows there are. `?full=1` is the whole document (every row, no `pages`: `Summary.to_doc()`,
 as before 0.3.0). Pure: `StatusQuery.parse` reads the query, `document` writes the summary's page.
 
@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 
 from llmgw.domain.summary import Summary
 
-# The lists paged, and the rows of each a plain `GET /api/v1/status` carries.
-DEFAULT_ROWS = {"nodes": 20, "models": 100, "idle": 20}
+# The lists paged (a row per node, per model, per model holding replicas, per machine's certificate), and the
+# rows of each a plain `GET /api/v1/status` carries.
+DEFAULT_ROWS = {"nodes": 20, "models": 100, "idle": 20, "certificates": 20}
 MAX_ROWS = 1_000_000  # the most a page may ask for (any fleet's every row)
 FLAGS = ("full", "short")
 PARAMS = (*FLAGS, *(k for name in DEFAULT_ROWS for k in (name, f"{name}_offset")))
@@ -49,6 +50,7 @@ class StatusQuery:
     nodes: Window = Window(0, DEFAULT_ROWS["nodes"])
     models: Window = Window(0, DEFAULT_ROWS["models"])
     idle: Window = Window(0, DEFAULT_ROWS["idle"])
+    certificates: Window = Window(0, DEFAULT_ROWS["certificates"])
     short: bool = False
 
     @classmethod
@@ -93,9 +95,11 @@ def document(s: Summary, q: StatusQuery) -> dict[str, Any]:
     if cluster.agents is not None:
         listed = {n.node for n in nodes}
         cluster = replace(cluster, agents=tuple(a for a in cluster.agents if a.get("node") in listed))
-    page = replace(s, cluster=cluster, nodes=nodes, models=q.models.of(models), idle=q.idle.of(s.idle))
+    page = replace(s, cluster=cluster, nodes=nodes, models=q.models.of(models), idle=q.idle.of(s.idle),
+                   certificates=q.certificates.of(s.certificates))
     return {**page.to_doc(), "pages": {
         "nodes": q.nodes.doc(len(s.nodes)),
         "models": {**q.models.doc(len(models)), "short": q.short},
         "idle": q.idle.doc(len(s.idle)),
+        "certificates": q.certificates.doc(len(s.certificates)),
     }}

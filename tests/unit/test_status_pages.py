@@ -4,6 +4,7 @@ look and its bytes built once per revision of what they read (counted, never tim
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,8 @@ from llmgw.control.hub import AgentHub
 from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands
 from llmgw.domain.keys import hash_key
-from llmgw.domain.summary_pages import DEFAULT_ROWS, StatusQuery
+from llmgw.domain.summary import CertRow
+from llmgw.domain.summary_pages import DEFAULT_ROWS, StatusQuery, document
 from llmgw.simfleet.nodes import HeldModel, NodeShape, node_info, node_names
 from llmgw.testing import MemoryStore
 from llmgw.testing.builders import model
@@ -73,7 +75,7 @@ async def test_the_default_document_at_1000_nodes_is_the_aggregates_and_a_page_u
         # The same keys in the same order, the pages said last; every aggregate as in the full document.
         assert list(doc) == [*full, "pages"]
         for key in ("node_counts", "capacity", "fabrics", "weights", "totals", "warnings", "notify", "guard",
-                    "certificates", "conditions"):
+                    "conditions"):
             assert doc[key] == full[key], key
         assert doc["node_counts"] == {"known": 1000, "connected": 1000, "not_connected": 0}
         assert doc["capacity"][0]["total"] == 8000 and doc["totals"]["models"] == 50
@@ -81,7 +83,8 @@ async def test_the_default_document_at_1000_nodes_is_the_aggregates_and_a_page_u
         assert doc["models"] == full["models"] and doc["idle"] == full["idle"][:DEFAULT_ROWS["idle"]]
         assert doc["pages"] == {"nodes": {"offset": 0, "limit": DEFAULT_ROWS["nodes"], "total": 1000},
                                 "models": {"offset": 0, "limit": DEFAULT_ROWS["models"], "total": 50, "short": False},
-                                "idle": {"offset": 0, "limit": DEFAULT_ROWS["idle"], "total": 50}}
+                                "idle": {"offset": 0, "limit": DEFAULT_ROWS["idle"], "total": 50},
+                                "certificates": {"offset": 0, "limit": DEFAULT_ROWS["certificates"], "total": 0}}
 
     await asking(ctx, check)
 
@@ -131,6 +134,17 @@ async def test_the_agents_listed_are_those_of_the_nodes_listed() -> None:
     assert [a["node"] for a in doc["cluster"]["agents"]] == [n["node"] for n in doc["nodes"]] == node_names(12)[4:7]
     full = json.loads(ctx.status_cache.body(ctx.look_inputs(table), StatusQuery(full=True), 1.0))
     assert full["cluster"]["agents"] == agents
+
+
+def test_the_machines_certificates_are_a_page_too() -> None:
+    ctx, _ = world(3, 1)
+    one = dataclasses.replace(ctx.look(ctx.local_cluster()).summary, certificates=tuple(
+        CertRow("agent", f"sim-{i:04d}", NOW + 86400 * 30 + i, 86400 * 30.0 + i) for i in range(1000)))
+    doc = document(one, StatusQuery())
+    assert doc["certificates"] == one.to_doc()["certificates"][:DEFAULT_ROWS["certificates"]]
+    assert doc["pages"]["certificates"] == {"offset": 0, "limit": DEFAULT_ROWS["certificates"], "total": 1000}
+    assert document(one, StatusQuery.parse({"certificates": "5", "certificates_offset": "995"}))["certificates"] == \
+        one.to_doc()["certificates"][995:]
 
 
 @pytest.mark.parametrize("query, words", [

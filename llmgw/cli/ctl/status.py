@@ -28,7 +28,7 @@ def status(*, session: SessionParam,
 
     With --json, the document `GET /api/v1/status` answers: the aggregates (`node_counts`, `capacity`, `fabrics`,
     `totals`, `warnings`, `conditions`...) and a page of each list that grows with the fleet (`nodes`, `models`,
-    `idle`: their first 20, 100 and 20 rows), with `pages` saying each one's `offset`, `limit` and `total`
+    `idle`, `certificates`: their first 20, 100, 20 and 20 rows), with `pages` saying each one's `offset`, `limit` and `total`
     (docs/api.md). `GET /api/v1/status?nodes=50&nodes_offset=100` pages on.
 
     Parameters
