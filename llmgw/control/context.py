@@ -26,6 +26,7 @@ from llmgw import __version__
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members
 from llmgw.control.reconciler import Reconciler
+from llmgw.control.status_cache import StatusCache
 from llmgw.control.trust import Trust
 from llmgw.domain.trust import hash_token
 from llmgw.trust.ca import Identity
@@ -123,6 +124,8 @@ class Context:
     # Machines inside this very process (`llmgw up`'s own agent): a random credential each, held in memory
     # only, by its hash (`local_credential`). Never written, never sent off this host.
     local_machines: dict[str, Identity] = field(default_factory=dict)
+    # `GET /api/v1/status`'s last look and its serialized pages (control/status_cache.py).
+    status_cache: StatusCache = field(default_factory=StatusCache)
 
     def local_credential(self, role: str, name: str) -> str:
         """A credential for a machine run inside this process (its stream still goes over loopback):

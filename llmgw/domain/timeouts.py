@@ -109,6 +109,7 @@ class Timeouts:
     leader_handover_s: float = _t(2.0, "control", "on stop, a leading control plane waits this long for its most caught-up member to take leadership over (Raft's TimeoutNow) before it stops anyway; the others then elect after their election timeout")
     admin_shutdown_grace_s: float = _t(1.0, "control", "on stop, the admin API's open requests get this long (streams close at once)")
     admin_forward_s: float = _t(15.0, "control", "a standby waits this long for the leader's answer to a request it forwarded (longer than store_commit_s, so the leader's own answer comes first)")
+    status_cache_s: float = _t(1.0, "control", "`GET /api/v1/status` answers from the summary it built last while nothing that summary reads has changed (the state, what agents report, the reconciler's views, the members, the webhooks), for at most this long: its clock-derived figures (ages, idle times, ETAs, timers) are at most this old")
     member_probe_s: float = _t(1.0, "control", "listing the members, each member's /api/v1/cluster/self gets this long to answer; one that does not shows as missing")
     mirror_sync_s: float = _t(5.0, "control", "each control plane looks at least this often for mirror blobs it lacks (pulled from the leader) and blobs no name refers to (deleted); a change of the catalog wakes it at once")
     mirror_pull_read_s: float = _t(30.0, "control", "a standby's pull of a mirror blob from the leader gives up when no byte arrives for this long (and resumes at the next pass)")

@@ -306,3 +306,14 @@ async def test_the_wake_bench_runs() -> None:
     assert len(found["cold"]) == len(found["slept"]) == 1
     assert found["slept"][0] < found["cold"][0]
     assert bench.table(found, 1.0, 0.01)[2][4].endswith("x faster")
+
+
+async def test_the_status_bench_runs() -> None:
+    """tests/bench/status.py (`GET /api/v1/status` default and full, built and kept, against the route before pages)
+    on a toy fleet: every row measured, the default page smaller than the whole document; no time is judged here."""
+    bench = load_bench("status")
+    rows = await bench.measure(nodes=30, models=4, repeat=2)
+    assert [name.split(": ")[1] for name, *_ in rows] == [
+        "before (built, every row)", "default, built", "default, kept", "full=1, built", "full=1, kept"]
+    sizes = {name.split(": ")[1]: size for name, _, _, size in rows}
+    assert sizes["default, built"] < sizes["full=1, built"] and "vs before" in bench.table(rows)

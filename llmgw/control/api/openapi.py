@@ -14,7 +14,7 @@ from typing import Any
 
 from llmgw import __version__
 from llmgw.control.api.route import IDEMPOTENCY_KEY_MAX_CHARS
-from llmgw.domain import conditions, guard, model, usage
+from llmgw.domain import conditions, guard, model, summary_pages as status_pages, usage
 from llmgw.domain.judges import STATUSES
 from llmgw.domain.trust import MACHINE_ROLES
 from llmgw.domain.keys import KEY_ROLES, LIMIT_MAX, NAME_MAX_CHARS, SCOPE_MAX_MODELS
@@ -74,6 +74,7 @@ _STR: Schema = {"type": "string"}
 _INT: Schema = {"type": "integer"}
 _NUM: Schema = {"type": "number"}
 _BOOL: Schema = {"type": "boolean"}
+_FLAG: Schema = {"type": "string", "enum": ["1", "0", "true", "false", "yes", "no"]}
 _ANY: Schema = {}  # any JSON value
 _OBJ: Schema = {"type": "object"}
 
@@ -389,10 +390,22 @@ def _paths() -> Schema:
                                                                    "content": {"text/plain": {"schema": _STR}}}}}},
         PATH: {"get": {"summary": "this document (no key)", "security": [], "responses": {
             "200": {"description": "the OpenAPI document", **_json(_OBJ)}}}},
-        "/api/v1/status": {"get": _op("the cluster summary (`ctl status`)", _obj({
-            "cluster": _OBJ, "nodes": _arr(_OBJ), "node_counts": _OBJ, "capacity": _arr(_OBJ),
-            "fabrics": _arr(_OBJ), "weights": _arr(_OBJ), "models": _arr(_OBJ), "totals": _OBJ,
-            "idle": _arr(_OBJ), "warnings": _arr(_ANY), "notify": _ANY, "conditions": _arr(_ref("Condition"))}))},
+        "/api/v1/status": {"get": _op(
+            "the cluster summary (`ctl status`): the aggregates and a page of each list that grows with the fleet "
+            "(`pages`; `full=1`: every row, no `pages`)", _obj({
+                "cluster": _OBJ, "nodes": _arr(_OBJ), "node_counts": _OBJ, "capacity": _arr(_OBJ),
+                "fabrics": _arr(_OBJ), "weights": _arr(_OBJ), "models": _arr(_OBJ), "totals": _OBJ,
+                "idle": _arr(_OBJ), "warnings": _arr(_ANY), "notify": _ANY, "conditions": _arr(_ref("Condition")),
+                "pages": _obj({name: _obj({"offset": _INT, "limit": _INT, "total": _INT,
+                                           **({"short": _BOOL} if name == "models" else {})})
+                               for name in status_pages.DEFAULT_ROWS})}),
+            errors=("400",), params=(
+                _query("full", _FLAG, "1: the whole document, every row of every list (no other parameter with it)"),
+                *(p for name, rows in status_pages.DEFAULT_ROWS.items() for p in (
+                    _query(name, _int(0, status_pages.MAX_ROWS), f"rows of `{name}` in the page (default {rows})"),
+                    _query(f"{name}_offset", _int(0, status_pages.MAX_ROWS), f"the first row of `{name}` listed"))),
+                _query("short", _FLAG, "1: only the models short of what they should have now (`satisfied` not true)"),
+            ))},
         **_notify_paths(),
         "/api/v1/plan": {"post": _op("where one more replica would land now; changes nothing", _obj({
             "model": _STR, "revision": _INT, "nodes": _INT, "fits": _BOOL, "choice": _null(_OBJ), "reason": _STR,

@@ -56,9 +56,18 @@ def render_status(doc: Mapping[str, Any]) -> str:
     out += _fabrics(dig(doc, "fabrics"))
     out += _models(doc)
     out += status_section(doc)  # the guard judges (render/guard.py)
-    out += _idle(dig(doc, "idle"))
+    out += _idle(doc)
     out += _warnings(doc)
     return "\n".join(out)
+
+
+def _total(doc: Mapping[str, Any], name: str, rows: Any) -> int:
+    """How many rows list `name` has: its page's `total` (a paged document: `GET /api/v1/status` lists a page of
+    each list that grows with the fleet), else the rows there are (`?full=1`, or an older control plane)."""
+    total = dig(doc, "pages", name, "total")
+    if isinstance(total, int) and not isinstance(total, bool):
+        return total
+    return len(rows) if isinstance(rows, list) else 0
 
 
 def _header(cluster: Mapping[str, Any]) -> str:
@@ -81,11 +90,14 @@ def _header(cluster: Mapping[str, Any]) -> str:
 def _nodes(doc: Mapping[str, Any], cluster: Mapping[str, Any]) -> list[str]:
     """A small fleet's node table; a large one's counts (`ctl nodes` lists each)."""
     nodes = dig(doc, "nodes")
-    if not isinstance(nodes, list) or not nodes:
+    total = _total(doc, "nodes", nodes)
+    if not isinstance(nodes, list) or not total:
         return ["", "NODES", "no nodes have reported"]
-    if len(nodes) > SMALL_FLEET:
-        down = sum(1 for n in nodes if dig(n, "connected") is False)
-        line = f"NODES  {len(nodes) - down} connected" + (f", {down} not connected" if down else "")
+    if total > SMALL_FLEET or len(nodes) < total:
+        down = (dig(doc, "node_counts", "not_connected") if len(nodes) < total
+                else sum(1 for n in nodes if dig(n, "connected") is False))
+        down = down if isinstance(down, int) else 0
+        line = f"NODES  {total - down} connected" + (f", {down} not connected" if down else "")
         return ["", line + "  (`llmgw ctl nodes` lists each)"]
     agents = dig(cluster, "agents")  # the agents' last contact, when the leader listed them
     contact = {dig(a, "node"): dig(a, "last_contact_age_s") for a in agents} if isinstance(agents, list) else None
@@ -181,17 +193,24 @@ def _held(m: Any) -> str:
 
 def _models(doc: Mapping[str, Any]) -> list[str]:
     models = dig(doc, "models")
-    if not isinstance(models, list) or not models:
+    short_only = dig(doc, "pages", "models", "short") is True  # `ctl status` asked for the short ones
+    count = dig(doc, "totals", "models") if short_only else _total(doc, "models", models)
+    if not isinstance(models, list) or not isinstance(count, int) or not count:
         return ["", "MODELS", NO_MODELS]
     head = "MODELS" + _totals_line(dig(doc, "totals"))
     shown: Sequence[Any] = models
     left = ""
-    if len(models) > MODEL_ROWS:
+    if count > MODEL_ROWS:
         # A large catalog: the models short of what they should have now (or not judged yet).
-        short = [m for m in models if dig(m, "satisfied") is not True]
+        short = models if short_only else [m for m in models if dig(m, "satisfied") is not True]
         shown = short[:MODEL_ROWS]
-        fine = len(models) - len(short)
-        left = (f"  … {len(short) - len(shown)} more short, " if len(short) > len(shown) else "  … ") + \
+        short_count = len(short)
+        if short_only:
+            short_count = _total(doc, "models", short)
+        elif len(models) < count and isinstance(dig(doc, "totals", "satisfied"), int):
+            short_count = count - dig(doc, "totals", "satisfied")  # a page of the models: the totals count them
+        fine = count - short_count
+        left = (f"  … {short_count - len(shown)} more short, " if short_count > len(shown) else "  … ") + \
             f"{fine} satisfied not listed (`llmgw ctl models` lists each)"
     out = ["", head]
     if shown:
@@ -239,16 +258,18 @@ def idle_for(seconds: Any) -> str | None:
     return f"{s // 3600} h {s % 3600 // 60} min"
 
 
-def _idle(rows: Any) -> list[str]:
+def _idle(doc: Mapping[str, Any]) -> list[str]:
     """Models holding replicas, longest unasked-for first: what could be stopped."""
+    rows = dig(doc, "idle")
     if not isinstance(rows, list) or not rows:
         return []
+    total = _total(doc, "idle", rows)
     out = ["", "UNASKED-FOR (longest idle first; - = not observed since this leader started)", table(
         ["MODEL", "MODE", "REPLICAS", "GPUS", "IDLE FOR", "STOPS AFTER"],
         ([dig(r, "model"), dig(r, "mode"), _known_count(dig(r, "replicas")), _known_count(dig(r, "gpus")),
           idle_for(dig(r, "idle_s")), idle_for(dig(r, "idle_timeout_s"))] for r in rows[:IDLE_ROWS]))]
-    if len(rows) > IDLE_ROWS:
-        out.append(f"  … {len(rows) - IDLE_ROWS} more (`--json` lists each)")
+    if total > IDLE_ROWS:
+        out.append(f"  … {total - IDLE_ROWS} more (`--json` lists each)")
     return out
 
 
