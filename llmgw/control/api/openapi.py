@@ -398,7 +398,9 @@ def _paths() -> Schema:
                 "idle": _arr(_OBJ), "warnings": _arr(_ANY), "notify": _ANY, "conditions": _arr(_ref("Condition")),
                 "pages": _obj({name: _obj({"offset": _INT, "limit": _INT, "total": _INT,
                                            **({"short": _BOOL} if name == "models" else {})})
-                               for name in status_pages.DEFAULT_ROWS})}),
+                               for name in status_pages.DEFAULT_ROWS})},
+                ("cluster", "nodes", "node_counts", "capacity", "fabrics", "weights", "models", "totals", "idle",
+                 "warnings", "notify", "conditions")),  # `pages`: absent with full=1
             errors=("400",), params=(
                 _query("full", _FLAG, "1: the whole document, every row of every list (no other parameter with it)"),
                 *(p for name, rows in status_pages.DEFAULT_ROWS.items() for p in (
