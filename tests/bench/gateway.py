@@ -397,6 +397,9 @@ def _options() -> argparse.Namespace:
     parser.add_argument("--seq-s", type=float, default=3.0, help="seconds per sequential (c=1) wrk run")
     parser.add_argument("--load-s", type=float, default=3.0, help="seconds per wrk run at --concurrency")
     parser.add_argument("--ttfc-samples", type=int, default=200, help="sequential streamed requests per round")
+    parser.add_argument("--gap-ms", type=float, default=1.0,
+                        help="the upstream's pause between two streamed chunks (0: back to back; docs/performance.md, "
+                             "'The stream's first chunk')")
     parser.add_argument("--profile-s", type=float, default=4.0, help="seconds of the profiled gateway run (0: none)")
     parser.add_argument("--save-profile", type=Path, help="keep the gateway's cProfile here (for pstats/snakeviz)")
     lite = parser.add_mutually_exclusive_group()
@@ -437,7 +440,8 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp_name:
             tmp = Path(tmp_name)
-            up_proc, upstream = procs.start([sys.executable, str(Path(__file__).parent / "_upstream.py")])
+            up_proc, upstream = procs.start([sys.executable, str(Path(__file__).parent / "_upstream.py"),
+                                             f"--gap-ms={opts.gap_ms:g}"])
             script = _wrk.write_script(tmp, "chat", CHAT, key)
             gw_proc, gw_url = procs.start(_gateway_args(upstream, tmp / "log-1"), env)
             direct = Target("direct", upstream, script, key, [up_proc.pid])
