@@ -28,43 +28,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from llmgw.control.api import make_app  # noqa: E402
 from llmgw.control.context import Context  # noqa: E402
-from llmgw.control.hub import AgentHub  # noqa: E402
-from llmgw.control.reconciler import Reconciler  # noqa: E402
-from llmgw.domain import commands  # noqa: E402
-from llmgw.domain.keys import hash_key  # noqa: E402
-from llmgw.simfleet.nodes import HeldModel, NodeShape, node_info, node_names  # noqa: E402
-from llmgw.testing import MemoryStore  # noqa: E402
-from llmgw.testing.builders import model  # noqa: E402
+from tests.support import status_world  # noqa: E402
+from tests.support.status_world import Clock  # noqa: E402
 
 GOAL_P95_MS = 150.0
 GOAL_BYTES = 1_000_000
 KEY = "sk-bench-status-0123456789"
-SHAPE = NodeShape(gpus=8, fabrics=("ib-a", "ib-b"), holds=(HeldModel.parse("model-01"),))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def world(nodes: int, models: int) -> tuple[Context, Clock]:
     """A leader with `nodes` simulated nodes connected and `models` sim models placed on the first ones."""
-    store, clock = MemoryStore(), Clock()
-    store.submit_nowait(commands.add_key(hash_key(KEY), "admin", "admin", 0.0))
-    hub = AgentHub(clock=clock)
-    names = node_names(nodes)
-    for i, name in enumerate(names):
-        send, _ = trio.open_memory_channel[dict[str, Any]](1)
-        hub.report_inventory(hub.connect(name, send), node_info(SHAPE, name, SHAPE.fabric_of(i, nodes)))
-    for i in range(models):
-        m = model(f"model-{i + 1:02d}").sim().gpus(1 + i % 2).build()
-        store.submit_nowait(commands.put_model(m, 0.0))
-        store.submit_nowait(commands.add_placement(m.name, names[i % nodes], tuple(range(1 + i % 2)),
-                                                   m.launch_hash(), 0.0))
-    return Context(store=store, hub=hub, reconciler=Reconciler(store, hub, clock=clock), clock=clock), clock
+    return status_world.world(nodes, models, KEY)
 
 
 async def timed(ask: Callable[[], Awaitable[bytes]], repeat: int, between: Callable[[], None]) -> tuple[float, float, int]:

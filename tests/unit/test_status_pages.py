@@ -11,49 +11,21 @@ from typing import Any
 
 import httpx
 import pytest
-import trio
 
 from llmgw.control.api import make_app
 from llmgw.control.context import Context
-from llmgw.control.hub import AgentHub
-from llmgw.control.reconciler import Reconciler
 from llmgw.domain import commands
-from llmgw.domain.keys import hash_key
 from llmgw.domain.summary import CertRow
 from llmgw.domain.summary_pages import DEFAULT_ROWS, StatusQuery, document
-from llmgw.simfleet.nodes import HeldModel, NodeShape, node_info, node_names
-from llmgw.testing import MemoryStore
-from llmgw.testing.builders import model
+from llmgw.simfleet.nodes import node_names
+from tests.support import status_world
+from tests.support.status_world import NOW, Clock
 
 ADMIN = "sk-status-pages-admin-0123456789"
-NOW = 1_800_000_000.0
-SHAPE = NodeShape(gpus=8, fabrics=("ib-a", "ib-b"), holds=(HeldModel.parse("model-01"),))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def world(nodes: int, models: int = 50) -> tuple[Context, Clock]:
-    """A leader's context with `nodes` simulated nodes connected (as `llmgw sim-fleet` reports them) and `models`
-    sim models, each placed on a node: the reconciler has not run (every model unknown: short)."""
-    store, clock = MemoryStore(), Clock()
-    store.submit_nowait(commands.add_key(hash_key(ADMIN), "admin", "admin", 0.0))
-    hub = AgentHub(clock=clock)
-    names = node_names(nodes)
-    for i, name in enumerate(names):
-        send, _ = trio.open_memory_channel[dict[str, Any]](1)
-        hub.report_inventory(hub.connect(name, send), node_info(SHAPE, name, SHAPE.fabric_of(i, nodes)))
-    for i in range(models):
-        m = model(f"model-{i:03d}").sim().gpus(1 + i % 2).build()
-        store.submit_nowait(commands.put_model(m, 0.0))
-        store.submit_nowait(commands.add_placement(m.name, names[i % nodes], tuple(range(1 + i % 2)),
-                                                   m.launch_hash(), 0.0))
-    return Context(store=store, hub=hub, reconciler=Reconciler(store, hub, clock=clock), clock=clock), clock
+    return status_world.world(nodes, models, ADMIN)
 
 
 async def asking(ctx: Context, check: Callable[[httpx.AsyncClient], Any]) -> None:
