@@ -31,15 +31,12 @@ import httpx
 import pytest
 
 from llmgw.domain.settings import SETTINGS
+from tests.support.browser import chromium, stop_all  # skips this module without chromium
 from tests.support.processes import UpProcess
 from tests.support.small_png import RGBA_OF_PNG_JS, palette_png
 
 pytestmark = pytest.mark.slow
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package (the test extra) is not installed")
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():
-    pytest.skip("Debian's chromium is not installed (.ci/system-packages.sh installs it)", allow_module_level=True)
 
 SIM_NODES, MIG_NODES = 30, 2
 PAGES = ("Overview", "Nodes", "Models", "Requests", "Guardrails", "Settings", "Do")
@@ -129,24 +126,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c.ctl("guard", "set", "safety", "--judge", "llama-guard", "--models", "broken", "--on-error", "open")
         yield c
     finally:
-        for f in c.fleets:
-            f.terminate()
-        for f in c.fleets:
-            try:
-                f.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                f.kill()
+        stop_all(c.fleets)
         log.close()
         up.kill()
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                              args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 class Console:

@@ -26,15 +26,12 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 
+from tests.support.browser import chromium, stop_all  # skips this module without chromium
 from tests.support.processes import UpProcess
 from tests.support.small_png import RGBA_OF_PNG_JS, palette_png
 
 pytestmark = pytest.mark.slow
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package (the test extra) is not installed")
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():
-    pytest.skip("Debian's chromium is not installed (.ci/system-packages.sh installs it)", allow_module_level=True)
 
 FLEETS = (  # 18 nodes: (prefix, how many, sim-fleet flags)
     ("h100", 8, ["--class", "h100-80g", "--fabric", "ib-a", "--fabric", "ib-b", "--storage-holds", "demo"]),
@@ -123,24 +120,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         kept = os.environ.get("LLMGW_SCREENSHOTS")
         yield {**creds, "shots": Path(kept or tmp_path_factory.mktemp("shots")), "small": bool(kept)}
     finally:
-        for f in fleets:
-            f.terminate()
-        for f in fleets:
-            try:
-                f.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                f.kill()
+        stop_all(fleets)
         log.close()
         up.kill()
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                              args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def test_every_card_holds_its_table_and_the_chart_shows_the_current_hour_at_1400_1280_and_800_px(
