@@ -22,17 +22,16 @@ import os
 import ssl
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
 
 from llmgw.domain.settings import SETTINGS
 from tests.support.browser import chromium, stop_all  # skips this module without chromium
-from tests.support.processes import UpProcess
+from tests.support.processes import UpProcess, until
 from tests.support.small_png import RGBA_OF_PNG_JS, palette_png
 
 pytestmark = pytest.mark.slow
@@ -88,17 +87,6 @@ class Cluster:
         return r.json()
 
 
-def until(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("console")
@@ -120,7 +108,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                                               "--ca-file", c.ca_file, *flags], env=env, stdout=log,
                                              stderr=subprocess.STDOUT))
         until("every simulated node connected", lambda: len(c.api("/api/v1/nodes")["nodes"])
-              >= SIM_NODES + MIG_NODES + 1, 45)
+              >= SIM_NODES + MIG_NODES + 1, 45, every=0.2)
         # A policy whose judge is not served: Guardrails and Do say what is wrong with it. It checks only the
         # model that never answers (and lets requests through if the judge cannot), so it blocks nothing.
         c.ctl("guard", "set", "safety", "--judge", "llama-guard", "--models", "broken", "--on-error", "open")
@@ -366,7 +354,7 @@ def test_retry_a_parked_model(admin: Console, cluster: Cluster) -> None:
     def parked() -> bool:
         return bool(cluster.api("/api/v1/models/broken")["model"]["status"]["parked"])
 
-    until("broken parked after its failed starts", parked, 45)
+    until("broken parked after its failed starts", parked, 45, every=0.2)
     admin.nav("Do")
     assert "--fail-start" in admin.testid("parked-table").inner_text()
     admin.shot("do")

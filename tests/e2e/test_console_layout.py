@@ -19,15 +19,14 @@ import os
 import ssl
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
 
 from tests.support.browser import chromium, stop_all  # skips this module without chromium
-from tests.support.processes import UpProcess
+from tests.support.processes import UpProcess, until
 from tests.support.small_png import RGBA_OF_PNG_JS, palette_png
 
 pytestmark = pytest.mark.slow
@@ -77,17 +76,6 @@ NEWEST_BAR = """() => {
 }"""
 
 
-def until(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("glance")
@@ -106,7 +94,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                           headers={"Authorization": f"Bearer {creds['admin_key']}"})
             return len(r.json()["nodes"]) if r.status_code == 200 else 0
 
-        until("every simulated node connected", lambda: nodes() >= sum(n for _, n, _ in FLEETS) + 1, 60)
+        until("every simulated node connected", lambda: nodes() >= sum(n for _, n, _ in FLEETS) + 1, 60, every=0.3)
 
         def served() -> bool:  # traffic in the current hour: the chart's newest bar
             r = httpx.post(creds["gateway_url"] + "/chat/completions", timeout=30,
@@ -114,7 +102,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                            json={"model": "demo", "messages": [{"role": "user", "content": "at a glance"}]})
             return r.status_code == 200
 
-        until("demo answering", served, 60)
+        until("demo answering", served, 60, every=0.3)
         for _ in range(4):
             assert served()
         kept = os.environ.get("LLMGW_SCREENSHOTS")
@@ -151,7 +139,7 @@ def test_every_card_holds_its_table_and_the_chart_shows_the_current_hour_at_1400
                 seen: dict[str, Any] = page.evaluate(NEWEST_BAR)
                 return seen if seen["value"] > 0 else None
 
-            bar = until("the current hour's requests on the chart", newest, 30)
+            bar = until("the current hour's requests on the chart", newest, 30, every=0.3)
             assert bar["height"] >= 1, bar
             assert bar["card_left"] <= bar["left"] and bar["right"] <= bar["card_right"] <= bar["window"], bar
             for name, path in PAGES:

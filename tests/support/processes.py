@@ -70,16 +70,16 @@ def kill_engines_under(root: Path) -> list[int]:
     return killed
 
 
-def until(what: str, probe: Callable[[], Any], limit: float = 60.0) -> Any:
-    """`probe()` until it gives something true (returned); AssertionError naming `what` after `limit` s
-    (a bound a loaded machine never reaches, not a timing)."""
+def until(what: str, probe: Callable[[], Any], limit: float = 60.0, every: float = 0.05) -> Any:
+    """`probe()` every `every` s until it gives something true (returned); AssertionError naming `what` after
+    `limit` s (a bound a loaded machine never reaches, not a timing)."""
     deadline = time.monotonic() + limit
     while True:
         got = probe()
         if got:
             return got
         assert time.monotonic() < deadline, f"{what}: not within {limit:g} s"
-        time.sleep(0.05)
+        time.sleep(every)
 
 
 def alive(pid: int) -> bool:
