@@ -188,7 +188,12 @@ class ModelDef:
 
     def launch_hash(self) -> str:
         """What a running replica was started from: a change here replaces replicas
-        and un-parks the model (a new source or profile deserves a fresh try)."""
+        and un-parks the model (a new source or profile deserves a fresh try). Kept on the
+        definition once worked out: every plan hashes every model it places, and a definition lives
+        until it changes (`Need.__hash__` keeps its hash the same way)."""
+        found: str | None = self.__dict__.get("_launch_hash")
+        if found is not None:
+            return found
         # The fields of `to_doc` it reads, written as `to_doc` writes them (a plan hashes every model it places).
         launch: dict[str, Any] = {"engine": self.engine, "role": self.role, "source": self.source,
                                   "args": list(self.args), "profile": self.profile.to_doc()}
@@ -197,7 +202,8 @@ class ModelDef:
         if self.sleep_level:  # vLLM starts with sleep mode on (`--enable-sleep-mode`) or not: a new launch
             launch["sleep_mode"] = True
         blob = json.dumps(launch, sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        found = self.__dict__["_launch_hash"] = hashlib.sha256(blob).hexdigest()[:16]
+        return found
 
     @classmethod
     def from_doc(cls, doc: Any) -> ModelDef:
