@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from llmgw import catalog as catalog_mod
-from llmgw.cli import _ports
+from llmgw.cli import _collector, _ports
 from llmgw.cli._lifecycle import serve_until_signal
 from llmgw import console, logs, statedir
 from llmgw.agent import AgentConfig
@@ -164,6 +164,7 @@ def run(opts: UpOptions) -> int:
     with statedir.acquire_or_exit(state_dir, "llmgw up") as lock:
         logs.setup(json_lines=opts.log_json, level=opts.log_level, log_file=state_dir / "logs" / "llmgw.log")
         lock.warn_tightened()
+        _collector.settle()
         try:
             return trio.run(main, opts)
         except KeyboardInterrupt:

@@ -12,6 +12,7 @@ import ssl
 
 from cyclopts import Parameter
 
+from llmgw.cli import _collector
 from llmgw.cli._log_flags import LogFlags
 
 if TYPE_CHECKING:
@@ -268,6 +269,7 @@ def control(
                     handle = await nursery.start(serve, cfg)
                 task_status.started(handle)
 
+        _collector.settle()
         status = trio.run(serve_until_signal, serve_naming_ports)
     if cfg.restart_asked:  # out of the state dir's lock: the program that runs next takes it again
         restart_in_place(cfg.restart_into[-1] if cfg.restart_into else None)
@@ -359,6 +361,7 @@ def agent(
                           engine_host=engine_host, storage=dirs, fabric=fabric or "", timeouts=timeouts,
                           stop_engines_on_exit=stop_engines_on_exit, mirror_cache=mirror_cache,
                           mirror_cache_bytes=int(mirror_cache_gib * 2**30), reserve=kept)
+        _collector.settle()
         status = trio.run(serve_until_signal, serve, cfg)
     if cfg.restart_asked:  # out of the state dir's lock: the program that runs next takes it again
         restart_in_place(cfg.restart_into[-1] if cfg.restart_into else None)
@@ -575,6 +578,7 @@ def gateway(
                 print(f"llmgw gateway ready url={handle.url}/v1{f' workers={pids}' if pids else ''}", flush=True)
                 task_status.started(handle)
 
+        _collector.settle()
         status = trio.run(serve_until_signal, serve_naming_port)
     if handover is not None and handover.fd is not None and returned:  # drained: out of the state dir's lock
         os.set_inheritable(handover.fd, True)  # the one descriptor the next program keeps: /v1's listener

@@ -198,5 +198,5 @@ def render(s: Summary, ctx: Context) -> str:
 def register(app: QuartTrio) -> None:
     @auth.console_route(app, "/")
     async def overview(session: sessions.Session, ctx: Context) -> str:
-        look = ctx.look(await ctx.cluster(auth.authorization(session)))
+        look = await ctx.look_beside(await ctx.cluster(auth.authorization(session)))
         return page("Overview", "Overview", render(look.summary, ctx), session=session)

@@ -40,7 +40,7 @@ from llmgw.mirror.blobs import BlobStore
 from llmgw.mirror.sync import MirrorSync
 from llmgw.statedir import FIRST_ADMIN_FILE
 from llmgw.notify.notifier import Notifier
-from llmgw.notify.watch import control_conditions, http_post, watch
+from llmgw.notify.watch import control_conditions_beside, http_post, watch
 from llmgw.store import RaftStore
 from llmgw.store.journal import DEFAULT_FSYNC, FsyncPolicy
 from llmgw.trust.files import MachineFiles
@@ -301,7 +301,7 @@ async def serve(config: ControlConfig, *, task_status: Any = trio.TASK_STATUS_IG
                 await nursery.start(floating.run)
             await nursery.start(reconciler.run)
             await nursery.start(notifier.run)
-            await nursery.start(functools.partial(watch, notifier, lambda: control_conditions(ctx),
+            await nursery.start(functools.partial(watch, notifier, lambda: control_conditions_beside(ctx),
                                                   lambda: store.snapshot().settings, store.is_leader,
                                                   clock=config.clock, timeouts=timeouts,
                                                   ledger=notify_ops.ledger(ctx)))

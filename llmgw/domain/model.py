@@ -186,6 +186,10 @@ class ModelDef:
             doc["sleep_level"] = self.sleep_level
         return doc
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy or a pickle holds the fields only: `launch_hash`'s memo is not part of the value.
+        return {k: v for k, v in self.__dict__.items() if k != "_launch_hash"}
+
     def launch_hash(self) -> str:
         """What a running replica was started from: a change here replaces replicas
         and un-parks the model (a new source or profile deserves a fresh try). Kept on the

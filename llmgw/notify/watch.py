@@ -6,7 +6,7 @@ the notifier delivers with (httpx).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -41,13 +41,21 @@ def control_conditions(ctx: Context, now: float | None = None) -> list[Condition
     return list(ctx.look(ctx.local_cluster(), now).conditions)
 
 
-async def watch(notifier: Notifier, evaluate: Callable[[], list[Condition]], settings: Callable[[], Any],
+async def control_conditions_beside(ctx: Context) -> list[Condition]:
+    """`control_conditions` now, built in a worker thread when the fleet is large (`Context.look_beside`): the
+    leader's check, every `notify_check_s`, never stops its loop for a summary of 1,000 nodes."""
+    return list((await ctx.look_beside(ctx.local_cluster())).conditions)
+
+
+async def watch(notifier: Notifier, evaluate: Callable[[], list[Condition] | Awaitable[list[Condition]]],
+                settings: Callable[[], Any],
                 leads: Callable[[], bool], *, clock: Callable[[], float], timeouts: Timeouts = TIMEOUTS,
                 ledger: Ledger | None = None, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Every `notify_check_s` while `leads()`: the webhooks from the settings, then the conditions to the
     notifier, checked against those the replicated state holds as posted (`ledger`; in the notifier's own
     memory without one, or while the group cannot record them). Its own task: a check or a delivery never
-    waits on a reconcile pass, nor one on them (a check waits for its commit: `store_commit_s` at most)."""
+    waits on a reconcile pass, nor one on them (a check waits for its commit: `store_commit_s` at most).
+    `evaluate` gives the conditions, or an awaitable of them (`control_conditions_beside`)."""
     task_status.started()
     leading = False
     while True:
@@ -55,10 +63,14 @@ async def watch(notifier: Notifier, evaluate: Callable[[], list[Condition]], set
             leading = True
             try:
                 notifier.configure(webhooks_of(effective(settings(), "notify.webhooks")))
+                found = evaluate()
+                now = clock()
+                if not isinstance(found, list):
+                    found = await found
                 if ledger is not None and ledger.ready():
-                    await notifier.check(evaluate(), clock(), ledger)
+                    await notifier.check(found, now, ledger)
                 else:
-                    notifier.observe(evaluate(), clock())
+                    notifier.observe(found, now)
             except Exception:  # a bug in one check must not end notifying; the next check retries
                 log.exception("notify check failed; trying again in %g s", timeouts.notify_check_s)
         elif leading:

@@ -13,6 +13,7 @@ from typing import Annotated
 
 from cyclopts import Parameter
 
+from llmgw.cli import _collector
 from llmgw.cli._log_flags import LogFlags
 
 
@@ -123,5 +124,6 @@ def sim_fleet(
         else:
             stack.enter_context(statedir.acquire_or_exit(state_dir, "llmgw sim-fleet"))
             config.state_dir = state_dir
+        _collector.settle()
         status = trio.run(serve_until_signal, serve, config)
     sys.exit(status)

@@ -11,9 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from llmgw.control.api import make_app
-from llmgw.control.context import Context
+from llmgw.control.context import LOOK_BESIDE_NODES, Context
+from llmgw.control.status_cache import STALE
 from llmgw.domain import commands
 from llmgw.domain.summary import CertRow
 from llmgw.domain.summary_pages import DEFAULT_ROWS, StatusQuery, document
@@ -137,6 +139,11 @@ async def test_a_query_it_cannot_read_is_refused_not_ignored(query: str, words: 
     await asking(ctx, check)
 
 
+def idle_s(doc: dict[str, Any]) -> float:
+    [row] = [r for r in doc["idle"] if r["model"] == "model-003"]
+    return float(row["idle_s"])
+
+
 async def test_a_second_request_at_the_same_revision_builds_nothing() -> None:
     ctx, clock = world(200, 20)
     cache = ctx.status_cache
@@ -162,9 +169,46 @@ async def test_a_second_request_at_the_same_revision_builds_nothing() -> None:
         assert cache.builds == 3 and doc["node_counts"]["not_connected"] == 1
         await api.get("/api/v1/status")
         assert cache.builds == 3
-        # The clock alone: figures read off it (its lost node's age, idle times) are never older than status_cache_s.
+        # The clock alone: the aged look answers at once (no request waits for a build only because time passed)
+        # while the next one is built beside; the answer after it has its figures (the lost node's age) moved on.
+        ctx.hub.note_demand("model-003")  # asked now: its idle time is a figure read off the clock
+        aged = (await api.get("/api/v1/status?full=1")).json()
+        assert cache.builds == 4 and idle_s(aged) == 0
         clock.now += ctx.timeouts.status_cache_s
-        await api.get("/api/v1/status")
-        assert cache.builds == 4
+        refreshed = cache.refreshed
+        assert (await api.get("/api/v1/status?full=1")).json() == aged and cache.builds == 4
+        await refreshed.wait()
+        assert cache.builds == 5
+        assert idle_s((await api.get("/api/v1/status?full=1")).json()) == ctx.timeouts.status_cache_s
+        # Aged past STALE times status_cache_s (nobody asked for a while): built before the answer.
+        clock.now += STALE * ctx.timeouts.status_cache_s
+        assert idle_s((await api.get("/api/v1/status?full=1")).json()) == (STALE + 1) * ctx.timeouts.status_cache_s
+        assert cache.builds == 6
 
     await asking(ctx, check)
+
+
+async def test_a_large_fleets_look_is_built_beside_the_loop_and_a_small_ones_on_it() -> None:
+    """The notifier's check and the console's overview (`Context.look_beside`): at LOOK_BESIDE_NODES nodes or more
+    the look is built in a worker thread, so the loop goes on serving (a task here counts its turns meanwhile);
+    below, on the loop (no turn). Either way the same look as `Context.look`."""
+    for nodes, beside in ((LOOK_BESIDE_NODES * 2, True), (LOOK_BESIDE_NODES // 2, False)):
+        ctx, _ = world(nodes, 20)
+        turns = 0
+        async with trio.open_nursery() as nursery:
+
+            async def count() -> None:
+                nonlocal turns
+                while True:
+                    await trio.lowlevel.checkpoint()
+                    turns += 1
+
+            nursery.start_soon(count)
+            while not turns:  # the counter runs
+                await trio.lowlevel.checkpoint()
+            turns = 0
+            look = await ctx.look_beside(ctx.local_cluster())
+            seen = turns
+            nursery.cancel_scope.cancel()
+        assert (seen > 0) == beside, (nodes, seen)
+        assert look.summary == ctx.look(ctx.local_cluster()).summary
