@@ -138,7 +138,7 @@ class FleetView:
         self.sources = sources  # `Observed.sources`: facts of sources no node reports, for estimates
         self.models = dict(models or {})
         self.holdings = Holdings(nodes)
-        self._estimates: dict[ModelDef, MemoryEstimate] = {}
+        self._estimates: dict[int, tuple[ModelDef, MemoryEstimate]] = {}  # id(model) -> (model, its estimate)
         self._index: WeightsIndex | None = None  # built on the first estimate
         self._interned: dict[Need, Need] = {}
         self._by_id: dict[int, tuple[ModelDef, Need]] = {}
@@ -150,6 +150,7 @@ class FleetView:
         self._failed: dict[Need, tuple[int, int, PlacementResult]] = {}  # need -> (version, log length, result)
         self.version = 0  # counts changes: a need that fitted nowhere at this version still does not
         self._held: dict[str, Held] = {}
+        self._busy_refusals: dict[tuple[str, int, int], Refusal] = {}
         shapes: dict[tuple[object, ...], _Shape] = {}
         self.nodes: dict[str, _Node] = {}
         waiting, fenced = frozenset(pending), frozenset(cordoned)
@@ -171,11 +172,14 @@ class FleetView:
     # --- what a model needs ---------------------------------------------------------------
 
     def estimate(self, model: ModelDef) -> MemoryEstimate:
-        found = self._estimates.get(model)
-        if found is None:
-            if self._index is None:
-                self._index = WeightsIndex.of(self.infos)
-            found = self._estimates[model] = estimate_for(model, self.infos, self._index, self.sources)
+        # By identity, as `need`: hashing a whole definition costs more than the lookup saves.
+        known = self._estimates.get(id(model))
+        if known is not None and known[0] is model:
+            return known[1]
+        if self._index is None:
+            self._index = WeightsIndex.of(self.infos)
+        found = estimate_for(model, self.infos, self._index, self.sources)
+        self._estimates[id(model)] = (model, found)
         return found
 
     def need(self, model: ModelDef) -> Need:
@@ -347,14 +351,24 @@ class FleetView:
             free: list[int] = []
         else:
             used = node.used
+            if fit.all_usable and node.shape.capacity - node.used_usable < need.gpus:
+                return self._busy(name, need.gpus, node.shape.capacity - node.used_usable)
             free = [i for i in fit.candidates if i not in used] if used else list(fit.candidates)
             if len(free) < need.gpus:
-                return Refusal(name, NOT_NOW, "gpus_busy", f"needs {need.gpus} free GPUs, {len(free)} free",
-                               {"need": need.gpus, "free": len(free)})
+                return self._busy(name, need.gpus, len(free))
             pack = gpu_pack(node.used_usable, need.gpus, node.shape.capacity)
         spread = 0.0 if self.hosting.get(model.name, {}).get(name) else 100.0
         weights = 100.0 if self.holds(model, name) else 0.0
         return Verdict(name, FITS, score=Score(spread, weights, pack), gpus=tuple(free[: need.gpus]))
+
+    def _busy(self, name: str, need: int, free: int) -> Refusal:
+        """NOT_NOW for want of free devices: one object per node and count (a full fleet says it per failure)."""
+        key = (name, need, free)
+        found = self._busy_refusals.get(key)
+        if found is None:
+            found = self._busy_refusals[key] = Refusal(name, NOT_NOW, "gpus_busy", f"needs {need} free GPUs, {free} free",
+                                                       {"need": need, "free": free})
+        return found
 
     def verdicts(self, model: ModelDef) -> list[Verdict]:
         """Every node's verdict, by node name (a what-if: nothing is added)."""

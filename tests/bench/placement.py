@@ -14,7 +14,8 @@ baseline: `place(model, nodes, placements)` per replica, rebuilding everything e
 caller without the view does). The fleet: 4 fabrics; one node in 16 has a sick GPU, one in 32
 is a node of MIG instances; local and shared storage hold some models. Models: 1, 2, 4 or 8 GPUs,
 some with classes or memory, 1 to 3 replicas; deterministic (seeded). Each time is the best of
-`--repeat`. Exits 1 when a goal is missed.
+`--repeat`. The garbage collector is set as in the control plane (`cli/_collector.py`). Exits 1 when a
+goal is missed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from llmgw.cli import _collector  # noqa: E402
 from llmgw.domain.model import ModelDef  # noqa: E402
 from llmgw.domain.observed import NodeInfo  # noqa: E402
 from llmgw.domain.state import Placement  # noqa: E402
@@ -179,6 +181,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="the naive baseline once, on a tenth of the models "
                                                               "(its time scaled up); for CI")
     args = parser.parse_args()
+    _collector.settle()  # the garbage collector as in the control plane, where plans run
     rows: list[Row] = []
     plans: dict[tuple[str, int], float] = {}
     for kind, make in (("uniform", fleet), ("mixed", mixed_fleet)):
