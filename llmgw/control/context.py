@@ -26,7 +26,7 @@ from llmgw import __version__
 from llmgw.control.hub import AgentHub
 from llmgw.control.members import Members
 from llmgw.control.reconciler import Reconciler
-from llmgw.control.status_cache import StatusCache
+from llmgw.control.status_cache import StatusCache, compute_beside
 from llmgw.control.trust import Trust
 from llmgw.domain.trust import hash_token
 from llmgw.trust.ca import Identity
@@ -43,7 +43,6 @@ from llmgw.wire.gate import GateStats
 
 LINK_UP = 2  # pysyncobj's word for a connected partner
 LOCAL_PREFIX = "llmgw-local-"  # a credential of a machine inside this process (`Context.local_credential`)
-LOOK_BESIDE_NODES = 100  # `Context.look_beside` builds a look of this many nodes or more in a worker thread
 
 Views = Mapping[str, Any]
 
@@ -212,10 +211,5 @@ class Context:
         return self.look_inputs(cluster, now).compute()
 
     async def look_beside(self, cluster: Mapping[str, Any]) -> Look:
-        """`look`, built in a worker thread once the fleet has `LOOK_BESIDE_NODES` nodes or more (a look of 1,000
-        nodes takes 100 ms or more: the loop serves the agents' streams and other requests meanwhile); a small
-        one on the loop, where it costs less than the hop."""
-        inputs = self.look_inputs(cluster)
-        if len(inputs.observed.nodes) < LOOK_BESIDE_NODES:
-            return inputs.compute()
-        return await trio.to_thread.run_sync(inputs.compute)
+        """`look`, built in a worker thread when the fleet is large (`status_cache.compute_beside`)."""
+        return await compute_beside(self.look_inputs(cluster))

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from llmgw.control.context import Look, LookInputs
 
 BODIES_KEPT = 16  # serialized pages kept per look (a few clients, each its own page)
+LOOK_BESIDE_NODES = 100  # a look of this many nodes or more is built in a worker thread (`compute_beside`)
 STALE = 2  # a look aged past `status_cache_s` (nothing else changed) answers while under this many times it old
 log = logging.getLogger("llmgw.control")
 _AGED = ("last_contact", "last_contact_age_s")  # what the members' table says of the clock
@@ -67,6 +68,15 @@ class Inputs:
                 and self.webhooks == other.webhooks and self.cluster == other.cluster)
 
 
+async def compute_beside(inputs: LookInputs) -> Look:
+    """The look of `inputs`, built in a worker thread once the fleet has `LOOK_BESIDE_NODES` nodes or more (a look
+    of 1,000 nodes takes 100 ms or more: the loop serves the agents' streams and other requests meanwhile); a small
+    one on the loop, where it costs less than the hop."""
+    if len(inputs.observed.nodes) < LOOK_BESIDE_NODES:
+        return inputs.compute()
+    return await trio.to_thread.run_sync(inputs.compute)
+
+
 @dataclass
 class _Kept:
     inputs: Inputs
@@ -86,16 +96,12 @@ class StatusCache:
     _kept: _Kept | None = None
     _refreshing: bool = False
 
-    def look(self, inputs: LookInputs, keep_s: float) -> Look:
-        """The look of `inputs`: the kept one when nothing it read has changed and it is under `keep_s` old."""
-        return self._look(inputs, keep_s, 1).look
-
-    def _look(self, inputs: LookInputs, keep_s: float, stale: float) -> _Kept:
+    async def _look(self, inputs: LookInputs, keep_s: float) -> _Kept:
         seen = Inputs.of(inputs)
         kept = self._kept
         age = inputs.now - kept.look.now if kept is not None else -1.0
-        if kept is None or not 0 <= age < keep_s * stale or not kept.inputs.same(seen):
-            kept = self._kept = _Kept(seen, inputs.compute())
+        if kept is None or not 0 <= age < keep_s * STALE or not kept.inputs.same(seen):
+            kept = self._kept = _Kept(seen, await compute_beside(inputs))
             self.builds += 1
         elif age >= keep_s and not self._refreshing:
             self._refreshing = True
@@ -105,7 +111,7 @@ class StatusCache:
     async def _refresh(self, inputs: LookInputs, seen: Inputs) -> None:
         """Build the look of `inputs` in a worker thread and keep it, unless a newer one was kept meanwhile."""
         try:
-            look = await trio.to_thread.run_sync(inputs.compute)
+            look = await trio.to_thread.run_sync(inputs.compute)  # whatever its size: nobody waits for it
         except Exception:  # a system task must not raise: the next request past STALE builds it, and says why
             log.exception("building the status look beside failed")
             return
@@ -118,10 +124,11 @@ class StatusCache:
         self.refreshed.set()
         self.refreshed = trio.Event()
 
-    def body(self, inputs: LookInputs, query: StatusQuery, keep_s: float) -> bytes:
+    async def body(self, inputs: LookInputs, query: StatusQuery, keep_s: float) -> bytes:
         """The status document `query` asks for, as JSON bytes (`json.dumps`, as the admin API writes JSON): from
-        the kept look, up to `STALE` times `keep_s` old when only the clock moved (a new one then built beside)."""
-        kept = self._look(inputs, keep_s, STALE)
+        the kept look, up to `STALE` times `keep_s` old when only the clock moved (a new one then built beside);
+        otherwise from a look built now (`compute_beside`)."""
+        kept = await self._look(inputs, keep_s)
         body = kept.bodies.get(query)
         if body is None:
             if len(kept.bodies) >= BODIES_KEPT:

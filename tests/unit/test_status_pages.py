@@ -14,8 +14,8 @@ import pytest
 import trio
 
 from llmgw.control.api import make_app
-from llmgw.control.context import LOOK_BESIDE_NODES, Context
-from llmgw.control.status_cache import STALE
+from llmgw.control.context import Context
+from llmgw.control.status_cache import LOOK_BESIDE_NODES, STALE
 from llmgw.domain import commands
 from llmgw.domain.summary import CertRow
 from llmgw.domain.summary_pages import DEFAULT_ROWS, StatusQuery, document
@@ -102,11 +102,11 @@ async def test_the_agents_listed_are_those_of_the_nodes_listed() -> None:
     agents = [{"node": n, "connected": True, "last_contact": NOW, "last_contact_age_s": 0.0}
               for n in node_names(12)]
     table = {"leader": "local", "self": "local", "members": [], "agents": agents, "gateways": []}
-    page = ctx.status_cache.body(ctx.look_inputs(table), StatusQuery.parse({"nodes": "3", "nodes_offset": "4"}),
+    page = await ctx.status_cache.body(ctx.look_inputs(table), StatusQuery.parse({"nodes": "3", "nodes_offset": "4"}),
                                  ctx.timeouts.status_cache_s)
     doc = json.loads(page)
     assert [a["node"] for a in doc["cluster"]["agents"]] == [n["node"] for n in doc["nodes"]] == node_names(12)[4:7]
-    full = json.loads(ctx.status_cache.body(ctx.look_inputs(table), StatusQuery(full=True), 1.0))
+    full = json.loads(await ctx.status_cache.body(ctx.look_inputs(table), StatusQuery(full=True), 1.0))
     assert full["cluster"]["agents"] == agents
 
 

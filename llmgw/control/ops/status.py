@@ -19,4 +19,4 @@ async def status(ctx: Context, authorization: str | None, args: Mapping[str, str
     except ValueError as e:
         raise AdminError(400, "invalid_query", str(e)) from None
     inputs = ctx.look_inputs(await ctx.cluster(authorization))
-    return ctx.status_cache.body(inputs, query, ctx.timeouts.status_cache_s)
+    return await ctx.status_cache.body(inputs, query, ctx.timeouts.status_cache_s)
