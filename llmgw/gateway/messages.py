@@ -233,6 +233,8 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     for key in ("model", "max_tokens", "messages"):
         if body.get(key) is None:  # Anthropic refuses these absent (max_tokens too: no default)
             raise _bad("missing_required_parameter", f"'{key}' is required", key)
+    if not body["model"]:  # a string (typed above): the chat checks refuse an empty one, in chat's words
+        raise _bad("invalid_value", "'model' must be a non-empty string", "model")
     if body["max_tokens"] < 1:
         raise _bad("invalid_value", "'max_tokens' must be at least 1", "max_tokens")
     if not body["messages"]:

@@ -285,3 +285,10 @@ def test_refusals_are_in_anthropics_shape_with_llmgws_code(status: int, kind: st
     assert ErrorResponse.model_validate(doc).error.type == kind
     assert DIALECT.error_doc(OpenAIError(status, None, "w")) == {"type": "error", "error": {"type": kind,
                                                                                             "message": "w"}}
+
+
+def test_an_empty_model_name_is_refused_in_the_messages_words() -> None:
+    # Found by the property above: an empty name passed the translation, then failed the chat checks.
+    with pytest.raises(OpenAIError) as refused:
+        DIALECT.start({"model": "", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert (refused.value.status, refused.value.param) == (400, "model")
