@@ -5,8 +5,9 @@ Why not hypercorn here: per request it runs several tasks and event objects arou
 head and body of an answer separately; measured, that was most of the gateway's CPU (docs/performance.md).
 The bytes themselves are parsed and written by `llmgw/wire/http1.py`.
 This server runs one task per connection, hands the app the subset of ASGI our two apps use, writes a
-whole answer with one `send_all`, and reads the socket during a request only when the app asks (the
-app's disconnect watcher). The admin API and the console stay on hypercorn.
+whole answer with one `send_all`, and reads the socket during a request only when the app asks: its
+`receive`, or the connection's watcher (`WATCH`: a second task per connection, not one per request, that
+hears the client go away and hands the next request over). The admin API and the console stay on hypercorn.
 
 Hostile clients: a new connection must send its first byte within `gateway_first_request_s`, a kept-alive
 one its next request within `gateway_keep_alive_s`; a head must arrive whole within `gateway_head_s` of its
