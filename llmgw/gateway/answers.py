@@ -77,16 +77,29 @@ class StreamUsage:
         return usage_of(self._tail)
 
 
+_JSON_SPACE = b" \t\r\n"
+_ASK_USAGE = b',"stream_options":{"include_usage":true}}'
+
+
 def asking_usage(body: dict[str, Any], raw: bytes) -> tuple[bytes, bool]:
     """The body to send for a stream, and whether its usage chunk is ours to keep back.
 
     A stream's tokens are known only from the usage chunk the client asks for
     (`stream_options.include_usage`). So that every stream is counted (the request log, per-key
     tokens/min), the gateway asks for it when the client did not, and `HiddenUsage` keeps that
-    chunk from the client, who gets the stream it asked for. A body that asks already goes as is."""
+    chunk from the client, who gets the stream it asked for. A body that asks already goes as is.
+
+    A body without `stream_options` (the usual one) gets it added to its bytes, before the object's last
+    brace, rather than encoded again: a stream's request is on the way to its first chunk."""
     options = body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage") is True:
         return raw, False
+    if body and "stream_options" not in body:
+        end = len(raw.rstrip(_JSON_SPACE))
+        # One JSON object in UTF-8 (or ASCII) bytes: `{` first and `}` last, spaces aside (UTF-16 or 32 has NULs
+        # beside them, a byte-order mark comes first): the option's bytes go in as they are.
+        if raw[end - 1 : end] == b"}" and raw.lstrip(_JSON_SPACE)[:1] == b"{":
+            return raw[: end - 1] + _ASK_USAGE, True
     options = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     return json.dumps({**body, "stream_options": options}, separators=(",", ":")).encode(), True
 

@@ -49,8 +49,8 @@ from llmgw.interfaces import StateReader
 from llmgw.logs import request_id_var, role_var
 from llmgw.metrics import gateway as gw_metrics
 from llmgw.net import url_host
-from llmgw.wire.asgi import (MAX_BODY_BYTES, RawApp, Receive, Scope, Send, cancel_on_disconnect, dumps, parse_object,
-                             read_body, send_json)
+from llmgw.wire.asgi import (MAX_BODY_BYTES, RawApp, Receive, Scope, Send, cancelled_on_disconnect, dumps,
+                             parse_object, read_body, send_json)
 from llmgw.wire import logquery
 from llmgw.wire.front import BACKLOG, Front, adopt_socket, listen_socket
 from llmgw.wire.gate import listener_gate
@@ -254,10 +254,9 @@ class GatewayApp(RawApp):
             await ex.guard.check_prompt()  # before the engine sees the request
         limits = self._limits(snap.settings)
         refusal: OpenAIError | None = None
-        async with trio.open_nursery() as nursery:
-            # A client that goes away cancels what its request waits on: an activation,
-            # or the upstream call (which frees the replica).
-            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope, ex)
+        # A client that goes away cancels what its request waits on: an activation,
+        # or the upstream call (which frees the replica).
+        async with cancelled_on_disconnect(scope, receive, ex):
             for i, model in enumerate(tries):
                 try:
                     if i:  # a fallback (or a group's next model): only one that would take this request
@@ -294,13 +293,12 @@ class GatewayApp(RawApp):
                 except NoEndpoint as no_endpoint:
                     error = _no_endpoint_error(no_endpoint)
                 except OpenAIError as failed:
-                    error = failed  # raised below, outside the nursery, so it is not wrapped in a group
+                    error = failed  # raised below, outside the watch (a nursery), so it is not wrapped in a group
                 if error.code not in FALLBACK_CODES or ex.started:
                     refusal = error  # a refusal of this request itself, or an answer under way: no other model
                     break
                 ex.served = ""
                 refusal = refusal or error  # the model asked for refuses: its words, if no fallback serves
-            nursery.cancel_scope.cancel()
         if refusal is not None:
             raise refusal
 

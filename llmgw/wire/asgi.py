@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -19,8 +20,10 @@ from llmgw.net import url_host
 
 __all__ = [
     "MAX_BODY_BYTES",
+    "WATCH",
     "Exchange",
     "cancel_on_disconnect",
+    "cancelled_on_disconnect",
     "dumps",
     "hypercorn_config",
     "lifespan",
@@ -36,6 +39,9 @@ Send = Callable[[Message], Awaitable[None]]
 
 # The largest `/v1` request body: far above any prompt, far below what would hurt memory.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# The scope's extension (`scope["extensions"]`) by which our own server (llmgw/wire/front.py) watches for a client
+# going away without a task of the app's: `watch(on_gone)` -> bool (False: not watched), `watch(None)` to stop.
+WATCH = "llmgw.watch"
 _JSON = (b"content-type", b"application/json")
 
 
@@ -109,11 +115,15 @@ def _not_json(word: str) -> Any:
     raise ValueError(f"{word} is not JSON")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_not_json)  # one, not one per request (as json.loads with an argument)
+
+
 def parse_object(raw: bytes) -> dict[str, Any]:
     """A request body that must be one JSON object: standard JSON only, nested as deep as the parser's
     own stack allows (a deeper one, say 100,000 `[`, is refused, not a `RecursionError` and a 500)."""
     try:
-        body = json.loads(raw, parse_constant=_not_json)
+        # What json.loads does with bytes: UTF-8, 16 or 32 by the first bytes, a UTF-8 byte-order mark skipped.
+        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except (ValueError, UnicodeDecodeError):
         raise OpenAIError(400, "invalid_json", "the request body is not valid JSON") from None
     except RecursionError:
@@ -143,6 +153,34 @@ async def cancel_on_disconnect(receive: Receive, scope: trio.CancelScope, ex: Ex
     if not ex.finished:
         ex.disconnected = True
         scope.cancel()
+
+
+@asynccontextmanager
+async def cancelled_on_disconnect(scope: Scope, receive: Receive, ex: Exchange) -> AsyncIterator[trio.CancelScope]:
+    """A cancel scope that the client going away before the answer's last message cancels (`ex.disconnected`
+    set); the request's body read first. Our server watches for it itself (`WATCH`); under another, a task of
+    the block's reads `receive` (`cancel_on_disconnect`)."""
+    extensions = scope.get("extensions")
+    watch = extensions.get(WATCH) if extensions else None
+    if watch is not None:
+        cancel = trio.CancelScope()
+
+        def gone() -> None:
+            if not ex.finished:
+                ex.disconnected = True
+                cancel.cancel()
+
+        if watch(gone):
+            with cancel:  # (its Cancelled, the client gone, ends here: the block's exception, not this one's)
+                try:
+                    yield cancel
+                finally:
+                    watch(None)
+            return
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope, ex)
+        yield nursery.cancel_scope
+        nursery.cancel_scope.cancel()
 
 
 def hypercorn_config(

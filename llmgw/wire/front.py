@@ -5,8 +5,9 @@ Why not hypercorn here: per request it runs several tasks and event objects arou
 head and body of an answer separately; measured, that was most of the gateway's CPU (docs/performance.md).
 The bytes themselves are parsed and written by `llmgw/wire/http1.py`.
 This server runs one task per connection, hands the app the subset of ASGI our two apps use, writes a
-whole answer with one `send_all`, and reads the socket during a request only when the app asks (the
-app's disconnect watcher). The admin API and the console stay on hypercorn.
+whole answer with one `send_all`, and reads the socket during a request only when the app asks: its
+`receive`, or the connection's watcher (`WATCH`: a second task per connection, not one per request, that
+hears the client go away and hands the next request over). The admin API and the console stay on hypercorn.
 
 Hostile clients: a new connection must send its first byte within `gateway_first_request_s`, a kept-alive
 one its next request within `gateway_keep_alive_s`; a head must arrive whole within `gateway_head_s` of its
@@ -32,7 +33,7 @@ import trio
 
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
 from llmgw.errors import OpenAIError
-from llmgw.wire.asgi import MAX_BODY_BYTES, Message, Receive, Scope, Send, dumps
+from llmgw.wire.asgi import MAX_BODY_BYTES, WATCH, Message, Receive, Scope, Send, dumps
 from llmgw.wire.gate import ConnectionGate, Slot, accept_loop
 from llmgw.wire.http1 import BODY, END, HEAD, LAST_CHUNK, BadRequest, Head, RequestReader, chunk, response_head
 
@@ -116,7 +117,9 @@ class _Connection:
     """One client connection: the ASGI `receive` and `send` of its current request, and its parser."""
 
     __slots__ = ("front", "stream", "slot", "reader", "peer", "status", "head", "head_only", "body_done", "gone",
-                 "sent_head", "finished", "close_after", "chunked", "http10", "continue_pending", "buffered")
+                 "sent_head", "finished", "close_after", "chunked", "http10", "continue_pending", "buffered",
+                 "extensions", "_tasks", "_watcher", "_watching", "_on_gone", "_reading", "_kick", "_stopped",
+                 "_handed")
 
     def __init__(self, front: Front, stream: trio.abc.Stream, slot: Slot) -> None:
         self.front = front
@@ -124,6 +127,17 @@ class _Connection:
         self.slot = slot
         self.reader = RequestReader(MAX_HEAD_BYTES)
         self.peer = slot.peer  # (None over the memory streams of tests)
+        # The watcher (see `watch`): the nursery it runs in (the server's; None: not offered, as when a test
+        # serves one connection alone), whether it was started, and its scope, cancelled when the connection ends.
+        self._tasks = front.connections_nursery
+        self.extensions: dict[str, Any] = {} if self._tasks is None else {WATCH: self.watch}
+        self._watcher = False
+        self._watching = trio.CancelScope()
+        self._on_gone: Callable[[], None] | None = None  # the watching request's: called when the client goes
+        self._reading = False  # the watcher reads the socket now: nothing else may
+        self._kick = trio.Event()  # set: the watcher starts reading
+        self._stopped = trio.Event()  # set (then replaced) each time the watcher stops reading
+        self._handed: bytes | Exception | None = None  # what it read when no request was watching any more
         self._reset(None)
 
     def _reset(self, request: Head | None) -> None:
@@ -142,6 +156,96 @@ class _Connection:
 
     # --- the ASGI side ------------------------------------------------------------------
 
+    def watch(self, on_gone: Callable[[], None] | None) -> bool:
+        """The `WATCH` extension: call `on_gone` when the client goes away (its socket ends or breaks) until
+        `watch(None)`; False (nothing watched) before the request's body is read. What `receive` after the body
+        does in a task of the app's (`cancel_on_disconnect`), without a task per request: a task of the
+        connection's reads for whichever request watches, and once none does, hands what it reads next (the next
+        request) over to the connection's own reads (`_recv`). Starting and cancelling a task per request cost
+        more than the rest of the gateway's own work on a request (docs/performance.md, "The stream's first
+        chunk")."""
+        if on_gone is None:
+            self._on_gone = None
+            return True
+        if not self.body_done or self._tasks is None:
+            return False
+        if self._handed is not None:  # what the watcher read after the last request (a pipelined one's bytes)
+            handed, self._handed = self._handed, None
+            if isinstance(handed, Exception) or not handed:
+                self.gone = True
+            else:
+                try:
+                    self.reader.feed(handed)
+                    self.buffered += len(handed)
+                except BadRequest:  # not HTTP: answer this request, then close (as `receive` would)
+                    self.close_after = True
+                    return True
+        if self.gone:
+            on_gone()
+            return True
+        self._on_gone = on_gone
+        if not self._reading and self.buffered <= _PIPELINED_MAX:
+            self._reading = True  # from now on, until it stops, the socket is the watcher's to read
+            if not self._watcher:
+                self._watcher = True
+                self._tasks.start_soon(self._watch)
+            self._kick.set()
+        return True
+
+    async def _watch(self) -> None:
+        with self._watching:
+            while True:
+                await self._kick.wait()
+                self._kick = trio.Event()
+                try:
+                    await self._watch_once()
+                finally:
+                    self._reading = False
+                    stopped, self._stopped = self._stopped, trio.Event()
+                    stopped.set()
+
+    async def _watch_once(self) -> None:
+        """Read for the watching request, as `receive` after the body does; once none watches, what comes is
+        handed over (to `_recv`) and reading stops."""
+        while True:
+            failed: Exception | None = None
+            try:
+                data = bytes(await self.stream.receive_some(_READ))
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+                data, failed = b"", error
+            on_gone = self._on_gone
+            if on_gone is None:  # no request watches: the next request's bytes, or the end
+                self._handed = data if failed is None else failed
+                return
+            if not data:
+                self.gone = True
+                self._on_gone = None
+                on_gone()
+                return
+            try:
+                self.reader.feed(data)
+            except BadRequest:  # what follows is not HTTP: answer this request, then close
+                self.close_after = True
+                return
+            self.buffered += len(data)
+            if self.buffered > _PIPELINED_MAX:
+                return  # no more reading until this answer is out
+
+    async def _recv(self) -> bytes | None:
+        """The client's next bytes; None when the watcher was reading and fed what it read (the reader's events
+        are to be looked at again). Raises trio.BrokenResourceError, trio.ClosedResourceError."""
+        if self._reading:
+            while self._reading:
+                await self._stopped.wait()
+            if self._handed is None:
+                return None
+        handed, self._handed = self._handed, None
+        if handed is not None:
+            if isinstance(handed, Exception):
+                raise handed
+            return handed
+        return bytes(await self.stream.receive_some(_READ))
+
     async def receive(self) -> Message:
         if self.gone:
             return {"type": "http.disconnect"}
@@ -150,7 +254,9 @@ class _Connection:
         # The body is read: what remains to hear is the client going away (or its next request, kept).
         try:
             while True:
-                data = bytes(await self.stream.receive_some(_READ))
+                data = await self._recv()
+                if data is None:
+                    continue
                 if not data:
                     break
                 self.reader.feed(data)
@@ -187,7 +293,9 @@ class _Connection:
                     body = parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[arg-type]
                     return {"type": "http.request", "body": body, "more_body": not self.body_done}
                 with trio.move_on_after(self.front.timeouts.gateway_body_idle_s):
-                    data = bytes(await self.stream.receive_some(_READ))
+                    data = await self._recv()
+                    if data is None:
+                        continue
                     if not data:
                         break  # the client closed mid-body
                     self.reader.feed(data)
@@ -276,7 +384,10 @@ class _Connection:
                 if not self._skip_body():
                     return  # the app left a body unread that is still on the wire: no next request here
         finally:
-            await self._close()
+            try:
+                await self._close()
+            finally:
+                self._watching.cancel()
 
     def _skip_body(self) -> bool:
         """Drop what is buffered of the current request's body (a GET's empty one, which the app had no
@@ -312,7 +423,7 @@ class _Connection:
                         slot.idle_since = trio.current_time()
                         gate.rest(slot)
                         try:
-                            data = bytes(await self.stream.receive_some(_READ))
+                            data = await self._recv()
                         finally:
                             slot.scope = None
                             gate.wake(slot)
@@ -323,10 +434,12 @@ class _Connection:
                     if deadline is None:
                         deadline = trio.current_time() + timeouts.gateway_head_s
                     with trio.move_on_at(deadline) as heading:
-                        data = bytes(await self.stream.receive_some(_READ))
+                        data = await self._recv()
                     if heading.cancelled_caught:
                         await self._refuse(408, "request_timeout", "the request head did not arrive in time")
                         return None
+                if data is None:
+                    continue
                 if not data:
                     return None
                 self.reader.feed(data)
@@ -361,6 +474,7 @@ class _Connection:
             "headers": request.headers,
             "client": self.peer,
             "server": self.front.bound,
+            "extensions": self.extensions,
         }
         try:
             await app(scope, self.receive, self.send)
@@ -385,8 +499,8 @@ class _Connection:
                 if isinstance(self.stream, trio.abc.HalfCloseableStream):  # TLS has no half-close: drain, then close
                     await self.stream.send_eof()
                 seen = 0
-                while seen < _CLOSE_DRAIN_BYTES and (data := await self.stream.receive_some(_READ)):
-                    seen += len(data)
+                while seen < _CLOSE_DRAIN_BYTES and (data := await self._recv()) != b"":
+                    seen += len(data or b"")
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:  # cancelled too (the stop's grace ran out): the socket is closed now, not when collected
@@ -426,6 +540,11 @@ class Front:
         self._listeners: list[trio.SocketListener] = []
         self._acceptors: trio.Nursery | None = None
         self._connections: trio.Nursery | None = None
+
+    @property
+    def connections_nursery(self) -> trio.Nursery | None:
+        """Where connections' tasks run while `serve` runs (None before, or for a connection a test serves)."""
+        return self._connections
 
     async def serve(
         self,

@@ -140,3 +140,61 @@ async def test_the_work_of_a_request_is_the_same_with_10_or_10000_models_keys_an
     assert small_lines > 100, figures  # the trace saw the gateway at work
     # A scan of the larger table would run at least 10,000 more lines; a few dozen is noise (a read split in two).
     assert large_lines <= small_lines + 50, f"lines run per request, 10 vs 10,000 of each: {figures}"
+
+
+class Spawned(trio.abc.Instrument):
+    """Counts the tasks trio starts (a per-request task costs more than the rest of a request's own work)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.names.append(task.name)
+
+
+async def streaming_upstream(nursery: trio.Nursery) -> str:
+    """A raw engine that answers every request on a connection with a short SSE stream; no task per request."""
+    events = [b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"demo","choices":[{"index":0,'
+              b'"delta":{"content":"hi"},"finish_reason":null}]}\n\n', b"data: [DONE]\n\n"]
+
+    async def answer(stream: trio.SocketStream) -> None:
+        buffer = b""
+        while True:
+            while b"\r\n\r\n" not in buffer:
+                if not (data := await stream.receive_some(65536)):
+                    return
+                buffer += data
+            head, _, buffer = buffer.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:")))
+            while len(buffer) < length:
+                buffer += await stream.receive_some(65536)
+            buffer = buffer[length:]
+            await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked"
+                                  b"\r\n\r\n" + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n")
+
+    listeners = await nursery.start(partial(trio.serve_tcp, answer, 0, host="127.0.0.1"))
+    host, port = listeners[0].socket.getsockname()[:2]
+    return f"http://{host}:{port}"
+
+
+async def test_a_streamed_request_on_a_kept_alive_connection_starts_no_task(nursery: trio.Nursery) -> None:
+    # The client going away is watched by a task of the connection's (llmgw/wire/front.py), not one started and
+    # cancelled per request: that cost the first chunk of a stream more than the rest of the gateway's own work
+    # on it (docs/performance.md, "The stream's first chunk").
+    state, routes = table(10, await streaming_upstream(nursery))
+    router = Router()
+    router.update_routes(routes)
+    host, port = await nursery.start(partial(serve, "127.0.0.1", 0, GatewayDeps(router=router,
+                                                                                state=FixedState(state))))
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hello there"}], "stream": True}
+    spawned = Spawned()
+    async with httpx.AsyncClient(base_url=f"http://{host}:{port}", headers={"authorization": f"Bearer {KEY}"}) as http:
+        for attempt in range(4):
+            if attempt == 2:  # the first two: new connections both ways, and the connection's own watcher
+                trio.lowlevel.add_instrument(spawned)
+            response = await http.post("/v1/chat/completions", json=body)
+            assert response.status_code == 200, response.text
+            assert response.text.endswith("data: [DONE]\n\n")
+        trio.lowlevel.remove_instrument(spawned)
+    assert spawned.names == [], f"tasks started for two streamed requests on kept-alive connections: {spawned.names}"

@@ -90,6 +90,18 @@ def test_a_stream_asks_for_usage_and_keeps_the_body_when_the_client_did() -> Non
     assert hide and json.loads(sent)["stream_options"] == {"include_obfuscation": False, "include_usage": True}
 
 
+def test_a_stream_that_names_no_options_gets_them_added_to_its_bytes() -> None:
+    # Not encoded again (a stream's request is on its way to the first chunk): the client's bytes, spaces and all.
+    raw = b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "caf\xc3\xa9"}]}\n'
+    sent, hide = asking_usage(json.loads(raw), raw)
+    assert hide and sent == raw.rstrip()[:-1] + b',"stream_options":{"include_usage":true}}'
+    assert json.loads(sent) == {**json.loads(raw), "stream_options": {"include_usage": True}}
+    for other in ('{"model":"m","stream":true}'.encode("utf-16"), b'\xef\xbb\xbf{"model":"m","stream":true}',
+                  b'{"model":"m","stream":true,"stream_options":null}'):  # not UTF-8 bytes, or options to replace
+        sent, hide = asking_usage(json.loads(other), other)
+        assert hide and json.loads(sent) == {"model": "m", "stream": True, "stream_options": {"include_usage": True}}
+
+
 def test_hidden_usage_drops_only_the_usage_chunk_and_holds_split_events() -> None:
     text = b'data: {"choices":[{"delta":{"content":"usage"}}],"usage":null}\n\n'
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\n'

@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from llmgw.domain.timeouts import TIMEOUTS
-from llmgw.wire.asgi import Exchange, Message, Receive, Scope, Send, cancel_on_disconnect
+from llmgw.wire.asgi import WATCH, Exchange, Message, Receive, Scope, Send, cancel_on_disconnect, cancelled_on_disconnect
 from llmgw.wire.front import MAX_HEAD_BYTES, App, Front
 
 T = TIMEOUTS  # virtual time: the real values, each different, so the elapsed time names the timeout that fired
@@ -125,7 +125,9 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(app: App, *, lockstep: bool = False) -> AsyncIterator[Served]:
+async def serving(app: App, *, lockstep: bool = False, watcher: bool = False) -> AsyncIterator[Served]:
+    """`watcher`: the connection offers the app its watcher (`WATCH`), as under `Front.serve` (its tasks' nursery
+    is the test's)."""
     pair: Pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
     client_stream, server_stream = pair()
     served = Served(Client(client_stream), Wire(server_stream))
@@ -138,6 +140,8 @@ async def serving(app: App, *, lockstep: bool = False) -> AsyncIterator[Served]:
 
     with trio.fail_after(1000):  # longer than every timeout: a test waiting for what never comes fails
         async with trio.open_nursery() as nursery:
+            if watcher:
+                front._connections = nursery
             nursery.start_soon(run)
             yield served
             nursery.cancel_scope.cancel()
@@ -463,3 +467,60 @@ async def test_an_unread_body_is_drained_after_the_answer_for_the_close_drain(au
             await s.client.send(b"x" * 10_000)
         await s.closed.wait()
         assert s.closed_at - answered == pytest.approx(T.gateway_close_drain_s)
+
+
+# --- the connection's watcher (WATCH) ----------------------------------------------------------------------
+
+
+def watching(log: list[tuple[float, bool, bool]], wait_s: float = 1.0) -> App:
+    """Reads the body, then answers after `wait_s` (an upstream call) under `cancelled_on_disconnect`, noting when
+    the wait ended, whether the client went away and whether the server's watcher (not a task of its own) heard."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        data = b""
+        while (message := await receive())["type"] == "http.request":
+            data += message["body"]
+            if not message["more_body"]:
+                break
+        ex = Exchange()
+        ex.body_done = True
+        async with cancelled_on_disconnect(scope, receive, ex):
+            await trio.sleep(wait_s)
+            await send(start())
+            ex.finished = True
+            await send(body(b"answered " + data))
+        log.append((trio.current_time(), ex.disconnected, WATCH in scope.get("extensions", {})))
+
+    return app
+
+
+async def test_the_watcher_hands_each_next_request_over_kept_alive_and_pipelined(autojump_clock: Clock) -> None:
+    log: list[tuple[float, bool, bool]] = []
+    async with serving(watching(log), watcher=True) as s:
+        for n in (1, 2):  # one after the other: the watcher reads the next request's bytes, the connection serves it
+            await s.client.send(request("POST", "/v1/x", f"body {n}".encode()))
+            assert (await s.client.answer("POST")).body == f"answered body {n}".encode()
+        # Pipelined: the next two come while the first watches; split, one of them mid-head.
+        both = request("POST", "/v1/x", b"body 3") + request("POST", "/v1/x", b"body 4")
+        await s.client.send(both[:-30])
+        await trio.sleep(0.5)
+        await s.client.send(both[-30:])
+        assert (await s.client.answer("POST")).body == b"answered body 3"
+        assert (await s.client.answer("POST")).body == b"answered body 4"
+        assert not s.closed.is_set()
+    assert [(gone, watched) for _, gone, watched in log] == [(False, True)] * 4
+
+
+async def test_the_watcher_cancels_a_request_whose_client_goes_away(autojump_clock: Clock) -> None:
+    for kept in (False, True):  # on the connection's first request, and on one after the watcher read a request
+        log: list[tuple[float, bool, bool]] = []
+        async with serving(watching(log, wait_s=100), watcher=True) as s:
+            if kept:
+                await s.client.send(request("POST", "/v1/x", b"first"))
+                assert (await s.client.answer("POST")).body == b"answered first"
+            await s.client.send(request("POST", "/v1/x", b"body"))
+            await trio.sleep(1)
+            began = trio.current_time()
+            await s.client.stream.aclose()
+            await s.closed.wait()
+        assert log[-1] == (began, True, True), "cancelled at once, told as a disconnect, by the server's watcher"
