@@ -102,6 +102,10 @@ async def _gateway_child(upstream: str, port: int, reuse_port: bool, log_dir: st
 def _run_child(opts: argparse.Namespace) -> None:
     import trio
 
+    from llmgw.cli import _collector
+
+    _collector.settle()  # the garbage collector as `llmgw gateway` sets it
+
     run = partial(trio.run, _gateway_child, opts.child_gateway, opts.port, opts.reuse_port, opts.log_dir, opts.tls)
     if not opts.profile:
         run()
