@@ -10,7 +10,8 @@ nothing else does, so a look is kept `status_cache_s`; a request for a look that
 else changed, is still answered from it at once (up to `STALE` times `status_cache_s` old) while the next one is
 built in a worker thread beside, so no request waits for a build only because time passed (a build at 1,000 nodes
 takes 100 ms or more). A look whose inputs changed (a write, a report) is built before the answer, as is one
-older than that bound. `look` (the notifier's, the console's) never answers from an aged look.
+older than that bound. The notifier's check and the console's overview build their own looks
+(`Context.look_beside`): never an aged one.
 """
 
 from __future__ import annotations
