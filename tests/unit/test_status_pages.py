@@ -212,3 +212,31 @@ async def test_a_large_fleets_look_is_built_beside_the_loop_and_a_small_ones_on_
             nursery.cancel_scope.cancel()
         assert (seen > 0) == beside, (nodes, seen)
         assert look.summary == ctx.look(ctx.local_cluster()).summary
+
+
+async def test_a_large_fleets_page_is_written_beside_the_loop() -> None:
+    """A page not yet written of a kept look (`?full=1` at 1,000 nodes: 3.6 MB of JSON) is serialized in a worker
+    thread once the fleet has LOOK_BESIDE_NODES nodes or more: the loop turns meanwhile; below, on the loop."""
+    for nodes, beside in ((LOOK_BESIDE_NODES * 2, True), (LOOK_BESIDE_NODES // 2, False)):
+        ctx, _ = world(nodes, 20)
+        table = ctx.local_cluster()
+        await ctx.status_cache.body(ctx.look_inputs(table), StatusQuery(), 1.0)  # the look, and its default page
+        turns = 0
+        async with trio.open_nursery() as nursery:
+
+            async def count() -> None:
+                nonlocal turns
+                while True:
+                    await trio.lowlevel.checkpoint()
+                    turns += 1
+
+            nursery.start_soon(count)
+            while not turns:
+                await trio.lowlevel.checkpoint()
+            turns, builds = 0, ctx.status_cache.builds
+            full = await ctx.status_cache.body(ctx.look_inputs(table), StatusQuery(full=True), 1.0)
+            seen = turns
+            nursery.cancel_scope.cancel()
+        assert ctx.status_cache.builds == builds  # the same look: only its page was written
+        assert (seen > 0) == beside, (nodes, seen)
+        assert json.loads(full) == ctx.look(table).summary.to_doc()
