@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -24,6 +24,7 @@ from tests.support import status_world
 from tests.support.status_world import NOW, Clock
 
 ADMIN = "sk-status-pages-admin-0123456789"
+T = TypeVar("T")
 
 
 def world(nodes: int, models: int = 50) -> tuple[Context, Clock]:
@@ -188,28 +189,34 @@ async def test_a_second_request_at_the_same_revision_builds_nothing() -> None:
     await asking(ctx, check)
 
 
+async def turns_during(work: Callable[[], Awaitable[T]]) -> tuple[int, T]:
+    """What `work` returns, and how many turns another task of the loop took while it ran (0: it held the loop)."""
+    turns = 0
+
+    async def count() -> None:
+        nonlocal turns
+        while True:
+            await trio.lowlevel.checkpoint()
+            turns += 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(count)
+        while not turns:  # the counter runs
+            await trio.lowlevel.checkpoint()
+        turns = 0
+        done = await work()
+        seen = turns
+        nursery.cancel_scope.cancel()
+    return seen, done
+
+
 async def test_a_large_fleets_look_is_built_beside_the_loop_and_a_small_ones_on_it() -> None:
     """The notifier's check and the console's overview (`Context.look_beside`): at LOOK_BESIDE_NODES nodes or more
     the look is built in a worker thread, so the loop goes on serving (a task here counts its turns meanwhile);
     below, on the loop (no turn). Either way the same look as `Context.look`."""
     for nodes, beside in ((LOOK_BESIDE_NODES * 2, True), (LOOK_BESIDE_NODES // 2, False)):
         ctx, _ = world(nodes, 20)
-        turns = 0
-        async with trio.open_nursery() as nursery:
-
-            async def count() -> None:
-                nonlocal turns
-                while True:
-                    await trio.lowlevel.checkpoint()
-                    turns += 1
-
-            nursery.start_soon(count)
-            while not turns:  # the counter runs
-                await trio.lowlevel.checkpoint()
-            turns = 0
-            look = await ctx.look_beside(ctx.local_cluster())
-            seen = turns
-            nursery.cancel_scope.cancel()
+        seen, look = await turns_during(lambda: ctx.look_beside(ctx.local_cluster()))
         assert (seen > 0) == beside, (nodes, seen)
         assert look.summary == ctx.look(ctx.local_cluster()).summary
 
@@ -221,22 +228,9 @@ async def test_a_large_fleets_page_is_written_beside_the_loop() -> None:
         ctx, _ = world(nodes, 20)
         table = ctx.local_cluster()
         await ctx.status_cache.body(ctx.look_inputs(table), StatusQuery(), 1.0)  # the look, and its default page
-        turns = 0
-        async with trio.open_nursery() as nursery:
-
-            async def count() -> None:
-                nonlocal turns
-                while True:
-                    await trio.lowlevel.checkpoint()
-                    turns += 1
-
-            nursery.start_soon(count)
-            while not turns:
-                await trio.lowlevel.checkpoint()
-            turns, builds = 0, ctx.status_cache.builds
-            full = await ctx.status_cache.body(ctx.look_inputs(table), StatusQuery(full=True), 1.0)
-            seen = turns
-            nursery.cancel_scope.cancel()
+        builds = ctx.status_cache.builds
+        seen, full = await turns_during(lambda: ctx.status_cache.body(ctx.look_inputs(table), StatusQuery(full=True),
+                                                                      1.0))
         assert ctx.status_cache.builds == builds  # the same look: only its page was written
         assert (seen > 0) == beside, (nodes, seen)
         assert json.loads(full) == ctx.look(table).summary.to_doc()
