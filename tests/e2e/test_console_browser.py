@@ -30,8 +30,8 @@ import httpx
 import pytest
 
 from llmgw.domain.settings import SETTINGS
-from tests.support.browser import chromium, stop_all  # skips this module without chromium
-from tests.support.processes import UpProcess, until
+from tests.support.browser import chromium  # skips this module without chromium
+from tests.support.processes import UpProcess, stop_all, until
 from tests.support.small_png import RGBA_OF_PNG_JS, palette_png
 
 pytestmark = pytest.mark.slow

@@ -28,7 +28,7 @@ from llmgw.gateway.follower import GatewayConfig, GatewayHandle
 from llmgw.gateway.follower import serve as gateway_serve
 from llmgw.simfleet.nodes import node_names
 from llmgw.trust.tls import client_context
-from tests.support.processes import free_port
+from tests.support.processes import free_port, stop_all
 from tests.support.trust import test_ca_root
 
 pytestmark = pytest.mark.slow
@@ -139,14 +139,7 @@ async def test_a_200_node_sim_fleet_through_the_real_control_plane_and_gateway(t
             assert all(f.poll() is None for f in fleets), fleet_log.read_text()[-3000:]
             nursery.cancel_scope.cancel()
     finally:
-        for f in fleets:
-            f.terminate()
-        for f in fleets:
-            try:
-                f.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                f.kill()
-                f.wait()
+        stop_all(fleets, grace=15)
     assert [f.returncode for f in fleets] == [0, 0], fleet_log.read_text()[-3000:]
 
 

@@ -4,8 +4,7 @@ turns that skip into a failure, as for every system tool)."""
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,14 +28,3 @@ def chromium() -> Iterator[Any]:
         finally:
             b.close()
 
-
-def stop_all(procs: Iterable[subprocess.Popen[Any]]) -> None:
-    """Terminate each process, then wait for each (killed after 10 s)."""
-    procs = list(procs)
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()

@@ -12,12 +12,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from llmgw.net import free_port
 
-__all__ = ["UpProcess", "alive", "children_of", "free_port", "kill_engines_under", "running_under"]
+__all__ = ["UpProcess", "alive", "children_of", "free_port", "kill_engines_under", "running_under", "stop_all"]
 
 
 def children_of(pid: int) -> set[int]:
@@ -80,6 +80,19 @@ def until(what: str, probe: Callable[[], Any], limit: float = 60.0, every: float
             return got
         assert time.monotonic() < deadline, f"{what}: not within {limit:g} s"
         time.sleep(every)
+
+
+def stop_all(procs: Iterable[subprocess.Popen[Any]], grace: float = 10.0) -> None:
+    """Terminate each process, then wait for each (killed, and reaped, after `grace` seconds)."""
+    procs = list(procs)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def alive(pid: int) -> bool:
