@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import select
 import socket as stdlib_socket
 import ssl
 import time
@@ -96,6 +97,17 @@ def adopt_socket(fd: int) -> trio.socket.SocketType:
     return trio.socket.from_stdlib_socket(sock)
 
 
+def _bytes_waiting(stream: trio.abc.Stream) -> bool:
+    """Whether bytes from the client wait to be read on the connection's socket (False when it has none:
+    the memory streams of tests)."""
+    sock = getattr(getattr(stream, "transport_stream", stream), "socket", None)  # (under TLS: the socket's)
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
+
+
 class _Date:
     """The `date` header, formatted once a second rather than per answer."""
 
@@ -119,7 +131,7 @@ class _Connection:
     __slots__ = ("front", "stream", "slot", "reader", "peer", "status", "head", "head_only", "body_done", "gone",
                  "sent_head", "finished", "close_after", "chunked", "http10", "continue_pending", "buffered",
                  "extensions", "_tasks", "_watcher", "_watching", "_on_gone", "_reading", "_kick", "_stopped",
-                 "_handed")
+                 "_handed", "_read")
 
     def __init__(self, front: Front, stream: trio.abc.Stream, slot: Slot) -> None:
         self.front = front
@@ -138,6 +150,7 @@ class _Connection:
         self._kick = trio.Event()  # set: the watcher starts reading
         self._stopped = trio.Event()  # set (then replaced) each time the watcher stops reading
         self._handed: bytes | Exception | None = None  # what it read when no request was watching any more
+        self._read: trio.CancelScope | None = None  # the watcher's read, while it reads
         self._reset(None)
 
     def _reset(self, request: Head | None) -> None:
@@ -198,8 +211,10 @@ class _Connection:
                 await self._kick.wait()
                 self._kick = trio.Event()
                 try:
-                    await self._watch_once()
+                    with trio.CancelScope() as self._read:
+                        await self._watch_once()
                 finally:
+                    self._read = None
                     self._reading = False
                     stopped, self._stopped = self._stopped, trio.Event()
                     stopped.set()
@@ -235,6 +250,12 @@ class _Connection:
         """The client's next bytes; None when the watcher was reading and fed what it read (the reader's events
         are to be looked at again). Raises trio.BrokenResourceError, trio.ClosedResourceError."""
         if self._reading:
+            if self._on_gone is None and self._read is not None and not _bytes_waiting(self.stream):
+                # No request watches and the client has sent nothing yet: the watcher stops, and the next
+                # request's bytes are read here, waking this task alone rather than the watcher to hand them
+                # over (a task switch and a scheduler pass more before the next answer could begin). Bytes
+                # already here are the watcher's to hand over: stopping it first would cost more.
+                self._read.cancel()
             while self._reading:
                 await self._stopped.wait()
             if self._handed is None:

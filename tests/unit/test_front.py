@@ -17,7 +17,7 @@ import trio.testing
 
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.wire.asgi import WATCH, Exchange, Message, Receive, Scope, Send, cancel_on_disconnect, cancelled_on_disconnect
-from llmgw.wire.front import MAX_HEAD_BYTES, App, Front
+from llmgw.wire.front import MAX_HEAD_BYTES, App, Front, _bytes_waiting
 
 T = TIMEOUTS  # virtual time: the real values, each different, so the elapsed time names the timeout that fired
 Clock = trio.testing.MockClock
@@ -509,6 +509,55 @@ async def test_the_watcher_hands_each_next_request_over_kept_alive_and_pipelined
         assert (await s.client.answer("POST")).body == b"answered body 4"
         assert not s.closed.is_set()
     assert [(gone, watched) for _, gone, watched in log] == [(False, True)] * 4
+
+
+class _Steps(trio.abc.Instrument):
+    """The names of the tasks that run, in order."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.names.append(task.name)
+
+
+async def test_once_an_answer_is_out_the_next_request_is_read_by_the_connection_not_the_watcher(
+        autojump_clock: Clock) -> None:
+    # The watcher stops reading when no request watches any more, so a kept-alive client's next request wakes
+    # the connection's task alone: handing its bytes over from the watcher cost a task switch and a scheduler
+    # pass in every request's path (docs/performance.md, "The stream's first chunk").
+    log: list[tuple[float, bool, bool]] = []
+    steps = _Steps()
+    async with serving(watching(log), watcher=True) as s:
+        await s.client.send(request("POST", "/v1/x", b"first"))
+        assert (await s.client.answer("POST")).body == b"answered first"
+        await trio.testing.wait_all_tasks_blocked()
+        trio.lowlevel.add_instrument(steps)
+        await s.client.send(request("POST", "/v1/x", b"second"))
+        await trio.testing.wait_all_tasks_blocked()  # the app has the body and waits in its upstream call
+        trio.lowlevel.remove_instrument(steps)
+        read = list(steps.names)
+        assert (await s.client.answer("POST")).body == b"answered second"
+    server = [name for name in read if name.endswith(("._watch", ".serving.<locals>.run"))]
+    # The connection's task reads the request and serves it; the watcher runs only once the request watches.
+    assert server[0].endswith(".serving.<locals>.run") and server.count(server[0]) == 1, server
+
+
+async def test_bytes_waiting_says_whether_the_client_has_sent_what_is_not_read_yet() -> None:
+    # When a request ends the watcher is stopped only if nothing waits on the socket: bytes already there are
+    # its to hand over at once (stopping it first would cost more).
+    a, b = trio.socket.socketpair()
+    server, client = trio.SocketStream(a), trio.SocketStream(b)
+    async with server, client:
+        assert not _bytes_waiting(server)
+        await client.send_all(b"GET / HTTP/1.1\r\n")
+        with trio.fail_after(10):
+            while not _bytes_waiting(server):  # (a socketpair's bytes are there at once; a loaded box may lag)
+                await trio.sleep(0.001)
+        assert await server.receive_some(100) == b"GET / HTTP/1.1\r\n"
+        assert not _bytes_waiting(server)
+    memory, _ = trio.testing.memory_stream_pair()
+    assert not _bytes_waiting(memory)  # no socket: as if nothing waited
 
 
 async def test_the_watcher_cancels_a_request_whose_client_goes_away(autojump_clock: Clock) -> None:
