@@ -24,7 +24,8 @@ Headers = list[tuple[bytes, bytes]]
 # `/v1` answers that the same request, sent again soon, cannot change: they carry
 # `x-should-retry: false`, which the official OpenAI SDKs obey over their own status
 # rule (they retry every 5xx), so a client hears "parked" at once, not after its retries.
-NOT_RETRYABLE = frozenset({"model_parked", "model_unplaceable", "system_stopped", "guard_refused"})
+NOT_RETRYABLE = frozenset({"model_parked", "model_unplaceable", "model_scheduled_off", "system_stopped",
+                           "guard_refused"})
 
 
 class ApiError(Exception, ABC):

@@ -308,6 +308,10 @@ class ModelRoute:
     # Where the engine names adapters by id (llama.cpp's request field `lora`): the adapter's id on every one of
     # these endpoints (the route holds only replicas where it has this id); None: by its name (vLLM, sim).
     lora_id: int | None = None
+    # A schedule rule holds the model at 0 replicas (state absent): until when (unix seconds; 0.0: no end found
+    # within the search bound); None: no rule does. Requests are refused at once (`model_scheduled_off`), not
+    # held for an activation that the rule forbids.
+    off_until: float | None = None
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ _UNLOGGED = ("/health", "/metrics", logquery.PATH)  # probes and control's queri
 # Refusals after which the next model (a fallback, a group alias's next) is tried: the model asked for
 # cannot take the request now, and said so at once. Never a refusal of the request itself (a client's
 # error, the guard's), nor a failure once the engine had it.
-FALLBACK_CODES = frozenset({"model_parked", "model_unplaceable", "overloaded"})
+FALLBACK_CODES = frozenset({"model_parked", "model_unplaceable", "model_scheduled_off", "overloaded"})
 
 # Other APIs served over the engines' chat completions (gateway/dialect.py), by path.
 DIALECTS: dict[str, Dialect] = {
@@ -98,10 +98,11 @@ def _no_endpoint_status(code: str) -> int:
 
 
 def _no_endpoint_error(e: NoEndpoint) -> OpenAIError:
-    """The refusal for `e`; `model_activating` has `Retry-After` and the activation's progress beside `error`."""
-    if e.activation is None:
-        return OpenAIError(_no_endpoint_status(e.code), e.code, e.message)
+    """The refusal for `e`; `model_activating` has `Retry-After` and the activation's progress beside `error`
+    (`model_scheduled_off`: `Retry-After` when its schedule's rule ends)."""
     headers = [(b"retry-after", str(e.retry_after).encode())] if e.retry_after is not None else []
+    if e.activation is None:
+        return OpenAIError(_no_endpoint_status(e.code), e.code, e.message, headers=headers)
     return OpenAIError(503, e.code, e.message, headers=headers, extra={"activation": e.activation.to_doc(e.now)})
 
 

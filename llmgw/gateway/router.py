@@ -407,6 +407,11 @@ class Router:
         if slot is not None:
             return slot
         route = self._routes.get(model)
+        if route is not None and route.state == "absent" and route.off_until is not None:
+            # Its schedule allows no replica now: an activation would be refused, so the request is (no ask).
+            left = route.off_until - self._wall()
+            raise NoEndpoint("model_scheduled_off", f"model {model!r} is off by its schedule: {route.reason}",
+                             retry_after=max(1, math.ceil(left)) if route.off_until and left < 1e7 else None)
         code = _FAIL_CODES.get(route.state) if route is not None else None
         if route is None or code is None or (code == "system_stopped" and not stopped_refuses):
             return None

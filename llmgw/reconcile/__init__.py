@@ -420,6 +420,7 @@ def _views(
         failures, error, flaps, flap_ready_s = parking.get(
             name, (health.failures_in_row, health.last_error, health.flaps, health.flap_ready_s))
         route_reason = ""
+        off_until: float | None = None  # a schedule rule holds it at 0 replicas until then
         if stopped:
             route_state, reason = "stopped", "serving is stopped; `llmgw start` resumes it"
         elif health.parked or name in parking:
@@ -452,6 +453,7 @@ def _views(
                 and ruled.max == 0:
             route_state, reason = "absent", \
                 f"schedule rule {ruled.rule + 1} allows no replica until {ruled.at(ruled.until)}"
+            off_until = ruled.until if ruled.until is not None else 0.0
         elif model.mode == "on-demand" and name in observed.evicted:
             route_state, reason = "absent", f"{observed.evicted[name][1]}; a request starts it again"
         elif model.mode == "on-demand":
@@ -475,6 +477,7 @@ def _views(
             reason=route_reason,
             activation=progress,
             window_s=window if window > model.activation_window_s else 0.0,
+            off_until=off_until,
         )
     for name, model in sorted(state.models.items()):
         if model.base:

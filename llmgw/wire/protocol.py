@@ -113,6 +113,8 @@ def route_doc(route: ModelRoute) -> dict[str, Any]:
         doc["base"] = route.base
     if route.lora_id is not None:
         doc["lora_id"] = route.lora_id
+    if route.off_until is not None:
+        doc["off_until"] = route.off_until
     return doc
 
 
@@ -126,11 +128,13 @@ def route_from_doc(doc: Mapping[str, Any]) -> ModelRoute:
                       for e in doc.get("endpoints", ()))
     progress = doc.get("activation")
     window: Any = doc.get("window_s")
+    off: Any = doc.get("off_until")
     return ModelRoute(str(doc["model"]), str(doc.get("role", "")), state, endpoints, str(doc.get("reason", "")),
                       activation=Progress.from_doc(progress) if isinstance(progress, Mapping) else None,
                       window_s=float(window) if type(window) in (int, float) and 0 < window < 1e9 else 0.0,
                       base=str(doc.get("base", "")),
-                      lora_id=lora if type(lora := doc.get("lora_id")) is int and 0 <= lora < 1 << 16 else None)
+                      lora_id=lora if type(lora := doc.get("lora_id")) is int and 0 <= lora < 1 << 16 else None,
+                      off_until=float(off) if type(off) in (int, float) and 0 <= off < 1e11 else None)
 
 
 def table_message(version: int, leader: str, state: ClusterState,

@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import socket
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
@@ -427,6 +428,29 @@ async def test_parked_and_unplaceable_answer_at_once_with_why(gw: Gateway, model
         response = await gw.http.post("/v1/chat/completions", json=chat(model=model), timeout=None)
     error = assert_error(response, 503, code)
     assert reason in error["message"]
+
+
+async def test_a_model_its_schedule_holds_at_0_is_refused_at_once_with_when_it_ends(gw: Gateway) -> None:
+    # An hour-long activation window, as above: a request that waited for an activation would get no answer
+    # within the bound. The rule forbids any replica, so no activation is asked for either.
+    ends = time.time() + 2 * HOUR
+    gw.store.submit_nowait(commands.put_model(_model("nightly", mode="on-demand", activation_window_s=HOUR), at=1.0))
+    gw.set_route(ModelRoute("nightly", "chat", "absent", (), "schedule rule 1 allows no replica until 06:00",
+                            off_until=ends))
+    with trio.fail_after(NOT_WAITED_S):
+        response = await gw.http.post("/v1/chat/completions", json=chat(model="nightly"), timeout=None)
+    error = assert_error(response, 503, "model_scheduled_off")
+    assert error["message"] == "model 'nightly' is off by its schedule: schedule rule 1 allows no replica until 06:00"
+    assert response.headers["x-should-retry"] == "false"
+    assert 2 * HOUR - NOT_WAITED_S <= int(response.headers["retry-after"]) <= 2 * HOUR + 1
+    assert "nightly" not in gw.router.take_activation_asks()
+    # With a fallback, the fallback serves meanwhile.
+    gw.store.submit_nowait(commands.put_model(_model("nightly", mode="on-demand", activation_window_s=HOUR,
+                                                     fallbacks=["demo"]), at=2.0))
+    with trio.fail_after(NOT_WAITED_S):
+        served = await gw.http.post("/v1/chat/completions", json=chat(model="nightly"), timeout=None)
+    assert served.status_code == 200, served.text
+    assert served.headers["x-llmgw-model"] == "demo"
 
 
 async def test_activation_that_finishes_in_time_is_served(gw: Gateway, nursery: trio.Nursery) -> None:

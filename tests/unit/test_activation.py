@@ -211,6 +211,9 @@ def test_a_route_carries_its_activation_and_window_and_an_older_gateway_reads_it
     p = Progress("loading", NOW, None, 13 * GIB, 96.0)
     route = ModelRoute("big", "chat", "starting", (), "replicas are starting", activation=p, window_s=600.0)
     assert route_from_doc(route_doc(route)) == route
+    off = ModelRoute("m", "chat", "absent", (), "schedule rule 1 allows no replica until then", off_until=1.8e9)
+    assert route_from_doc(route_doc(off)) == off
+    assert route_from_doc({**route_doc(off), "off_until": "soon"}).off_until is None  # not a time: not held
     plain = ModelRoute("demo", "chat", "absent")
     assert set(route_doc(plain)) == {"model", "role", "state", "reason", "endpoints"}  # the bytes of before
     # An older gateway reads the fields it knows (this is its whole reader, as it was).

@@ -120,8 +120,12 @@ def test_a_rule_with_max_0_stops_an_on_demand_model_that_is_asked_for_and_says_u
     morning = utc("2026-12-08 06:00")
     asked = observed([cpu_node("a", "sim")], demand={"m": morning - 5})
     assert desired_replicas(state, state.models["m"], asked, morning) == 1
-    view = decide(state, seen, at_night).views["m"]
+    plan = decide(state, seen, at_night)
+    view = plan.views["m"]
     assert (view.state, view.reason) == ("absent", "schedule rule 1 allows no replica until 2026-12-08 06:00 UTC")
+    # Gateways refuse its requests at once until then (`model_scheduled_off`), rather than wait for a start.
+    assert plan.routes["m"].off_until == morning
+    assert decide(state, asked, morning).routes["m"].off_until is None
 
 
 # --- what the operator sees ---------------------------------------------------------------------------------------
