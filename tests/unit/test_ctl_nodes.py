@@ -157,3 +157,59 @@ def test_drain_wait_follows_the_drain_until_the_node_is_empty() -> None:
         "GET", "/api/v1/nodes", json_body={"nodes": [{"node": "n1", "cordon": "none", "drain": None}]})
     r = ctl(["nodes", "drain", "n1", "--wait"], gone)
     assert r.rc != 0 and "no longer draining" in r.err
+
+
+# --- ctl nodes show ------------------------------------------------------------------------------------------------
+
+
+SHOWN = {"node": {**NODES["nodes"][0], "cordon": "drain",
+                  "drain": {"left": 2, "moving": "chat", "blocked": None,
+                            "words": "draining: 2 replicas left; moving chat"}},
+         "agent_reported": True,
+         "placements": [
+             {"replica_id": "chat-r1", "model": "chat", "gpus": [0], "group": None, "rank": None, "asleep": False,
+              "placed": True, "state": "starting", "phase": "loading", "error": None, "since": 1.0},
+             {"replica_id": "embed-r2", "model": "embed", "gpus": [], "group": None, "rank": None, "asleep": True,
+              "placed": True, "state": "sleeping", "phase": None, "error": None, "since": 2.0},
+             {"replica_id": "new-r1", "model": "new", "gpus": [1101], "group": None, "rank": None, "asleep": False,
+              "placed": True, "state": None, "phase": None, "error": None, "since": None},
+             {"replica_id": "old-r9", "model": "old", "gpus": None, "group": None, "rank": None, "asleep": False,
+              "placed": False, "state": "failed", "phase": None, "error": "exit 1", "since": 3.0}]}
+
+
+def _replicas(out: str) -> list[dict[str, str]]:
+    head, *rows = columns(out.split("\nreplicas\n", 1)[1], "  REPLICA")
+    return [dict(zip(head, row)) for row in rows]
+
+
+def test_show_prints_one_node_its_replicas_with_what_the_agent_says_and_its_gpus() -> None:
+    api = FakeApi().on("GET", "/api/v1/nodes/gpu-01", json_body=SHOWN)
+    r = ctl(["nodes", "show", "gpu-01"], api)
+    assert r.rc == 0, r.err
+    facts = dict(line.split(": ", 1) for line in r.out.split("\n\n", 1)[0].splitlines())
+    assert facts["state"] == "connected, draining" and facts["memory"] == "512.0 GiB"
+    assert facts["gpus"] == "1/3 usable" and facts["drain"] == "draining: 2 replicas left; moving chat"
+    assert facts["engines"] == "llama.cpp, sim 0.4.0, vllm 0.6.3"
+    replicas = _replicas(r.out)
+    assert [(row["REPLICA"], row["GPUS"], row["STATE"], row["ERROR"]) for row in replicas] == [
+        ("chat-r1", "0", "starting (loading)", "-"),
+        ("embed-r2", "CPU", "sleeping, asleep", "-"),
+        ("new-r1", "1101", "not running yet", "-"),
+        ("old-r9", "-", "failed; no placement here (stopping)", "exit 1")]
+    assert "\nGPUs\n" in r.out and "uncorrectable ECC errors: 3" in r.out
+    assert "`llmgw ctl nodes uncordon gpu-01` ends the drain" in r.out
+
+
+def test_show_of_a_lost_node_says_unknown_not_zero_and_an_unknown_name_is_one_error_line() -> None:
+    lost = {"node": NODES["nodes"][1], "agent_reported": False,
+            "placements": [{"replica_id": "chat-r3", "model": "chat", "gpus": [0, 1], "asleep": False, "placed": True,
+                            "state": None, "phase": None, "error": None, "since": None}]}
+    r = ctl(["nodes", "show", "gpu-02"], FakeApi().on("GET", "/api/v1/nodes/gpu-02", json_body=lost))
+    assert r.rc == 0, r.err
+    facts = dict(line.split(": ", 1) for line in r.out.split("\n\n", 1)[0].splitlines())
+    assert facts["gpus"] == "-" and facts["cpus"] == "-" and facts["since"].startswith("gone 95 s")
+    assert [(row["REPLICA"], row["STATE"]) for row in _replicas(r.out)] == [("chat-r3", "-")]
+    missing = FakeApi().on("GET", "/api/v1/nodes/nope", status=404, json_body={
+        "error": {"code": "node_not_found", "message": "no node named 'nope' is known to the leader"}})
+    r = ctl(["nodes", "show", "nope"], missing)
+    assert r.rc != 0 and "no node named 'nope' is known to the leader" in r.err

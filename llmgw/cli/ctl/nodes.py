@@ -22,8 +22,8 @@ def register(app: cyclopts.App) -> None:
     app.command(nodes_app)
 
 
-nodes_app = cyclopts.App(name="nodes", help="The nodes (agents) the leader knows; approve a pending one, cordon, "
-                                             "drain or uncordon one, restart one's agent, forget a lost one.")
+nodes_app = cyclopts.App(name="nodes", help="The nodes (agents) the leader knows; show one, approve a pending one, "
+                                             "cordon, drain or uncordon one, restart one's agent, forget a lost one.")
 
 
 @nodes_app.command(name="list")
@@ -33,6 +33,19 @@ def nodes_list(*, session: SessionParam) -> int:
 
 
 nodes_app.default(nodes_list)  # `ctl nodes` alone does the same
+
+
+@nodes_app.command(name="show")
+def nodes_show(name: str, /, *, session: SessionParam) -> int:
+    """One node: its state, inventory, GPUs and storage as `nodes list` has them, and the replicas placed
+    there with what its agent says of each.
+
+    Parameters
+    ----------
+    name
+        The node's name, as `llmgw ctl nodes` lists it.
+    """
+    return session.show_answer("GET", api_path("nodes", name), render=render_node)
 
 
 @nodes_app.command(name="forget")
@@ -224,6 +237,71 @@ def render_nodes(doc: Mapping[str, Any]) -> str:
     if lost:
         out += ["", "lost nodes stay listed until forgotten: `llmgw ctl nodes forget NAME`"]
     return "\n".join(out)
+
+
+def render_node(doc: Mapping[str, Any]) -> str:
+    """`nodes show`: the node's facts one per line, then its tables (GPUs, replicas, storage) and notes."""
+    n = doc.get("node")
+    if not isinstance(n, Mapping):
+        return "the leader said nothing of the node"
+    memory = _gib(n.get("memory_total"))
+    lines = [("node", n.get("node")), ("state", _state(n)), ("since", _since(n)), ("address", n.get("address")),
+             ("hostname", n.get("hostname")), ("fabric", n.get("fabric")), ("version", n.get("version")),
+             ("cpus", n.get("cpus") or None), ("memory", memory), ("gpus", _gpu_count(n.get("gpus"))),
+             ("engines", _engines(n)), ("certificate", _certificate(n.get("certificate"))),
+             ("reserved for other work", _reserve(n) or None)]
+    out = [f"{label}: {cell(value)}" for label, value in lines]
+    drain = n.get("drain")
+    if isinstance(drain, Mapping) and drain.get("words"):
+        out.append(f"drain: {clean(str(drain['words']))}")
+    if n.get("upgrade_refused"):
+        out.append(f"last upgrade refused: {clean(str(n.get('upgrade_refused')))}")
+    gpus = n.get("gpus")
+    if isinstance(gpus, list) and gpus:
+        out += ["", "GPUs", _indent(table(["GPU", "CLASS", "MEMORY", "HEALTH", "PLACEABLE", "REASON"],
+                                          [[_label(g), g.get("gpu_class"), _gib(g.get("memory_total")), _health(g),
+                                            g.get("placeable"), g.get("reason")] for g in gpus if isinstance(g, Mapping)]))]
+    placements = doc.get("placements")
+    if isinstance(placements, list) and placements:
+        rows = [[p.get("replica_id"), p.get("model"), _devices(p.get("gpus")), _replica_state(p, doc),
+                 p.get("error")] for p in placements if isinstance(p, Mapping)]
+        out += ["", "replicas", _indent(table(["REPLICA", "MODEL", "GPUS", "STATE", "ERROR"], rows))]
+    elif isinstance(placements, list):
+        out += ["", "replicas: none placed here"]
+    storage = n.get("storage")
+    if isinstance(storage, list) and storage:
+        out += ["", "storage", _indent(table(["FABRIC", "PATH", "SHARED", "MODELS", "NOT WEIGHTS", "PROBLEM"],
+                                             [_storage_row(s) for s in sorted(storage, key=_fabric)
+                                              if isinstance(s, Mapping)]))]
+    warnings = n.get("warnings")
+    if isinstance(warnings, list) and warnings:
+        out += ["", *(f"warning: {clean(str(w))}" for w in warnings)]
+    if n.get("cordon") in ("cordon", "drain"):
+        out += ["", f"it takes no new replica: `llmgw ctl nodes uncordon {cell(n.get('node'))}` ends the "
+                    f"{'drain' if n.get('cordon') == 'drain' else 'cordon'}"]
+    if n.get("approval") == "pending":
+        out += ["", f"pending: it takes no replica until `llmgw ctl nodes approve {cell(n.get('node'))}`"]
+    return "\n".join(out)
+
+
+def _devices(gpus: Any) -> str | None:
+    if not isinstance(gpus, list):
+        return None  # not placed here: which devices it holds is the agent's to say
+    return ", ".join(str(g) for g in gpus) if gpus else "CPU"
+
+
+def _replica_state(p: Mapping[str, Any], doc: Mapping[str, Any]) -> str | None:
+    """What the agent says of a replica (its state, and phase while starting), `asleep`, and whether a
+    placement puts it there; None (`-`) when the agent said nothing (not connected: unknown, not stopped)."""
+    state = p.get("state")
+    said = None if state is None else str(state) + (f" ({p['phase']})" if p.get("phase") else "")
+    if said is None and doc.get("agent_reported") is True:
+        said = "not running yet"  # placed, and the connected agent does not list it (yet)
+    if p.get("asleep") is True:
+        said = f"{said}, asleep" if said else "asleep"
+    if p.get("placed") is False:
+        said = f"{said}; no placement here (stopping)" if said else "no placement here (stopping)"
+    return said
 
 
 def _state(n: Mapping[str, Any]) -> Any:

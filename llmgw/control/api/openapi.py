@@ -442,10 +442,17 @@ def _paths() -> Schema:
         "/api/v1/nodes": {"get": _op("every node the leader knows", _obj({"nodes": _arr(_obj(
             {"node": _STR, "state": _STR, "approval": _STR, "cordon": _STR, "drain": _null(_OBJ),
              "gpus": _null(_arr(_OBJ)), "replicas": _null(_arr(_STR)), "connected_at": _null(_NUM)}))}))},
-        "/api/v1/nodes/{name}": {"delete": _op("forget a lost node; the placements the state still holds there go in "
-                                                "the same command (`removed_placements`), so no later leader finds it "
-                                                "again", _obj({"forgotten": _STR, "removed_placements": _arr(_STR)}),
-                                               errors=("404", "409"), params=(node,), write=True)},
+        "/api/v1/nodes/{name}": {"get": _op(
+            "one node as the list has it, with the replicas placed there and what its agent says of each "
+            "(`placed` false: one its agent runs that no placement puts there)",
+            _obj({"node": _OBJ, "agent_reported": _BOOL, "placements": _arr(_obj(
+                {"replica_id": _STR, "model": _STR, "gpus": _null(_arr(_INT)), "placed": _BOOL, "asleep": _BOOL,
+                 "state": _null(_STR), "phase": _null(_STR), "error": _null(_STR), "since": _null(_NUM)}))}),
+            params=(node,)),
+            "delete": _op("forget a lost node; the placements the state still holds there go in the same command "
+                          "(`removed_placements`), so no later leader finds it again",
+                          _obj({"forgotten": _STR, "removed_placements": _arr(_STR)}), errors=("404", "409"),
+                          params=(node,), write=True)},
         "/api/v1/nodes/{name}/approve": {"post": _op(
             "approve a node (while nodes.require_approval is on, a new node is pending: nothing is placed on it "
             "until approved); remembered in the cluster state. Approving twice is no error (`already`)",

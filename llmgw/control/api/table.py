@@ -63,6 +63,7 @@ ROUTES: tuple[Route, ...] = (
           lambda c: settings.put(c.ctx, c.commit, c.path["key"], c.body), body=True),
     # Nodes.
     Route("GET", "/api/v1/nodes", VIEWER, lambda c: nodes.list_nodes(c.ctx)),
+    Route("GET", "/api/v1/nodes/<path:name>", VIEWER, lambda c: nodes.show(c.ctx, c.path["name"])),
     Route("DELETE", "/api/v1/nodes/<path:name>", ADMIN, lambda c: nodes.forget(c.ctx, c.commit, c.path["name"])),
     Route("POST", "/api/v1/nodes/<path:name>/approve", ADMIN,
           lambda c: nodes.approve(c.ctx, c.commit, c.path["name"])),

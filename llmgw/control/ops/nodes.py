@@ -20,6 +20,33 @@ async def list_nodes(ctx: Context) -> dict[str, Any]:
     return {"nodes": node_docs(ctx)}
 
 
+async def show(ctx: Context, name: str) -> dict[str, Any]:
+    """One node as `list_nodes` has it, with `placements`: the replicas the state places there, each with what
+    its agent says of it (`state`, `phase`, `error`, `since`; None: no word from the agent), then the replicas
+    the agent runs that no placement puts there (`placed` false: stopping, or left from before). 404 for a
+    node the leader does not know."""
+    if name not in known_nodes(ctx):
+        raise AdminError(404, "node_not_found", f"no node named {name!r} is known to the leader")
+    doc = node_docs(ctx, only=name)[0]
+    state = ctx.state()
+    reported = ctx.hub.replicas.get(name)
+    told = reported or {}
+
+    def agent_says(rid: str) -> dict[str, Any]:
+        obs = told.get(rid)
+        if obs is None:
+            return {"state": None, "phase": None, "error": None, "since": None}
+        return {"state": obs.state, "phase": obs.phase or None, "error": obs.error or None, "since": obs.since}
+
+    placements = [{"replica_id": rid, "model": p.model, "gpus": list(p.gpus), "group": p.group or None,
+                   "rank": p.rank if p.group else None, "asleep": p.asleep, "placed": True, **agent_says(rid)}
+                  for rid, p in sorted(state.placements.items()) if p.node == name]
+    placed = {p["replica_id"] for p in placements}
+    placements += [{"replica_id": rid, "model": obs.model, "gpus": None, "group": None, "rank": None, "asleep": False,
+                    "placed": False, **agent_says(rid)} for rid, obs in sorted(told.items()) if rid not in placed]
+    return {"node": doc, "placements": placements, "agent_reported": reported is not None}
+
+
 async def forget(ctx: Context, commit: Commit, name: str) -> dict[str, Any]:
     """Forget a lost node; 409 while it is within its grace period. The placements the state still holds
     there go first, in the same command as the forgetting (`node.forget`): a new leader rebuilds its nodes
@@ -124,10 +151,11 @@ async def restart(ctx: Context, name: str) -> dict[str, Any]:
     return {"restarting": name, "connected_at": since}
 
 
-def node_docs(ctx: Context) -> list[dict[str, Any]]:
+def node_docs(ctx: Context, only: str | None = None) -> list[dict[str, Any]]:
     """Each node as the summary lists it, with how the leader sees it: `state` (connected,
     disconnected: within its grace period, lost: past it, unknown: placed on but never heard of
-    in this term), since when, and the rest of its inventory. Unknown values are None."""
+    in this term), since when, and the rest of its inventory. Unknown values are None. `only`: that
+    node's alone."""
     hub = ctx.hub
     observed = hub.observed()
     now = ctx.clock()
@@ -139,6 +167,8 @@ def node_docs(ctx: Context) -> list[dict[str, Any]]:
     state = ctx.state()
     for doc in summary.nodes(state, observed):
         name = str(doc["node"])
+        if only is not None and name != only:
+            continue
         info = observed.nodes.get(name)
         lost_at = hub.lost.get(name)
         gpus = None if info is None else [{**g.to_doc(), "label": g.label} for g in info.gpus]
