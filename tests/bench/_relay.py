@@ -15,10 +15,15 @@ from urllib.parse import urlsplit
 import trio
 
 
-async def _pump(source: trio.abc.Stream, sink: trio.abc.Stream) -> None:
-    while data := await source.receive_some(65536):
-        await sink.send_all(data)
-    await trio.aclose_forcefully(sink)
+async def _pump(source: trio.abc.Stream, sink: trio.abc.Stream, done: trio.CancelScope) -> None:
+    """Copy until either side ends or breaks; then the connection's other direction stops too."""
+    try:
+        while data := await source.receive_some(65536):
+            await sink.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        done.cancel()
 
 
 async def _serve(host: str, port: int, client: trio.SocketStream) -> None:
@@ -29,8 +34,8 @@ async def _serve(host: str, port: int, client: trio.SocketStream) -> None:
         await client.aclose()
         return
     async with client, upstream, trio.open_nursery() as nursery:
-        nursery.start_soon(_pump, client, upstream)
-        nursery.start_soon(_pump, upstream, client)
+        nursery.start_soon(_pump, client, upstream, nursery.cancel_scope)
+        nursery.start_soon(_pump, upstream, client, nursery.cancel_scope)
 
 
 async def _main(upstream: str) -> None:
@@ -39,10 +44,7 @@ async def _main(upstream: str) -> None:
     print(f"READY http://127.0.0.1:{listeners[0].socket.getsockname()[1]}", flush=True)
 
     async def handler(client: trio.SocketStream) -> None:
-        try:
-            await _serve(parts.hostname or "127.0.0.1", parts.port or 80, client)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        await _serve(parts.hostname or "127.0.0.1", parts.port or 80, client)
 
     await trio.serve_listeners(handler, listeners)
 

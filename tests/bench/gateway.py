@@ -252,7 +252,10 @@ def _rounds(direct: Target, gw: Target, gw2: Target | None, lite: Target | None,
             _load(t, opts, failures)
         for t in [*seq, relay] if relay else seq:
             n = opts.ttfc_samples if t is not lite else max(10, opts.ttfc_samples // 4)  # LiteLLM: ~25 ms each
-            t.ttfc.append(_probe.ttfc_samples(t.url + PATH, t.key, STREAM, n))
+            try:
+                t.ttfc.append(_probe.ttfc_samples(t.url + PATH, t.key, STREAM, n))
+            except OSError as e:
+                raise RuntimeError(f"{t.name}'s streamed requests failed: {e}") from e
         print(f"  round {i + 1}/{opts.rounds}: p50 " + ", ".join(f"{t.name} {t.seq[-1].p50_ms:.2f} ms" for t in seq)
               + "; req/s " + ", ".join(f"{t.name} {t.load[-1].rps:.0f}" for t in load), file=sys.stderr, flush=True)
 

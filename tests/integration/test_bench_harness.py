@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from pathlib import Path
 import h11
 import pytest
 
-from tests.support.figures import load_bench
+from tests.support.figures import BENCH, load_bench
 
 
 upstream_mod, probe, wrk = load_bench("_upstream"), load_bench("_probe"), load_bench("_wrk")
@@ -79,6 +80,27 @@ def test_stream_is_chunked_sse_ending_in_done(upstream: str) -> None:
         assert probe.ttfc_samples(upstream + "/v1/chat/completions", "sk-any", {**CHAT, "stream": True}, 3)
     finally:
         client.close()
+
+
+def test_the_relay_floor_carries_streams_on_connection_after_connection(upstream: str) -> None:
+    """tests/bench/_relay.py (the floor under gateway.py's stream figures): a connection that its client closes ends
+    its upstream connection too, and the relay serves the next one (it died with the first close once)."""
+    from tests.support.processes import stop_all
+
+    relay = subprocess.Popen([sys.executable, str(BENCH / "_relay.py"), upstream], stdout=subprocess.PIPE, text=True)
+    try:
+        assert relay.stdout is not None
+        line = relay.stdout.readline()
+        assert line.startswith("READY "), line
+        url = line.split()[1]
+        for _ in range(3):  # each on a connection of its own, closed after
+            samples = probe.ttfc_samples(url + "/v1/chat/completions", "sk-any", {**CHAT, "stream": True}, 2)
+            assert len(samples) == 2 and all(s > 0 for s in samples)
+        assert relay.poll() is None, "the relay is still serving"
+    finally:
+        stop_all([relay])
+        if relay.stdout is not None:
+            relay.stdout.close()
 
 
 def test_pipelined_and_chunked_requests_and_connection_close(upstream: str) -> None:
