@@ -408,7 +408,8 @@ class Router:
             return slot
         route = self._routes.get(model)
         if route is not None and route.state == "absent" and route.off_until is not None:
-            # Its schedule allows no replica now: an activation would be refused, so the request is (no ask).
+            # Its schedule allows no replica now: no activation could serve it, so it is refused at once and not
+            # asked for (`Retry-After`: when the rule ends; none when no end was found).
             left = route.off_until - self._wall()
             raise NoEndpoint("model_scheduled_off", f"model {model!r} is off by its schedule: {route.reason}",
                              retry_after=max(1, math.ceil(left)) if route.off_until and left < 1e7 else None)

@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,9 +49,10 @@ def tls_ca(log_dir: Path) -> Path:
     return Path(str(log_dir) + "-tls") / "ca.pem"
 
 
-def check_tls(url: str, ca: Path, key: str, requests: int = 2) -> None:
+def check_tls(url: str, ca: Path, key: str, requests: int = 2, pause_s: float = 0.0) -> None:
     """`requests` chat requests on one TLS connection, the certificate verified against `ca` for 127.0.0.1:
-    each answered 200 with `usage`, and all on the connection (and handshake) of the first: keep-alive."""
+    each answered 200 with `usage`, and all on the connection (and handshake) of the first: keep-alive.
+    `pause_s` between them: a quiet client, whose connection's watcher stops reading between requests."""
     from urllib.parse import urlsplit
 
     from llmgw.trust import tls
@@ -60,7 +62,9 @@ def check_tls(url: str, ca: Path, key: str, requests: int = 2) -> None:
                                        context=tls.client_context(ca))
     try:
         first = None
-        for _ in range(requests):
+        for i in range(requests):
+            if i and pause_s:
+                time.sleep(pause_s)
             conn.request("POST", bench.PATH, json.dumps(bench.CHAT),
                          {"content-type": "application/json", "authorization": f"Bearer {key}"})
             answer = conn.getresponse()

@@ -236,7 +236,8 @@ def test_the_fairness_bench_runs() -> None:
 
 def test_the_tls_bench_gateway_verifies_and_keeps_its_connection_alive(upstream: str, tmp_path: Path) -> None:
     """tests/bench/gateway_tls.py's TLS gateway (gateway.py's child with --tls, a throwaway CA): its certificate
-    verifies for 127.0.0.1, its requests share one connection (one handshake), and the plain one still answers."""
+    verifies for 127.0.0.1, its requests share one connection (one handshake), also with pauses between them (the
+    connection's watcher stops its read of the TLS stream while the client is quiet), and the plain one answers."""
     from llmgw.domain.keys import new_key
 
     tls_bench = load_bench("gateway_tls")
@@ -248,6 +249,7 @@ def test_the_tls_bench_gateway_verifies_and_keeps_its_connection_alive(upstream:
         _proc, url = procs.start(bench._gateway_args(upstream, tmp_path / "log-tls", tls=True), env)
         assert url.startswith("https://127.0.0.1:")
         tls_bench.check_tls(url, tls_bench.tls_ca(tmp_path / "log-tls"), key, requests=3)
+        tls_bench.check_tls(url, tls_bench.tls_ca(tmp_path / "log-tls"), key, requests=3, pause_s=0.2)
         _proc, plain = procs.start(bench._gateway_args(upstream, tmp_path / "log-plain"), env)
         assert plain.startswith("http://") and probe.check(plain + bench.PATH, key, bench.CHAT)["usage"]
     finally:
