@@ -487,7 +487,7 @@ def _views(
                                     activation=found.activation)
             routes[name] = ModelRoute(name, model.role, found.state, found.endpoints if not stopped else (),
                                       found.reason if found.state != "ready" else "", found.activation,
-                                      base=model.base, lora_id=found.lora_id)
+                                      base=model.base, lora_id=found.lora_id, off_until=found.off_until)
     return views, routes
 
 

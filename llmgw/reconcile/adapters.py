@@ -74,6 +74,7 @@ class AdapterRoute:
     endpoints: tuple[Endpoint, ...]
     activation: Progress | None = None
     lora_id: int | None = None  # llama.cpp: the adapter's id on every one of `endpoints`
+    off_until: float | None = None  # its base's schedule allows no replica until then (`ModelRoute.off_until`)
 
 
 def adapter_state(model: ModelDef, base_route: ModelRoute | None, base_reason: str,
@@ -96,7 +97,8 @@ def adapter_state(model: ModelDef, base_route: ModelRoute | None, base_reason: s
         return AdapterRoute("ready", "", loaded)
     if base_route.state != "ready":
         why = base_reason or base_route.reason or base_route.state
-        return AdapterRoute(base_route.state, f"base model {base!r}: {why}", (), base_route.activation)
+        return AdapterRoute(base_route.state, f"base model {base!r}: {why}", (), base_route.activation,
+                            off_until=base_route.off_until)
     failed = {rid: s[len(FAILED):] for rid, s in states.items() if s.startswith(FAILED)}
     if failed and len(failed) == len(states):
         rid, why = sorted(failed.items())[0]

@@ -169,6 +169,16 @@ def test_a_request_for_an_adapter_starts_its_on_demand_base() -> None:
     assert plan.routes["pirate"].state == "ready" and plan.routes["pirate"].endpoints == plan.routes["base"].endpoints
 
 
+def test_an_adapter_whose_base_its_schedule_holds_at_0_is_refused_at_once_too() -> None:
+    # Its requests would start the base: the rule forbids that, so the adapter's route says until when, as the base's.
+    base = model("base").on_demand().schedule("0 22 * * *", 0, 0, duration_s=8 * 3600).build()
+    night = 1_796_684_400.0  # 2026-12-07 23:00 UTC
+    plan = ReconcileLoop(store_with([base, adapter()]), [cpu_node("n1")], now=night, since=0.0).settle()
+    assert plan.routes["base"].off_until == night + 7 * 3600
+    assert plan.routes["pirate"].state == "absent" and plan.routes["pirate"].off_until == night + 7 * 3600
+    assert plan.routes["pirate"].reason.startswith("base model 'base': schedule rule 1 allows no replica until")
+
+
 def test_a_removed_adapter_is_dropped_from_the_replicas_set() -> None:
     state, obs, rid = world({"pirate": "loaded"})
     state = replace(state, models={k: v for k, v in state.models.items() if k != "pirate"})  # type: ignore[arg-type]
