@@ -233,6 +233,7 @@ class Timeouts:
     upgrade_transfer_s: float = _t(300.0, "ctl", "`llmgw ctl upgrade` gives the upload of a release to each control plane this long, and an agent or a gateway its fetch of the release from the control plane it follows")
     ctl_poll_s: float = _t(0.2, "ctl", "`llmgw ctl` asks again this often while it waits for a change it asked for (an agent back after its restart)")
     ctl_request_s: float = _t(30.0, "ctl", "`llmgw ctl` waits this long for the admin API's answer")
+    ctl_election_wait_s: float = _t(10.0, "ctl", "`llmgw ctl` asks again, every ctl_poll_s, for this long while the member it asks answers that no leader is elected (503 no_leader: nothing was forwarded; an election takes about a second)")
     mirror_commit_s: float = _t(900.0, "ctl", "`llmgw ctl mirror add` waits this long for the commit of an upload (the leader hashes and validates the whole file: about a second per GiB)")
 
     def __post_init__(self) -> None:

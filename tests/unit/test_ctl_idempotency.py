@@ -112,3 +112,31 @@ def test_a_write_that_never_connected_is_not_retried_and_says_so() -> None:
     r = ctl(["model", "remove", "demo"], transport=transport)
     assert r.rc == 1 and len(seen) == 1
     assert r.err == f"error: the server at {URL} (from LLMGW_URL) is not reachable: connection refused\n"
+
+
+NO_LEADER = {"error": {"code": "no_leader", "message": "no leader is elected now, and this member (m2) is a standby"}}
+
+
+def test_during_an_election_the_same_request_is_asked_again_until_a_leader_answers() -> None:
+    # A standby that knows no leader forwards nothing: asking again is safe for a write too (same key, same body).
+    # The README's three-machine quickstart met one while its members switched to TLS, and failed there.
+    seen, transport = answers(status(503, NO_LEADER), status(503, NO_LEADER), status(200, {"removed": "demo"}))
+    r = ctl(["model", "remove", "demo"], transport=transport)
+    assert r.rc == 0, r.err
+    assert len(seen) == 3 and len({req.headers["idempotency-key"] for req in seen}) == 1
+    assert "no leader is elected now; asking again" in r.err
+    seen, transport = answers(status(503, NO_LEADER), status(200, {"nodes": []}))
+    assert ctl(["nodes"], transport=transport).rc == 0 and len(seen) == 2  # a read alike
+
+
+def test_an_election_that_outlasts_the_wait_is_the_error_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from llmgw.cli.ctl import session
+    from llmgw.domain import timeouts
+
+    monkeypatch.setattr(session, "TIMEOUTS", dataclasses.replace(timeouts.TIMEOUTS, ctl_election_wait_s=0.5))
+    seen, transport = answers(*[status(503, NO_LEADER)] * 50)
+    r = ctl(["model", "remove", "demo"], transport=transport)
+    assert r.rc == 1 and "error: no_leader: no leader is elected now" in r.err
+    assert 2 <= len(seen) <= 5, "asked again every ctl_poll_s for ctl_election_wait_s, then the refusal"

@@ -8,6 +8,7 @@ import json
 import os
 import ssl
 import sys
+import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping
@@ -89,8 +90,10 @@ class Session:
         return self._target
 
     def request(self, method: str, path: str, *, body: Any = None, send_body: bool = False,
-                timeout: float | None = None) -> tuple[int, Any]:
-        """(status, decoded JSON) of a 2xx answer; anything else raises CtlError.
+                timeout: float | None = None, wait_for_leader: bool = True) -> tuple[int, Any]:
+        """(status, decoded JSON) of a 2xx answer; anything else raises CtlError. While the member asked knows
+        no leader (503 `no_leader`, an election), it is asked again for up to `ctl_election_wait_s`, unless not
+        `wait_for_leader` (`ctl status`, which then shows how the members see it at once).
 
         A write (any method but GET) carries a fresh Idempotency-Key. When its outcome is
         unknown (no answer in time, the connection lost after sending, or 503 commit_unknown)
@@ -105,16 +108,17 @@ class Session:
             content = json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
             headers["Content-Type"] = "application/json"
         if method.upper() == "GET":
-            return self._send(method, path, content, headers, timeout=timeout)
+            return self._send(method, path, content, headers, timeout=timeout, wait_for_leader=wait_for_leader)
         key = str(uuid.uuid4())
         headers["Idempotency-Key"] = key
         try:
-            return self._send(method, path, content, headers, timeout=timeout)
+            return self._send(method, path, content, headers, timeout=timeout, wait_for_leader=wait_for_leader)
         except _Unknown as first:
             first_why = first.why
             self.note(f"note: {first.why}; sending the same {method} again (Idempotency-Key {key}: applied at most once)")
         try:
-            return self._send(method, path, content, headers, retry=True, timeout=timeout)
+            return self._send(method, path, content, headers, retry=True, timeout=timeout,
+                              wait_for_leader=wait_for_leader)
         except _Unknown as second:
             raise CtlError(
                 f"the outcome of {method} {(path if path.startswith(('http://', 'https://')) else target.url + path)} is unknown: {first_why}; retried: {second.why}. The"
@@ -160,7 +164,7 @@ class Session:
         return _decode(response, url)
 
     def _send(self, method: str, path: str, content: bytes | None, headers: dict[str, str], *,
-              retry: bool = False, timeout: float | None = None) -> tuple[int, Any]:
+              retry: bool = False, timeout: float | None = None, wait_for_leader: bool = True) -> tuple[int, Any]:
         """One request. Raises `_Unknown` when a write may or may not have reached the API; on a
         `retry`, also when this attempt says nothing of the first one (not sent, or a 5xx)."""
         assert self._client is not None
@@ -168,8 +172,7 @@ class Session:
         url = (path if path.startswith(('http://', 'https://')) else target.url + path)
         write = "Idempotency-Key" in headers
         try:
-            response = self._client.request(method, path, content=content, headers=headers,
-                                            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+            response = self._during_election(method, path, content, headers, timeout, wait_for_leader)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # nothing was sent
             why = _why(e) if isinstance(e, httpx.ConnectError) else f"no connection within {TIMEOUTS.ctl_request_s:g} s"
             if retry:
@@ -192,6 +195,26 @@ class Session:
             raise _Unknown(f"then the API answered status {response.status_code}"
                            f" ({_error_code(response) or 'no error code'})")
         return response.status_code, _decode(response, url)
+
+    def _during_election(self, method: str, path: str, content: bytes | None, headers: dict[str, str],
+                         timeout: float | None, wait: bool) -> httpx.Response:
+        """The answer, asked again every `ctl_poll_s` for up to `ctl_election_wait_s` while it is 503 `no_leader`:
+        a standby that knows no leader forwards nothing, so asking again is safe for any request, and an
+        election (a leader stepping down, members switching to TLS) takes about a second."""
+        assert self._client is not None
+        deadline: float | None = None
+        while True:
+            response = self._client.request(method, path, content=content, headers=headers,
+                                            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+            if not wait or response.status_code != 503 or _error_code(response) != "no_leader":
+                return response
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + TIMEOUTS.ctl_election_wait_s
+                self.note(f"note: no leader is elected now; asking again for up to {TIMEOUTS.ctl_election_wait_s:g} s")
+            if now >= deadline:
+                return response
+            time.sleep(TIMEOUTS.ctl_poll_s)
 
     def close(self) -> None:
         if self._client is not None:

@@ -38,7 +38,8 @@ def status(*, session: SessionParam,
         scripts that read each node or model from it; large at a large fleet (3 MB at 1,000 nodes).
     """
     try:
-        _, doc = session.request("GET", api_path("status") + ("?full=1" if full else ""))
+        # No wait for an election: without a leader, status says at once how the members see it.
+        _, doc = session.request("GET", api_path("status") + ("?full=1" if full else ""), wait_for_leader=False)
     except Refused as e:
         if not e.message.startswith(_NO_LEADER):
             raise
