@@ -25,9 +25,10 @@ async def show(ctx: Context, name: str) -> dict[str, Any]:
     its agent says of it (`state`, `phase`, `error`, `since`; None: no word from the agent), then the replicas
     the agent runs that no placement puts there (`placed` false: stopping, or left from before). 404 for a
     node the leader does not know."""
-    if name not in known_nodes(ctx):
+    found = node_docs(ctx, only=name)  # the nodes the list has: one known and listed, or none
+    if not found:
         raise AdminError(404, "node_not_found", f"no node named {name!r} is known to the leader")
-    doc = node_docs(ctx, only=name)[0]
+    doc = found[0]
     state = ctx.state()
     reported = ctx.hub.replicas.get(name)
     told = reported or {}
