@@ -16,7 +16,6 @@ takes its certificate as it is (`ignore_https_errors`).
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import ssl
@@ -30,9 +29,8 @@ import httpx
 import pytest
 
 from llmgw.domain.settings import SETTINGS
-from tests.support.browser import chromium  # skips this module without chromium
+from tests.support.browser import chromium, screenshot  # skips this module without chromium
 from tests.support.processes import UpProcess, stop_all, until
-from tests.support.small_png import RGBA_OF_PNG_JS, palette_png
 
 pytestmark = pytest.mark.slow
 
@@ -158,14 +156,8 @@ class Console:
 
     def shot(self, name: str) -> None:
         # The Overview whole (its chart, members and judges are below the fold); other pages as seen.
-        png = self.page.screenshot(full_page=name.startswith("overview"))
-        if os.environ.get("LLMGW_SCREENSHOTS"):  # copies to keep (docs/console): 256 colours, small
-            blank = self.context.new_page()
-            try:
-                got = blank.evaluate(RGBA_OF_PNG_JS, base64.b64encode(png).decode())
-            finally:
-                blank.close()
-            png = palette_png(base64.b64decode(got["rgba"]), got["width"], got["height"])
+        png = screenshot(self.context, self.page, whole=name.startswith("overview"),
+                         small=bool(os.environ.get("LLMGW_SCREENSHOTS")))  # copies to keep (docs/console): small
         (self.cluster.shots / f"{name}.png").write_bytes(png)
 
     def check_no_key(self) -> None:

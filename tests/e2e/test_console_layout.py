@@ -13,7 +13,6 @@ outside trio (plain functions), skipped where either is missing, as tests/e2e/te
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import ssl
@@ -25,9 +24,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.support.browser import chromium  # skips this module without chromium
+from tests.support.browser import chromium, screenshot  # skips this module without chromium
 from tests.support.processes import UpProcess, stop_all, until
-from tests.support.small_png import RGBA_OF_PNG_JS, palette_png
 
 pytestmark = pytest.mark.slow
 
@@ -163,12 +161,4 @@ def test_every_card_holds_its_table_and_the_chart_shows_the_current_hour_at_1400
 def shot(context: Any, page: Any, path: Path, *, small: bool, whole: bool) -> None:
     """The window as seen (`whole`: the whole page); `small`: as a palette PNG (the copies kept in docs/,
     each under 150 KB)."""
-    png = page.screenshot(full_page=whole)
-    if small:
-        blank = context.new_page()
-        try:
-            got = blank.evaluate(RGBA_OF_PNG_JS, base64.b64encode(png).decode())
-        finally:
-            blank.close()
-        png = palette_png(base64.b64decode(got["rgba"]), got["width"], got["height"])
-    path.write_bytes(png)
+    path.write_bytes(screenshot(context, page, whole=whole, small=small))
