@@ -210,8 +210,9 @@ def devices(need: Need, node: NodeInfo) -> list[Gpu] | Refusal:
             return Refusal(node.node, NEVER, "class", f"no GPU of class {', '.join(prof.classes)}")
     if prof.per_device is not None:
         per_device = prof.per_device
-        largest = max(prof.room(g) for g in candidates)
-        candidates = [g for g in candidates if prof.room(g) >= per_device]
+        rooms = [prof.room(g) for g in candidates]
+        largest = max(rooms)
+        candidates = [g for g, room in zip(candidates, rooms) if room >= per_device]
         if not candidates:
             of = f" (the {prof.share:.0%} of a GPU {prof.engine} takes)" if prof.share is not None else ""
             return Refusal(node.node, NEVER, "memory",

@@ -74,7 +74,10 @@ class _Shape:
         for g in info.gpus:
             if info.placeable(g):
                 kinds.setdefault((g.gpu_class, g.memory_total), []).append(g.index)
-        self.kinds = tuple((c, is_mig_class(c), memory, tuple(indexes)) for (c, memory), indexes in kinds.items())
+        self.kinds = tuple((c, is_mig_class(c), memory, tuple(sorted(indexes))) for (c, memory), indexes in kinds.items())
+        # What `_quick` finds when one kind of device fits, or all of them: made once.
+        self.kind_fits = tuple(_Fit(indexes, len(indexes) == self.capacity) for _, _, _, indexes in self.kinds)
+        self.whole = _Fit(tuple(sorted(self.usable)), True)
         self.engines = frozenset(info.engines)
         self.reserve = bool(info.reserved_gpus or info.reserved_vram)
         self.reserved_vram = info.reserved_vram
@@ -95,7 +98,7 @@ class _Pool:
 
 
 class _Node:
-    __slots__ = ("info", "shape", "used", "used_usable", "cpu_used", "cpu_unknown", "groups")
+    __slots__ = ("info", "shape", "used", "used_usable", "cpu_used", "cpu_unknown", "groups", "changed")
 
     def __init__(self, info: NodeInfo, shape: _Shape) -> None:
         self.info = info
@@ -105,6 +108,7 @@ class _Node:
         self.cpu_used = 0  # bytes the known-size CPU replicas here take
         self.cpu_unknown = 0  # CPU replicas here whose size is unknown (not counted, but said)
         self.groups: dict[str, int] = {}  # multi-node replicas with a member here
+        self.changed = -1  # where in the view's log its devices last changed (-1: never)
 
     @property
     def free(self) -> int:
@@ -144,8 +148,13 @@ class FleetView:
         self._by_id: dict[int, tuple[ModelDef, Need]] = {}
         self._fits: dict[Need, list[tuple[_Shape, _Fit]]] = {}
         self._pools: dict[Need, _Pool] = {}
-        self._refused: dict[Need, tuple[list[Verdict | Refusal], list[tuple[int, _Node, _Fit]]]] = {}
-        self._log: list[str] = []  # the nodes whose placements changed, in order (read by the pools)
+        self._refused: dict[Need, tuple[list[Verdict | Refusal], list[tuple[int, _Node, _Fit]], dict[str, int]]] = {}
+        # A GPU profile's last judgement (`_judged`): (log position, the list, the slots that were FITS).
+        self._judgement: dict[Need, tuple[int, list[Verdict | Refusal], list[int]]] = {}
+        # The nodes whose devices were taken or freed, in order (read by the pools); positions count from
+        # the view's start: `_base` is the position of `_log[0]` (the log is trimmed in a long-lived view).
+        self._log: list[str] = []
+        self._base = 0
         self._launch: dict[int, tuple[ModelDef, str]] = {}  # id(model) -> (model, its launch hash)
         self._failed: dict[Need, tuple[int, int, PlacementResult]] = {}  # need -> (version, log length, result)
         self.version = 0  # counts changes: a need that fitted nowhere at this version still does not
@@ -209,7 +218,7 @@ class FleetView:
         pool = self._pools.get(need)
         log = self._log
         if pool is None:
-            pool = self._pools[need] = _Pool(len(log))
+            pool = self._pools[need] = _Pool(self._base + len(log))
             nodes, fits, keys = self.nodes, pool.fits, pool.keys
             for shape, fit in self._fitting(need):
                 entries = pool.lists.setdefault(shape.fabrics, [])
@@ -220,8 +229,8 @@ class FleetView:
                         entries.append(key)
             for entries in pool.lists.values():
                 entries.sort()
-        elif pool.seen < len(log):
-            for name in set(log[pool.seen:]):
+        elif pool.seen < self._base + len(log):
+            for name in self._changed(pool.seen, pool.fits):
                 fits_here = pool.fits.get(name)
                 if fits_here is None:
                     continue
@@ -235,7 +244,7 @@ class FleetView:
                     if key is not None:
                         bisect.insort(entries, key)
                     pool.keys[name] = key
-            pool.seen = len(log)
+            pool.seen = self._base + len(log)
         return pool
 
     def held(self, model: ModelDef) -> Held:
@@ -280,11 +289,14 @@ class FleetView:
     def _move(self, p: Placement, sign: int) -> None:
         self.version += 1
         self._apply(p, sign)
-        if p.node in self.nodes and p.gpus:
+        node = self.nodes.get(p.node)
+        if node is not None and p.gpus:
             if len(self._log) > 4 * len(self.nodes) + 64:
-                self._pools.clear()  # rebuilt when next asked: the log stays short in a long-lived view
+                # The log stays short in a long-lived view: what was judged or sorted before the trim
+                # asks each of its nodes when it last changed instead (`_changed`).
+                self._base += len(self._log)
                 self._log.clear()
-                self._failed.clear()  # their places in the log are gone
+            node.changed = self._base + len(self._log)
             self._log.append(p.node)
 
     def _apply(self, p: Placement, sign: int) -> None:
@@ -384,7 +396,9 @@ class FleetView:
     def _judged(self, model: ModelDef, need: Need) -> list[Verdict | Refusal]:
         """Each node, by name: a refusal, or FITS with its score. A refused shape's refusal is
         copied with each node's name once per need (it cannot change); only the nodes of fitting
-        shapes are judged each time, into their slots of that list."""
+        shapes are judged, into their slots of that list. A GPU profile judged before keeps that
+        list: judged again are the nodes whose devices changed since, and those that were FITS (a
+        score is the model's; a refusal for want of devices is not)."""
         found = self._refused.get(need)
         if found is None:
             fits = {id(shape): fit for shape, fit in self._fitting(need)}
@@ -395,14 +409,29 @@ class FleetView:
                 if fit is None:
                     r = _static(need, node.shape)
                     assert isinstance(r, Refusal)
-                    template.append(Refusal(name, r.verdict, r.code, r.message, r.numbers))
+                    # Said of the shape's first node: the others get a copy with their names.
+                    template.append(r if r.node == name else Refusal(name, r.verdict, r.code, r.message, r.numbers))
                 else:
                     slots.append((len(template), node, fit))
                     template.append(_SLOT)
-            found = self._refused[need] = (template, slots)
-        out = found[0].copy()
-        for i, node, fit in found[1]:
-            out[i] = self._dynamic(model, need, node, fit)
+            found = self._refused[need] = (template, slots, {node.info.node: k for k, (_, node, _) in enumerate(slots)})
+        template, slots, slot_of = found
+        now = self._base + len(self._log)
+        last = None if need.cpu else self._judgement.get(need)  # CPU replicas change nodes unlogged
+        if last is None:
+            out = template.copy()
+            again: Iterable[int] = range(len(slots))
+        else:
+            out = last[1].copy()
+            again = {*(slot_of[name] for name in self._changed(last[0], slot_of)), *last[2]}
+        fitting = []
+        for k in again:
+            i, node, fit = slots[k]
+            v = out[i] = self._dynamic(model, need, node, fit)
+            if isinstance(v, Verdict):
+                fitting.append(k)
+        if not need.cpu:
+            self._judgement[need] = (now, out.copy(), fitting)
         return out
 
     def place(self, model: ModelDef, *, explain: bool = False) -> PlacementResult:
@@ -422,7 +451,7 @@ class FleetView:
         if need.cpu or best is None or explain:
             result = self._explained(model, need)
             if result.choice is None:
-                self._failed[need] = (self.version, len(self._log), result)
+                self._failed[need] = (self.version, self._base + len(self._log), result)
             return result
         return PlacementResult(best, ())
 
@@ -430,7 +459,14 @@ class FleetView:
         """Whether no node whose hardware fits the GPU profile changed since the log's `since`: its
         refusals (the rest are its hardware's, and no device of those nodes was taken or freed) hold."""
         pool = self._pools.get(need)
-        return pool is not None and not any(name in pool.fits for name in self._log[since:])
+        return pool is not None and not self._changed(since, pool.fits)
+
+    def _changed(self, since: int, among: Mapping[str, object]) -> Iterable[str]:
+        """The nodes of `among` whose devices were taken or freed since the log's position `since`: read
+        from the log, or, where it was trimmed since, from each node's last change."""
+        if since >= self._base:
+            return {name for name in self._log[since - self._base:] if name in among}
+        return [name for name in among if self.nodes[name].changed >= since]
 
     def _best_gpu(self, model: ModelDef, need: Need) -> Choice | None:
         """The best node by the profile's pool: the head of each list (storage fabrics holding the
@@ -515,8 +551,9 @@ def _quick(need: Need, shapes: list[_Shape]) -> list[tuple[_Shape, _Fit]]:
             continue
         vram = shape.reserved_vram
         reserve = shape.reserve
-        found: list[int] = []
-        for gpu_class, mig, memory, indexes in shape.kinds:
+        hits: list[int] = []  # the kinds that fit
+        count = 0
+        for k, (gpu_class, mig, memory, indexes) in enumerate(shape.kinds):
             if (many and mig) or (classes and gpu_class not in classes):
                 continue
             room = memory if share is None else int(memory * share)  # `Need.room`
@@ -527,11 +564,16 @@ def _quick(need: Need, shapes: list[_Shape]) -> list[tuple[_Shape, _Fit]]:
                     room = min(room, memory - vram) if share is None else (room if room <= memory - vram else 0)
                 if room < least:
                     continue
-            found += indexes
-        if len(found) >= taking:
-            candidates = tuple(sorted(found))
-            all_usable = len(candidates) == shape.capacity and frozenset(candidates) == shape.usable
-            out.append((shape, _Fit(candidates, all_usable)))
+            hits.append(k)
+            count += len(indexes)
+        if count >= taking:
+            if len(hits) == 1:
+                fit = shape.kind_fits[hits[0]]
+            elif count == shape.capacity:  # the kinds hold only usable devices: all of them
+                fit = shape.whole
+            else:
+                fit = _Fit(tuple(sorted(i for k in hits for i in shape.kinds[k][3])), False)
+            out.append((shape, fit))
     return out
 
 

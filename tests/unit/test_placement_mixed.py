@@ -17,7 +17,7 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Gpu, NodeInfo
 from llmgw.domain.state import Placement
 from llmgw.placement import FITS, FleetView, PlacementResult, Verdict
-from llmgw.testing.builders import GIB, model
+from llmgw.testing.builders import GIB, model, node
 
 CLASSES = {"h100-80g": 80, "a100-40g": 40, "l40s-48g": 48}
 MIG = {"a100-80g-mig-3g.40gb": 40, "a100-80g-mig-1g.10gb": 10}
@@ -133,3 +133,60 @@ def test_the_fast_path_agrees_with_every_node_judged_on_its_own(data: Any):
         view.remove(p.replica_id)
     for m in wanted:
         agree(view, m)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_long_lived_view_agrees_after_its_log_is_trimmed(data: Any):
+    """A view kept over many changes trims its log of changed nodes (past 4 per node and 64): what it
+    judged before the trim (a profile that fitted nowhere, every node's verdict) is checked against when
+    each node last changed, and still agrees with every node judged on its own."""
+    nodes = data.draw(mixed_nodes())
+    wanted = [data.draw(single_node_models(f"m{i}")) for i in range(data.draw(st.integers(1, 4)))]
+    view = FleetView(nodes, (), {m.name: m for m in wanted})
+    taken: dict[str, tuple[ModelDef, Placement]] = {}
+    serial = 0
+    trims = 0
+    for step in range(4 * len(nodes) + 64 + data.draw(st.integers(1, 80))):
+        before = len(view._log)
+        if taken and data.draw(st.booleans()):
+            replica = data.draw(st.sampled_from(sorted(taken)))
+            view.remove(replica)
+            del taken[replica]
+        else:
+            m = data.draw(st.sampled_from(wanted))
+            result = agree(view, m) if step % 7 == 0 else view.place(m)
+            if result.choice is not None:
+                serial += 1
+                for p in view.take(m, result.choice, f"{m.name}-r{serial}"):
+                    taken[p.replica_id] = (m, p)
+        trims += len(view._log) < before
+    for m in wanted:
+        agree(view, m)
+
+
+def test_a_profile_that_fitted_nowhere_is_not_judged_again_across_a_trim_until_its_nodes_change():
+    """The trim keeps what it can: a refusal made before it is given again as it was while none of the
+    profile's nodes changed (the same result, nothing judged), and judged anew once one did."""
+    nodes = {"n0": node("n0").engines("vllm").gpus(2, "h100-80g").build(),
+             "n1": node("n1").engines("vllm").gpus(1, "a100-40g").build()}
+    big, h100, a100 = (model("big").vllm("/m/big").gpus(2).classes("h100-80g").build(),
+                       model("h100").vllm("/m/h100").classes("h100-80g").build(),
+                       model("a100").vllm("/m/a100").classes("a100-40g").build())
+    view = FleetView(nodes, (), {m.name: m for m in (big, h100, a100)})
+    choice = view.place(h100).choice
+    assert choice is not None and choice.node == "n0"
+    view.take(h100, choice, "h100-r0")
+    refused = agree(view, big)
+    assert refused.choice is None and [r.code for r in refused.refusals] == ["gpus_busy", "class"]
+    trimmed_at = view._base
+    for r in range(4 * len(nodes) + 65):  # only n1 changes, past the log's length: it is trimmed
+        choice = view.place(a100).choice
+        assert choice is not None and choice.node == "n1"
+        view.take(a100, choice, f"a100-r{r}")
+        view.remove(f"a100-r{r}")
+    assert view._base > trimmed_at
+    assert view.place(big) is refused  # n0 did not change: nothing judged again
+    agree(view, big)
+    view.remove("h100-r0")  # n0 frees its GPU, after the trim: judged again, and it fits
+    assert agree(view, big).choice is not None
