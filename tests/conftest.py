@@ -55,11 +55,33 @@ def _no_engine_outlives_the_suite(tmp_path_factory: pytest.TempPathFactory):  # 
     yield
     from tests.support.processes import kill_engines_under
 
+    import warnings
+
     killed = kill_engines_under(tmp_path_factory.getbasetemp())
     if killed:
-        import warnings
-
         warnings.warn(f"engines left running by the suite were killed: {killed}", stacklevel=1)
+    left = children_running()
+    if left:  # a test that started a process and never waited for it: named here, not at the interpreter's exit
+        warnings.warn(f"processes the suite started are still running at its end: {left}", stacklevel=1)
+
+
+def children_running() -> dict[int, str]:
+    """This process's children still running (zombies not counted), pid -> command line."""
+    import os
+    from pathlib import Path
+
+    me, out = os.getpid(), {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+            if int(fields[1]) == me and fields[0] != "Z":
+                out[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:300]
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return out
 
 
 @pytest.fixture(scope="session")
