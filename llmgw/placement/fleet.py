@@ -8,11 +8,13 @@ of one class and size count once), and the words of a refusal only when asked (`
 profile (`Need`) keeps a *pool* (`_Pool`): the nodes whose hardware fits it, those with room now
 sorted best first (fullest once the replica is there, then by name), one list per set of storage
 fabrics (holding the weights outranks packing). A placement only re-sorts the node it changed, and
-only in the pools asked afterwards (`_log`). The best node is then the head of a few lists; nodes
+only in the pools asked afterwards (`_log`; each node also keeps where in it it last changed, so a
+long-lived view trims the log without forgetting). The best node is then the head of a few lists; nodes
 whose score differs from the rest (running the model already, or holding its weights locally) are
-looked at one by one. `verdict` (one node judged in full: `_judge`, then its score) is the plain
-reference the fast path must agree with (tests/unit/test_placement_mixed.py). Pure; nothing here
-reads a clock.
+looked at one by one. When nothing fits, every node's refusal is given; a GPU profile explained again
+judges only the nodes whose devices changed since. `verdict` (one node judged in full: `_judge`, then
+its score) is the plain reference the fast path must agree with (tests/unit/test_placement_mixed.py).
+Pure; nothing here reads a clock.
 """
 
 from __future__ import annotations
