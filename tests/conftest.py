@@ -78,7 +78,8 @@ def children_running() -> dict[int, str]:
             stat = (entry / "stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
             if int(fields[1]) == me and fields[0] != "Z":
-                out[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:300]
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                out[int(entry.name)] = line.decode(errors="replace")[:300]
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
     return out

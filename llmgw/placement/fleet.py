@@ -76,7 +76,8 @@ class _Shape:
         for g in info.gpus:
             if info.placeable(g):
                 kinds.setdefault((g.gpu_class, g.memory_total), []).append(g.index)
-        self.kinds = tuple((c, is_mig_class(c), memory, tuple(sorted(indexes))) for (c, memory), indexes in kinds.items())
+        self.kinds = tuple((c, is_mig_class(c), memory, tuple(sorted(indexes)))
+                           for (c, memory), indexes in kinds.items())
         # What `_quick` finds when one kind of device fits, or all of them: made once.
         self.kind_fits = tuple(_Fit(indexes, len(indexes) == self.capacity) for _, _, _, indexes in self.kinds)
         self.whole = _Fit(tuple(sorted(self.usable)), True)
@@ -158,7 +159,7 @@ class FleetView:
         self._log: list[str] = []
         self._base = 0
         self._launch: dict[int, tuple[ModelDef, str]] = {}  # id(model) -> (model, its launch hash)
-        self._failed: dict[Need, tuple[int, int, PlacementResult]] = {}  # need -> (version, log length, result)
+        self._failed: dict[Need, tuple[int, int, PlacementResult]] = {}  # need -> (version, log position, result)
         self.version = 0  # counts changes: a need that fitted nowhere at this version still does not
         self._held: dict[str, Held] = {}
         self._busy_refusals: dict[tuple[str, int, int], Refusal] = {}
