@@ -6,7 +6,8 @@ still holds. test_notify_failover.py checks the same in one process, where the l
 A member is SIGKILLed: the leader posts its `member_missing` started (recorded in the replicated state,
 `condition.update`, before the post). Then the leader is SIGKILLed: the new leader (three of five still run)
 posts the dead leader's own `member_missing`, never the first member's start again; when that member comes
-back, it posts the resolved once, with the first leader's start as its since.
+back, it posts the resolved once, with the first leader's start as its since. A leader whose two followers
+are stopped (SIGSTOP) posts nothing: it cannot commit.
 """
 
 from __future__ import annotations
@@ -82,6 +83,36 @@ async def test_a_leader_killed_while_a_condition_holds_leaves_its_successor_to_r
                 nursery.cancel_scope.cancel()
     finally:
         cluster.close()
+
+
+async def test_a_leader_whose_majority_is_stopped_posts_nothing(tmp_path: Path) -> None:
+    """SIGSTOP of both others (machines hung, not gone): the leader still believes it leads (here for 30 s:
+    `raft_leader_fallback_s`), finds both missing, and cannot commit their `member_missing`: it posts nothing
+    and says why in its log."""
+    cluster = Cluster(tmp_path, size=3)
+    for m in cluster.members:
+        m.env["LLMGW_TIMEOUTS"] = FAST + ",raft_leader_fallback_s=30,store_commit_s=1"
+    receiver = WebhookReceiver()
+    try:
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                url = await nursery.start(receiver.serve)
+                await cluster.start()
+                leader: Member = await cluster.wait_for("a leader", cluster.leader, 60)
+                await put_setting(cluster, leader, "notify.webhooks", [url + "/pager"])
+                others = [m for m in cluster.members if m is not leader]
+                for m in others:
+                    cluster.pause(m)
+                said = "conditions not posted: their update was not committed"
+                await cluster.wait_for("the leader posting, or failing to record what it finds",
+                                       lambda: receiver.attempts or said in leader.log_tail(20_000), 60)
+                assert receiver.attempts == [], receiver.events()  # posting from its memory: both member_missing
+                assert said in leader.log_tail(20_000)
+                for m in others:
+                    cluster.resume(m)
+                nursery.cancel_scope.cancel()
+    finally:
+        cluster.close()  # a stopped member is sent SIGCONT first
 
 
 async def _another_leader(cluster: Cluster, old: Member) -> Member | None:
