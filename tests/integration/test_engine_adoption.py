@@ -18,8 +18,8 @@ import trio
 
 from llmgw.agent import AgentConfig
 from llmgw.agent import serve as agent_serve
-from llmgw.agent.adoption import Records
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.adoption import AdoptedProcess, Records
+from llmgw.agent.supervisor import _LEFT_RUNNING, Supervisor, _Child
 from llmgw.control.service import ControlConfig, ControlHandle, Seed
 from llmgw.control.service import serve as control_serve
 from llmgw.domain.model import ModelDef
@@ -58,7 +58,24 @@ def engines() -> set[int]:
     return found
 
 
-async def test_engines_outlive_their_agent_and_the_next_agent_adopts_them(tmp_path: Path) -> None:
+@pytest.fixture
+async def reap_left_running() -> AsyncIterator[None]:
+    """The engines an agent in this process left running for the next one: their process objects stay in
+    `_LEFT_RUNNING` for the rest of the process. The next agent stops an engine it adopted by its pid, so
+    nothing here waits for it: it is reaped here (killed first if a failed test left it running), else its
+    `Popen` and trio's pidfd are collected at the interpreter's exit ("subprocess N is still running")."""
+    before = list(_LEFT_RUNNING)
+    yield
+    for proc in [p for p in _LEFT_RUNNING if p not in before]:
+        assert isinstance(proc, _Child | AdoptedProcess)
+        proc.signal_group(signal.SIGKILL)  # only if it still runs
+        with trio.fail_after(10):
+            await proc.wait()  # our own child: waitpid reaps it and closes trio's pidfd
+        _LEFT_RUNNING.remove(proc)
+
+
+async def test_engines_outlive_their_agent_and_the_next_agent_adopts_them(tmp_path: Path,
+                                                                          reap_left_running: None) -> None:
     router = Router()
     seed = Seed(admin_key=ADMIN, models=[ModelDef.from_doc(DOC)])
     control_cfg = ControlConfig(state_dir=tmp_path / "control", raft_addr=f"127.0.0.1:{free_port()}",
