@@ -32,7 +32,6 @@ def chromium() -> Iterator[Any]:
             b.close()
 
 
-
 def screenshot(context: Any, page: Any, *, whole: bool = False, small: bool = False) -> bytes:
     """The page as seen (`whole`: all of it, below the fold too) as PNG bytes; `small`: as a palette PNG
     (the copies kept in docs/). Chromium on a loaded machine sometimes answers "Unable to capture
