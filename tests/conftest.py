@@ -53,9 +53,9 @@ def _no_engine_outlives_the_suite(tmp_path_factory: pytest.TempPathFactory):  # 
     """Agents that adopt leave engines running by design; a test that forgets to stop them must
     not leave them running after the suite (they would hold ports and CPU on a CI machine)."""
     yield
-    from tests.support.processes import kill_engines_under
-
     import warnings
+
+    from tests.support.processes import kill_engines_under
 
     killed = kill_engines_under(tmp_path_factory.getbasetemp())
     if killed:
@@ -66,22 +66,20 @@ def _no_engine_outlives_the_suite(tmp_path_factory: pytest.TempPathFactory):  # 
 
 
 def children_running() -> dict[int, str]:
-    """This process's children still running (zombies not counted), pid -> command line."""
+    """The processes this one started (and theirs) still running, zombies not counted: pid -> command line."""
     import os
     from pathlib import Path
 
-    me, out = os.getpid(), {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    from tests.support.processes import alive, children_of
+
+    out = {}
+    for pid in sorted(children_of(os.getpid())):
         try:
-            stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
-            if int(fields[1]) == me and fields[0] != "Z":
-                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-                out[int(entry.name)] = line.decode(errors="replace")[:300]
-        except (OSError, ValueError, IndexError):
+            line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
             continue  # gone meanwhile
+        if alive(pid):
+            out[pid] = line.decode(errors="replace")[:300]
     return out
 
 
