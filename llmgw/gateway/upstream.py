@@ -68,7 +68,8 @@ class Response:
         self._chunk_s = pool.timeouts.upstream_chunk_s if chunk_s is None else chunk_s  # the model's, or the default
 
     async def next_chunk(self) -> bytes | None:
-        """The next piece of the body as the engine sent it; None at its end. Raises UpstreamFailed."""
+        """What of the body has come since the last call (the engine's chunks read so far, joined: a stream's
+        events that arrived together go on in one write); None at its end. Raises UpstreamFailed."""
         if not self._open:
             return None
         conn = self._conn
@@ -77,8 +78,13 @@ class Response:
         assert stream is not None
         try:
             while True:
-                if reader.body:
-                    return reader.body.popleft()
+                body = reader.body
+                if body:
+                    if len(body) == 1:
+                        return body.popleft()
+                    joined = b"".join(body)
+                    body.clear()
+                    return joined
                 if reader.complete:
                     self.close(keep=True)
                     return None

@@ -1,5 +1,6 @@
 """Gateway overhead benchmark: the same requests straight to a raw upstream, through llmgw's gateway and
-through LiteLLM's proxy; added latency, req/s, streaming time to first chunk and CPU per request by stage.
+through LiteLLM's proxy; added latency, req/s, streaming time to first chunk, streams at load (answers of
+`--stream-chunks` chunks at `--concurrency`: streams/s and CPU per stream) and CPU per request by stage.
 
 Run: `.venv/bin/python tests/bench/gateway.py [--rounds 5] [--quick] [--litellm | --no-litellm]`
 (needs `wrk`: `apt-get install -y wrk`; LiteLLM goes into .bench/litellm-venv, made on first use).
@@ -240,9 +241,9 @@ def _pct(values: list[float], p: float) -> float:
 
 
 def _rounds(direct: Target, gw: Target, gw2: Target | None, lite: Target | None, relay: Target | None,
-            opts: argparse.Namespace, failures: list[str]) -> None:
+            streams: tuple[Target, Target] | None, opts: argparse.Namespace, failures: list[str]) -> None:
     seq = [t for t in (direct, gw, lite) if t]
-    load = [t for t in (direct, gw, gw2, lite) if t]
+    load = [t for t in (direct, gw, gw2, lite, *(streams or ())) if t]
     for t in load:  # warm connections, caches and code paths
         _wrk.run(t.url + PATH, t.script, connections=opts.concurrency, seconds=1)
     for i in range(opts.rounds):
@@ -296,7 +297,8 @@ def _fmt(x: float | None, digits: int = 2) -> str:
 
 
 def _report(direct: Target, gw: Target, gw2: Target | None, gw2_note: str, lite: Target | None, relay: Target | None,
-            stages: tuple[dict[str, float], int] | None, opts: argparse.Namespace) -> None:
+            streams: tuple[Target, Target] | None, stages: tuple[dict[str, float], int] | None,
+            opts: argparse.Namespace) -> None:
     def added(t: Target, f: str) -> float:
         return _med([getattr(v, f) - getattr(d, f) for v, d in zip(t.seq, direct.seq)])
 
@@ -348,6 +350,14 @@ def _report(direct: Target, gw: Target, gw2: Target | None, gw2_note: str, lite:
                      f"x{rps2 / rps:.2f} of 1 process", "", "", "", f"{rps2 / l_rps:.1f}x" if l_rps else "n/a", ""])
     else:
         rows.append([f"req/s, c={opts.concurrency}, 2 processes", "", gw2_note, "", "", "", "", "", ""])
+    if streams is not None:
+        # Whole streams at load: what the gateway costs per stream, and what share of the engine's own rate it keeps.
+        s_direct, s_gw = streams
+        s_rps, s_d_rps = _med([r.rps for r in s_gw.load]), _med([r.rps for r in s_direct.load])
+        rows.append([f"streams/s, c={opts.concurrency}, answers of {opts.stream_chunks} chunks {opts.gap_ms:g} ms apart",
+                     _fmt(s_d_rps, 0), _fmt(s_rps, 0), f"x{s_rps / s_d_rps:.2f} of direct", "", "", "", "", ""])
+        rows.append([f"CPU ms/stream, c={opts.concurrency}, the same streams (/proc)", _fmt(_med(s_direct.cpu_ms), 3),
+                     _fmt(_med(s_gw.cpu_ms), 3), "", "", "", "", "", ""])
     goals: tuple[tuple[int, float | None], ...] = ((50, GOAL_TTFC_MS), (99, None))
     for p, t_goal in goals:
         t_add = ttfc_added(gw, p)
@@ -418,6 +428,8 @@ def _options() -> argparse.Namespace:
     parser.add_argument("--gap-ms", type=float, default=1.0,
                         help="the upstream's pause between two streamed chunks (0: back to back; docs/performance.md, "
                              "'The stream's first chunk')")
+    parser.add_argument("--stream-chunks", type=int, default=32,
+                        help="chunks per answer of the streams at load (another upstream; 0: no such runs)")
     parser.add_argument("--profile-s", type=float, default=4.0, help="seconds of the profiled gateway run (0: none)")
     parser.add_argument("--save-profile", type=Path, help="keep the gateway's cProfile here (for pstats/snakeviz)")
     lite = parser.add_mutually_exclusive_group()
@@ -484,10 +496,18 @@ def main() -> int:
                   + (f", LiteLLM {lite.url}" if lite else ""), file=sys.stderr, flush=True)
             relay_proc, relay_url = procs.start([sys.executable, str(Path(__file__).parent / "_relay.py"), upstream])
             relay = Target("relay", relay_url, script, key, [relay_proc.pid])
-            _rounds(direct, gw, gw2, lite, relay, opts, failures)
+            streams = None
+            if opts.stream_chunks > 0:  # longer streams at load: an upstream of their own, and a gateway before it
+                long_proc, long_upstream = procs.start([sys.executable, str(Path(__file__).parent / "_upstream.py"),
+                                                        f"--gap-ms={opts.gap_ms:g}", f"--chunks={opts.stream_chunks}"])
+                long_gw, long_url = procs.start(_gateway_args(long_upstream, tmp / "log-streams"), env)
+                stream_script = _wrk.write_script(tmp, "stream", STREAM, key)
+                streams = (Target("direct streams", long_upstream, stream_script, key, [long_proc.pid]),
+                           Target("llmgw streams", long_url, stream_script, key, [long_gw.pid]))
+            _rounds(direct, gw, gw2, lite, relay, streams, opts, failures)
             procs.stop(gw_proc)  # the profiled gateway runs alone
             stages = _profile(upstream, tmp, procs, script, opts, env) if opts.profile_s > 0 else None
-            _report(direct, gw, gw2, gw2_note, lite, relay, stages, opts)
+            _report(direct, gw, gw2, gw2_note, lite, relay, streams, stages, opts)
     except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as e:
         failures.append(f"{type(e).__name__}: {e}")
     finally:

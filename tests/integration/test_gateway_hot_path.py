@@ -6,6 +6,7 @@ and settings (their mappings count iteration, which catches a scan done in C: `s
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from functools import partial
@@ -152,10 +153,11 @@ class Spawned(trio.abc.Instrument):
         self.names.append(task.name)
 
 
-async def streaming_upstream(nursery: trio.Nursery) -> str:
-    """A raw engine that answers every request on a connection with a short SSE stream; no task per request."""
+async def streaming_upstream(nursery: trio.Nursery, words: int = 1) -> str:
+    """A raw engine that answers every request on a connection with a short SSE stream (`words` events of content,
+    then `[DONE]`), each event an HTTP chunk of its own and the whole answer one write; no task per request."""
     events = [b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"demo","choices":[{"index":0,'
-              b'"delta":{"content":"hi"},"finish_reason":null}]}\n\n', b"data: [DONE]\n\n"]
+              b'"delta":{"content":"hi"},"finish_reason":null}]}\n\n'] * words + [b"data: [DONE]\n\n"]
 
     async def answer(stream: trio.SocketStream) -> None:
         buffer = b""
@@ -198,3 +200,38 @@ async def test_a_streamed_request_on_a_kept_alive_connection_starts_no_task(nurs
             assert response.text.endswith("data: [DONE]\n\n")
         trio.lowlevel.remove_instrument(spawned)
     assert spawned.names == [], f"tasks started for two streamed requests on kept-alive connections: {spawned.names}"
+
+
+async def test_events_that_arrive_together_leave_in_one_write(nursery: trio.Nursery) -> None:
+    # An engine's events that one read brings in (the gateway was behind: it is busy) go on to the client in one
+    # write, not one write, one cancel scope and one HTTP chunk each: a busy gateway catches up instead of falling
+    # further behind (docs/performance.md, "Streams under load").
+    words = 20
+    state, routes = table(10, await streaming_upstream(nursery, words))
+    router = Router()
+    router.update_routes(routes)
+    host, port = await nursery.start(partial(serve, "127.0.0.1", 0, GatewayDeps(router=router,
+                                                                                state=FixedState(state))))
+    body = json.dumps({"model": "demo", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    client = await trio.open_tcp_stream(host, port)
+    async with client:
+        await client.send_all(f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {KEY}"
+                              f"\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+        received = b""
+        with trio.fail_after(10):  # a bound on a hang, not a measurement
+            while not received.endswith(b"\r\n0\r\n\r\n"):
+                received += await client.receive_some(65536)
+    head, _, rest = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in head.lower(), head
+    frames = []
+    while True:  # the chunked body's frames, as the gateway wrote them
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if not size:
+            break
+        frames.append(rest[:size])
+        rest = rest[size + 2:]
+    assert b"".join(frames).count(b'"content":"hi"') == words and b"".join(frames).endswith(b"data: [DONE]\n\n")
+    # One write for the one read; two if the gateway's read split the engine's write (a single write of a few KiB
+    # on loopback arrives whole). One per event, 21, before.
+    assert len(frames) <= 2, f"{len(frames)} chunks for {words + 1} events that came in one write"

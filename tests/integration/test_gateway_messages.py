@@ -44,9 +44,12 @@ class Setup:
     store: MemoryStore
     http: httpx.AsyncClient  # the admin's, for the request log
     demo: sim.SimApp
+    clients: list[anthropic.Anthropic] = dataclasses.field(default_factory=list)  # closed when the test ends
 
     def client(self, key: str = KEY) -> anthropic.Anthropic:
-        return anthropic.Anthropic(base_url=self.url, api_key=key, max_retries=0)
+        made = anthropic.Anthropic(base_url=self.url, api_key=key, max_retries=0)
+        self.clients.append(made)
+        return made
 
     def policy(self, check: str) -> None:
         self.store.submit_nowait(set_policy(GuardPolicy(name="strict", judge="lg", check=check, models=("demo",)),
@@ -93,7 +96,12 @@ async def gw(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Setup]:
     host, port = await nursery.start(partial(serve, "127.0.0.1", 0, GatewayDeps(router=router, state=store,
                                                                                 requestlog=log)))
     async with httpx.AsyncClient(base_url=f"http://{host}:{port}") as http:
-        yield Setup(f"http://{host}:{port}", store, http, apps["demo"])
+        setup = Setup(f"http://{host}:{port}", store, http, apps["demo"])
+        try:
+            yield setup
+        finally:
+            for client in setup.clients:  # their kept-alive sockets, not left to the collector (a ResourceWarning)
+                client.close()
 
 
 HELLO = [{"role": "user", "content": "hello there"}]
