@@ -71,6 +71,9 @@ class _Shape:
         self.fabrics = node_fabrics(info)
         self.names: list[str] = []  # its nodes, by name
         self.static: dict[Need, Refusal | _Fit] = {}
+        # (classes, more than one device) -> the refusal when no device of theirs is here, None when one is: what
+        # every GPU profile naming those classes is told first (`_static`), judged once, not once per profile.
+        self.by_class: dict[tuple[tuple[str, ...], bool], Refusal | None] = {}
         # The devices placement may use (usable, not reserved) by kind: (class, MIG instance, memory, indexes).
         kinds: dict[tuple[str, int], list[int]] = {}
         for g in info.gpus:
@@ -533,7 +536,20 @@ def _static(need: Need, shape: _Shape) -> Refusal | _Fit:
     """The shape's verdict with its words (for its representative node): a refusal or its fit."""
     found = shape.static.get(need)
     if found is None:
-        found = shape.static[need] = _judge(need, shape)
+        if need.classes and not need.cpu:
+            # `filters.devices` refuses for the class before memory or count: profiles that name the same classes
+            # (and alike need one device or more, for the MIG rule before it) get the same refusal, in the same words.
+            key = (need.classes, need.gpus > 1 or need.nodes > 1)
+            known = shape.by_class.get(key, _SLOT)
+            if known is not None and known is not _SLOT:
+                shape.static[need] = known
+                return known
+            found = _judge(need, shape)
+            if known is _SLOT:
+                shape.by_class[key] = found if isinstance(found, Refusal) and found.code == "class" else None
+        else:
+            found = _judge(need, shape)
+        shape.static[need] = found
     return found
 
 
