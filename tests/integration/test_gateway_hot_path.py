@@ -202,6 +202,30 @@ async def test_a_streamed_request_on_a_kept_alive_connection_starts_no_task(nurs
     assert spawned.names == [], f"tasks started for two streamed requests on kept-alive connections: {spawned.names}"
 
 
+async def streamed_raw(host: str, port: int, path: str, body: dict[str, Any]) -> tuple[bytes, list[bytes]]:
+    """One streamed request over a raw connection: the answer's head and its chunked body's frames, as the gateway
+    wrote them."""
+    data = json.dumps(body).encode()
+    client = await trio.open_tcp_stream(host, port)
+    async with client:
+        await client.send_all(f"POST {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {KEY}"
+                              f"\r\ncontent-length: {len(data)}\r\n\r\n".encode() + data)
+        received = b""
+        with trio.fail_after(10):  # a bound on a hang, not a measurement
+            while not received.endswith(b"\r\n0\r\n\r\n"):
+                received += await client.receive_some(65536)
+    head, _, rest = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in head.lower(), head
+    frames = []
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if not size:
+            return head, frames
+        frames.append(rest[:size])
+        rest = rest[size + 2:]
+
+
 async def test_events_that_arrive_together_leave_in_one_write(nursery: trio.Nursery) -> None:
     # An engine's events that one read brings in (the gateway was behind: it is busy) go on to the client in one
     # write, not one write, one cancel scope and one HTTP chunk each: a busy gateway catches up instead of falling
@@ -212,26 +236,14 @@ async def test_events_that_arrive_together_leave_in_one_write(nursery: trio.Nurs
     router.update_routes(routes)
     host, port = await nursery.start(partial(serve, "127.0.0.1", 0, GatewayDeps(router=router,
                                                                                 state=FixedState(state))))
-    body = json.dumps({"model": "demo", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
-    client = await trio.open_tcp_stream(host, port)
-    async with client:
-        await client.send_all(f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {KEY}"
-                              f"\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
-        received = b""
-        with trio.fail_after(10):  # a bound on a hang, not a measurement
-            while not received.endswith(b"\r\n0\r\n\r\n"):
-                received += await client.receive_some(65536)
-    head, _, rest = received.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in head.lower(), head
-    frames = []
-    while True:  # the chunked body's frames, as the gateway wrote them
-        size_line, _, rest = rest.partition(b"\r\n")
-        size = int(size_line, 16)
-        if not size:
-            break
-        frames.append(rest[:size])
-        rest = rest[size + 2:]
+    _, frames = await streamed_raw(host, port, "/v1/chat/completions",
+                                   {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "stream": True})
     assert b"".join(frames).count(b'"content":"hi"') == words and b"".join(frames).endswith(b"data: [DONE]\n\n")
     # One write for the one read; two if the gateway's read split the engine's write (a single write of a few KiB
     # on loopback arrives whole). One per event, 21, before.
     assert len(frames) <= 2, f"{len(frames)} chunks for {words + 1} events that came in one write"
+    # Another API's stream made from them (gateway/dialect.py) has every word, whatever reads they came in.
+    _, frames = await streamed_raw(host, port, "/v1/messages", {"model": "demo", "max_tokens": 64, "stream": True,
+                                                                "messages": [{"role": "user", "content": "hi"}]})
+    said = b"".join(frames)
+    assert said.count(b'"text_delta"') == words and said.count(b"event: message_stop") == 1, said[:600]
