@@ -216,7 +216,7 @@ async def streamed_raw(host: str, port: int, path: str, body: dict[str, Any]) ->
                 received += await client.receive_some(65536)
     head, _, rest = received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in head.lower(), head
-    frames = []
+    frames: list[bytes] = []
     while True:
         size_line, _, rest = rest.partition(b"\r\n")
         size = int(size_line, 16)
