@@ -540,12 +540,10 @@ def _static(need: Need, shape: _Shape) -> Refusal | _Fit:
             # `filters.devices` refuses for the class before memory or count: profiles that name the same classes
             # (and alike need one device or more, for the MIG rule before it) get the same refusal, in the same words.
             key = (need.classes, need.gpus > 1 or need.nodes > 1)
-            known = shape.by_class.get(key, _SLOT)
-            if known is not None and known is not _SLOT:
-                shape.static[need] = known
-                return known
-            found = _judge(need, shape)
-            if known is _SLOT:
+            if key in shape.by_class:
+                found = shape.by_class[key] or _judge(need, shape)
+            else:
+                found = _judge(need, shape)
                 shape.by_class[key] = found if isinstance(found, Refusal) and found.code == "class" else None
         else:
             found = _judge(need, shape)
