@@ -199,9 +199,34 @@ def test_the_writers_bytes_are_valid_http_to_a_strict_peer() -> None:
     assert isinstance(client.next_event(), h11.EndOfMessage)
 
 
-@pytest.mark.parametrize("bad", [b"a\r\nx-evil: 1", b"a\nb"])
+@pytest.mark.parametrize("bad", [b"a\r\nx-evil: 1", b"a\nb", b"a\rb", b"\r", b"\n"])
 def test_a_line_break_in_a_header_is_never_written(bad: bytes) -> None:
     with pytest.raises(ValueError):
         response_head(200, [(b"x-request-id", bad)])
     with pytest.raises(ValueError):
         request_bytes(b"POST", b"/x", [(b"x-request-id", bad)], b"")
+    with pytest.raises(ValueError):
+        response_head(200, [(b"x-ok", b"1"), (bad, b"v")])  # in a name too, after a good header
+    with pytest.raises(ValueError):
+        request_bytes(b"POST", b"/x" + bad, [(b"host", b"e")], b"")
+
+
+HEADER_BYTES = st.binary(max_size=8) | st.sampled_from([b"a\r\nb", b"\r", b"\n", b"x-request-id", b"text/plain"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(HEADER_BYTES, HEADER_BYTES), max_size=6))
+def test_header_lines_are_written_as_given_or_refused_when_one_holds_a_line_break(
+        headers: list[tuple[bytes, bytes]]) -> None:
+    # The heads are checked with two counts over their lines, not each header on its own: the same verdict.
+    broken = any(b"\r" in part or b"\n" in part for header in headers for part in header)
+    lines = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+    if broken:
+        with pytest.raises(ValueError):
+            response_head(200, headers)
+        with pytest.raises(ValueError):
+            request_bytes(b"POST", b"/x", headers, b"{}")
+    else:
+        assert response_head(204, headers) == b"HTTP/1.1 204 No Content\r\n" + lines + b"\r\n"
+        assert request_bytes(b"POST", b"/x", headers, b"{}") == (b"POST /x HTTP/1.1\r\n" + lines
+                                                                 + b"content-length: 2\r\n\r\n{}")
