@@ -28,7 +28,7 @@ from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.engines import sim
 from llmgw.gateway.app import GatewayDeps, serve
 from llmgw.gateway.router import Router
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.testing import MemoryStore
 from tests.support.openai_spec import chunk_errors, errors
 

@@ -16,7 +16,7 @@ import pytest
 
 from llmgw.engines import launch_spec
 from llmgw.engines.base import _BOOT, _package_root
-from llmgw.net import free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from llmgw.engines import EngineError, resolve_source
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -35,13 +36,6 @@ PARIS_MESSAGES = [
     {"role": "user", "content": "What is the capital of France?"},
 ]
 STOP_WITHIN_S = 2.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def start(module: str, *args: str) -> subprocess.Popen[str]:

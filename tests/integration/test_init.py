@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.net import free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

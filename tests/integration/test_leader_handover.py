@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from llmgw.domain.timeouts import TIMEOUTS
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from tests.integration.test_raft_rejoin_vote import _Member, _put, _wait
 from tests.support.cluster import Cluster
 

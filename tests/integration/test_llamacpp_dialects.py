@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from llmgw.gateway.router import Router
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from tests.integration.test_llamacpp_tiny import Engine, engines, spec, tiny  # noqa: F401 (a fixture)
 from tests.integration.test_llamacpp_tiny import serve as serve_engine
 from tests.integration.test_llamacpp_tokens import gateway

@@ -23,7 +23,7 @@ from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.gateway.app import GatewayDeps, serve
 from llmgw.gateway.capabilities import HONOURED
 from llmgw.gateway.router import Router
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.testing import MemoryStore
 
 pytestmark = [

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from llmgw.engines import EngineError, LaunchSpec, launch_spec, start_failure
-from llmgw.net import free_port
+from tests.support.processes import free_port
 
 pytestmark = [
     pytest.mark.slow,

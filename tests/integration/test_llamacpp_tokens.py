@@ -22,7 +22,7 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Endpoint, ModelRoute
 from llmgw.gateway.app import GatewayDeps, serve
 from llmgw.gateway.router import Router
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.testing import MemoryStore
 from tests.integration.test_llamacpp_tiny import Engine, engines, spec, tiny  # noqa: F401 (a fixture)
 from tests.integration.test_llamacpp_tiny import serve as serve_engine

@@ -21,7 +21,7 @@ from llmgw.control.service import ControlConfig, ControlHandle, Seed
 from llmgw.control.service import serve as control_serve
 from llmgw.domain.timeouts import TIMEOUTS
 from llmgw.domain.trust import hash_token
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.startup import CannotStart
 from llmgw.testing import FakeGpuProbe
 from llmgw.testing.webhooks import WebhookReceiver

@@ -27,7 +27,7 @@ from llmgw.domain.conditions import conditions
 from llmgw.domain.observed import Observed
 from llmgw.domain.state import ClusterState
 from llmgw.domain.timeouts import TIMEOUTS
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.store.raft import _Replicated
 from llmgw.store.wire import RefusalLog, SealedTransport
 

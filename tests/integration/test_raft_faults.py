@@ -26,7 +26,7 @@ from pysyncobj import SyncObj, SyncObjConf
 
 from llmgw import startup
 from llmgw.domain.state import ClusterState
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.store.appends import KeepsMatchingEntries, keep_matching
 from llmgw.store.journal import RaftJournal, open_journal
 from llmgw.store.membership import GROUP_FILE, group_at_start

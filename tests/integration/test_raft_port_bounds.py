@@ -33,7 +33,7 @@ from pysyncobj.encryptor import getEncryptor
 from llmgw.domain import commands
 from llmgw.domain.commands import CommandError
 from llmgw.domain.model import ModelDef
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.store import RaftStore
 from llmgw.store.secret import raft_password
 from llmgw.store.wire import MAX_COMMAND_BYTES

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from tests.integration.test_raft_rejoin_vote import _Member, _put, _wait, until_synced
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ import pytest
 from llmgw.domain import commands
 from llmgw.domain.model import ModelDef
 from llmgw.domain.timeouts import TIMEOUTS
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.store.raft import _Replicated
 from llmgw.store.wire import RefusalLog
 from tests.integration.test_raft_catchup import _Cuttable, member_conf

@@ -32,7 +32,7 @@ import httpx
 import pytest
 import trio
 
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.trust.files import MachineFiles
 from tests.support.cluster import ADMIN_KEY, Cluster
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from tests.support.processes import until
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from llmgw.domain import commands
 from llmgw.domain.commands import CommandError
 from llmgw.domain.model import ModelDef
 from llmgw.domain.state import ClusterState
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.store import RaftStore
 from llmgw.store.batching import MAGIC, apply_blob, failed_appends, pack, unpack
 

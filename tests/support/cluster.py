@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import httpx
 import trio
 
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.store.failpoints import lose_unflushed, write_controls
 from tests.support.netns import Fabric
 from tests.support.trust import ca_root_args, test_ca_root

@@ -32,7 +32,7 @@ from llmgw.control.service import ControlConfig, ControlHandle, Seed
 from llmgw.control.service import serve as control_serve
 from llmgw.domain.observed import NodeInfo
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.testing import FakeGpuProbe
 from llmgw.testing.webhooks import WebhookReceiver, in_thread
 from tests.support.cluster import Cluster, Member

@@ -15,7 +15,7 @@ import trio
 
 from llmgw.domain import commands
 from llmgw.domain.timeouts import TIMEOUTS, Timeouts
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.store import RaftStore
 from llmgw.store.journal import FSYNC_POLICIES, FsyncPolicy
 

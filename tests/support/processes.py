@@ -15,9 +15,40 @@ from pathlib import Path
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from llmgw.net import free_port
+import itertools
+import socket
 
 __all__ = ["UpProcess", "alive", "children_of", "free_port", "kill_engines_under", "running_under", "stop_all"]
+
+# Ports the tests give their listeners: below Linux's ephemeral range (32768-60999 by default), where neither a
+# `bind(..., 0)` nor an outgoing connection of any process takes one, and a block of its own for each pytest-xdist
+# worker. `llmgw.net.free_port` (a port 0 bind, then closed) raced both: another test's outgoing connection or
+# listener could take the port before its server bound it ("Address already in use", seen once in ~8 parallel runs).
+_PORTS_FROM, _PORTS_EACH, _BLOCKS = 20000, 2000, 6
+
+
+def _ports() -> Iterable[int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    start = _PORTS_FROM + (int(worker) % _BLOCKS if worker.isdigit() else 0) * _PORTS_EACH
+    return itertools.cycle(range(start, start + _PORTS_EACH))
+
+
+_NEXT = iter(_ports())
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now, from this worker's block, each handed out once in turn (the block is used again
+    only after all of it: by then the tests that held a port are done)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(_PORTS_EACH):
+        port = next(_NEXT)
+        with socket.socket(family) as probe:
+            try:
+                probe.bind((host, port))  # no SO_REUSEADDR: a port still in TIME_WAIT is passed over
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port on {host} in this worker's block of {_PORTS_EACH}")
 
 
 def children_of(pid: int) -> set[int]:

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pysyncobj import SyncObj, SyncObjConf
 
-from llmgw.net import free_port
+from tests.support.processes import free_port
 from llmgw.store.appends import KeepsMatchingEntries
 from llmgw.store.catchup import CatchesUp, Floors, conflict_hint
 
