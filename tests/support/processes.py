@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import itertools
@@ -27,13 +27,13 @@ __all__ = ["UpProcess", "alive", "children_of", "free_port", "kill_engines_under
 _PORTS_FROM, _PORTS_EACH, _BLOCKS = 20000, 2000, 6
 
 
-def _ports() -> Iterable[int]:
+def _ports() -> Iterator[int]:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
     start = _PORTS_FROM + (int(worker) % _BLOCKS if worker.isdigit() else 0) * _PORTS_EACH
     return itertools.cycle(range(start, start + _PORTS_EACH))
 
 
-_NEXT = iter(_ports())
+_NEXT = _ports()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
