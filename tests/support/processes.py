@@ -3,9 +3,11 @@ ready line, credentials, and a stop that proves no engine is left behind."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -14,9 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-
-import itertools
-import socket
 
 __all__ = ["UpProcess", "alive", "children_of", "free_port", "kill_engines_under", "running_under", "stop_all"]
 
