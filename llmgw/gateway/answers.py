@@ -128,7 +128,10 @@ class HiddenUsage:
             return events
         # Engines asked for usage also put `"usage": null` in every other chunk (vLLM does); a client
         # that did not ask gets neither, as from OpenAI. (Unescaped quotes: a key, never text inside a string.)
-        return b"".join(_NULL_USAGE.sub(b"", e) + b"\n\n" for e in events.split(b"\n\n") if e and not _usage_only(e))
+        events = _NULL_USAGE.sub(b"", events)
+        if _KEY not in events:
+            return events
+        return b"".join(e + b"\n\n" for e in events.split(b"\n\n") if e and not _usage_only(e))
 
     def flush(self) -> bytes:
         rest, self._rest = self._rest, b""

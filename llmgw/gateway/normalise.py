@@ -267,13 +267,18 @@ def normalise(kind: str, doc: Any, fill: Fill, chunk: bool = False) -> Any:
 # For a stream's chunks (small, many) and embeddings answers (large: their vectors skipped). Counts of `"key":`
 # in compact JSON: such a match is a key (an unescaped quote followed by `:` ends a key), at whatever depth.
 # Each object's required keys are counted against its kind's marker (a choice's `index`), and what would put
-# the same key at two depths (logprobs objects, tool calls) or hide an object from the counts (an empty `{}`)
-# sends the answer to the parsed path. Spaced JSON never passes: parsed too.
+# the same key at two depths (logprobs objects, tool calls) or hide an object from the counts (an empty `{}`, but
+# a last chunk's `"delta":{}`, which requires no key) sends the answer to the parsed path. Spaced JSON never
+# passes: parsed too. Events read together are counted together (`StreamNormaliser.feed`).
 
 _SPACED = (b'": ', b'" :', b"{ ")  # not compact JSON: the patterns below could miss
-_DOUBT = (*_SPACED, b"{}", b'"logprobs":{', b'"tool_calls":[{', b'"system_fingerprint":null', b'"annotations":null',
+_DOUBT = (*_SPACED, b'"logprobs":{', b'"tool_calls":[{', b'"system_fingerprint":null', b'"annotations":null',
           b'"function_call":null', b'"tool_calls":null')
 _NULL = b'"usage":null'
+_NO_DELTA = b'"delta":{}'  # a stream's last chunk, as OpenAI's and vLLM's: its choice's keys all counted
+_DATA = b'data: {"'  # a chunk's event, as engines write it
+_NEXT_DATA = b'\n\ndata: {"'
+_DONE = b"data: [DONE]\n\n"
 # A completion chunk's `"usage": null` (engines asked for usage put it in every chunk), cut from the bytes.
 _NULL_USAGE = re.compile(rb',"usage":null(?=[,}])')
 _TOP = (b'"id":', b'"object":', b'"created":', b'"model":', b'"choices":')
@@ -309,9 +314,10 @@ def _skeleton(body: bytes) -> bytes:
     return b"".join(parts)
 
 
-def complete(kind: str, body: bytes, chunk: bool = False) -> bool:
-    """Whether an answer (a whole body, or one chunk's JSON) certainly has every key its schema requires,
-    read from its bytes: True, relay it as it is; False, parse and complete it (it may lack nothing)."""
+def complete(kind: str, body: bytes, chunk: bool = False, events: int = 1) -> bool:
+    """Whether an answer (a whole body, or a stream's chunk: `events` of them, each `data: {json}`, together)
+    certainly has every key its schema requires, read from its bytes: True, relay it as it is; False, parse and
+    complete it (it may lack nothing)."""
     if kind == "embedding":
         # Its keys read from the answer less its vectors, parsed (small): counting keys in the bytes would take
         # an engine's extra field that holds one of them ({"object": ...} in an extra dict) for the missing one.
@@ -334,10 +340,20 @@ def complete(kind: str, body: bytes, chunk: bool = False) -> bool:
     for doubt in _DOUBT:
         if doubt in body:
             return False
+    if b"{}" in body and body.count(b"{}") != body.count(_NO_DELTA):
+        return False  # an empty object but a last chunk's delta (which requires nothing): parsed
     if b'"usage":{' in body or (kind == "completion" and _NULL in body):
         return False  # usage in a stream comes once, in the last chunk: parsed, to be sure of it
+    if events == 1:
+        for key in _TOP:
+            if key not in body:
+                return False
+        return True
+    # Several chunks: each top-level key as many times as there are chunks. One that lacks a key leaves the
+    # count short, unless another has it twice (nested: no engine's chunk has these keys below the top but
+    # tool calls' `id`, which the doubts send to the parsed path).
     for key in _TOP:
-        if key not in body:
+        if body.count(key) != events:
             return False
     return True
 
@@ -378,8 +394,14 @@ class StreamNormaliser:
         kind = self._kind
         if kind == "completion" and _NULL in events:
             events = _NULL_USAGE.sub(b"", events)
-        if events.count(b"\n\n") == 1:  # the usual read: one event
+        count = events.count(b"\n\n")
+        if count == 1:  # the usual read: one event
             return events if complete(kind, events, chunk=True) else self._event(events[:-2], True) + b"\n\n"
+        # Several events read together (an engine faster than its reader): checked at once, each `data: {...}`
+        # (a quote after a brace never comes inside a JSON string: it would be escaped), the stream's end aside.
+        body, count = (events[: -len(_DONE)], count - 1) if events.endswith(_DONE) else (events, count)
+        if body.startswith(_DATA) and body.count(_NEXT_DATA) == count - 1 and complete(kind, body, True, count):
+            return events
         return b"".join(self._event(e) + b"\n\n" for e in events.split(b"\n\n")[:-1])
 
     def _event(self, event: bytes, checked: bool = False) -> bytes:

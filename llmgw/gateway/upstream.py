@@ -172,12 +172,14 @@ async def _exchange(
     ], body)
     reader = conn.reader
     received = False
+    written = False
     try:
-        with trio.move_on_after(t.upstream_write_s) as writing:
+        # One cancel scope for both waits (the request written, then the answer's head), its deadline moved
+        # between them: a scope less on the way to the answer's first byte.
+        with trio.CancelScope(deadline=trio.current_time() + t.upstream_write_s) as waiting:
             await stream.send_all(wire)
-        if writing.cancelled_caught:
-            raise UpstreamTimeout(f"the engine took no request within {t.upstream_write_s:g} s")
-        with trio.move_on_after(first_byte_s) as waiting:
+            written = True
+            waiting.deadline = trio.current_time() + first_byte_s
             while not reader.status:  # (a 1xx head is passed over)
                 data = bytes(await stream.receive_some(_READ))
                 if not data:
@@ -186,6 +188,8 @@ async def _exchange(
                 received = True
                 reader.feed(data)
             return Response(pool, conn, reader.status, reader.headers, waits.chunk_s)
+        if not written:
+            raise UpstreamTimeout(f"the engine took no request within {t.upstream_write_s:g} s")
         raise UpstreamTimeout(f"the engine sent no answer within {first_byte_s:g} s")
     except BadRequest as error:
         raise UpstreamFailed(f"the engine's answer is not valid HTTP/1.1: {error}") from None

@@ -3,6 +3,7 @@ HTTP, against a scripted engine that takes its time. pytest-trio's autojump Mock
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -103,3 +104,35 @@ async def test_a_models_chunk_timeout_ends_its_stream_with_an_error_event(gw: Se
     patient = await frames("patient")
     assert [json.loads(f)["choices"][0]["delta"]["content"] for f in patient[:2]] == ["one", "two"]
     assert patient[-1] == "[DONE]"
+
+
+async def test_an_engine_that_takes_no_request_times_out_on_the_write(nursery: trio.Nursery,
+                                                                        autojump_clock: trio.testing.MockClock) -> None:
+    """The request's write has its own limit (`upstream_write_s`), told apart from the wait for the answer's head
+    (the two share one cancel scope, its deadline moved once the request is written: gateway/upstream.py)."""
+
+    async def deaf(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()  # takes the connection, never reads: the request fills the socket buffers
+
+    listeners = await nursery.start(partial(trio.serve_tcp, deaf, 0, host="127.0.0.1"))
+    url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    store = MemoryStore()
+    store.submit_nowait(commands.put_model(ModelDef.from_doc({"name": "deaf", "engine": "sim", "source": "sim://d"}),
+                                           at=0.0))
+    store.submit_nowait(commands.add_key(hash_key(KEY), "test", "client", 0.0))
+    router = Router()
+    router.update_routes({"deaf": ModelRoute("deaf", "chat", "ready", (Endpoint("deaf-r1", url),))})
+    waits = dataclasses.replace(TIMEOUTS, upstream_write_s=3.0)
+    deps = GatewayDeps(router=router, state=store, timeouts=waits)
+    host, port = await nursery.start(partial(serve, "127.0.0.1", 0, deps))
+    # 7 MB: more than the loopback socket buffers take from a peer that never reads (4 MB to send, ~128 KB to
+    # receive), less than the gateway's body limit.
+    body = chat("deaf", messages=[{"role": "user", "content": "x" * 7_000_000}])
+    async with httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=None,
+                                 headers={"authorization": f"Bearer {KEY}"}) as http:
+        started = trio.current_time()
+        response = await http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 504, response.text
+    error = response.json()["error"]
+    assert error["code"] == "upstream_timeout" and "took no request within 3 s" in error["message"], error
+    assert trio.current_time() - started == pytest.approx(3.0, abs=0.1)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llmgw.gateway.answers import ENGINE_ERROR, HiddenUsage, StreamUsage, asking_usage, engine_error, usage_of
 
@@ -122,3 +124,28 @@ def test_a_client_that_did_not_ask_for_usage_gets_no_usage_field_at_all() -> Non
     assert out == (b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"say \\"usage\\":null"}}]}\n\n'
                    b'data: [DONE]\n\n')
     assert json.loads(out.split(b"\n\n")[0][6:])["choices"][0]["delta"]["content"] == 'say "usage":null'
+
+
+_WORD = st.text(st.sampled_from('ab "usage":null,{}\\'), max_size=12)
+_EVENT = st.one_of(
+    st.builds(lambda w, null: {"choices": [{"index": 0, "delta": {"content": w}}], **({"usage": None} if null else {})},
+              _WORD, st.booleans()),
+    st.builds(lambda n: {"choices": [], "usage": {"prompt_tokens": n, "completion_tokens": n}}, st.integers(0, 9)),
+)
+
+
+@given(events=st.lists(_EVENT, max_size=6), cuts=st.lists(st.integers(1, 400), min_size=1, max_size=8))
+def test_hidden_usage_gives_each_event_as_read_one_by_one_however_the_stream_is_read(
+        events: list[dict[str, object]], cuts: list[int]) -> None:
+    """Several events in one read are filtered at once (one pass for the null usages): the same events come out
+    as from the stream read event by event, each without its null usage, the usage-only ones left out."""
+    frames = [b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n" for e in events]
+    stream = b"".join(frames) + b"data: [DONE]\n\n"
+    expected = b"".join(f.replace(b',"usage":null', b"") for f, e in zip(frames, events, strict=True)
+                        if e["choices"]) + b"data: [DONE]\n\n"
+    hider, out, at, k = HiddenUsage(), [], 0, 0
+    while at < len(stream):
+        size = cuts[k % len(cuts)]
+        out.append(hider.feed(stream[at : at + size]))
+        at, k = at + size, k + 1
+    assert b"".join(out) + hider.flush() == expected

@@ -300,8 +300,10 @@ def test_normalised_answers_validate_and_keep_every_value(kind: str, chunk: bool
 
 
 @settings(max_examples=100, deadline=None)
-@given(answers=st.lists(engine_answers("chat", True), min_size=1, max_size=4), cut=st.integers(1, 64))
+@given(answers=st.lists(engine_answers("chat", True), min_size=1, max_size=4),
+       cut=st.one_of(st.integers(1, 64), st.integers(65, 4096)))
 def test_a_stream_comes_out_whole_and_valid_however_it_was_cut(answers: list[dict[str, Any]], cut: int) -> None:
+    """Cut anywhere, or read several events at once (checked together: `StreamNormaliser.feed`)."""
     stream = b"".join(b"data: " + dumps(a) + b"\n\n" for a in answers) + b"data: [DONE]\n\n"
     normaliser = StreamNormaliser("chat", FILL)
     out = b"".join(normaliser.feed(stream[i : i + cut]) for i in range(0, len(stream), cut)) + normaliser.flush()
@@ -311,6 +313,27 @@ def test_a_stream_comes_out_whole_and_valid_however_it_was_cut(answers: list[dic
         doc = json.loads(event.removeprefix(b"data: "))
         assert check("chat", True, doc) == []
         assert doc == normalise("chat", copy.deepcopy(answer), FILL, chunk=True)
+
+
+@pytest.mark.parametrize("lacks", ["id", "object", "created", "model", "choices"])
+def test_events_read_together_are_checked_together_and_each_completed(lacks: str) -> None:
+    """Several events in one read are checked at once (one count of each key for all of them): a key that one
+    chunk lacks and the others have is still found missing, and only that chunk is written again."""
+    whole = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]}
+    short = {k: v for k, v in whole.items() if k != lacks}
+    events = [b"data: " + dumps(doc) + b"\n\n" for doc in (whole, short, whole)]
+    read = b"".join(events) + b"data: [DONE]\n\n"
+    out = StreamNormaliser("chat", Fill("m", "r1")).feed(read)
+    first, second, third, done, _ = out.split(b"\n\n")
+    assert (first + b"\n\n", third + b"\n\n", done) == (events[0], events[2], b"data: [DONE]")  # as they came
+    assert check("chat", True, json.loads(second.removeprefix(b"data: "))) == []
+    # The last chunk's empty delta (OpenAI's, vLLM's) hides no key from the counts: nothing to add, all as is.
+    last = {**whole, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    complete_read = events[0] * 2 + b"data: " + dumps(last) + b"\n\ndata: [DONE]\n\n"
+    assert StreamNormaliser("chat", Fill("m", "r1")).feed(complete_read) is complete_read
+    assert complete("chat", b"data: " + dumps(last), chunk=True)
+    assert not complete("chat", b"data: " + dumps({**last, "x_engine": {}}), chunk=True)  # another {}: parsed
 
 
 def test_a_chunk_whose_choice_lacks_its_index_is_parsed_and_completed() -> None:
