@@ -1,6 +1,7 @@
 """Gateway overhead benchmark: the same requests straight to a raw upstream, through llmgw's gateway and
 through LiteLLM's proxy; added latency, req/s, streaming time to first chunk, streams at load (answers of
-`--stream-chunks` chunks at `--concurrency`: streams/s and CPU per stream) and CPU per request by stage.
+`--stream-chunks` chunks at `--concurrency`: streams/s and CPU per stream), CPU per request by stage, and the
+gateway's own time on a stream's way to its first chunk, timed inside one more gateway (`--path-samples`: _path.py).
 
 Run: `.venv/bin/python tests/bench/gateway.py [--rounds 5] [--quick] [--litellm | --no-litellm]`
 (needs `wrk`: `apt-get install -y wrk`; LiteLLM goes into .bench/litellm-venv, made on first use).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 import pstats
 import signal
@@ -31,9 +33,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _litellm  # noqa: E402
+import _path  # noqa: E402
 import _probe  # noqa: E402
 import _stages  # noqa: E402
 import _wrk  # noqa: E402
@@ -108,6 +112,8 @@ def _run_child(opts: argparse.Namespace) -> None:
     from llmgw.cli import _collector
 
     _collector.settle()  # the garbage collector as `llmgw gateway` sets it
+    if opts.trace:
+        _path.record(opts.trace)
 
     run = partial(trio.run, _gateway_child, opts.child_gateway, opts.port, opts.reuse_port, opts.log_dir, opts.tls)
     if not opts.profile:
@@ -175,11 +181,11 @@ class Procs:
 
 
 def _gateway_args(upstream: str, log_dir: Path, *, port: int = 0, reuse_port: bool = False,
-                  profile: Path | None = None, tls: bool = False) -> list[str]:
+                  profile: Path | None = None, tls: bool = False, trace: Path | None = None) -> list[str]:
     args = [sys.executable, str(Path(__file__).resolve()), "--child-gateway", upstream, "--port", str(port),
             "--log-dir", str(log_dir)]
     return (args + (["--reuse-port"] if reuse_port else []) + (["--profile", str(profile)] if profile else [])
-            + (["--tls"] if tls else []))
+            + (["--tls"] if tls else []) + (["--trace", str(trace)] if trace else []))
 
 
 def _free_port() -> int:
@@ -281,6 +287,29 @@ def _profile(upstream: str, tmp: Path, procs: Procs, script: Path, opts: argpars
     return _stages.by_stage(pstats.Stats(str(out))), run.requests
 
 
+def _own_path(upstream: str, tmp: Path, procs: Procs, opts: argparse.Namespace,
+              env: dict[str, str]) -> _path.OwnTime:
+    """The gateway's own time on the first chunk's path: one more gateway, its sockets timestamped (_path.py),
+    over `--path-samples` streamed requests at c=1 (after as many unrecorded ones)."""
+    out = tmp / "path.json"
+    proc, url = procs.start(_gateway_args(upstream, tmp / "log-path", trace=out), env)
+    try:
+        _probe.ttfc_samples(url + PATH, env[KEY_ENV], STREAM, opts.path_samples)
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.2)  # (the handler runs on the child's loop: let it before the recorded requests)
+        _probe.ttfc_samples(url + PATH, env[KEY_ENV], STREAM, opts.path_samples)
+        proc.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 60
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        procs.stop(proc)
+    if not out.exists():
+        raise RuntimeError("the traced gateway wrote no socket events")
+    events = json.loads(out.read_text())
+    return _path.own_time(events, urlsplit(url).port or 0, urlsplit(upstream).port or 0)
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -298,6 +327,7 @@ def _fmt(x: float | None, digits: int = 2) -> str:
 
 def _report(direct: Target, gw: Target, gw2: Target | None, gw2_note: str, lite: Target | None, relay: Target | None,
             streams: tuple[Target, Target] | None, stages: tuple[dict[str, float], int] | None,
+            own: _path.OwnTime | None,
             opts: argparse.Namespace) -> None:
     def added(t: Target, f: str) -> float:
         return _med([getattr(v, f) - getattr(d, f) for v, d in zip(t.seq, direct.seq)])
@@ -373,6 +403,12 @@ def _report(direct: Target, gw: Target, gw2: Target | None, gw2_note: str, lite:
                      _fmt(ttfc(relay, 50)), _fmt(floor), "", "", "", "", ""])
         rows.append(["stream TTFC p50, c=1: llmgw's own, above the floor (ms)", "", "", _fmt(ttfc_added(gw, 50) - floor),
                      "", "", "", "", ""])
+    if own is not None:  # the same share, timed inside the gateway's process (_path.py): free of the hops
+        for what, us in (("the request's bytes -> the engine's request written", own.request_us),
+                         ("the engine's first bytes -> the client's first write", own.answer_us),
+                         ("both halves", own.total_us)):
+            rows.append([f"stream first chunk, c=1, inside llmgw: {what}, p50 of {own.requests} (ms)", "",
+                         _fmt(us / 1000, 3), "", "", "", "", "", ""])
     g_cpu, u_cpu = _med(gw.cpu_ms), _med(direct.cpu_ms)
     l_cpu = _med(lite.cpu_ms) if lite else None
     row(f"CPU ms/request, c={opts.concurrency} (/proc)", u_cpu, g_cpu, g_cpu, "", l_cpu, l_cpu, True, 3)
@@ -431,6 +467,9 @@ def _options() -> argparse.Namespace:
     parser.add_argument("--stream-chunks", type=int, default=32,
                         help="chunks per answer of the streams at load (another upstream; 0: no such runs)")
     parser.add_argument("--profile-s", type=float, default=4.0, help="seconds of the profiled gateway run (0: none)")
+    parser.add_argument("--path-samples", type=int, default=300,
+                        help="streamed requests timed inside one more gateway, its own time to the first chunk "
+                             "(0: none; tests/bench/_path.py)")
     parser.add_argument("--save-profile", type=Path, help="keep the gateway's cProfile here (for pstats/snakeviz)")
     lite = parser.add_mutually_exclusive_group()
     lite.add_argument("--litellm", action="store_true", default=None, help="run LiteLLM too (sets up its venv)")
@@ -441,8 +480,9 @@ def _options() -> argparse.Namespace:
     parser.add_argument("--tls", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--log-dir", help=argparse.SUPPRESS)
     parser.add_argument("--profile", help=argparse.SUPPRESS)
+    parser.add_argument("--trace", help=argparse.SUPPRESS)
     if "--quick" in sys.argv:  # shorter defaults; flags given beside --quick still win
-        parser.set_defaults(rounds=1, seq_s=2.0, load_s=2.0, ttfc_samples=100, profile_s=2.0)
+        parser.set_defaults(rounds=1, seq_s=2.0, load_s=2.0, ttfc_samples=100, profile_s=2.0, path_samples=100)
     opts = parser.parse_args()
     if opts.quick:
         opts.litellm = bool(opts.litellm)
@@ -506,8 +546,9 @@ def main() -> int:
                            Target("llmgw streams", long_url, stream_script, key, [long_gw.pid]))
             _rounds(direct, gw, gw2, lite, relay, streams, opts, failures)
             procs.stop(gw_proc)  # the profiled gateway runs alone
+            own = _own_path(upstream, tmp, procs, opts, env) if opts.path_samples > 0 else None
             stages = _profile(upstream, tmp, procs, script, opts, env) if opts.profile_s > 0 else None
-            _report(direct, gw, gw2, gw2_note, lite, relay, streams, stages, opts)
+            _report(direct, gw, gw2, gw2_note, lite, relay, streams, stages, own, opts)
     except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as e:
         failures.append(f"{type(e).__name__}: {e}")
     finally:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -341,3 +342,51 @@ async def test_the_status_bench_runs() -> None:
         "before (built, every row)", "default, built", "default, kept", "full=1, built", "full=1, kept"]
     sizes = {name.split(": ")[1]: size for name, _, _, size in rows}
     assert sizes["default, built"] < sizes["full=1, built"] and "vs before" in bench.table(rows)
+
+
+def test_the_path_timing_pairs_each_requests_four_socket_events() -> None:
+    """tests/bench/_path.py: a request's two halves from the gateway's socket events; other connections' events,
+    later writes of the same answer and a request never answered count for nothing."""
+    own_time = load_bench("_path").own_time
+    gateway, engine = 9000, 7000  # the gateway's port (local on a client's connection); the engine's (peer)
+    events = [
+        [0, "recv", gateway, 5555, 300],  # a request's bytes
+        [4_000, "recv", 41000, 7001, 80],  # another engine's connection: not this one
+        [10_000, "send", 40000, engine, 350],  # the engine's request written
+        [11_000, "recv", gateway, 5556, 0],  # another client's connection ends
+        [50_000, "recv", 40000, engine, 600],  # the engine's first bytes
+        [80_000, "send", gateway, 5555, 700],  # the client's first write
+        [90_000, "send", gateway, 5555, 100],  # the rest of the stream
+        [100_000, "recv", gateway, 5555, 300],  # the next request, never answered
+    ]
+    own = own_time(events, gateway, engine)
+    assert (own.requests, own.request_us, own.answer_us, own.total_us) == (1, 10.0, 30.0, 40.0)
+    with pytest.raises(ValueError):
+        own_time(events[:3], gateway, engine)
+
+
+def test_the_traced_bench_gateway_times_every_streamed_request(upstream: str, tmp_path: Path) -> None:
+    """gateway.py's child with --trace (what `--path-samples` runs): its socket events, written on SIGUSR2, give
+    each streamed request's two halves."""
+    import signal
+
+    from llmgw.domain.keys import new_key
+
+    bench, own_time = load_bench("gateway"), load_bench("_path").own_time
+    key, out, procs = new_key(), tmp_path / "path.json", bench.Procs()
+    try:
+        env = {**os.environ, bench.KEY_ENV: key, "PYTHONPATH": str(bench.ROOT)}
+        proc, url = procs.start(bench._gateway_args(upstream, tmp_path / "log", trace=out), env)
+        assert len(probe.ttfc_samples(url + bench.PATH, key, bench.STREAM, 8)) == 8
+        proc.send_signal(signal.SIGUSR2)
+        for _ in range(600):  # the child writes the file on its own loop: wait for it (up to a minute)
+            if out.exists():
+                break
+            time.sleep(0.1)
+        own = own_time(json.loads(out.read_text()), int(url.rsplit(":", 1)[1]), int(upstream.rsplit(":", 1)[1]))
+    finally:
+        procs.stop_all()
+        for proc in procs.all:
+            assert proc.stdout is not None
+            proc.stdout.close()
+    assert own.requests == 8 and own.request_us > 0 and own.answer_us > 0
