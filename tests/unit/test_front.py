@@ -573,3 +573,19 @@ async def test_the_watcher_cancels_a_request_whose_client_goes_away(autojump_clo
             await s.client.stream.aclose()
             await s.closed.wait()
         assert log[-1] == (began, True, True), "cancelled at once, told as a disconnect, by the server's watcher"
+
+
+async def test_without_the_watcher_a_task_of_the_block_hears_the_client_go(autojump_clock: Clock) -> None:
+    """`cancelled_on_disconnect` under a server that offers no watcher (another ASGI server): a task of its own
+    reads `receive` and cancels the block when the client goes; a request that ends normally ends that task."""
+    log: list[tuple[float, bool, bool]] = []
+    async with serving(watching(log, wait_s=5)) as s:
+        await s.client.send(request("POST", "/v1/x", b"first"))
+        assert (await s.client.answer("POST")).body == b"answered first"
+        await s.client.send(request("POST", "/v1/x", b"body"))
+        await trio.sleep(1)
+        began = trio.current_time()
+        await s.client.stream.aclose()
+        await s.closed.wait()
+    assert [(gone, watched) for _, gone, watched in log] == [(False, False), (True, False)]
+    assert log[-1][0] == began, "cancelled at once, told as a disconnect"
