@@ -276,15 +276,21 @@ def _profile(upstream: str, tmp: Path, procs: Procs, script: Path, opts: argpars
     proc.send_signal(signal.SIGUSR1)
     run = _wrk.run(url + PATH, script, connections=opts.concurrency, seconds=opts.profile_s)
     proc.send_signal(signal.SIGUSR2)
-    deadline = time.monotonic() + 60
-    while not out.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    written = _written(out)
     procs.stop(proc)
-    if not out.exists():
+    if not written:
         raise RuntimeError("the profiled gateway wrote no profile")
     if opts.save_profile:
         opts.save_profile.write_bytes(out.read_bytes())
     return _stages.by_stage(pstats.Stats(str(out))), run.requests
+
+
+def _written(path: Path, within_s: float = 60.0) -> bool:
+    """Whether a child wrote `path` (on its own loop, once signalled) within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return path.exists()
 
 
 def _own_path(upstream: str, tmp: Path, procs: Procs, opts: argparse.Namespace,
@@ -299,12 +305,10 @@ def _own_path(upstream: str, tmp: Path, procs: Procs, opts: argparse.Namespace,
         time.sleep(0.2)  # (the handler runs on the child's loop: let it before the recorded requests)
         _probe.ttfc_samples(url + PATH, env[KEY_ENV], STREAM, opts.path_samples)
         proc.send_signal(signal.SIGUSR2)
-        deadline = time.monotonic() + 60
-        while not out.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        written = _written(out)
     finally:
         procs.stop(proc)
-    if not out.exists():
+    if not written:
         raise RuntimeError("the traced gateway wrote no socket events")
     events = json.loads(out.read_text())
     return _path.own_time(events, urlsplit(url).port or 0, urlsplit(upstream).port or 0)
@@ -545,7 +549,7 @@ def main() -> int:
                 streams = (Target("direct streams", long_upstream, stream_script, key, [long_proc.pid]),
                            Target("llmgw streams", long_url, stream_script, key, [long_gw.pid]))
             _rounds(direct, gw, gw2, lite, relay, streams, opts, failures)
-            procs.stop(gw_proc)  # the profiled gateway runs alone
+            procs.stop(gw_proc)  # the traced and the profiled gateway run alone
             own = _own_path(upstream, tmp, procs, opts, env) if opts.path_samples > 0 else None
             stages = _profile(upstream, tmp, procs, script, opts, env) if opts.profile_s > 0 else None
             _report(direct, gw, gw2, gw2_note, lite, relay, streams, stages, own, opts)
