@@ -299,20 +299,21 @@ def test_normalised_answers_validate_and_keep_every_value(kind: str, chunk: bool
         assert (normalise_body(kind, body, FILL) is body) == same
 
 
+@pytest.mark.parametrize("kind", ["chat", "completion"])
 @settings(max_examples=100, deadline=None)
-@given(answers=st.lists(engine_answers("chat", True), min_size=1, max_size=4),
-       cut=st.one_of(st.integers(1, 64), st.integers(65, 4096)))
-def test_a_stream_comes_out_whole_and_valid_however_it_was_cut(answers: list[dict[str, Any]], cut: int) -> None:
+@given(data=st.data(), cut=st.one_of(st.integers(1, 64), st.integers(65, 4096)))
+def test_a_stream_comes_out_whole_and_valid_however_it_was_cut(kind: str, data: st.DataObject, cut: int) -> None:
     """Cut anywhere, or read several events at once (checked together: `StreamNormaliser.feed`)."""
+    answers = data.draw(st.lists(engine_answers(kind, True), min_size=1, max_size=4))
     stream = b"".join(b"data: " + dumps(a) + b"\n\n" for a in answers) + b"data: [DONE]\n\n"
-    normaliser = StreamNormaliser("chat", FILL)
+    normaliser = StreamNormaliser(kind, FILL)
     out = b"".join(normaliser.feed(stream[i : i + cut]) for i in range(0, len(stream), cut)) + normaliser.flush()
     events = out.split(b"\n\n")
     assert events[-2:] == [b"data: [DONE]", b""] and len(events) == len(answers) + 2
     for event, answer in zip(events, answers, strict=False):
         doc = json.loads(event.removeprefix(b"data: "))
-        assert check("chat", True, doc) == []
-        assert doc == normalise("chat", copy.deepcopy(answer), FILL, chunk=True)
+        assert check(kind, True, doc) == []
+        assert doc == normalise(kind, copy.deepcopy(answer), FILL, chunk=True)
 
 
 @pytest.mark.parametrize("lacks", ["id", "object", "created", "model", "choices"])
