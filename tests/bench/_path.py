@@ -25,7 +25,8 @@ def record(out: str) -> None:
     import trio._socket as trio_socket  # the wrapped methods are what every trio SocketStream calls
 
     events: list[tuple[int, str, int, int, int]] = []  # (ns, "recv" | "send", local port, peer port, bytes)
-    ports: dict[int, tuple[int, int]] = {}
+    # id(socket) -> (the socket, its two ports): the socket held, so that its id is never another's
+    ports: dict[int, tuple[Any, int, int]] = {}
     clock = time.perf_counter_ns
     recv, send = trio_socket._SocketType.recv, trio_socket._SocketType.send
 
@@ -33,10 +34,10 @@ def record(out: str) -> None:
         found = ports.get(id(sock))
         if found is None:
             try:
-                found = ports[id(sock)] = (sock.getsockname()[1], sock.getpeername()[1])
+                found = ports[id(sock)] = (sock, sock.getsockname()[1], sock.getpeername()[1])
             except OSError:
-                found = (0, 0)
-        return found
+                return (0, 0)
+        return found[1], found[2]
 
     async def timed_recv(self: Any, *args: Any, **kwargs: Any) -> Any:
         data = await recv(self, *args, **kwargs)
