@@ -293,6 +293,9 @@ class HeldResponse(upstream.Response):
             raise broke
         return None
 
+    def at_end(self) -> bool:
+        return not self._chunks and self._broke is None
+
     def close(self, keep: bool = False) -> None:
         self._chunks = []
 

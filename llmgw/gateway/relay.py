@@ -108,7 +108,11 @@ async def relay(ex: Progress, response: upstream.Response, endpoint: Endpoint, s
         usage = StreamUsage()
         hidden = HiddenUsage() if hide_usage else None
         normaliser = StreamNormaliser(kind, fill) if fill is not None else None
-        # Read, then send: the engine is read no faster than the client takes the answer (no buffer).
+        # Read, then send: the engine is read no faster than the client takes the answer (no buffer). The
+        # engine's last bytes, when its end came with them, go out with the answer's end: one write, not two
+        # (but never the first: a stream's answer is chunked, not one whole body with a length).
+        last = b""
+        first = True
         while True:
             try:
                 chunk = await response.next_chunk()
@@ -136,15 +140,18 @@ async def relay(ex: Progress, response: upstream.Response, endpoint: Endpoint, s
                 chunk = normaliser.feed(chunk)
             if not chunk:
                 continue
+            if not first and response.at_end():
+                response.close(keep=True)
+                last = chunk
+                break
+            first = False
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         rest = hidden.flush() if hidden is not None else b""
         if normaliser is not None:
             rest = normaliser.feed(rest) + normaliser.flush() if rest else normaliser.flush()
-        if rest:
-            await send({"type": "http.response.body", "body": rest, "more_body": True})
         ex.tokens_in, ex.tokens_out = usage.tokens()
         ex.finished = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": last + rest if rest else last, "more_body": False})
     finally:
         response.close()
 

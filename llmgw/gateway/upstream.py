@@ -109,6 +109,14 @@ class Response:
             self.close()  # cancelled (the client went away), timed out, or failed: this connection is done
             raise
 
+    def at_end(self) -> bool:
+        """Whether the whole answer is read: the next `next_chunk` returns None without waiting (a stream's last
+        event and its end came in one read)."""
+        if not self._open:
+            return True
+        reader = self._conn.reader
+        return not reader.body and reader.complete
+
     async def read(self) -> bytes:
         """The whole body."""
         chunks = []
@@ -288,6 +296,9 @@ class Whole(Response):
 
     async def next_chunk(self) -> bytes | None:
         return self._chunks.pop() if self._chunks else None
+
+    def at_end(self) -> bool:
+        return not self._chunks
 
     def close(self, keep: bool = False) -> None:
         self._chunks = []
