@@ -134,6 +134,10 @@ async def relay_translated(ex: Any, translation: Translation, response: upstream
                 "headers": [*_json_headers(headers, SSE_HEADERS)]})
     usage = StreamUsage()
     events = _Events()
+    # As `relay`: the engine's last events, when its end came with them, go out with the stream's end in one write
+    # (once the head is out with something of the stream: a stream's answer stays chunked).
+    last = b""
+    sent = False
     while True:
         try:
             chunk = await response.next_chunk()
@@ -163,12 +167,19 @@ async def relay_translated(ex: Any, translation: Translation, response: upstream
             await send({"type": "http.response.body", "body": translation.failed(err), "more_body": True})
             break
         if out:
+            if sent and response.at_end():
+                response.close(keep=True)
+                last = out
+                break
+            sent = True
             await send({"type": "http.response.body", "body": out, "more_body": True})
-    if not ex.error:
-        await send({"type": "http.response.body", "body": translation.end(), "more_body": True})
+    end = last + translation.end() if not ex.error else last
+    if not sent and end:
+        await send({"type": "http.response.body", "body": end, "more_body": True})
+        end = b""
     ex.tokens_in, ex.tokens_out = usage.tokens()
     ex.finished = True
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    await send({"type": "http.response.body", "body": end, "more_body": False})
 
 
 def _json_headers(headers: list[tuple[bytes, bytes]],

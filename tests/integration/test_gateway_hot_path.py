@@ -250,8 +250,11 @@ async def test_events_that_arrive_together_leave_in_one_write(nursery: trio.Nurs
     assert said.count(b'"text_delta"') == words and said.count(b"event: message_stop") == 1, said[:600]
 
 
+@pytest.mark.parametrize(("path", "said"), [("/v1/chat/completions", b'"content":"hi"'),
+                                            ("/v1/messages", b'"text":"hi"')])  # (translated: gateway/dialect.py)
 async def test_a_streams_last_bytes_and_its_end_leave_in_one_write(nursery: trio.Nursery,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                   monkeypatch: pytest.MonkeyPatch, path: str,
+                                                                   said: bytes) -> None:
     # The engine's last events and the end of its answer come in one read: the gateway writes them with the end of
     # its own answer, in one write, not the events and then the end on their own (on the project's VM a write that
     # wakes the client costs the writer 0.2-0.3 ms, and a client that sends its next request once the answer ends
@@ -286,19 +289,22 @@ async def test_a_streams_last_bytes_and_its_end_leave_in_one_write(nursery: trio
         await send_all(self, data)
 
     monkeypatch.setattr(trio.SocketStream, "send_all", counted)
-    body = json.dumps({"model": "demo", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    body = json.dumps({"model": "demo", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
+                       "stream": True}).encode()
     client = await trio.open_tcp_stream(host, port)
     async with client:
-        await client.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %s\r\n"
-                              b"content-length: %d\r\n\r\n%s" % (KEY.encode(), len(body), body))
+        await client.send_all(b"POST %s HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %s\r\n"
+                              b"content-length: %d\r\n\r\n%s" % (path.encode(), KEY.encode(), len(body), body))
         received = b""
         with trio.fail_after(10):  # a bound on a hang, not a measurement
-            while b'"content":"hi"' not in received:
+            while said not in received:
                 received += await client.receive_some(65536)
             rest_asked.set()
             while not received.endswith(b"\r\n0\r\n\r\n"):
                 received += await client.receive_some(65536)
-    assert received.count(b'"content":"hi"') == 3
-    # The head with the first event, then the rest with the end: two writes (three before: the end went alone).
+    assert received.count(said) == 3
+    # The head with the first event, then the rest with the end: two writes (three before, four translated: the
+    # end, and a translated stream's closing events, went alone).
     assert len(writes) == 2, writes
-    assert writes[1].endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n") and writes[1].count(b'"content":"hi"') == 2
+    assert writes[1].endswith(b"\r\n0\r\n\r\n") and writes[1].count(said) == 2
+    assert (b"data: [DONE]\n\n" if path == "/v1/chat/completions" else b"event: message_stop") in writes[1]
