@@ -205,11 +205,25 @@ class _Connection:
             self._kick.set()
         return True
 
+    def _unwatch(self) -> None:
+        """The answer's end goes out now: a disconnect has nothing left to cancel. The watcher stops reading unless
+        bytes wait (a pipelined request's, its to hand over): a client that sends its next request the moment the
+        end arrives finds the connection's own read waiting for it, not the watcher's, which would hand the bytes
+        over from one task to the other (a task step more before the next answer could begin)."""
+        self._on_gone = None
+        if self._read is not None:
+            if not _bytes_waiting(self.stream):
+                self._read.cancel()
+        elif self._reading:  # asked to read, and not reading yet (its task has not run since): it will not
+            self._reading = False
+
     async def _watch(self) -> None:
         with self._watching:
             while True:
                 await self._kick.wait()
                 self._kick = trio.Event()
+                if not self._reading:  # the answer ended before this task ran (`_unwatch`)
+                    continue
                 try:
                     with trio.CancelScope() as self._read:
                         await self._watch_once()
@@ -367,6 +381,8 @@ class _Connection:
             self.finished = True
             if self.chunked and not self.head_only:
                 wire += LAST_CHUNK
+            if self._on_gone is not None:
+                self._unwatch()
         if wire:
             await self._write(wire)
 

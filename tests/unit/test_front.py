@@ -543,6 +543,45 @@ async def test_once_an_answer_is_out_the_next_request_is_read_by_the_connection_
     assert server[0].endswith(".serving.<locals>.run"), server
 
 
+async def test_a_next_request_sent_as_the_answer_ends_is_read_by_the_connection_not_the_watcher(
+        autojump_clock: Clock) -> None:
+    # A client that sends its next request the moment an answer ends finds the app still finishing its request (the
+    # request log's record, the lease's release). The watcher stops reading when the answer's end goes out, so those
+    # bytes wait for the connection's own read: had it still been reading, it would have taken them and handed them
+    # over, a task step more in the next request's path (docs/performance.md, "The stream's first chunk").
+    finishing = trio.Event()  # set once the next request is sent: the app's request ends
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        data = b""
+        while (message := await receive())["type"] == "http.request":
+            data += message["body"]
+            if not message["more_body"]:
+                break
+        ex = Exchange()
+        ex.body_done = True
+        async with cancelled_on_disconnect(scope, receive, ex):
+            await send(start())
+            await send(body(b"answered " + data, more=True))
+            ex.finished = True
+            await send(body(b""))
+            if data == b"first":
+                await finishing.wait()
+
+    steps = _Steps()
+    async with serving(app, watcher=True) as s:
+        await s.client.send(request("POST", "/v1/x", b"first"))
+        assert (await s.client.answer("POST")).body == b"answered first"
+        await trio.testing.wait_all_tasks_blocked()  # the app finishes its request: it waits
+        trio.lowlevel.add_instrument(steps)
+        await s.client.send(request("POST", "/v1/x", b"second"))
+        await trio.testing.wait_all_tasks_blocked()
+        trio.lowlevel.remove_instrument(steps)
+        finishing.set()
+        assert (await s.client.answer("POST")).body == b"answered second"
+    # Nothing of the server ran while the first request was finishing: the bytes waited to be read.
+    assert not [name for name in steps.names if name.endswith("._watch")], steps.names
+
+
 async def test_bytes_waiting_says_whether_the_client_has_sent_what_is_not_read_yet() -> None:
     # When a request ends the watcher is stopped only if nothing waits on the socket: bytes already there are
     # its to hand over at once (stopping it first would cost more).
