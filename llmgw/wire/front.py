@@ -264,12 +264,15 @@ class _Connection:
         """The client's next bytes; None when the watcher was reading and fed what it read (the reader's events
         are to be looked at again). Raises trio.BrokenResourceError, trio.ClosedResourceError."""
         if self._reading:
-            if self._on_gone is None and self._read is not None and not _bytes_waiting(self.stream):
+            read = self._read
+            if (self._on_gone is None and read is not None and not read.cancel_called
+                    and not _bytes_waiting(self.stream)):
                 # No request watches and the client has sent nothing yet: the watcher stops, and the next
                 # request's bytes are read here, waking this task alone rather than the watcher to hand them
                 # over (a task switch and a scheduler pass more before the next answer could begin). Bytes
-                # already here are the watcher's to hand over: stopping it first would cost more.
-                self._read.cancel()
+                # already here are the watcher's to hand over: stopping it first would cost more. (An answer's end
+                # may have stopped it already: `_unwatch`.)
+                read.cancel()
             while self._reading:
                 await self._stopped.wait()
             if self._handed is None:
