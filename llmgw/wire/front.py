@@ -469,6 +469,8 @@ class _Connection:
                             gate.wake(slot)
                     if idle.cancelled_caught:
                         return None
+                    if data is None:  # the watcher stopped, or fed what it read: no head has begun unless the
+                        continue      # reader says so (then the head's deadline is set below)
                     deadline = trio.current_time() + timeouts.gateway_head_s
                 else:
                     if deadline is None:
