@@ -34,7 +34,6 @@ from llmgw.gateway import engine_paths, upstream
 from llmgw.gateway.capabilities import asks_tools, calls_no_tools, fit, fitting, no_tools
 from llmgw.gateway.auth import KeyCheck
 from llmgw.gateway.guard import Guard, GuardStats
-from llmgw.gateway.idle import IdleWork
 from llmgw.gateway.affinity import affinity_key
 from llmgw.gateway.dialect import CHAT_PATH, Dialect
 from llmgw.gateway.messages import MessagesDialect
@@ -139,8 +138,6 @@ class GatewayApp(RawApp):
         self._limits = LimitsReader()
         self._drain_s = deps.timeouts.gateway_drain_body_s  # read once, not per refusal
         self.log = deps.requestlog or RequestLog(None, "local")
-        self.idle = IdleWork()  # each request's record and counters, made when the loop is idle; `serve` runs it
-        self.log.pending = self.idle.settle  # the records still to be made are made before the writer takes them
         self.keys = deps.keys if deps.keys is not None else KeyCheck()
         self.names = Names()  # the catalog's aliases
         self.guard = Guard(deps.router, self.pool, deps.timeouts, deps.guard_stats)
@@ -172,25 +169,27 @@ class GatewayApp(RawApp):
                     failure = OpenAIError(500, "internal_error", "the gateway failed; see its log")
                     await self._refuse(ex, scope, receive, send, failure)
         finally:
-            ended = trio.current_time()
             if ex.key is not None:
                 self.keys.charge(ex.key, ex.tokens_in, ex.tokens_out)  # tokens/min: after the answer
             status = 499 if ex.disconnected else ex.status
             # Every request is in the request log (`ctl requests`); the process log gets a line only for a
             # failure of ours or an engine's (5xx), unless at debug level: a line per request costs the
             # loop more than the request log's record.
-            level = logging.INFO if status >= 500 else logging.DEBUG
-            if _access.isEnabledFor(level):
-                _access.log(level, "%s %s model=%s replica=%s status=%d ms=%.1f", method, path, ex.model, ex.replica,
-                            status, (ended - started) * 1000)
+            _access.log(
+                logging.INFO if status >= 500 else logging.DEBUG,
+                "%s %s model=%s replica=%s status=%d ms=%.1f",
+                method,
+                path,
+                ex.model,
+                ex.replica,
+                status,
+                (trio.current_time() - started) * 1000,
+            )
+            if not path.startswith(_UNLOGGED):
+                record = self.log.finish(ex, path, status, wall, started)
+                if self.deps.metrics is not None:
+                    self.deps.metrics.count(record)  # plain ints, no lock: llmgw/metrics/gateway.py
             request_id_var.reset(token)
-            if not path.startswith(_UNLOGGED):  # its record and counters once the loop is idle (gateway/idle.py)
-                self.idle.defer(partial(self._record, ex, path, status, wall, started, ended))
-
-    def _record(self, ex: Progress, path: str, status: int, wall: float, started: float, ended: float) -> None:
-        record = self.log.finish(ex, path, status, wall, started, ended)
-        if self.deps.metrics is not None:
-            self.deps.metrics.count(record)  # plain ints, no lock: llmgw/metrics/gateway.py
 
     async def _dispatch(self, ex: Progress, scope: Scope, receive: Receive, send: Send) -> None:
         method: str = scope["method"]
@@ -203,7 +202,6 @@ class GatewayApp(RawApp):
         if path == "/metrics":  # Prometheus scrapes with no key, as /health (docs/observability.md)
             allow(method, "GET")
             ex.started, ex.status = True, 200
-            self.idle.settle()  # the counters of every request answered so far
             await self.metrics.answer(send)
             return
         kind = POST_PATHS.get(path)
@@ -517,7 +515,6 @@ async def serve(
             if listening is not None:
                 listening.set()
             nursery.start_soon(app.log.run)  # the request log's writer: off the request path
-            await nursery.start(app.idle.run)  # and what makes its records
             if open_when is not None:
                 with trio.move_on_after(deps.timeouts.gateway_open_wait_s) as waiting:
                     await open_when()

@@ -292,8 +292,6 @@ class RequestLog:
         self.segment_bytes = segment_bytes
         self.query_url = ""  # where control asks this gateway (set once it listens)
         self._queue: deque[RequestRecord] = deque()
-        # Makes the records still to be made (the gateway's `IdleWork.settle`): called before the queue is taken.
-        self.pending: Callable[[], None] | None = None
         self.dropped = 0
         self.written = 0
         self.write_errors = 0
@@ -311,11 +309,10 @@ class RequestLog:
         else:
             self.dropped += 1
 
-    def finish(self, ex: RequestFacts, path: str, status: int, wall: float, started: float,
-               ended: float | None = None) -> RequestRecord:
-        """Record a finished request from what the app knows of it (`started`, `ended`: trio time, the end now
-        when None; `wall`: unix); the record is returned for the metrics' counters (llmgw/metrics/gateway.py)."""
-        now = trio.current_time() if ended is None else ended
+    def finish(self, ex: RequestFacts, path: str, status: int, wall: float, started: float) -> RequestRecord:
+        """Record a finished request from what the app knows of it (`started`: trio time, `wall`: unix);
+        the record is returned for the metrics' counters (llmgw/metrics/gateway.py)."""
+        now = trio.current_time()
         ticket = ex.ticket
         self.record(record := RequestRecord(
             ex.request_id, wall, ex.key.id if ex.key is not None else "", "" if ex.model == "-" else ex.model,
@@ -334,10 +331,7 @@ class RequestLog:
                 "usage_rows_unsent": self.rollups.unsent()}
 
     def take(self) -> list[RequestRecord]:
-        """Everything queued, oldest first, for the writer (and the rollups); the records still to be made first
-        (`pending`)."""
-        if self.pending is not None:
-            self.pending()
+        """Everything queued, oldest first, for the writer (and the rollups)."""
         queue, self._queue = self._queue, deque()
         return list(queue)
 
