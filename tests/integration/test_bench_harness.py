@@ -386,3 +386,11 @@ def test_the_traced_bench_gateway_times_every_streamed_request(upstream: str, tm
             assert proc.stdout is not None
             proc.stdout.close()
     assert own.requests == 8 and own.request_us > 0 and own.answer_us > 0
+
+
+def test_the_paired_first_chunk_bench_runs_two_gateways_side_by_side() -> None:
+    """tests/bench/gateway_ab.py (docs/performance.md, "The stream's first chunk": two trees' gateways on one
+    upstream, requests in turn) on a toy size, this tree given twice (its A/A check); no timing is judged here."""
+    ab = load_bench("gateway_ab")
+    p50s = ab.one_set([BENCH.parents[1], BENCH.parents[1]], samples=6, gap_ms=0.0, reverse=True, warm=2)
+    assert len(p50s) == 2 and all(p > 0 for p in p50s)
