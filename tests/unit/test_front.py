@@ -472,18 +472,24 @@ async def test_an_unread_body_is_drained_after_the_answer_for_the_close_drain(au
 # --- the connection's watcher (WATCH) ----------------------------------------------------------------------
 
 
+async def body_read(receive: Receive) -> tuple[bytes, Exchange]:
+    """The request's whole body, and its exchange (the body read: a disconnect may now be watched for)."""
+    data = b""
+    while (message := await receive())["type"] == "http.request":
+        data += message["body"]
+        if not message["more_body"]:
+            break
+    ex = Exchange()
+    ex.body_done = True
+    return data, ex
+
+
 def watching(log: list[tuple[float, bool, bool]], wait_s: float = 1.0) -> App:
     """Reads the body, then answers after `wait_s` (an upstream call) under `cancelled_on_disconnect`, noting when
     the wait ended, whether the client went away and whether the server's watcher (not a task of its own) heard."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        data = b""
-        while (message := await receive())["type"] == "http.request":
-            data += message["body"]
-            if not message["more_body"]:
-                break
-        ex = Exchange()
-        ex.body_done = True
+        data, ex = await body_read(receive)
         async with cancelled_on_disconnect(scope, receive, ex):
             await trio.sleep(wait_s)
             await send(start())
@@ -552,13 +558,7 @@ async def test_a_next_request_sent_as_the_answer_ends_is_read_by_the_connection_
     finishing = trio.Event()  # set once the next request is sent: the app's request ends
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        data = b""
-        while (message := await receive())["type"] == "http.request":
-            data += message["body"]
-            if not message["more_body"]:
-                break
-        ex = Exchange()
-        ex.body_done = True
+        data, ex = await body_read(receive)
         async with cancelled_on_disconnect(scope, receive, ex):
             await send(start())
             await send(body(b"answered " + data, more=True))
