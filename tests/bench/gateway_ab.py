@@ -1,7 +1,7 @@
 """Paired A/B of the stream's first chunk: the gateways of two (or more) source trees on one upstream, one client
 that sends each request to each gateway in turn, so whatever the machine does meanwhile (another process, a vCPU
 halted, a cold cache) falls on every tree alike. For a change to the first chunk's path: separate runs of
-`gateway.py` on this project's 2-vCPU VM move by ±15% between process starts (where the scheduler puts each
+`gateway.py` on this project's 2-vCPU VM move by ±15–30% between process starts (where the scheduler puts each
 process), more than most changes; the ratio of two gateways measured side by side moves by 1–3%.
 
 Run: `.venv/bin/python tests/bench/gateway_ab.py TREE_A TREE_B [...] [--sets 4] [--samples 400] [--gap-ms 1]`,
