@@ -67,10 +67,21 @@ class OwnTime:
 
 
 def own_time(events: list[list[Any]], gateway_port: int, upstream_port: int) -> OwnTime:
-    """The two halves per request, from `record`'s events: a request begins with bytes read on a connection
-    to the gateway's port (`gateway_port` local) while none is under way; then come the engine's request
-    written (a connection to `upstream_port`), the engine's first bytes read, and the client's first write."""
-    requests, answers, totals = [], [], []
+    """The two halves per request, from `record`'s events (see `request_times`)."""
+    times = request_times(events, gateway_port, upstream_port)
+    if not times:
+        raise ValueError("no whole request in the gateway's socket events")
+    requests = [(sent - came) / 1000 for came, sent, _, _ in times]
+    answers = [(first - answered) / 1000 for _, _, answered, first in times]
+    totals = [r + a for r, a in zip(requests, answers)]
+    return OwnTime(len(totals), statistics.median(requests), statistics.median(answers), statistics.median(totals))
+
+
+def request_times(events: list[list[Any]], gateway_port: int, upstream_port: int) -> list[tuple[int, int, int, int]]:
+    """Each streamed request's four moments (ns), in order, from `record`'s events: its bytes read on a connection
+    to the gateway's port (`gateway_port` local) while none is under way, the engine's request written (a
+    connection to `upstream_port`), the engine's first bytes read, and the client's first write."""
+    out: list[tuple[int, int, int, int]] = []
     at: dict[str, int] = {}
     for ns, op, local, peer, size in events:
         client, engine = local == gateway_port, peer == upstream_port
@@ -84,10 +95,6 @@ def own_time(events: list[list[Any]], gateway_port: int, upstream_port: int) -> 
             if engine and op == "recv" and size:
                 at["answered"] = ns
         elif client and op == "send":
-            requests.append((at["sent"] - at["request"]) / 1000)
-            answers.append((ns - at["answered"]) / 1000)
-            totals.append(requests[-1] + answers[-1])
+            out.append((at["request"], at["sent"], at["answered"], ns))
             at = {}
-    if not totals:
-        raise ValueError("no whole request in the gateway's socket events")
-    return OwnTime(len(totals), statistics.median(requests), statistics.median(answers), statistics.median(totals))
+    return out

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import time
 from functools import lru_cache
 
@@ -64,6 +66,8 @@ class Upstream(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        if TRACE is not None and not self.buf:
+            TRACE.append((time.perf_counter_ns(), "in"))  # a request's first bytes (`--trace`)
         self.buf += data
         if not self.busy:
             self._serve()
@@ -116,6 +120,8 @@ class Upstream(asyncio.Protocol):
         reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}.get(status, b"Error")
         head = (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n"
                 % (status, reason, content_type, len(body), b"connection: close\r\n" if close else b""))
+        if TRACE is not None:
+            TRACE.append((time.perf_counter_ns(), "out"))
         self.transport.write(head + body)
         if close:
             self.transport.close()
@@ -138,6 +144,8 @@ class Upstream(asyncio.Protocol):
     async def _stream(self, events: list[bytes], close: bool) -> None:
         transport = self.transport
         assert transport is not None
+        if TRACE is not None:
+            TRACE.append((time.perf_counter_ns(), "out"))  # the answer's first bytes (`--trace`)
         transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
                         b"transfer-encoding: chunked\r\n%s\r\n" % (b"connection: close\r\n" if close else b"")
                         + _chunk(events[0]))
@@ -181,7 +189,28 @@ async def serve(host: str, port: int, chunks: int = 4, gap_s: float = 0.001) -> 
     return await loop.create_server(lambda: Upstream(chunks, gap_s), host, port, backlog=1024)
 
 
+# `--trace FILE`: when each request's first bytes came and its answer's first bytes left (perf_counter_ns, the
+# clock every process shares), written to FILE as JSON on SIGUSR2; SIGUSR1 starts afresh (gateway_hops.py).
+TRACE: list[tuple[int, str]] | None = None
+
+
+def _trace_to(out: str) -> None:
+    global TRACE
+    TRACE = []
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGUSR1, lambda: TRACE.clear() if TRACE is not None else None)
+
+    def dump() -> None:
+        with open(out + ".tmp", "w") as f:
+            json.dump(TRACE, f)
+        os.replace(out + ".tmp", out)
+
+    loop.add_signal_handler(signal.SIGUSR2, dump)
+
+
 async def _main(opts: argparse.Namespace) -> None:
+    if opts.trace:
+        _trace_to(opts.trace)
     server = await serve(opts.host, opts.port, opts.chunks, opts.gap_ms / 1000)
     host, port = server.sockets[0].getsockname()[:2]
     print(f"READY http://{host}:{port}", flush=True)
@@ -195,4 +224,5 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--chunks", type=int, default=4, help="SSE chunks per streamed answer (then [DONE])")
     parser.add_argument("--gap-ms", type=float, default=1.0, help="pause between two streamed chunks")
+    parser.add_argument("--trace", help="keep when each request came and its answer left; SIGUSR2 writes them here")
     asyncio.run(_main(parser.parse_args()))

@@ -394,3 +394,16 @@ def test_the_paired_first_chunk_bench_runs_two_gateways_side_by_side() -> None:
     ab = load_bench("gateway_ab")
     p50s = ab.one_set([BENCH.parents[1], BENCH.parents[1]], samples=6, gap_ms=0.0, reverse=True, warm=2)
     assert len(p50s) == 2 and all(p > 0 for p in p50s)
+
+
+def test_the_hop_by_hop_bench_cuts_every_first_chunk_at_each_process() -> None:
+    """tests/bench/gateway_hops.py (docs/performance.md, "The stream's first chunk": the client, the gateway and
+    the upstream each note their moments on one clock) on a toy size: every hop is found for every request, none
+    negative (each is a write in one process to the read in the next); no timing is judged here."""
+    bench = load_bench("gateway_hops")
+    got = bench.hops(samples=6, gap_ms=0.0)
+    assert list(got) == ["direct", "through the gateway"]
+    assert list(got["direct"]) == [*bench.DIRECT, "time to first chunk"]
+    assert list(got["through the gateway"]) == [*bench.THROUGH, "time to first chunk"]
+    for row in got.values():
+        assert row["time to first chunk"] > 0 and all(us >= 0 for us in row.values())
