@@ -176,8 +176,12 @@ class Procs:
                 proc.wait()
 
     def stop_all(self) -> None:
+        """Stop every child, then close the pipes their lines came through."""
         for proc in reversed(self.all):
             self.stop(proc)
+        for proc in self.all:
+            if proc.stdout is not None:
+                proc.stdout.close()
 
 
 def _gateway_args(upstream: str, log_dir: Path, *, port: int = 0, reuse_port: bool = False,

@@ -67,9 +67,6 @@ def one_set(trees: list[Path], samples: int, gap_ms: float, reverse: bool, warm:
         for client in clients:
             client.close()
         procs.stop_all()
-        for proc in procs.all:
-            if proc.stdout is not None:
-                proc.stdout.close()
 
 
 def main() -> int:

@@ -63,7 +63,10 @@ class Client:
             raise RuntimeError(f"a streamed request was answered {data[:200]!r}")
         return sent, first
 
-    def close(self) -> None:
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self.sock.close()
 
 
@@ -79,7 +82,6 @@ def hops(samples: int, gap_ms: float) -> dict[str, dict[str, float]]:
     """The median of each hop (µs) over `samples` requests, direct and through the gateway, and their TTFC."""
     key = "sk-hops-" + os.urandom(8).hex()
     procs = Procs()
-    clients: list[Client] = []
     with tempfile.TemporaryDirectory() as tmp:
         up_out, gw_out = Path(tmp) / "upstream.json", Path(tmp) / "gateway.json"
         try:
@@ -89,14 +91,13 @@ def hops(samples: int, gap_ms: float) -> dict[str, dict[str, float]]:
             gw, url = procs.start(_gateway_args(upstream, Path(tmp) / "log", trace=gw_out), env)
             out: dict[str, dict[str, float]] = {}
             for name, target in (("direct", upstream), ("through the gateway", url)):
-                client = Client(target, key)
-                clients.append(client)
-                for _ in range(samples):
-                    client.ask()
-                up.send_signal(signal.SIGUSR1)
-                gw.send_signal(signal.SIGUSR1)
-                time.sleep(0.2)  # (each clears on its own loop)
-                asked = [client.ask() for _ in range(samples)]
+                with Client(target, key) as client:
+                    for _ in range(samples):
+                        client.ask()
+                    up.send_signal(signal.SIGUSR1)
+                    gw.send_signal(signal.SIGUSR1)
+                    time.sleep(0.2)  # (each clears on its own loop)
+                    asked = [client.ask() for _ in range(samples)]
                 noted = _signal_and_read(up, signal.SIGUSR2, up_out)
                 came = [int(ns) for ns, kind in noted if kind == "in"]  # type: ignore[call-overload]
                 left = [int(ns) for ns, kind in noted if kind == "out"]  # type: ignore[call-overload]
@@ -121,12 +122,7 @@ def hops(samples: int, gap_ms: float) -> dict[str, dict[str, float]]:
                 out[name] = row
             return out
         finally:
-            for client in clients:
-                client.close()
             procs.stop_all()
-            for proc in procs.all:
-                if proc.stdout is not None:
-                    proc.stdout.close()
 
 
 def main() -> int:
