@@ -211,11 +211,16 @@ class _Connection:
         end arrives finds the connection's own read waiting for it, not the watcher's, which would hand the bytes
         over from one task to the other (a task step more before the next answer could begin)."""
         self._on_gone = None
-        if self._read is not None:
-            if not _bytes_waiting(self.stream):
-                self._read.cancel()
-        elif self._reading:  # asked to read, and not reading yet (its task has not run since): it will not
+        if self._read is None and self._reading:  # asked to read, not reading yet (its task has not run): it will not
             self._reading = False
+        else:
+            self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        """Stop the watcher's read, unless bytes wait: they are its to hand over (stopping it first would cost more)."""
+        read = self._read
+        if read is not None and not read.cancel_called and not _bytes_waiting(self.stream):
+            read.cancel()
 
     async def _watch(self) -> None:
         with self._watching:
@@ -264,15 +269,12 @@ class _Connection:
         """The client's next bytes; None when the watcher was reading and fed what it read (the reader's events
         are to be looked at again). Raises trio.BrokenResourceError, trio.ClosedResourceError."""
         if self._reading:
-            read = self._read
-            if (self._on_gone is None and read is not None and not read.cancel_called
-                    and not _bytes_waiting(self.stream)):
-                # No request watches and the client has sent nothing yet: the watcher stops, and the next
-                # request's bytes are read here, waking this task alone rather than the watcher to hand them
-                # over (a task switch and a scheduler pass more before the next answer could begin). Bytes
-                # already here are the watcher's to hand over: stopping it first would cost more. (An answer's end
-                # may have stopped it already: `_unwatch`.)
-                read.cancel()
+            if self._on_gone is None:
+                # No request watches: unless the client has sent something, the watcher stops (an answer's end may
+                # have stopped it already: `_unwatch`), and the next request's bytes are read here, waking this task
+                # alone rather than the watcher to hand them over (a task switch and a scheduler pass more before
+                # the next answer could begin).
+                self._stop_reading()
             while self._reading:
                 await self._stopped.wait()
             if self._handed is None:
