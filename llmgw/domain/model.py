@@ -194,7 +194,7 @@ class ModelDef:
         """What a running replica was started from: a change here replaces replicas
         and un-parks the model (a new source or profile deserves a fresh try). Kept on the
         definition once worked out: every plan hashes every model it places, and a definition lives
-        until it changes (`Need.__hash__` keeps its hash the same way)."""
+        until it changes."""
         found: str | None = self.__dict__.get("_launch_hash")
         if found is not None:
             return found

@@ -7,7 +7,7 @@ Pure, like the rest of `placement`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from llmgw.domain.memory import MemoryEstimate
 from llmgw.domain.model import ModelDef, is_mig_class
@@ -74,10 +74,14 @@ class Refusal:
     numbers: Mapping[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Need:
     """What one replica of a model asks of a node: the model's profile and engine, with the
-    memory estimate resolved (None = unknown: no memory check, never a guess of 0)."""
+    memory estimate resolved (None = unknown: no memory check, never a guess of 0).
+
+    Compared and hashed by identity: a `FleetView` makes one object per equal need (`Need.fields`, then
+    `FleetView._intern`), and its caches look needs up on every placement, where hashing the fields (in
+    Python) cost more than the lookup."""
 
     engine: str
     cpu: bool
@@ -89,23 +93,15 @@ class Need:
     mig_single: bool  # a MIG class with gpus/tp/pp/nodes > 1: refused everywhere
     share: float | None = None  # the engine takes this share of each GPU (vLLM); None: all of it
 
-    def __hash__(self) -> int:
-        # A plan looks a need up once per shape and per node: hashed once (the fields never change).
-        found: int | None = self.__dict__.get("_hash")
-        if found is None:
-            found = hash((self.engine, self.cpu, self.gpus, self.nodes, self.classes, self.per_device, self.total,
-                          self.mig_single, self.share))
-            object.__setattr__(self, "_hash", found)
-        return found
-
-    @classmethod
-    def of(cls, model: ModelDef, estimate: MemoryEstimate) -> Need:
+    @staticmethod
+    def fields(model: ModelDef, estimate: MemoryEstimate) -> tuple[Any, ...]:
+        """The need of `model` with its estimate, as the fields in order (`Need(*fields)`): a caller that
+        keeps one object per equal need looks them up before it makes one."""
         prof = model.profile
-        mig = any(is_mig_class(c) for c in prof.classes) and max(prof.gpus, prof.tp, prof.pp, prof.nodes) > 1
-        share = getattr(estimate, "device_share", None)
-        return cls(model.engine, prof.cpu, prof.gpus, prof.nodes, prof.classes,
-                   estimate.per_device(prof.gpus * prof.nodes), estimate.total_bytes, mig,
-                   None if prof.cpu else share)
+        mig = max(prof.gpus, prof.tp, prof.pp, prof.nodes) > 1 and any(is_mig_class(c) for c in prof.classes)
+        return (model.engine, prof.cpu, prof.gpus, prof.nodes, prof.classes,
+                estimate.per_device(prof.gpus * prof.nodes), estimate.total_bytes, mig,
+                None if prof.cpu else estimate.device_share)
 
     def room(self, gpu: Gpu, reserved: int = 0) -> int:
         """What of a GPU's memory the engine will use: all of it, or its share (vLLM); with `reserved` bytes

@@ -4,23 +4,26 @@ whether the nodes are all alike or each of its own shape.
 
 Nodes with the same hardware, engines, fabrics and memory form one *shape*; whether a profile fits
 is judged once per shape, one kind of device at a time (`_quick`: the usable, unreserved devices
-of one class and size count once), and the words of a refusal only when asked (`_judge`). Each GPU
-profile (`Need`) keeps a *pool* (`_Pool`): the nodes whose hardware fits it, those with room now
-sorted best first (fullest once the replica is there, then by name), one list per set of storage
-fabrics (holding the weights outranks packing). A placement only re-sorts the node it changed, and
-only in the pools asked afterwards (`_log`; each node also keeps where in it it last changed, so a
-long-lived view trims the log without forgetting). The best node is then the head of a few lists; nodes
-whose score differs from the rest (running the model already, or holding its weights locally) are
-looked at one by one. When nothing fits, every node's refusal is given; a GPU profile explained again
-judges only the nodes whose devices changed since. `verdict` (one node judged in full: `_judge`, then
-its score) is the plain reference the fast path must agree with (tests/unit/test_placement_mixed.py).
+of one class and size count once), and the words of a refusal only when asked (`_judge`). A *pool*
+(`_Pool`) ranks the nodes whose hardware fits a GPU profile (`Need`): those with room now sorted best
+first (fullest once the replica is there, then by name), one list per set of storage fabrics (holding
+the weights outranks packing). Profiles that differ only in their memory figures share one: their
+*family's* (the profile without them, which fits every node they fit), each passing over the nodes of it
+that it does not fit; a profile fitting under half of its family's nodes, or passing over too many,
+keeps its own (`_Ranking`). A placement only re-sorts the node it changed, and only in the pools asked
+afterwards (`_log`; each node also keeps where in it it last changed, so a long-lived view trims the log
+without forgetting). The best node is then the head of a few lists; nodes whose score differs from the
+rest (running the model already, or holding its weights locally) are looked at one by one. When
+nothing fits, every node's refusal is given; a GPU profile explained again judges only the nodes whose
+devices changed since. `verdict` (one node judged in full: `_judge`, then its score) is the plain
+reference the fast path must agree with (tests/unit/test_placement_mixed.py).
 Pure; nothing here reads a clock.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -58,6 +61,9 @@ class _Fit:
 
 
 _SLOT = Refusal("", NEVER, "", "")  # a place `_judged` fills
+# A profile ranked by its family's pool passes over the nodes it does not fit there; past this many in one
+# look (its nodes are the emptier ones, say) it keeps a pool of its own from then on (`FleetView._best_gpu`).
+PASSED_OVER = 16
 
 
 class _Shape:
@@ -65,7 +71,8 @@ class _Shape:
         self.rep = info  # any node of the shape judges for all of them (names are swapped in)
         self.pending = pending  # its nodes wait for approval: each refuses every replica
         self.cordoned = cordoned  # its nodes are cordoned or draining: each refuses every new replica
-        self.usable = frozenset(g.index for g in info.gpus if info.placeable(g))  # reserved ones are not
+        placeable = [g for g in info.gpus if info.placeable(g)]
+        self.usable = frozenset(g.index for g in placeable)  # reserved ones are not
         self.capacity = len(self.usable)
         self.fabric = info.fabric
         self.fabrics = node_fabrics(info)
@@ -76,9 +83,8 @@ class _Shape:
         self.by_class: dict[tuple[tuple[str, ...], bool], Refusal | None] = {}
         # The devices placement may use (usable, not reserved) by kind: (class, MIG instance, memory, indexes).
         kinds: dict[tuple[str, int], list[int]] = {}
-        for g in info.gpus:
-            if info.placeable(g):
-                kinds.setdefault((g.gpu_class, g.memory_total), []).append(g.index)
+        for g in placeable:
+            kinds.setdefault((g.gpu_class, g.memory_total), []).append(g.index)
         self.kinds = tuple((c, is_mig_class(c), memory, tuple(sorted(indexes)))
                            for (c, memory), indexes in kinds.items())
         # What `_quick` finds when one kind of device fits, or all of them: made once.
@@ -90,17 +96,31 @@ class _Shape:
 
 
 class _Pool:
-    """The nodes whose hardware fits one GPU profile, best first: per set of storage fabrics, the
-    ones with room now as (-pack once the replica is there, name), sorted. `seen`: how much of the
-    view's log of changed nodes it has taken in."""
+    """Nodes best first for replicas of `taking` devices: per set of storage fabrics, the ones with
+    room now as (-pack once the replica is there, name), sorted. `fits`: the nodes it ranks, with the
+    devices each may use; `seen`: how much of the view's log of changed nodes it has taken in."""
 
-    __slots__ = ("fits", "lists", "keys", "seen")
+    __slots__ = ("taking", "fits", "lists", "keys", "seen")
 
-    def __init__(self, seen: int) -> None:
-        self.fits: dict[str, _Fit] = {}  # node -> its shape's devices for the profile
+    def __init__(self, seen: int, taking: int, fits: dict[str, _Fit]) -> None:
+        self.taking = taking
+        self.fits = fits  # node -> the devices it may use
         self.lists: dict[frozenset[str], list[tuple[float, str]]] = {}
         self.keys: dict[str, tuple[float, str] | None] = {}  # node -> its entry (None: no room now)
         self.seen = seen
+
+
+class _Ranking:
+    """How one GPU profile finds its best node: the nodes its hardware fits, with the devices each may use,
+    and the pool it ranks them by: its own (`own`), or its family's, whose nodes it walks past where it does
+    not fit them (`FleetView._best_gpu`)."""
+
+    __slots__ = ("fits", "pool", "own")
+
+    def __init__(self, fits: dict[str, _Fit], pool: _Pool, own: bool) -> None:
+        self.fits = fits
+        self.pool = pool
+        self.own = own
 
 
 class _Node:
@@ -150,10 +170,10 @@ class FleetView:
         self.holdings = Holdings(nodes)
         self._estimates: dict[int, tuple[ModelDef, MemoryEstimate]] = {}  # id(model) -> (model, its estimate)
         self._index: WeightsIndex | None = None  # built on the first estimate
-        self._interned: dict[Need, Need] = {}
+        self._interned: dict[tuple[Any, ...], Need] = {}  # a need's fields -> the one object for them
         self._by_id: dict[int, tuple[ModelDef, Need]] = {}
         self._fits: dict[Need, list[tuple[_Shape, _Fit]]] = {}
-        self._pools: dict[Need, _Pool] = {}
+        self._rankings: dict[Need, _Ranking] = {}  # per GPU profile asked to place (`_ranking`)
         self._refused: dict[Need, tuple[list[Verdict | Refusal], list[tuple[int, _Node, _Fit]], dict[str, int]]] = {}
         # A GPU profile's last judgement (`_judged`): (log position, the list, the slots that were FITS).
         self._judgement: dict[Need, tuple[int, list[Verdict | Refusal], list[int]]] = {}
@@ -203,9 +223,14 @@ class FleetView:
         known = self._by_id.get(id(model))
         if known is not None and known[0] is model:
             return known[1]
-        made = Need.of(model, self.estimate(model))
-        found = self._interned.setdefault(made, made)
+        found = self._intern(Need.fields(model, self.estimate(model)))
         self._by_id[id(model)] = (model, found)
+        return found
+
+    def _intern(self, fields: tuple[Any, ...]) -> Need:
+        found = self._interned.get(fields)
+        if found is None:
+            found = self._interned[fields] = Need(*fields)
         return found
 
     def _fitting(self, need: Need) -> list[tuple[_Shape, _Fit]]:
@@ -219,38 +244,51 @@ class FleetView:
             self._fits[need] = found
         return found
 
-    def _pool(self, need: Need) -> _Pool:
-        """The GPU profile's pool, brought up to date with the nodes changed since it was last asked."""
-        pool = self._pools.get(need)
-        log = self._log
-        if pool is None:
-            pool = self._pools[need] = _Pool(self._base + len(log))
-            nodes, fits, keys = self.nodes, pool.fits, pool.keys
-            for shape, fit in self._fitting(need):
-                entries = pool.lists.setdefault(shape.fabrics, [])
-                for name in shape.names:
-                    fits[name] = fit
-                    key = keys[name] = _entry(need, nodes[name], fit)
-                    if key is not None:
-                        entries.append(key)
-            for entries in pool.lists.values():
-                entries.sort()
-        elif pool.seen < self._base + len(log):
-            for name in self._changed(pool.seen, pool.fits):
-                fits_here = pool.fits.get(name)
-                if fits_here is None:
-                    continue
+    def _ranking(self, need: Need) -> _Ranking:
+        """The GPU profile's ranking, made on first use. A profile with memory figures is ranked by its
+        family's pool (the profile without them: it fits every node the profile fits, with every device the
+        profile may use there, and maybe more) while it fits at least half of that pool's nodes; the others
+        (and the families) keep a pool of their own."""
+        found = self._rankings.get(need)
+        if found is None:
+            fits = {name: fit for shape, fit in self._fitting(need) for name in shape.names}
+            if need.per_device is not None or need.total is not None:
+                family = self._ranking(self._intern((need.engine, need.cpu, need.gpus, need.nodes, need.classes, None,
+                                                     None, need.mig_single, need.share)))
+                if 2 * len(fits) >= len(family.fits):
+                    found = self._rankings[need] = _Ranking(fits, family.pool, False)
+                    return found
+            found = self._rankings[need] = _Ranking(fits, self._filled(_Pool(self._base + len(self._log), need.gpus,
+                                                                              fits)), True)
+        return found
+
+    def _filled(self, pool: _Pool) -> _Pool:
+        nodes, keys, lists, taking = self.nodes, pool.keys, pool.lists, pool.taking
+        for name, fit in pool.fits.items():
+            node = nodes[name]
+            key = keys[name] = _entry(taking, node, fit)
+            if key is not None:
+                lists.setdefault(node.shape.fabrics, []).append(key)
+        for entries in lists.values():
+            entries.sort()
+        return pool
+
+    def _caught_up(self, pool: _Pool) -> _Pool:
+        now = self._base + len(self._log)
+        if pool.seen < now:
+            fits, keys, taking = pool.fits, pool.keys, pool.taking
+            for name in self._changed(pool.seen, fits):
                 node = self.nodes[name]
-                key = _entry(need, node, fits_here)
-                old = pool.keys[name]
+                key = _entry(taking, node, fits[name])
+                old = keys[name]
                 if key != old:
                     entries = pool.lists.setdefault(node.shape.fabrics, [])
                     if old is not None:
                         del entries[bisect.bisect_left(entries, old)]
                     if key is not None:
                         bisect.insort(entries, key)
-                    pool.keys[name] = key
-            pool.seen = self._base + len(log)
+                    keys[name] = key
+            pool.seen = now
         return pool
 
     def held(self, model: ModelDef) -> Held:
@@ -464,8 +502,8 @@ class FleetView:
     def _untouched(self, need: Need, since: int) -> bool:
         """Whether no node whose hardware fits the GPU profile changed since the log's `since`: its
         refusals (the rest are its hardware's, and no device of those nodes was taken or freed) hold."""
-        pool = self._pools.get(need)
-        return pool is not None and not self._changed(since, pool.fits)
+        ranking = self._rankings.get(need)
+        return ranking is not None and not self._changed(since, ranking.fits)
 
     def _changed(self, since: int, among: Mapping[str, object]) -> Iterable[str]:
         """The nodes of `among` whose devices were taken or freed since the log's position `since`: read
@@ -475,33 +513,64 @@ class FleetView:
         return [name for name in among if self.nodes[name].changed >= since]
 
     def _best_gpu(self, model: ModelDef, need: Need) -> Choice | None:
-        """The best node by the profile's pool: the head of each list (storage fabrics holding the
-        weights first); the nodes scored unlike the rest are judged one by one."""
+        """The best node by the head of each list (storage fabrics holding the weights first) of the
+        profile's pool, or of its family's; the nodes scored unlike the rest are judged one by one."""
         held = self.held(model)
         hosting = self.hosting.get(model.name) or {}
         special = held.nodes | hosting.keys() if held.nodes or hosting else frozenset()
-        pool = self._pool(need)
+        ranking = self._rankings.get(need) or self._ranking(need)
+        fits = ranking.fits
+        pool = self._caught_up(ranking.pool)
+        heads = None if ranking.own else self._heads_passing_over(pool, fits, special)
+        if heads is None:
+            if not ranking.own:  # it passed over too many nodes it does not fit: a pool of its own from now on
+                ranking.pool = pool = self._filled(_Pool(self._base + len(self._log), need.gpus, fits))
+                ranking.own = True
+            heads = []
+            for fabrics, entries in pool.lists.items():
+                for entry in entries:
+                    if entry[1] not in special:
+                        heads.append((fabrics, entry))
+                        break
         best_rank: tuple[float, float, float] | None = None
         best_name = ""
-        for fabrics, entries in pool.lists.items():
+        for fabrics, (neg_pack, name) in heads:
             weights = 100.0 if held.fabrics and held.fabrics & fabrics else 0.0
-            for neg_pack, name in entries:
-                if name not in special:
-                    rank = (combine(100.0, weights, -neg_pack), 100.0, weights)
-                    if best_rank is None or rank > best_rank or (rank == best_rank and name < best_name):
-                        best_rank, best_name = rank, name
-                    break
-        for name in sorted(n for n in special if n in pool.fits):
-            v = self._dynamic(model, need, self.nodes[name], pool.fits[name])
+            rank = (combine(100.0, weights, -neg_pack), 100.0, weights)
+            if best_rank is None or rank > best_rank or (rank == best_rank and name < best_name):
+                best_rank, best_name = rank, name
+        for name in sorted(n for n in special if n in fits):
+            v = self._dynamic(model, need, self.nodes[name], fits[name])
             if isinstance(v, Verdict) and v.score is not None:
                 rank = v.score.rank()
                 if best_rank is None or rank > best_rank or (rank == best_rank and name < best_name):
                     best_rank, best_name = rank, name
         if best_rank is None:
             return None
-        used = self.nodes[best_name].used
-        gpus = tuple(i for i in pool.fits[best_name].candidates if i not in used)[: need.gpus]
+        used, candidates = self.nodes[best_name].used, fits[best_name].candidates
+        gpus = tuple([i for i in candidates if i not in used][: need.gpus] if used else candidates[: need.gpus])
         return Choice(best_name, gpus, best_rank[0])
+
+    def _heads_passing_over(self, family: _Pool, fits: Mapping[str, _Fit], special: Container[str],
+                            ) -> list[tuple[frozenset[str], tuple[float, str]]] | None:
+        """The first node of each of the family's lists that the profile fits and has room on (its place
+        in a pool of the profile's own would be the same: a pack counts every usable device), or None when
+        more than `PASSED_OVER` nodes were passed over."""
+        taking, nodes = family.taking, self.nodes
+        passed = 0
+        out: list[tuple[frozenset[str], tuple[float, str]]] = []
+        for fabrics, entries in family.lists.items():
+            for entry in entries:
+                name = entry[1]
+                fit = fits.get(name)
+                if fit is not None and name not in special and (
+                        fit.all_usable or sum(1 for i in fit.candidates if i not in nodes[name].used) >= taking):
+                    out.append((fabrics, entry))
+                    break
+                passed += 1
+                if passed > PASSED_OVER:
+                    return None
+        return out
 
     def _explained(self, model: ModelDef, need: Need) -> PlacementResult:
         """Every node judged: the choice and each refusal (and, when nothing can ever fit for want
@@ -519,10 +588,10 @@ class FleetView:
         return PlacementResult(None, tuple(refusals), short_by=short_by(need, refusals))
 
 
-def _entry(need: Need, node: _Node, fit: _Fit) -> tuple[float, str] | None:
-    """A node's place in a pool: (-pack once the replica is there, as `gpu_pack` says it), name), or
-    None with too few of the devices the profile may use free now."""
-    taking, used = need.gpus, node.used
+def _entry(taking: int, node: _Node, fit: _Fit) -> tuple[float, str] | None:
+    """A node's place in a pool: (-pack once the replica of `taking` devices is there, as `gpu_pack` says
+    it), name), or None with too few of the devices the profile may use free now."""
+    used = node.used
     if fit.all_usable:
         if node.shape.capacity - node.used_usable < taking:
             return None

@@ -17,6 +17,7 @@ from llmgw.domain.model import ModelDef
 from llmgw.domain.observed import Gpu, NodeInfo
 from llmgw.domain.state import Placement
 from llmgw.placement import FITS, FleetView, PlacementResult, Verdict
+from llmgw.placement.fleet import PASSED_OVER
 from llmgw.testing.builders import GIB, model, node
 
 CLASSES = {"h100-80g": 80, "a100-40g": 40, "l40s-48g": 48}
@@ -194,3 +195,24 @@ def test_a_profile_that_fitted_nowhere_is_not_judged_again_across_a_trim_until_i
     agree(view, big)
     view.remove("h100-r0")  # n0 frees its GPU, after the trim: judged again, and it fits
     assert agree(view, big).choice is not None
+
+
+def test_a_profile_whose_nodes_sit_behind_many_fuller_ones_gets_a_pool_of_its_own_and_still_agrees():
+    """A profile with memory figures is ranked by its family's pool (the same profile without them), passing over
+    the nodes it does not fit. Here its nodes (80 GiB cards) are the emptiest of the fleet, behind 20 fuller
+    nodes of 40 GiB cards it cannot use: past `PASSED_OVER` of them it keeps a pool of its own, and every choice
+    still agrees with every node judged on its own."""
+    small = {f"a{i:02d}": node(f"a{i:02d}").engines("vllm").gpus(8, "a100-40g", memory_gib=40).build() for i in range(20)}
+    large = {f"h{i:02d}": node(f"h{i:02d}").engines("vllm").gpus(8, "h100-80g").build() for i in range(20)}
+    filler = model("filler").vllm("/m/filler").gpus(1).build()
+    big = model("big").vllm("/m/big").gpus(1).memory(60).build()
+    assert len(small) > PASSED_OVER
+    view = FleetView({**small, **large}, [Placement(f"filler-{n}", "filler", n, (0, 1), "h", 0.0) for n in small],
+                     {m.name: m for m in (filler, big)})
+    need = view.need(big)
+    for r in range(12):
+        choice = agree(view, big).choice
+        assert choice is not None and choice.node.startswith("h")
+        view.take(big, choice, f"big-r{r}")
+    assert view._rankings[need].own  # it passed over the 20 fuller nodes once, and ranks its own nodes since
+    assert agree(view, filler).choice is not None  # the family's own pool, told of every change, agrees too
