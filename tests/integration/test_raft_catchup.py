@@ -190,7 +190,12 @@ def test_a_leader_cut_off_under_write_load_catches_up_within_5_s_of_the_heal(gro
         seen = f"{row['state']} ({row['reason'] or 'in step'}) {time.monotonic() - healed:.2f} s after the heal"
         if old.status()["last_applied"] < target - summary.MEMBER_LAG_HEALTHY:  # still behind when asked
             assert row["state"] == "catching up" and row["lag"] > summary.MEMBER_LAG_HEALTHY, row
-            assert f"{row['lag']} entries behind" in row["reason"] and lagging == {old.addr}, (row, lagging)
+            assert f"{row['lag']} entries behind" in row["reason"] and old.addr in lagging, (row, lagging)
+        # Under write load on a busy box another follower can be behind too, applying what it was sent: the
+        # condition names exactly the members whose rows say so, each with its own lag past the threshold.
+        behind = {r["id"] for r in rows if r["state"] == "catching up"}
+        assert lagging == behind, (rows, lagging)
+        assert all(r["lag"] > summary.MEMBER_LAG_HEALTHY for r in rows if r["id"] in behind - {old.addr}), rows
         caught = _wait("the former leader at the leader's commit index of the heal",
                        lambda: old.status()["last_applied"] >= target, group) - healed
     # Writes stopped: every member at the same commit index, applied, with the same state.
