@@ -61,6 +61,10 @@ class _Fit:
 
 
 _SLOT = Refusal("", NEVER, "", "")  # a place `_judged` fills
+# The refusals of a GPU profile that depend only on the node, the classes the profile names and whether it takes
+# more than one device: approval and cordon come first, then `filters.devices` decides these before memory and
+# count. Every profile alike in both is told the same there (`FleetView._judged`).
+_BEFORE_MEMORY = frozenset({"awaiting_approval", "cordoned", "no_gpu", "node_not_ready", "mig_single", "class"})
 # A profile ranked by its family's pool passes over the nodes it does not fit there; past this many in one
 # look (its nodes are the emptier ones, say) it keeps a pool of its own from then on (`FleetView._best_gpu`).
 PASSED_OVER = 16
@@ -93,6 +97,10 @@ class _Shape:
         self.engines = frozenset(info.engines)
         self.reserve = bool(info.reserved_gpus or info.reserved_vram)
         self.reserved_vram = info.reserved_vram
+        # No reserve and no MIG instance: for a profile naming no class, every device is alike but for its
+        # memory, so the smallest one's says whether all of them fit (`_quick`).
+        self.plain = not self.reserve and not any(mig for _, mig, _, _ in self.kinds)
+        self.least_memory = min((memory for _, _, memory, _ in self.kinds), default=0)
 
 
 class _Pool:
@@ -175,6 +183,9 @@ class FleetView:
         self._fits: dict[Need, list[tuple[_Shape, _Fit]]] = {}
         self._rankings: dict[Need, _Ranking] = {}  # per GPU profile asked to place (`_ranking`)
         self._refused: dict[Need, tuple[list[Verdict | Refusal], list[tuple[int, _Node, _Fit]], dict[str, int]]] = {}
+        # (classes, more than one device) -> the refusals said before memory counts, by node (`_SLOT` elsewhere),
+        # and the other nodes' places: what `_judged` starts from for a GPU profile alike in both.
+        self._alike: dict[tuple[tuple[str, ...], bool], tuple[list[Verdict | Refusal], list[int]]] = {}
         # A GPU profile's last judgement (`_judged`): (log position, the list, the slots that were FITS).
         self._judgement: dict[Need, tuple[int, list[Verdict | Refusal], list[int]]] = {}
         # The nodes whose devices were taken or freed, in order (read by the pools); positions count from
@@ -203,6 +214,7 @@ class FleetView:
             self._apply(p, +1)
         for n in self.nodes.values():
             n.shape.names.append(n.info.node)  # in name order
+        self._items = list(self.nodes.items())  # in name order
 
     # --- what a model needs ---------------------------------------------------------------
 
@@ -274,12 +286,17 @@ class FleetView:
         return pool
 
     def _caught_up(self, pool: _Pool) -> _Pool:
-        now = self._base + len(self._log)
-        if pool.seen < now:
+        log, seen = self._log, pool.seen
+        now = self._base + len(log)
+        if seen < now:
             fits, keys, taking = pool.fits, pool.keys, pool.taking
-            for name in self._changed(pool.seen, fits):
+            # The log as it is (a node changed twice is looked at twice: the second finds its entry current).
+            for name in log[seen - self._base:] if seen >= self._base else self._changed(seen, fits):
+                fit = fits.get(name)
+                if fit is None:
+                    continue
                 node = self.nodes[name]
-                key = _entry(taking, node, fits[name])
+                key = _entry(taking, node, fit)
                 old = keys[name]
                 if key != old:
                     entries = pool.lists.setdefault(node.shape.fabrics, [])
@@ -446,18 +463,27 @@ class FleetView:
         found = self._refused.get(need)
         if found is None:
             fits = {id(shape): fit for shape, fit in self._fitting(need)}
-            template: list[Verdict | Refusal] = []
+            items = self._items
+            # A GPU profile naming the classes of one judged before, and alike taking one device or more, is told
+            # the same where that one was refused before memory counts: only the other nodes are looked at.
+            alike_key = None if need.cpu else (need.classes, need.gpus > 1 or need.nodes > 1)
+            alike = None if alike_key is None else self._alike.get(alike_key)
+            template: list[Verdict | Refusal] = [_SLOT] * len(items) if alike is None else alike[0].copy()
             slots: list[tuple[int, _Node, _Fit]] = []
-            for name, node in self.nodes.items():  # built in name order
+            for i in range(len(items)) if alike is None else alike[1]:  # in name order
+                name, node = items[i]
                 fit = fits.get(id(node.shape))
                 if fit is None:
                     r = _static(need, node.shape)
                     assert isinstance(r, Refusal)
                     # Said of the shape's first node: the others get a copy with their names.
-                    template.append(r if r.node == name else Refusal(name, r.verdict, r.code, r.message, r.numbers))
+                    template[i] = r if r.node == name else Refusal(name, r.verdict, r.code, r.message, r.numbers)
                 else:
-                    slots.append((len(template), node, fit))
-                    template.append(_SLOT)
+                    slots.append((i, node, fit))
+            if alike is None and alike_key is not None:
+                before: list[Verdict | Refusal] = [r if isinstance(r, Refusal) and r.code in _BEFORE_MEMORY else _SLOT
+                                                   for r in template]
+                self._alike[alike_key] = (before, [i for i, r in enumerate(before) if r is _SLOT])
             found = self._refused[need] = (template, slots, {node.info.node: k for k, (_, node, _) in enumerate(slots)})
         template, slots, slot_of = found
         now = self._base + len(self._log)
@@ -539,7 +565,7 @@ class FleetView:
             rank = (combine(100.0, weights, -neg_pack), 100.0, weights)
             if best_rank is None or rank > best_rank or (rank == best_rank and name < best_name):
                 best_rank, best_name = rank, name
-        for name in sorted(n for n in special if n in fits):
+        for name in sorted(n for n in special if n in fits) if special else ():
             v = self._dynamic(model, need, self.nodes[name], fits[name])
             if isinstance(v, Verdict) and v.score is not None:
                 rank = v.score.rank()
@@ -630,10 +656,15 @@ def _quick(need: Need, shapes: list[_Shape]) -> list[tuple[_Shape, _Fit]]:
     classes, per_device, share = need.classes, need.per_device, need.share
     least = 1 if per_device is None else per_device
     out: list[tuple[_Shape, _Fit]] = []
+    llama = engine == "llama.cpp"
     for shape in shapes:
         if shape.capacity < taking or shape.pending or shape.cordoned or engine not in shape.engines:
             continue
-        if engine == "llama.cpp" and engine_refusal(need, shape.rep) is not None:  # its form (llama-server)
+        if llama and engine_refusal(need, shape.rep) is not None:  # its form (llama-server)
+            continue
+        if not classes and shape.plain and (per_device is None or per_device <= (
+                shape.least_memory if share is None else int(shape.least_memory * share))):
+            out.append((shape, shape.whole))  # every device fits: what the loop below finds, sooner
             continue
         vram = shape.reserved_vram
         reserve = shape.reserve
