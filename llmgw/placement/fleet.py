@@ -7,16 +7,17 @@ is judged once per shape, one kind of device at a time (`_quick`: the usable, un
 of one class and size count once), and the words of a refusal only when asked (`_judge`). A *pool*
 (`_Pool`) ranks the nodes whose hardware fits a GPU profile (`Need`): those with room now sorted best
 first (fullest once the replica is there, then by name), one list per set of storage fabrics (holding
-the weights outranks packing). Profiles that differ only in their memory figures share one: their
-*family's* (the profile without them, which fits every node they fit), each passing over the nodes of it
-that it does not fit; a profile fitting under half of its family's nodes, or passing over too many,
-keeps its own (`_Ranking`). A placement only re-sorts the node it changed, and only in the pools asked
-afterwards (`_log`; each node also keeps where in it it last changed, so a long-lived view trims the log
-without forgetting). The best node is then the head of a few lists; nodes whose score differs from the
-rest (running the model already, or holding its weights locally) are looked at one by one. When
-nothing fits, every node's refusal is given; a GPU profile explained again judges only the nodes whose
-devices changed since. `verdict` (one node judged in full: `_judge`, then its score) is the plain
-reference the fast path must agree with (tests/unit/test_placement_mixed.py).
+the weights outranks packing). Profiles that differ only in their memory figures (and the share of each
+GPU their engine takes) share one: their *family's* (the profile without them, which fits every node they
+fit), each passing over the nodes of it that it does not fit; a profile fitting under half of its
+family's nodes, or passing over too many, keeps its own (`_Ranking`). A placement only re-sorts the node
+it changed, and only in the pools asked afterwards (`_log`; each node also keeps where in it it last
+changed, so a long-lived view trims the log without forgetting). The best node is then the head of a few
+lists; nodes whose score differs from the rest (running the model already, or holding its weights
+locally) are looked at one by one. When nothing fits, every node's refusal is given; a GPU profile
+explained again judges only the nodes whose devices changed since. `verdict` (one node judged in full:
+`_judge`, then its score) is the plain reference the fast path must agree with
+(tests/unit/test_placement_mixed.py).
 Pure; nothing here reads a clock.
 """
 
@@ -257,16 +258,16 @@ class FleetView:
         return found
 
     def _ranking(self, need: Need) -> _Ranking:
-        """The GPU profile's ranking, made on first use. A profile with memory figures is ranked by its
-        family's pool (the profile without them: it fits every node the profile fits, with every device the
-        profile may use there, and maybe more) while it fits at least half of that pool's nodes; the others
-        (and the families) keep a pool of their own."""
+        """The GPU profile's ranking, made on first use. A profile with memory figures (or a share of each
+        GPU) is ranked by its family's pool (the profile without them: it fits every node the profile fits, with
+        every device the profile may use there, and maybe more) while it fits at least half of that pool's
+        nodes; the others (and the families) keep a pool of their own."""
         found = self._rankings.get(need)
         if found is None:
             fits = {name: fit for shape, fit in self._fitting(need) for name in shape.names}
-            if need.per_device is not None or need.total is not None:
+            if need.per_device is not None or need.total is not None or need.share is not None:
                 family = self._ranking(self._intern((need.engine, need.cpu, need.gpus, need.nodes, need.classes, None,
-                                                     None, need.mig_single, need.share)))
+                                                     None, need.mig_single, None)))
                 if 2 * len(fits) >= len(family.fits):
                     found = self._rankings[need] = _Ranking(fits, family.pool, False)
                     return found

@@ -198,21 +198,27 @@ def test_a_profile_that_fitted_nowhere_is_not_judged_again_across_a_trim_until_i
 
 
 def test_a_profile_whose_nodes_sit_behind_many_fuller_ones_gets_a_pool_of_its_own_and_still_agrees():
-    """A profile with memory figures is ranked by its family's pool (the same profile without them), passing over
-    the nodes it does not fit. Here its nodes (80 GiB cards) are the emptiest of the fleet, behind 20 fuller
+    """A profile with memory figures is ranked by its family's pool (the same profile without them, here the one
+    of a model whose weights no node reports), passing over the nodes it does not fit. Here its nodes (80 GiB cards) are the emptiest of the fleet, behind 20 fuller
     nodes of 40 GiB cards it cannot use: past `PASSED_OVER` of them it keeps a pool of its own, and every choice
     still agrees with every node judged on its own."""
-    small = {f"a{i:02d}": node(f"a{i:02d}").engines("vllm").gpus(8, "a100-40g", memory_gib=40).build() for i in range(20)}
-    large = {f"h{i:02d}": node(f"h{i:02d}").engines("vllm").gpus(8, "h100-80g").build() for i in range(20)}
+    small = {f"s{i:02d}": node(f"s{i:02d}").engines("vllm").gpus(8, "a100-40g", memory_gib=40).build()
+             for i in range(20)}
+    large = {f"b{i:02d}": node(f"b{i:02d}").engines("vllm").gpus(8, "h100-80g").build() for i in range(20)}
     filler = model("filler").vllm("/m/filler").gpus(1).build()
     big = model("big").vllm("/m/big").gpus(1).memory(60).build()
     assert len(small) > PASSED_OVER
+    # With every node empty, the profile's nodes come first in its family's pool: it ranks by that pool.
+    empty = FleetView({**small, **large}, (), {m.name: m for m in (filler, big)})
+    assert agree(empty, big).choice is not None
+    assert not empty._rankings[empty.need(big)].own
+    assert empty._rankings[empty.need(big)].pool is empty._rankings[empty.need(filler)].pool
     view = FleetView({**small, **large}, [Placement(f"filler-{n}", "filler", n, (0, 1), "h", 0.0) for n in small],
                      {m.name: m for m in (filler, big)})
     need = view.need(big)
     for r in range(12):
         choice = agree(view, big).choice
-        assert choice is not None and choice.node.startswith("h")
+        assert choice is not None and choice.node.startswith("b")
         view.take(big, choice, f"big-r{r}")
     assert view._rankings[need].own  # it passed over the 20 fuller nodes once, and ranks its own nodes since
     assert agree(view, filler).choice is not None  # the family's own pool, told of every change, agrees too
