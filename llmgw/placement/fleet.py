@@ -66,6 +66,8 @@ _SLOT = Refusal("", NEVER, "", "")  # a place `_judged` fills
 # more than one device: approval and cordon come first, then `filters.devices` decides these before memory and
 # count. Every profile alike in both is told the same there (`FleetView._judged`).
 _BEFORE_MEMORY = frozenset({"awaiting_approval", "cordoned", "no_gpu", "node_not_ready", "mig_single", "class"})
+# ... and with the memory per device and the share of it taken (and the engine the words name), memory's too.
+_BEFORE_COUNT = _BEFORE_MEMORY | {"memory"}
 # A profile ranked by its family's pool passes over the nodes it does not fit there; past this many in one
 # look (its nodes are the emptier ones, say) it keeps a pool of its own from then on (`FleetView._best_gpu`).
 PASSED_OVER = 16
@@ -184,9 +186,10 @@ class FleetView:
         self._fits: dict[Need, list[tuple[_Shape, _Fit]]] = {}
         self._rankings: dict[Need, _Ranking] = {}  # per GPU profile asked to place (`_ranking`)
         self._refused: dict[Need, tuple[list[Verdict | Refusal], list[tuple[int, _Node, _Fit]], dict[str, int]]] = {}
-        # (classes, more than one device) -> the refusals said before memory counts, by node (`_SLOT` elsewhere),
-        # and the other nodes' places: what `_judged` starts from for a GPU profile alike in both.
-        self._alike: dict[tuple[tuple[str, ...], bool], tuple[list[Verdict | Refusal], list[int]]] = {}
+        # (classes, more than one device[, memory per device, share, engine]) -> the refusals said before memory
+        # (or the count) is read, by node (`_SLOT` elsewhere), and the other nodes' places: what `_judged` starts
+        # from for a GPU profile alike in those.
+        self._alike: dict[tuple[Any, ...], tuple[list[Verdict | Refusal], list[int]]] = {}
         # A GPU profile's last judgement (`_judged`): (log position, the list, the slots that were FITS).
         self._judgement: dict[Need, tuple[int, list[Verdict | Refusal], list[int]]] = {}
         # The nodes whose devices were taken or freed, in order (read by the pools); positions count from
@@ -466,9 +469,13 @@ class FleetView:
             fits = {id(shape): fit for shape, fit in self._fitting(need)}
             items = self._items
             # A GPU profile naming the classes of one judged before, and alike taking one device or more, is told
-            # the same where that one was refused before memory counts: only the other nodes are looked at.
-            alike_key = None if need.cpu else (need.classes, need.gpus > 1 or need.nodes > 1)
-            alike = None if alike_key is None else self._alike.get(alike_key)
+            # the same where that one was refused before memory counts; alike also in the memory per device and
+            # the share of it taken (and the engine, which the words name), also where refused for memory. Only
+            # the other nodes are looked at.
+            keys: list[tuple[Any, ...]] = [] if need.cpu else [(need.classes, need.gpus > 1 or need.nodes > 1)]
+            if keys and need.per_device is not None:
+                keys.append((*keys[0], need.per_device, need.share, need.engine))
+            alike = next((known for key in reversed(keys) if (known := self._alike.get(key)) is not None), None)
             template: list[Verdict | Refusal] = [_SLOT] * len(items) if alike is None else alike[0].copy()
             slots: list[tuple[int, _Node, _Fit]] = []
             for i in range(len(items)) if alike is None else alike[1]:  # in name order
@@ -481,10 +488,11 @@ class FleetView:
                     template[i] = r if r.node == name else Refusal(name, r.verdict, r.code, r.message, r.numbers)
                 else:
                     slots.append((i, node, fit))
-            if alike is None and alike_key is not None:
-                before: list[Verdict | Refusal] = [r if isinstance(r, Refusal) and r.code in _BEFORE_MEMORY else _SLOT
-                                                   for r in template]
-                self._alike[alike_key] = (before, [i for i, r in enumerate(before) if r is _SLOT])
+            for key, codes in zip(keys, (_BEFORE_MEMORY, _BEFORE_COUNT)):
+                if key not in self._alike:
+                    said: list[Verdict | Refusal] = [r if isinstance(r, Refusal) and r.code in codes else _SLOT
+                                                     for r in template]
+                    self._alike[key] = (said, [i for i, r in enumerate(said) if r is _SLOT])
             found = self._refused[need] = (template, slots, {node.info.node: k for k, (_, node, _) in enumerate(slots)})
         template, slots, slot_of = found
         now = self._base + len(self._log)

@@ -222,3 +222,21 @@ def test_a_profile_whose_nodes_sit_behind_many_fuller_ones_gets_a_pool_of_its_ow
         view.take(big, choice, f"big-r{r}")
     assert view._rankings[need].own  # it passed over the 20 fuller nodes once, and ranks its own nodes since
     assert agree(view, filler).choice is not None  # the family's own pool, told of every change, agrees too
+
+
+def test_profiles_alike_but_for_their_device_count_share_what_was_said_before_the_count_and_no_more():
+    """Two profiles alike in classes, memory per device, share and engine, and both taking more than one device:
+    the second is told the first's words where the first was refused for memory (the same object), and its own
+    where the count decides (needs 4 GPUs, not 2). Both as every node judged on its own says."""
+    nodes = {"n0": node("n0").engines("vllm").gpus(2, "a100-40g", memory_gib=40).build(),
+             "n1": node("n1").engines("vllm").gpus(4, "h100-80g").build(),
+             "n2": node("n2").engines("vllm").gpus(1, "h100-80g").build()}
+    two, four = (model("two").vllm("/m/two").gpus(2).memory(120).build(),
+                 model("four").vllm("/m/four").gpus(4).memory(240).build())
+    view = FleetView(nodes, (), {m.name: m for m in (two, four)})
+    agree(view, two), agree(view, four)
+    first, second = view.place(two, explain=True), view.place(four, explain=True)
+    assert [(r.node, r.code) for r in first.refusals] == [("n0", "memory"), ("n2", "gpu_count")]
+    assert [(r.node, r.code) for r in second.refusals] == [("n0", "memory"), ("n2", "gpu_count")]
+    assert second.refusals[0] is first.refusals[0]  # said once
+    assert "needs 4 GPUs" in second.refusals[1].message and "needs 2 GPUs" in first.refusals[1].message
