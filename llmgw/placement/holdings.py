@@ -72,12 +72,12 @@ class Holdings:
                             shared.setdefault(key, set()).add(fabric)
                         else:
                             local.setdefault(key, set()).add(name)
-        self._held = {key: Held(frozenset(local.get(key, ())), frozenset(shared.get(key, ())))
-                      for key in local.keys() | shared.keys()}
+        self._local, self._shared = local, shared  # a source's `Held` is made when asked (`FleetView.held` keeps it)
 
     def of(self, source: str) -> Held:
         key = source_key(source)
-        return self._held.get(key, NOWHERE) if key is not None else NOWHERE
+        local, shared = (self._local.get(key), self._shared.get(key)) if key is not None else (None, None)
+        return Held(frozenset(local or ()), frozenset(shared or ())) if local or shared else NOWHERE
 
 
 def _keys(entry: object) -> list[str]:
