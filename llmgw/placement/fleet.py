@@ -103,6 +103,7 @@ class _Shape:
         # No reserve and no MIG instance: for a profile naming no class, every device is alike but for its
         # memory, so the smallest one's says whether all of them fit (`_quick`).
         self.plain = not self.reserve and not any(mig for _, mig, _, _ in self.kinds)
+        self.classes = frozenset(c for c, _, _, _ in self.kinds)  # of the devices placement may use
         self.least_memory = min((memory for _, _, memory, _ in self.kinds), default=0)
 
 
@@ -671,10 +672,13 @@ def _quick(need: Need, shapes: list[_Shape]) -> list[tuple[_Shape, _Fit]]:
             continue
         if llama and engine_refusal(need, shape.rep) is not None:  # its form (llama-server)
             continue
-        if not classes and shape.plain and (per_device is None or per_device <= (
-                shape.least_memory if share is None else int(shape.least_memory * share))):
-            out.append((shape, shape.whole))  # every device fits: what the loop below finds, sooner
-            continue
+        if not classes:
+            if shape.plain and (per_device is None or per_device <= (
+                    shape.least_memory if share is None else int(shape.least_memory * share))):
+                out.append((shape, shape.whole))  # every device fits: what the loop below finds, sooner
+                continue
+        elif shape.classes.isdisjoint(classes):
+            continue  # no device of those classes: the loop below finds none
         vram = shape.reserved_vram
         reserve = shape.reserve
         hits: list[int] = []  # the kinds that fit
