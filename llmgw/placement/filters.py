@@ -103,6 +103,11 @@ class Need:
                 estimate.per_device(prof.gpus * prof.nodes), estimate.total_bytes, mig,
                 None if prof.cpu else estimate.device_share)
 
+    def family(self) -> tuple[Any, ...]:
+        """The fields (as `fields` gives them) of this GPU profile without its memory figures and share: a need
+        that fits every node this one fits, with every device this one may use there, and maybe more."""
+        return (self.engine, self.cpu, self.gpus, self.nodes, self.classes, None, None, self.mig_single, None)
+
     def room(self, gpu: Gpu, reserved: int = 0) -> int:
         """What of a GPU's memory the engine will use: all of it, or its share (vLLM); with `reserved` bytes
         of it kept for other work, the rest, and none where the share (taken whatever the need) would reach

@@ -270,8 +270,7 @@ class FleetView:
         if found is None:
             fits = {name: fit for shape, fit in self._fitting(need) for name in shape.names}
             if need.per_device is not None or need.total is not None or need.share is not None:
-                family = self._ranking(self._intern((need.engine, need.cpu, need.gpus, need.nodes, need.classes, None,
-                                                     None, need.mig_single, None)))
+                family = self._ranking(self._intern(need.family()))
                 if 2 * len(fits) >= len(family.fits):
                     found = self._rankings[need] = _Ranking(fits, family.pool, False)
                     return found
@@ -291,17 +290,13 @@ class FleetView:
         return pool
 
     def _caught_up(self, pool: _Pool) -> _Pool:
-        log, seen = self._log, pool.seen
-        now = self._base + len(log)
+        seen = pool.seen
+        now = self._base + len(self._log)
         if seen < now:
             fits, keys, taking = pool.fits, pool.keys, pool.taking
-            # The log as it is (a node changed twice is looked at twice: the second finds its entry current).
-            for name in log[seen - self._base:] if seen >= self._base else self._changed(seen, fits):
-                fit = fits.get(name)
-                if fit is None:
-                    continue
+            for name in self._changed(seen, fits):
                 node = self.nodes[name]
-                key = _entry(taking, node, fit)
+                key = _entry(taking, node, fits[name])
                 old = keys[name]
                 if key != old:
                     entries = pool.lists.setdefault(node.shape.fabrics, [])
