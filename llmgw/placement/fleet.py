@@ -86,7 +86,8 @@ class _Shape:
         self.names: list[str] = []  # its nodes, by name
         self.static: dict[Need, Refusal | _Fit] = {}
         # (classes, more than one device) -> the refusal when no device of theirs is here, None when one is: what
-        # every GPU profile naming those classes is told first (`_static`), judged once, not once per profile.
+        # every GPU profile naming those classes is told first (`_static`), judged once, not once per profile. Shared
+        # by the shapes of one `class_layout` (a view sets it): the words name no node.
         self.by_class: dict[tuple[tuple[str, ...], bool], Refusal | None] = {}
         # The devices placement may use (usable, not reserved) by kind: (class, MIG instance, memory, indexes).
         kinds: dict[tuple[str, int], list[int]] = {}
@@ -105,6 +106,11 @@ class _Shape:
         self.plain = not self.reserve and not any(mig for _, mig, _, _ in self.kinds)
         self.classes = frozenset(c for c, _, _, _ in self.kinds)  # of the devices placement may use
         self.least_memory = min((memory for _, _, memory, _ in self.kinds), default=0)
+
+    def class_layout(self) -> tuple[object, ...]:
+        """What says whether a GPU profile naming classes is refused here for its class (`filters.devices`, after
+        approval and cordon): the classes of the node's devices (a MIG instance's says it is one)."""
+        return self.pending, self.cordoned, frozenset(g.gpu_class for g in self.rep.gpus)
 
 
 class _Pool:
@@ -203,6 +209,7 @@ class FleetView:
         self._held: dict[str, Held] = {}
         self._busy_refusals: dict[tuple[str, int, int], Refusal] = {}
         shapes: dict[tuple[object, ...], _Shape] = {}
+        layouts: dict[tuple[object, ...], dict[tuple[tuple[str, ...], bool], Refusal | None]] = {}
         self.nodes: dict[str, _Node] = {}
         waiting, fenced = frozenset(pending), frozenset(cordoned)
         for name in sorted(nodes):
@@ -211,6 +218,7 @@ class FleetView:
             shape = shapes.get(key)
             if shape is None:
                 shape = shapes[key] = _Shape(info, name in waiting, name in fenced)
+                shape.by_class = layouts.setdefault(shape.class_layout(), shape.by_class)
             self.nodes[name] = _Node(info, shape)
         self.shapes = [shapes[k] for k in shapes]
         self.placements: dict[str, Placement] = {}
@@ -633,7 +641,8 @@ def _entry(taking: int, node: _Node, fit: _Fit) -> tuple[float, str] | None:
 
 
 def _static(need: Need, shape: _Shape) -> Refusal | _Fit:
-    """The shape's verdict with its words (for its representative node): a refusal or its fit."""
+    """The shape's verdict with its words (for its representative node; a refusal for the class may name a node of
+    another shape of its `class_layout`: callers name their own node): a refusal or its fit."""
     found = shape.static.get(need)
     if found is None:
         if need.classes and not need.cpu:

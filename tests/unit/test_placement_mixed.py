@@ -84,14 +84,15 @@ Said = tuple[str, str, str, str, dict[str, float]]
 
 def straightforward(view: FleetView, m: ModelDef) -> tuple[tuple[str, tuple[int, ...], float] | None, list[Said]]:
     """Every node judged on its own, in name order: the best score wins, the first name among equals.
-    The choice (node, devices, score) and every other node's refusal. Judged by a view made for this one
-    model from the same nodes and placements, so nothing another profile left in a shape's caches counts."""
-    fresh = FleetView(view.infos, list(view.placements.values()), view.models,
-                      pending=[n for n, node in view.nodes.items() if node.shape.pending],
-                      cordoned=[n for n, node in view.nodes.items() if node.shape.cordoned])
+    The choice (node, devices, score) and every other node's refusal. Each node judged by a view made for it
+    alone from the same nodes and placements, so nothing another profile or another node left in the caches
+    (of a shape, of its class layout) counts."""
+    pending = [n for n, node in view.nodes.items() if node.shape.pending]
+    cordoned = [n for n, node in view.nodes.items() if node.shape.cordoned]
     best: Verdict | None = None
     refusals: list[Said] = []
-    for name in sorted(fresh.nodes):
+    for name in sorted(view.nodes):
+        fresh = FleetView(view.infos, list(view.placements.values()), view.models, pending=pending, cordoned=cordoned)
         v = fresh.verdict(m, name)
         if v.verdict != FITS:
             refusals.append((v.node, v.verdict, v.code, v.message, dict(v.numbers or {})))
