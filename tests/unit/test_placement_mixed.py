@@ -84,8 +84,8 @@ Said = tuple[str, str, str, str, dict[str, float]]
 
 def straightforward(view: FleetView, m: ModelDef) -> tuple[tuple[str, tuple[int, ...], float] | None, list[Said]]:
     """Every node judged on its own, in name order: the best score wins, the first name among equals.
-    The choice (node, devices, score) and every other node's refusal. Each node judged by a view made for it
-    alone from the same nodes and placements, so nothing another profile or another node left in the caches
+    The choice (node, devices, score) and every other node's refusal. Each node judged in a view made afresh
+    for it (from the same nodes and placements), so nothing another profile or another node left in the caches
     (of a shape, of its class layout) counts."""
     pending = [n for n, node in view.nodes.items() if node.shape.pending]
     cordoned = [n for n, node in view.nodes.items() if node.shape.cordoned]
