@@ -9,8 +9,9 @@ Run: `.venv/bin/python tests/bench/gateway.py [--rounds 5] [--quick] [--litellm 
 Processes: the upstream (tests/bench/_upstream.py, raw asyncio: its own req/s is the "direct" column),
 the gateway (`serve` with a client key, a route and the request log on, as in production), a second
 gateway of two processes sharing one port (SO_REUSEPORT), LiteLLM's proxy, and wrk (C, one thread) as
-the load generator, and a bare trio byte relay (tests/bench/_relay.py: the floor under any trio proxy's stream
-figures, in the TTFC runs only). Rounds interleave direct, llmgw and LiteLLM runs, so drift on a busy machine hits
+the load generator, and two trio relays (tests/bench/_relay.py, in the TTFC runs only): one copying bytes (the
+floor under any trio proxy's stream figures) and one reading each request and answer head with httptools first (the
+floor under any HTTP gateway in trio). Rounds interleave direct, llmgw and LiteLLM runs, so drift on a busy machine hits
 each; every figure is the median over rounds of that round's figure (added = via - direct, per round).
 CPU per request is /proc's, over the c=32 runs; the stages come from one more gateway run under cProfile.
 """
@@ -250,7 +251,7 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def _rounds(direct: Target, gw: Target, gw2: Target | None, lite: Target | None, relay: Target | None,
+def _rounds(direct: Target, gw: Target, gw2: Target | None, lite: Target | None, relays: list[Target],
             streams: tuple[Target, Target] | None, opts: argparse.Namespace, failures: list[str]) -> None:
     seq = [t for t in (direct, gw, lite) if t]
     load = [t for t in (direct, gw, gw2, lite, *(streams or ())) if t]
@@ -261,7 +262,7 @@ def _rounds(direct: Target, gw: Target, gw2: Target | None, lite: Target | None,
             _seq(t, opts, failures)
         for t in load:
             _load(t, opts, failures)
-        for t in [*seq, relay] if relay else seq:
+        for t in [*seq, *relays]:
             n = opts.ttfc_samples if t is not lite else max(10, opts.ttfc_samples // 4)  # LiteLLM: ~25 ms each
             try:
                 t.ttfc.append(_probe.ttfc_samples(t.url + PATH, t.key, STREAM, n))
@@ -333,7 +334,7 @@ def _fmt(x: float | None, digits: int = 2) -> str:
     return "n/a" if x is None or x != x else f"{x:.{digits}f}"
 
 
-def _report(direct: Target, gw: Target, gw2: Target | None, gw2_note: str, lite: Target | None, relay: Target | None,
+def _report(direct: Target, gw: Target, gw2: Target | None, gw2_note: str, lite: Target | None, relays: list[Target],
             streams: tuple[Target, Target] | None, stages: tuple[dict[str, float], int] | None,
             own: _path.OwnTime | None,
             opts: argparse.Namespace) -> None:
@@ -403,14 +404,15 @@ def _report(direct: Target, gw: Target, gw2: Target | None, gw2_note: str, lite:
                 f"{_verdict(t_add <= GOAL_TTFC_26_MS)}") if t_goal else ""
         row(f"stream TTFC p{p}, c=1 (ms)", ttfc(direct, p), ttfc(gw, p), t_add, goal, ttfc(lite, p) if lite else None,
             ttfc_added(lite, p) if lite else None, True)
-    if relay is not None and relay.ttfc:
-        # The floor: what a proxy that only copies bytes adds (two more loopback hops and their wake-ups), and the
-        # gateway's own share of its TTFC figure above it.
-        floor = ttfc_added(relay, 50)
-        rows.append(["stream TTFC p50, c=1: a bare trio byte relay, the floor (ms)", _fmt(ttfc(direct, 50)),
-                     _fmt(ttfc(relay, 50)), _fmt(floor), "", "", "", "", ""])
-        rows.append(["stream TTFC p50, c=1: llmgw's own, above the floor (ms)", "", "", _fmt(ttfc_added(gw, 50) - floor),
-                     "", "", "", "", ""])
+    # The floors: what a proxy that only copies bytes adds (two more loopback hops and their wake-ups), and one that
+    # also reads each request and answer head as HTTP; the gateway's own share of its TTFC figure above each.
+    for relay, what in zip(relays, ("a bare trio byte relay, the floor", "a trio relay reading HTTP (httptools)")):
+        if relay.ttfc:
+            floor = ttfc_added(relay, 50)
+            rows.append([f"stream TTFC p50, c=1: {what} (ms)", _fmt(ttfc(direct, 50)), _fmt(ttfc(relay, 50)),
+                         _fmt(floor), "", "", "", "", ""])
+            rows.append([f"stream TTFC p50, c=1: llmgw's own, above {what.split(',')[0]} (ms)", "", "",
+                         _fmt(ttfc_added(gw, 50) - floor), "", "", "", "", ""])
     if own is not None:  # the same share, timed inside the gateway's process (_path.py): free of the hops
         for what, us in (("the request's bytes -> the engine's request written", own.request_us),
                          ("the engine's first bytes -> the client's first write", own.answer_us),
@@ -542,8 +544,11 @@ def main() -> int:
                         failures.append(f"{t.name}: answer without usage: {doc}")
             print(f"upstream {upstream}, llmgw {gw_url}" + (f", 2 processes {gw2.url}" if gw2 else "")
                   + (f", LiteLLM {lite.url}" if lite else ""), file=sys.stderr, flush=True)
-            relay_proc, relay_url = procs.start([sys.executable, str(Path(__file__).parent / "_relay.py"), upstream])
-            relay = Target("relay", relay_url, script, key, [relay_proc.pid])
+            relays = []
+            for mode in ((), ("--http",)):
+                relay_proc, relay_url = procs.start([sys.executable, str(Path(__file__).parent / "_relay.py"), *mode,
+                                                     upstream])
+                relays.append(Target("relay" + "".join(mode), relay_url, script, key, [relay_proc.pid]))
             streams = None
             if opts.stream_chunks > 0:  # longer streams at load: an upstream of their own, and a gateway before it
                 long_proc, long_upstream = procs.start([sys.executable, str(Path(__file__).parent / "_upstream.py"),
@@ -552,11 +557,11 @@ def main() -> int:
                 stream_script = _wrk.write_script(tmp, "stream", STREAM, key)
                 streams = (Target("direct streams", long_upstream, stream_script, key, [long_proc.pid]),
                            Target("llmgw streams", long_url, stream_script, key, [long_gw.pid]))
-            _rounds(direct, gw, gw2, lite, relay, streams, opts, failures)
+            _rounds(direct, gw, gw2, lite, relays, streams, opts, failures)
             procs.stop(gw_proc)  # the traced and the profiled gateway run alone
             own = _own_path(upstream, tmp, procs, opts, env) if opts.path_samples > 0 else None
             stages = _profile(upstream, tmp, procs, script, opts, env) if opts.profile_s > 0 else None
-            _report(direct, gw, gw2, gw2_note, lite, relay, streams, stages, own, opts)
+            _report(direct, gw, gw2, gw2_note, lite, relays, streams, stages, own, opts)
     except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as e:
         failures.append(f"{type(e).__name__}: {e}")
     finally:

@@ -82,17 +82,29 @@ def test_stream_is_chunked_sse_ending_in_done(upstream: str) -> None:
         client.close()
 
 
-def test_the_relay_floor_carries_streams_on_connection_after_connection(upstream: str) -> None:
-    """tests/bench/_relay.py (the floor under gateway.py's stream figures): a connection that its client closes ends
-    its upstream connection too, and the relay serves the next one (it died with the first close once)."""
+@pytest.mark.parametrize("mode", [(), ("--http",)], ids=["bytes", "http"])
+def test_the_relay_floors_carry_answers_on_connection_after_connection(upstream: str, mode: tuple[str, ...]) -> None:
+    """tests/bench/_relay.py (the floors under gateway.py's stream figures), copying bytes or reading HTTP: streamed and
+    whole answers, one after another on a kept-alive connection, arrive whole; a connection that its client closes
+    ends its upstream connection too, and the relay serves the next one (it died with the first close once)."""
     from tests.support.processes import stop_all
 
-    relay = subprocess.Popen([sys.executable, str(BENCH / "_relay.py"), upstream], stdout=subprocess.PIPE, text=True)
+    relay = subprocess.Popen([sys.executable, str(BENCH / "_relay.py"), *mode, upstream], stdout=subprocess.PIPE,
+                             text=True)
     try:
         assert relay.stdout is not None
         line = relay.stdout.readline()
         assert line.startswith("READY "), line
         url = line.split()[1]
+        client = probe.Client(url, "sk-any", timeout_s=5)
+        try:
+            for _ in range(2):
+                status, _, _, body = client.post("/v1/chat/completions", {**CHAT, "stream": True})
+                assert status == 200 and body.decode().rstrip().endswith("data: [DONE]")
+                status, _, _, body = client.post("/v1/chat/completions", CHAT)
+                assert status == 200 and json.loads(body)["object"] == "chat.completion"
+        finally:
+            client.close()
         for _ in range(3):  # each on a connection of its own, closed after
             samples = probe.ttfc_samples(url + "/v1/chat/completions", "sk-any", {**CHAT, "stream": True}, 2)
             assert len(samples) == 2 and all(s > 0 for s in samples)
