@@ -122,7 +122,7 @@ def run(addrs: list[str], abstain: Callable[[_Member], bool] | None) -> tuple[bo
         _wait("a leader after the heal", lambda: any(m.leads() and not m.cut.is_set() for m in members.values()))
         # Settled: every member applied a write the leader of the healed group committed, so each holds what that
         # leader's log holds before it (a member ready since the start may not have the acknowledged write yet when
-        # a rejoined one is ready: CI saw it so, once, on a loaded box).
+        # a rejoined one is ready: a clean-clone suite saw it so, once, on a loaded box).
         _wait("a write after the heal", lambda: any(m.leads() and not m.cut.is_set() and _write(m, "after-heal")
                                                     for m in members.values()))
         _wait("the group settled", lambda: all(m.holds("after-heal") for m in members.values()))
