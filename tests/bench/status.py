@@ -1,7 +1,8 @@
 """`GET /api/v1/status` in one process, through the admin app (ASGI, no sockets), at 200 and 1,000 simulated nodes
 (as `llmgw sim-fleet` reports them: 8 H100s each, two fabrics, a held model) and 50 models: the default document
 (aggregates and a page of each growing list) and the whole one (`?full=1`), each when every request builds the
-summary (the clock moved past `status_cache_s`: a new revision each time) and when it is kept (the same revision),
+summary (the clock moved past what a kept look may answer, `STALE` times `status_cache_s`: a new look each time)
+and when it is kept (the same revision),
 against what the route did before pages and the cache (the look and the whole document, built and written per
 request) in the same run. The figures are the route's own work, without the network or other tasks of a live
 control plane (`tests/bench/fleet.py` has those).
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from llmgw.control.api import make_app  # noqa: E402
 from llmgw.control.context import Context  # noqa: E402
+from llmgw.control.status_cache import STALE  # noqa: E402
 from tests.support import status_world  # noqa: E402
 from tests.support.status_world import Clock  # noqa: E402
 
@@ -57,8 +59,8 @@ async def timed(ask: Callable[[], Awaitable[bytes]], repeat: int, between: Calla
 async def measure(nodes: int, models: int, repeat: int) -> list[tuple[str, float, float, int]]:
     ctx, clock = world(nodes, models)
 
-    def rebuild() -> None:  # past the kept look's time: every request builds the summary again
-        clock.now += ctx.timeouts.status_cache_s
+    def rebuild() -> None:  # past what a kept look may answer: every request builds the summary again
+        clock.now += ctx.timeouts.status_cache_s * (STALE + 1)
 
     async def before() -> bytes:  # the route before pages and the cache: the look and every row, per request
         return json.dumps(ctx.look(await ctx.cluster(None)).summary.to_doc()).encode()
@@ -73,7 +75,10 @@ async def measure(nodes: int, models: int, repeat: int) -> list[tuple[str, float
 
         rows.append((f"{nodes} nodes: before (built, every row)", *await timed(before, repeat, rebuild)))
         for name, path in (("default", "/api/v1/status"), ("full=1", "/api/v1/status?full=1")):
+            builds = ctx.status_cache.builds
             rows.append((f"{nodes} nodes: {name}, built", *await timed(lambda: get(path), repeat, rebuild)))
+            if ctx.status_cache.builds - builds < repeat:  # (a look kept a little past its time answers at once)
+                raise RuntimeError(f"{name}: {ctx.status_cache.builds - builds} looks built for {repeat} requests")
             rows.append((f"{nodes} nodes: {name}, kept", *await timed(lambda: get(path), repeat, lambda: None)))
     return rows
 
