@@ -16,7 +16,6 @@ Run: `python tests/bench/_relay.py [--http] UPSTREAM_URL`: prints `READY http://
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -34,14 +33,20 @@ async def _pump(source: trio.abc.Stream, sink: trio.abc.Stream, done: trio.Cance
         done.cancel()
 
 
-async def _serve(host: str, port: int, client: trio.SocketStream) -> None:
+async def _serve(host: str, port: int, client: trio.SocketStream, http: bool) -> None:
+    """One client connection, on a connection of its own to the upstream: its bytes copied, or relayed as HTTP."""
     client.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
     try:
         upstream = await trio.open_tcp_stream(host, port)
     except OSError:
         await client.aclose()
         return
-    async with client, upstream, trio.open_nursery() as nursery:
+    async with client, upstream:
+        await (_relay_http if http else _copy)(client, upstream)
+
+
+async def _copy(client: trio.SocketStream, upstream: trio.SocketStream) -> None:
+    async with trio.open_nursery() as nursery:
         nursery.start_soon(_pump, client, upstream, nursery.cancel_scope)
         nursery.start_soon(_pump, upstream, client, nursery.cancel_scope)
 
@@ -60,51 +65,43 @@ class _Message:
         self.done = True
 
 
-async def _serve_http(host: str, port: int, client: trio.SocketStream) -> None:
-    client.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+async def _relay_http(client: trio.SocketStream, upstream: trio.SocketStream) -> None:
     try:
-        upstream = await trio.open_tcp_stream(host, port)
-    except OSError:
-        await client.aclose()
-        return
-    async with client, upstream:
-        try:
-            while True:
-                request = _Message()
-                reader = httptools.HttpRequestParser(request)
-                parts = []
-                while not request.done:  # the whole request, as a gateway reads it before deciding anything
-                    data = await client.receive_some(65536)
-                    if not data:
-                        return
-                    reader.feed_data(data)
-                    parts.append(data)
-                await upstream.send_all(b"".join(parts))
-                answer = _Message()
-                reader = httptools.HttpResponseParser(answer)
+        while True:
+            request = _Message()
+            reader = httptools.HttpRequestParser(request)
+            parts = []
+            while not request.done:  # the whole request, as a gateway reads it before deciding anything
+                data = await client.receive_some(65536)
+                if not data:
+                    return
+                reader.feed_data(data)
+                parts.append(data)
+            await upstream.send_all(b"".join(parts))
+            answer = _Message()
+            reader = httptools.HttpResponseParser(answer)
+            held = b""
+            while not answer.done:  # its head before anything goes back; then each read as it comes
+                data = await upstream.receive_some(65536)
+                if not data:
+                    return
+                reader.feed_data(data)
+                if not answer.head:
+                    held += data
+                    continue
+                await client.send_all(held + data if held else data)
                 held = b""
-                while not answer.done:  # its head before anything goes back; then each read as it comes
-                    data = await upstream.receive_some(65536)
-                    if not data:
-                        return
-                    reader.feed_data(data)
-                    if not answer.head:
-                        held += data
-                        continue
-                    await client.send_all(held + data if held else data)
-                    held = b""
-        except (trio.BrokenResourceError, trio.ClosedResourceError, httptools.HttpParserError):
-            pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError, httptools.HttpParserError):
+        pass
 
 
 async def _main(upstream: str, http: bool) -> None:
     parts = urlsplit(upstream)
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     print(f"READY http://127.0.0.1:{listeners[0].socket.getsockname()[1]}", flush=True)
-    serve: Callable[[str, int, trio.SocketStream], Awaitable[None]] = _serve_http if http else _serve
 
     async def handler(client: trio.SocketStream) -> None:
-        await serve(parts.hostname or "127.0.0.1", parts.port or 80, client)
+        await _serve(parts.hostname or "127.0.0.1", parts.port or 80, client, http)
 
     await trio.serve_listeners(handler, listeners)
 
