@@ -406,12 +406,13 @@ def _report(direct: Target, gw: Target, gw2: Target | None, gw2_note: str, lite:
             ttfc_added(lite, p) if lite else None, True)
     # The floors: what a proxy that only copies bytes adds (two more loopback hops and their wake-ups), and one that
     # also reads each request and answer head as HTTP; the gateway's own share of its TTFC figure above each.
-    for relay, what in zip(relays, ("a bare trio byte relay, the floor", "a trio relay reading HTTP (httptools)")):
+    for relay, what, said in zip(relays, ("a bare trio byte relay", "a trio relay reading HTTP (httptools)"),
+                                 (", the floor", "")):
         if relay.ttfc:
             floor = ttfc_added(relay, 50)
-            rows.append([f"stream TTFC p50, c=1: {what} (ms)", _fmt(ttfc(direct, 50)), _fmt(ttfc(relay, 50)),
+            rows.append([f"stream TTFC p50, c=1: {what}{said} (ms)", _fmt(ttfc(direct, 50)), _fmt(ttfc(relay, 50)),
                          _fmt(floor), "", "", "", "", ""])
-            rows.append([f"stream TTFC p50, c=1: llmgw's own, above {what.split(',')[0]} (ms)", "", "",
+            rows.append([f"stream TTFC p50, c=1: llmgw's own, above {what} (ms)", "", "",
                          _fmt(ttfc_added(gw, 50) - floor), "", "", "", "", ""])
     if own is not None:  # the same share, timed inside the gateway's process (_path.py): free of the hops
         for what, us in (("the request's bytes -> the engine's request written", own.request_us),
