@@ -7,15 +7,22 @@ connection gets one connection to the upstream.
 - `--http`: each request is read whole (httptools) before it is sent on, and the answer's head before anything goes
   back; then the answer's bytes as they come until it ends. What it adds is what any HTTP gateway in trio pays before
   it checks, routes or rewrites anything.
+- `--front`: llmgw's own server (`llmgw.wire.front.Front`, what every `/v1` listener runs) with a minimal ASGI app:
+  the body read, sent on a kept upstream connection, the answer's head read (httptools) and its body relayed as it
+  comes. No key, no checks, no routing, no pool of the gateway's: what the server and ASGI cost under any app.
+  Its upstream connections are not one per client connection: an idle one is taken per request.
 
-tests/bench/gateway.py prints both beside the gateway's figure.
+tests/bench/gateway.py prints the first two beside the gateway's figure; tests/bench/gateway_ab.py `--floors` puts
+all three (and the upstream itself) in its rotation.
 
-Run: `python tests/bench/_relay.py [--http] UPSTREAM_URL`: prints `READY http://host:port`.
+Run: `python tests/bench/_relay.py [--http | --front] UPSTREAM_URL`: prints `READY http://host:port`.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -95,8 +102,85 @@ async def _relay_http(client: trio.SocketStream, upstream: trio.SocketStream) ->
         pass
 
 
-async def _main(upstream: str, http: bool) -> None:
+class _Answer(_Message):
+    """An upstream answer being read: its head's fields and the body bytes not yet sent on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() not in _HOP:
+            self.headers.append((name.lower(), value))
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+
+_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"})
+
+
+class _FrontApp:
+    """The ASGI app of `--front`: each request on an idle upstream connection (a new one when none is idle), its
+    answer relayed as it is read. The connection is kept for the next request once its answer ended."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.idle: list[trio.SocketStream] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        parts = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            parts.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(parts)
+        upstream = self.idle.pop() if self.idle else await trio.open_tcp_stream(self.host, self.port)
+        try:
+            await upstream.send_all(b"%s %s HTTP/1.1\r\nhost: upstream\r\ncontent-type: application/json\r\n"
+                                    b"content-length: %d\r\n\r\n%s" % (scope["method"].encode(), scope["raw_path"],
+                                                                         len(body), body))
+            answer = _Answer()
+            reader = httptools.HttpResponseParser(answer)
+            started = False
+            while not answer.done:
+                data = await upstream.receive_some(65536)
+                if not data:
+                    raise trio.BrokenResourceError("the upstream closed mid-answer")
+                reader.feed_data(data)
+                if answer.head and not started:
+                    started = True
+                    await send({"type": "http.response.start", "status": reader.get_status_code(),
+                                "headers": answer.headers})
+                if answer.body or answer.done:
+                    chunk = b"".join(answer.body)
+                    answer.body.clear()
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not answer.done})
+        except BaseException:
+            await trio.aclose_forcefully(upstream)
+            raise
+        self.idle.append(upstream)
+
+
+async def _front(host: str, port: int) -> None:
+    from llmgw.wire.front import Front, listen_socket
+
+    sock = await listen_socket("127.0.0.1", 0)
+    print(f"READY http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    await Front(_FrontApp(host, port)).serve([(sock, None)])
+
+
+async def _main(upstream: str, http: bool, front: bool = False) -> None:
     parts = urlsplit(upstream)
+    if front:
+        await _front(parts.hostname or "127.0.0.1", parts.port or 80)
+        return
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     print(f"READY http://127.0.0.1:{listeners[0].socket.getsockname()[1]}", flush=True)
 
@@ -107,4 +191,6 @@ async def _main(upstream: str, http: bool) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(_main, sys.argv[-1], "--http" in sys.argv[1:-1])
+    if str(Path(__file__).resolve().parents[2]) not in sys.path:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `--front` imports llmgw from this tree
+    trio.run(_main, sys.argv[-1], "--http" in sys.argv[1:-1], "--front" in sys.argv[1:-1])

@@ -9,11 +9,12 @@ Run: `.venv/bin/python tests/bench/gateway.py [--rounds 5] [--quick] [--litellm 
 Processes: the upstream (tests/bench/_upstream.py, raw asyncio: its own req/s is the "direct" column),
 the gateway (`serve` with a client key, a route and the request log on, as in production), a second
 gateway of two processes sharing one port (SO_REUSEPORT), LiteLLM's proxy, and wrk (C, one thread) as
-the load generator, and two trio relays (tests/bench/_relay.py, in the TTFC runs only): one copying bytes (the
-floor under any trio proxy's stream figures) and one reading each request and answer head with httptools first (the
-floor under any HTTP gateway in trio). Rounds interleave direct, llmgw and LiteLLM runs, so drift on a busy machine hits
-each; every figure is the median over rounds of that round's figure (added = via - direct, per round).
-CPU per request is /proc's, over the c=32 runs; the stages come from one more gateway run under cProfile.
+the load generator, and three trio relays (tests/bench/_relay.py, in the TTFC runs only): one copying bytes (the
+floor under any trio proxy's stream figures), one reading each request and answer head with httptools first (the
+floor under any HTTP gateway in trio), and llmgw's own server under a minimal ASGI app (the floor under any app
+llmgw's server runs: no key, checks, routing or pool). Rounds interleave direct, llmgw and LiteLLM runs, so drift on
+a busy machine hits each; every figure is the median over rounds of that round's figure (added = via - direct, per
+round). CPU per request is /proc's, over the c=32 runs; the stages come from one more gateway run under cProfile.
 """
 
 from __future__ import annotations
@@ -404,10 +405,11 @@ def _report(direct: Target, gw: Target, gw2: Target | None, gw2_note: str, lite:
                 f"{_verdict(t_add <= GOAL_TTFC_26_MS)}") if t_goal else ""
         row(f"stream TTFC p{p}, c=1 (ms)", ttfc(direct, p), ttfc(gw, p), t_add, goal, ttfc(lite, p) if lite else None,
             ttfc_added(lite, p) if lite else None, True)
-    # The floors: what a proxy that only copies bytes adds (two more loopback hops and their wake-ups), and one that
-    # also reads each request and answer head as HTTP; the gateway's own share of its TTFC figure above each.
-    for relay, what, said in zip(relays, ("a bare trio byte relay", "a trio relay reading HTTP (httptools)"),
-                                 (", the floor", "")):
+    # The floors: what a proxy that only copies bytes adds (two more loopback hops and their wake-ups), one that
+    # also reads each request and answer head as HTTP, and llmgw's own server under a minimal app; the gateway's own
+    # share of its TTFC figure above each.
+    for relay, what, said in zip(relays, ("a bare trio byte relay", "a trio relay reading HTTP (httptools)",
+                                          "llmgw's server under a minimal app"), (", the floor", "", "")):
         if relay.ttfc:
             floor = ttfc_added(relay, 50)
             rows.append([f"stream TTFC p50, c=1: {what}{said} (ms)", _fmt(ttfc(direct, 50)), _fmt(ttfc(relay, 50)),
@@ -546,7 +548,7 @@ def main() -> int:
             print(f"upstream {upstream}, llmgw {gw_url}" + (f", 2 processes {gw2.url}" if gw2 else "")
                   + (f", LiteLLM {lite.url}" if lite else ""), file=sys.stderr, flush=True)
             relays = []
-            for mode in ((), ("--http",)):
+            for mode in ((), ("--http",), ("--front",)):
                 relay_proc, relay_url = procs.start([sys.executable, str(Path(__file__).parent / "_relay.py"), *mode,
                                                      upstream])
                 relays.append(Target("relay" + "".join(mode), relay_url, script, key, [relay_proc.pid]))

@@ -13,6 +13,11 @@ samples per tree at c=1, the trees' order rotated after each request to every tr
 second... equally often: where a request falls after another gateway's matters, ~5% here). Give the same tree
 twice for an A/A check of the harness itself. Prints each set's p50 per tree and, per tree, the
 median over sets of its p50 divided by the first tree's in the same set.
+
+`--floors` puts four more in the rotation: the upstream itself (`direct`), and `tests/bench/_relay.py` copying bytes
+(`relay`), reading HTTP (`relay-http`) and as llmgw's own server under a minimal ASGI app (`relay-front`); each
+row then also says what it adds to `direct`'s p50 in the same set (median over sets). What each tree adds above
+`relay-front` is its gateway's own, above the server every llmgw listener runs.
 """
 
 from __future__ import annotations
@@ -39,27 +44,40 @@ def gateway_args(tree: Path, upstream: str, log_dir: Path) -> list[str]:
             "--log-dir", str(log_dir)]
 
 
-def one_set(trees: list[Path], samples: int, gap_ms: float, reverse: bool, warm: int = WARM) -> list[float]:
-    """Fresh processes, then each tree's p50 time to first chunk (ms) over `samples` requests each, in turn."""
+# What `--floors` adds to the rotation: the upstream itself, and _relay.py in each of its modes.
+FLOORS: dict[str, tuple[str, ...] | None] = {"direct": None, "relay": (), "relay-http": ("--http",),
+                                             "relay-front": ("--front",)}
+
+
+def one_set(trees: list[Path], samples: int, gap_ms: float, reverse: bool, warm: int = WARM,
+            floors: tuple[str, ...] = ()) -> list[float]:
+    """Fresh processes, then the p50 time to first chunk (ms) over `samples` requests each, in turn, of each tree's
+    gateway and then of each of `floors` (names of `FLOORS`)."""
     key = "sk-ab-" + os.urandom(8).hex()
     procs = Procs()
     clients: list[_probe.Client] = []
+    targets: list[Path | str] = [*trees, *floors]
     try:
         _, upstream = procs.start([sys.executable, str(HERE / "_upstream.py"), "--port", "0", "--gap-ms", str(gap_ms)])
-        urls: dict[Path, str] = {}
+        urls: dict[Path | str, str] = {}
         with tempfile.TemporaryDirectory() as tmp:
-            for i, tree in enumerate(trees[::-1] if reverse else trees):
-                env = {**os.environ, KEY_ENV: key, "PYTHONPATH": str(tree)}
-                _, urls[tree] = procs.start(gateway_args(tree, upstream, Path(tmp) / f"log-{i}"), env)
-            clients = [_probe.Client(urls[tree], key) for tree in trees]
-            paths = [urlsplit(urls[tree]).path + PATH for tree in trees]
-            taken: list[list[float]] = [[] for _ in trees]
-            count = len(trees)
+            for i, target in enumerate(targets[::-1] if reverse else targets):
+                if isinstance(target, Path):
+                    env = {**os.environ, KEY_ENV: key, "PYTHONPATH": str(target)}
+                    _, urls[target] = procs.start(gateway_args(target, upstream, Path(tmp) / f"log-{i}"), env)
+                elif (mode := FLOORS[target]) is None:
+                    urls[target] = upstream
+                else:
+                    _, urls[target] = procs.start([sys.executable, str(HERE / "_relay.py"), *mode, upstream])
+            clients = [_probe.Client(urls[target], key) for target in targets]
+            paths = [urlsplit(urls[target]).path + PATH for target in targets]
+            taken: list[list[float]] = [[] for _ in targets]
+            count = len(targets)
             for n in range(warm + samples):
-                for k in ((n + i) % count for i in range(count)):  # each tree in each place in turn
+                for k in ((n + i) % count for i in range(count)):  # each one in each place in turn
                     status, first, _end, answer = clients[k].post(paths[k], STREAM)
                     if status != 200 or not answer.rstrip().endswith(b"data: [DONE]"):
-                        raise RuntimeError(f"{trees[k]}'s gateway answered {status}: {answer[:200]!r}")
+                        raise RuntimeError(f"{targets[k]} answered {status}: {answer[:200]!r}")
                     if n >= warm:
                         taken[k].append(first)
             return [statistics.median(t) for t in taken]
@@ -75,12 +93,15 @@ def main() -> int:
     parser.add_argument("--sets", type=int, default=4, help="sets of fresh processes")
     parser.add_argument("--samples", type=int, default=400, help="samples per tree per set")
     parser.add_argument("--gap-ms", type=float, default=1.0, help="the upstream's pause between two chunks")
+    parser.add_argument("--floors", action="store_true",
+                        help="the upstream itself and tests/bench/_relay.py's three modes in the rotation too")
     args = parser.parse_args()
     trees = [tree.resolve() for tree in args.trees]
     for tree in trees:
         if not (tree / "tests" / "bench" / "gateway.py").is_file() or not (tree / "llmgw").is_dir():
             parser.error(f"{tree} is not a checkout of this repository")
-    names = [str(tree) for tree in trees]
+    floors = tuple(FLOORS) if args.floors else ()
+    names = [str(tree) for tree in trees] + list(floors)
     width = max(len(name) for name in names)
     rows: list[list[float]] = []
     print(f"stream time to first chunk, p50 (ms), c=1, {args.samples} samples per tree per set, upstream chunks "
@@ -88,13 +109,16 @@ def main() -> int:
     print("| set | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
     for s in range(args.sets):
-        p50s = one_set(trees, args.samples, args.gap_ms, reverse=s % 2 == 1)
+        p50s = one_set(trees, args.samples, args.gap_ms, reverse=s % 2 == 1, floors=floors)
         rows.append(p50s)
         print(f"| {s + 1} | " + " | ".join(f"{p:.3f}" for p in p50s) + " |", flush=True)
     print()
+    direct = names.index("direct") if floors else None
     for k, name in enumerate(names):
         ratios = [row[k] / row[0] for row in rows]
-        print(f"{name:<{width}}  p50 over sets {statistics.median(row[k] for row in rows):.3f} ms, "
+        added = "" if direct is None else \
+            f", adds {statistics.median(row[k] - row[direct] for row in rows):.3f} ms to direct's"
+        print(f"{name:<{width}}  p50 over sets {statistics.median(row[k] for row in rows):.3f} ms{added}, "
               f"x{statistics.median(ratios):.3f} of the first tree (sets: {min(ratios):.3f}-{max(ratios):.3f})")
     return 0
 

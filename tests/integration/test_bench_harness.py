@@ -82,11 +82,12 @@ def test_stream_is_chunked_sse_ending_in_done(upstream: str) -> None:
         client.close()
 
 
-@pytest.mark.parametrize("mode", [(), ("--http",)], ids=["bytes", "http"])
+@pytest.mark.parametrize("mode", [(), ("--http",), ("--front",)], ids=["bytes", "http", "front"])
 def test_the_relay_floors_carry_answers_on_connection_after_connection(upstream: str, mode: tuple[str, ...]) -> None:
-    """tests/bench/_relay.py (the floors under gateway.py's stream figures), copying bytes or reading HTTP: streamed and
-    whole answers, one after another on a kept-alive connection, arrive whole; a connection that its client closes
-    ends its upstream connection too, and the relay serves the next one (it died with the first close once)."""
+    """tests/bench/_relay.py (the floors under gateway.py's stream figures), copying bytes, reading HTTP, or as llmgw's
+    own server under a minimal app: streamed and whole answers, one after another on a kept-alive connection, arrive
+    whole; a connection that its client closes ends, and the relay serves the next one (it died with the first close
+    once)."""
     from tests.support.processes import stop_all
 
     relay = subprocess.Popen([sys.executable, str(BENCH / "_relay.py"), *mode, upstream], stdout=subprocess.PIPE,
@@ -406,6 +407,14 @@ def test_the_paired_first_chunk_bench_runs_two_gateways_side_by_side() -> None:
     ab = load_bench("gateway_ab")
     p50s = ab.one_set([BENCH.parents[1], BENCH.parents[1]], samples=6, gap_ms=0.0, reverse=True, warm=2)
     assert len(p50s) == 2 and all(p > 0 for p in p50s)
+
+
+def test_the_paired_bench_puts_the_floors_in_its_rotation() -> None:
+    """`gateway_ab.py --floors`: the upstream itself and the relay's three modes answer each streamed request whole in
+    the same rotation as the gateway (a floor that answered wrongly would raise); no timing is judged here."""
+    ab = load_bench("gateway_ab")
+    p50s = ab.one_set([BENCH.parents[1]], samples=4, gap_ms=0.0, reverse=False, warm=2, floors=tuple(ab.FLOORS))
+    assert len(p50s) == 1 + len(ab.FLOORS) == 5 and all(p > 0 for p in p50s)
 
 
 def test_the_hop_by_hop_bench_cuts_every_first_chunk_at_each_process() -> None:
