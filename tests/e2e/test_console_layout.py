@@ -103,6 +103,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         until("demo answering", served, 60, every=0.3)
         for _ in range(4):
             assert served()
+
+        def parked() -> bool:  # its page says the last error once, "in why", when its reason quotes it: parked
+            r = httpx.get(creds["admin_url"] + "/api/v1/models/broken", verify=verify, timeout=10,
+                          headers={"Authorization": f"Bearer {creds['admin_key']}"})
+            return r.status_code == 200 and bool(r.json()["model"]["status"]["parked"])
+
+        # Five failed starts with backoff between: on a busy machine, later than demo answers.
+        until("broken parked after its failed starts", parked, 120, every=0.3)
         kept = os.environ.get("LLMGW_SCREENSHOTS")
         yield {**creds, "shots": Path(kept or tmp_path_factory.mktemp("shots")), "small": bool(kept)}
     finally:

@@ -168,6 +168,17 @@ def gateway(api: httpx.Client) -> dict[str, Any]:
     return dict(found[0])
 
 
+def serves(gateway_url: str) -> bool:
+    """A chat completion through the gateway answered; False while its port takes no connection yet (a gateway holds
+    its port from the start and opens it once it has its table from control: on a busy machine, after the replica
+    is ready)."""
+    try:
+        return httpx.post(gateway_url + "/chat/completions", headers={"Authorization": f"Bearer {CLIENT}"}, timeout=30,
+                          json={"model": "demo", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+    except httpx.ConnectError:
+        return False
+
+
 def test_a_rolling_upgrade_to_a_new_zipapp_and_back(machines: Machines, zipapps: tuple[Path, Path]) -> None:
     old, new = zipapps
     old_sha, new_sha = sha(old), sha(new)
@@ -184,9 +195,7 @@ def test_a_rolling_upgrade_to_a_new_zipapp_and_back(machines: Machines, zipapps:
         [replica] = status["replicas"]
         engines = children_of(machines.procs["agent"].pid)
         assert len(engines) == 1
-        until("the gateway serves", lambda: httpx.post(
-            machines.gateway_url + "/chat/completions", headers={"Authorization": f"Bearer {CLIENT}"}, timeout=30,
-            json={"model": "demo", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200, 120)
+        until("the gateway serves", lambda: serves(machines.gateway_url), 120)
         pids = {m.name: m.proc.pid for m in group.members if m.proc is not None}
 
         def selves() -> list[dict[str, Any]]:
