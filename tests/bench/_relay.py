@@ -12,8 +12,8 @@ connection gets one connection to the upstream.
   comes. No key, no checks, no routing, no pool of the gateway's: what the server and ASGI cost under any app.
   Its upstream connections are not one per client connection: an idle one is taken per request.
 
-tests/bench/gateway.py prints the first two beside the gateway's figure; tests/bench/gateway_ab.py `--floors` puts
-all three (and the upstream itself) in its rotation.
+tests/bench/gateway.py prints all three beside the gateway's figure; tests/bench/gateway_ab.py `--floors` puts them
+(and the upstream itself) in its rotation.
 
 Run: `python tests/bench/_relay.py [--http | --front] UPSTREAM_URL`: prints `READY http://host:port`.
 """
