@@ -36,9 +36,12 @@ _FIELDS = (  # name, low, high, names for the values from `low`
 )
 MAX_CRON_CHARS = 200
 _DIGITS = re.compile(r"[0-9]{1,4}")  # ASCII digits only: str.isdigit() takes '²', which int() refuses
-# How far a search for a match goes, in days: 8 years hold a 29 February whatever the century. A cron that
-# matches no day at all (30 February) is refused when parsed, so the bound only stops a runaway.
-SEARCH_DAYS = 8 * 366
+# How far a search for a match goes, in days. When a day field starts with `*` a day must match both (cron's
+# rule), so "1 January, a Sunday" (`* * 1 1 */7`) matches 11 years apart and "29 February, a Monday" 40 years apart
+# across 2100, which is no leap year: 14,609 days, the longest gap between two days of one month, day and weekday in
+# the Gregorian calendar's 400-year cycle. A cron that matches no day at all (30 February) is refused when parsed;
+# any other matches within this bound, so it only stops a runaway. Only such a cron searches that far.
+SEARCH_DAYS = 14_610
 LONGEST_RULE = 366 * 86400.0  # seconds, the longest a rule may last (a bound on input, not a wait)
 UTC = dt.timezone.utc
 
@@ -79,12 +82,13 @@ class Cron:
     def next_at(self, t: float, tz: dt.tzinfo) -> float:
         """The first instant at or after `t` (unix seconds) when the cron matches in `tz`."""
         found = _search(self, t, tz, forward=True)
-        if found is None:  # only a cron with no day in 8 years, which parsing refuses
+        if found is None:  # only a cron that matches no day, which parsing refuses
             raise CronError(f"{self.text!r} matches no time in {SEARCH_DAYS} days")
         return found
 
     def last_at(self, t: float, tz: dt.tzinfo) -> float | None:
-        """The last instant at or before `t` when the cron matched in `tz`; None when none in 8 years."""
+        """The last instant at or before `t` when the cron matched in `tz`; None when none since `SEARCH_DAYS` days
+        before it (a cron whose days are decades apart)."""
         return _search(self, t, tz, forward=False)
 
 

@@ -95,6 +95,17 @@ def test_next_and_last_by_example():
     assert wall(leap.next_at(at("2025-03-01 00:00"), UTC)) == "2028-02-29 00:00 Tue"
 
 
+def test_a_cron_whose_days_are_years_apart_finds_its_next_and_last():
+    """A day field starting with `*` makes a day match both fields: its days can be decades apart. Hypothesis found
+    `* * 1 1 */7` (1 January, a Sunday) raising "matches no time" after 2023's, the next being 2034's."""
+    new_year_sunday = Cron.parse("* * 1 1 */7")
+    assert wall(new_year_sunday.next_at(at("2023-01-01 23:59") + 1e-3, UTC)) == "2034-01-01 00:00 Sun"
+    assert wall(new_year_sunday.last_at(at("2033-12-31 23:59"), UTC)) == "2023-01-01 23:59 Sun"
+    leap_sunday = Cron.parse("0 0 29 2 */7")  # 2100 is no leap year: 2088's, then 2128's
+    assert wall(leap_sunday.next_at(at("2088-02-29 00:01"), UTC)) == "2128-02-29 00:00 Sun"
+    assert wall(leap_sunday.last_at(at("2128-02-28 00:00"), UTC)) == "2088-02-29 00:00 Sun"
+
+
 def test_clock_changes_in_a_zone():
     tz = zone(BERLIN)
     # 29 March 2026: clocks go from 02:00 to 03:00. 02:30 does not exist: it happens at 03:30 (old offset).
