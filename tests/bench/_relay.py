@@ -102,6 +102,10 @@ async def _relay_http(client: trio.SocketStream, upstream: trio.SocketStream) ->
         pass
 
 
+# Hop-by-hop, and what llmgw's server writes itself: not relayed from the upstream's head (`--front`).
+_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"})
+
+
 class _Answer(_Message):
     """An upstream answer being read: its head's fields and the body bytes not yet sent on."""
 
@@ -116,9 +120,6 @@ class _Answer(_Message):
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
-
-
-_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"})
 
 
 class _FrontApp:
